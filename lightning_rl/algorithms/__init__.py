@@ -1,0 +1,1 @@
+"""Algorithms: one module per algorithm, each with its RL module and Learner."""

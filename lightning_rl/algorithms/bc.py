@@ -1,0 +1,42 @@
+"""Behaviour cloning: learn a policy by maximizing the likelihood of expert actions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from lightning_rl.core.columns import Columns
+from lightning_rl.core.distributions import distribution_class_for_space
+from lightning_rl.core.learner import Learner, LearnerConfig
+from lightning_rl.core.rl_module import RLModule, build_mlp_from_config, flat_obs_dim, flatten_obs
+
+
+class BCModule(RLModule):
+    """An MLP policy: observations in, action distribution inputs out.
+
+    ``model_config`` takes ``fcnet_hiddens`` and ``fcnet_activation``. Discrete actions get
+    categorical logits; Box actions a diagonal Gaussian (mean and log-std per dimension).
+    """
+
+    def setup(self) -> None:
+        out_dim = distribution_class_for_space(self.action_space).required_input_dim(self.action_space)
+        self.pi = build_mlp_from_config(flat_obs_dim(self.observation_space), self.model_config, out_dim)
+
+    def _forward(self, batch: dict[str, Any]) -> dict[str, Any]:
+        obs = flatten_obs(batch[Columns.OBS], self.observation_space)
+        return {Columns.ACTION_DIST_INPUTS: self.pi(obs)}
+
+
+class BCLearner(Learner):
+    """Minimizes the negative log-likelihood of the batch's actions under the policy."""
+
+    def required_batch_columns(self, module_id: str) -> list[str]:
+        return [Columns.OBS, Columns.ACTIONS]
+
+    def compute_loss_for_module(
+        self, *, module_id: str, config: LearnerConfig, batch: dict[str, torch.Tensor], fwd_out: dict[str, Any]
+    ) -> torch.Tensor:
+        dist_class = self.module[module_id].get_train_action_dist_cls()
+        action_dist = dist_class.from_logits(fwd_out[Columns.ACTION_DIST_INPUTS])
+        return -action_dist.logp(batch[Columns.ACTIONS]).mean()

@@ -1,0 +1,5 @@
+"""Lightning callbacks that hook into a Learner's updates."""
+
+from lightning_rl.callbacks.learner_callback import LearnerCallback
+
+__all__ = ["LearnerCallback"]

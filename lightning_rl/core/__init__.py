@@ -1,0 +1,1 @@
+"""The core of lightning_rl: RL modules, the Learner and what it is built from."""

@@ -1,0 +1,96 @@
+"""Train batches: conversion to tensors and iteration over epochs of minibatches.
+
+A multi-module batch is ``{module_id: {column: Tensor[B_m, ...]}}``; every module may have
+its own number of rows ``B_m``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+MultiModuleBatch = dict[str, dict[str, torch.Tensor]]
+
+
+def to_tensor(value: Any, device: torch.device) -> torch.Tensor:
+    """Turn a column (numpy array, list or tensor) into a tensor on ``device``.
+
+    64-bit floats become 32-bit (the dtype of the module's weights); numpy arrays are
+    shared, not copied, when they already sit on the CPU.
+    """
+    if isinstance(value, np.ndarray):
+        tensor = torch.from_numpy(np.ascontiguousarray(value))
+    elif isinstance(value, torch.Tensor):
+        tensor = value
+    else:
+        tensor = torch.as_tensor(np.asarray(value))
+    if tensor.dtype == torch.float64:
+        tensor = tensor.float()
+    return tensor.to(device, non_blocking=True)
+
+
+def num_rows(module_batch: Mapping[str, torch.Tensor]) -> int:
+    """The number of rows of one module's batch (its columns agree; see ``check_rows``)."""
+    return len(next(iter(module_batch.values())))
+
+
+def iterate_minibatches(
+    batch: MultiModuleBatch,
+    *,
+    num_epochs: int,
+    minibatch_size: int | None,
+    shuffle: bool,
+) -> Iterator[MultiModuleBatch]:
+    """Yield ``num_epochs`` passes over ``batch``, each cut into minibatches.
+
+    Every minibatch holds every module, so each step trains all modules together. A pass
+    has ``ceil(B_max / minibatch_size)`` steps, where ``B_max`` is the largest module's
+    row count; the last step of a pass may be smaller. Modules with fewer rows cycle
+    through theirs (as RLlib's cyclic minibatch iterator does). Without a minibatch size,
+    each epoch is one step over the whole batch.
+
+    Args:
+        batch: The train batch, already tensors on the learner's device.
+        num_epochs: Passes over the batch.
+        minibatch_size: Rows per step of the largest module; ``None`` for the whole batch.
+        shuffle: Whether each pass visits rows in a fresh random order (torch's global RNG).
+    """
+    rows = {module_id: num_rows(module_batch) for module_id, module_batch in batch.items()}
+    largest = max(rows.values())
+    if minibatch_size is None or minibatch_size >= largest:
+        for _ in range(num_epochs):
+            yield batch
+        return
+
+    num_steps = math.ceil(largest / minibatch_size)
+    for _ in range(num_epochs):
+        orders = {
+            module_id: torch.randperm(count, device=_device_of(batch[module_id])) if shuffle else None
+            for module_id, count in rows.items()
+        }
+        for step in range(num_steps):
+            start, stop = step * minibatch_size, min((step + 1) * minibatch_size, largest)
+            yield {
+                module_id: _take_rows(module_batch, start, stop, rows[module_id], orders[module_id])
+                for module_id, module_batch in batch.items()
+            }
+
+
+def _take_rows(
+    module_batch: dict[str, torch.Tensor], start: int, stop: int, count: int, order: torch.Tensor | None
+) -> dict[str, torch.Tensor]:
+    if order is None and stop <= count:
+        # Contiguous rows: views, no copy.
+        return {column: values[start:stop] for column, values in module_batch.items()}
+    device = _device_of(module_batch)
+    positions = torch.arange(start, stop, device=device) % count
+    index = positions if order is None else order[positions]
+    return {column: values[index] for column, values in module_batch.items()}
+
+
+def _device_of(module_batch: Mapping[str, torch.Tensor]) -> torch.device:
+    return next(iter(module_batch.values())).device

@@ -1,0 +1,36 @@
+"""Names shared across the package: batch columns, module ids and result keys.
+
+The strings are RLlib's, so batches and results read the same in both libraries.
+"""
+
+DEFAULT_MODULE_ID = "default_policy"
+"""The id a single-module learner trains its module under."""
+
+ALL_MODULES = "__all_modules__"
+"""Result key for numbers that sum or span over every module."""
+
+
+class Columns:
+    """Column names of a train batch (``{column: Tensor[B, ...]}``)."""
+
+    OBS = "obs"
+    NEXT_OBS = "new_obs"
+    ACTIONS = "actions"
+    REWARDS = "rewards"
+    TERMINATEDS = "terminateds"
+    TRUNCATEDS = "truncateds"
+    ACTION_LOGP = "action_logp"
+    ACTION_DIST_INPUTS = "action_dist_inputs"
+    VF_PREDS = "vf_preds"
+    ADVANTAGES = "advantages"
+    VALUE_TARGETS = "value_targets"
+    LOSS_MASK = "loss_mask"
+    STATE_IN = "state_in"
+    STATE_OUT = "state_out"
+    EMBEDDINGS = "embeddings"
+
+
+# Component names of a Learner's state (``Learner.get_state(components=...)``).
+COMPONENT_RL_MODULE = "rl_module"
+COMPONENT_OPTIMIZER = "optimizer"
+COMPONENT_METRICS_LOGGER = "metrics_logger"

@@ -1,0 +1,1145 @@
+"""The Learner: RLlib's Learner API as a Lightning module with manual optimization.
+
+A Learner owns a ``MultiRLModule`` (one or more RL modules by id), one or more optimizers per
+module, and the update loop: epochs of minibatches, each a forward pass, a loss per module,
+one backward pass, per-optimizer gradient clipping and an optimizer step for every module
+that should be trained. Subclasses write the loss (``compute_loss_for_module``) and, when
+they need more than one Adam per module, the optimizers (``configure_optimizers_for_module``).
+
+The same code runs standalone (``learner.build()``, then ``learner.update_from_batch(...)``)
+and under ``Trainer.fit``; attached to a running Trainer it backpropagates with
+``manual_backward`` and steps Lightning's optimizer wrappers, so strategies (DDP, FSDP),
+precision plugins and checkpoints see every step.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import defaultdict
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, Literal, Optional, Union
+
+import torch
+from lightning.pytorch import LightningModule
+from lightning.pytorch.trainer.states import TrainerStatus
+from torch import nn
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
+
+from lightning_rl.core.batch import MultiModuleBatch, iterate_minibatches, num_rows, to_tensor
+from lightning_rl.core.checkpoint import (
+    CHECKPOINT_KEY,
+    FORMAT_VERSION,
+    check_plain_data,
+    class_path,
+    import_class,
+    read_learner_payload,
+    write_learner_dir,
+)
+from lightning_rl.core.columns import (
+    ALL_MODULES,
+    COMPONENT_METRICS_LOGGER,
+    COMPONENT_OPTIMIZER,
+    COMPONENT_RL_MODULE,
+    DEFAULT_MODULE_ID,
+    Columns,
+)
+from lightning_rl.core.metrics import MetricsLogger
+from lightning_rl.core.rl_module import (
+    MultiRLModule,
+    MultiRLModuleSpec,
+    RLModule,
+    RLModuleSpec,
+    check_state_matches,
+    validate_module_id,
+)
+from lightning_rl.core.schedules import Schedule, ScheduleSetting
+
+DEFAULT_OPTIMIZER = "default_optimizer"
+
+# Result keys (RLlib's names).
+TOTAL_LOSS_KEY = "total_loss"
+LR_KEY = "learning_rate"
+NUM_ENV_STEPS_SAMPLED_LIFETIME = "num_env_steps_sampled_lifetime"
+NUM_ENV_STEPS_TRAINED = "num_env_steps_trained"
+NUM_ENV_STEPS_TRAINED_LIFETIME = "num_env_steps_trained_lifetime"
+NUM_MODULE_STEPS_TRAINED = "num_module_steps_trained"
+NUM_MODULE_STEPS_TRAINED_LIFETIME = "num_module_steps_trained_lifetime"
+MODULE_TRAIN_BATCH_SIZE_MEAN = "module_train_batch_size_mean"
+WEIGHTS_SEQ_NO = "weights_seq_no"
+NUM_NON_FINITE_UPDATES_SKIPPED = "num_non_finite_updates_skipped"
+
+GRAD_CLIP_BY = ("value", "norm", "global_norm")
+WHAT_TO_COMPILE = ("forward_train", "complete_update")
+
+ShouldModuleBeUpdated = Union[Collection[str], Callable[[str, Optional[MultiModuleBatch]], bool]]
+LearningRateOrSchedule = Union[ScheduleSetting, LRScheduler, Callable[[Optimizer], LRScheduler]]
+
+
+class LearnerConfig(dict):
+    """A Learner's hyperparameters for one module, readable as attributes (``config.lr``)."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(f"no hyperparameter {name!r}; the Learner has {sorted(self)}") from None
+
+
+class Learner(LightningModule):
+    """Base class of all Learners: trains the RL modules of a ``MultiRLModule``.
+
+    Subclasses implement ``compute_loss_for_module`` (or ``compute_losses`` for losses that
+    span modules). Every argument is a hyperparameter, saved with ``save_hyperparameters``,
+    settable from YAML with the Lightning CLI and overridable per module.
+
+    Args:
+        module_spec: What to build: an ``RLModuleSpec`` (trained under ``"default_policy"``)
+            or a ``MultiRLModuleSpec``. May be left out when a checkpoint provides it.
+        lr: Learning rate of the default optimizers: a number, or a piecewise schedule
+            ``[[timestep, lr], ...]`` over ``num_env_steps_sampled_lifetime``.
+        grad_clip: Clip threshold, or ``None`` not to clip.
+        grad_clip_by: ``"value"`` (each element), ``"norm"`` (each tensor's L2 norm) or
+            ``"global_norm"`` (the L2 norm of all of one optimizer's gradients together).
+        num_epochs: Passes over each train batch when run by a Trainer.
+        minibatch_size: Rows per gradient step when run by a Trainer; ``None`` for the whole batch.
+        shuffle_batch_per_epoch: Whether each pass visits the rows in a new random order.
+        policies_to_train: The module ids to train (others are left as they are), or a
+            callable ``(module_id, batch) -> bool``; ``None`` trains every module.
+        config_overrides_per_module: ``{module_id: {hyperparameter: value}}``, e.g. a module's own ``lr``.
+        torch_compile: Whether to compile with ``torch.compile``.
+        torch_compile_what_to_compile: ``"forward_train"`` (each module's training forward
+            pass) or ``"complete_update"`` (the whole minibatch step).
+    """
+
+    def __init__(
+        self,
+        module_spec: RLModuleSpec | MultiRLModuleSpec | None = None,
+        *,
+        lr: ScheduleSetting = 3e-4,
+        grad_clip: float | None = None,
+        grad_clip_by: Literal["value", "norm", "global_norm"] = "global_norm",
+        num_epochs: int = 1,
+        minibatch_size: int | None = None,
+        shuffle_batch_per_epoch: bool = False,
+        policies_to_train: ShouldModuleBeUpdated | None = None,
+        config_overrides_per_module: dict[str, dict[str, Any]] | None = None,
+        torch_compile: bool = False,
+        torch_compile_what_to_compile: Literal["forward_train", "complete_update"] = "forward_train",
+    ) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        # The spec may hold classes and gymnasium spaces: it travels in checkpoints as plain
+        # data (see ``get_state``), never inside the pickled-free hyperparameters.
+        ignore = ["module_spec"] + (["policies_to_train"] if callable(policies_to_train) else [])
+        self.save_hyperparameters(ignore=ignore)
+        if not callable(policies_to_train) and policies_to_train is not None:
+            self.hparams.policies_to_train = sorted(policies_to_train)
+        self._check_config(self.config, "Learner")
+        self._config_overrides: dict[str, dict[str, Any]] = {}
+        for module_id, overrides in (config_overrides_per_module or {}).items():
+            self._config_overrides[module_id] = self._checked_overrides(module_id, overrides)
+
+        self._module_spec = module_spec.as_multi_rl_module_spec() if module_spec is not None else None
+        self._module: MultiRLModule | None = None
+        self._should_module_be_updated: ShouldModuleBeUpdated | None = policies_to_train
+        self._weights_seq_no = 0
+        self._timesteps: dict[str, float] = {}
+        self.metrics = MetricsLogger()
+
+        # Optimizer bookkeeping, as RLlib keeps it. Full optimizer names are
+        # "{module_id}_{optimizer_name}"; registration order is the order Lightning sees.
+        self._named_optimizers: dict[str, Optimizer] = {}
+        self._module_optimizers: dict[str, list[str]] = defaultdict(list)
+        self._optimizer_parameters: dict[Optimizer, list[nn.Parameter]] = {}
+        self._params: dict[nn.Parameter, nn.Parameter] = {}
+        self._lr_schedules: dict[str, Schedule | LRScheduler] = {}
+
+        self._forward_train_fn: Callable[[MultiModuleBatch], dict[str, Any]] | None = None
+        self._minibatch_step_fn: Callable[[MultiModuleBatch], None] | None = None
+        self._lightning_optimizers: dict[Optimizer, Any] = {}
+
+    # ------------------------------------------------------------------------------------
+    # Building
+    # ------------------------------------------------------------------------------------
+
+    def build(self) -> None:
+        """Build the modules and their optimizers. Call once before updating; idempotent.
+
+        Under ``Trainer.fit`` the ``setup`` hook calls it, so it need not be called by hand.
+        """
+        if self._module is not None:
+            return
+        if self._module_spec is None:
+            raise ValueError(
+                f"{type(self).__name__} has no module_spec to build from: pass module_spec=... "
+                "or load it with from_checkpoint(path)"
+            )
+        self._module = self._make_module().to(self.device)
+        self.configure_optimizers()
+        self._compile()
+
+    @property
+    def module(self) -> MultiRLModule:
+        """The ``MultiRLModule`` being trained (after ``build``)."""
+        self._check_is_built()
+        return self._module
+
+    @property
+    def module_spec(self) -> MultiRLModuleSpec:
+        """The spec that rebuilds the current modules, added modules included."""
+        if self._module is not None:
+            return MultiRLModuleSpec.from_module(self._module)
+        if self._module_spec is None:
+            raise ValueError(f"{type(self).__name__} has no module_spec yet")
+        return self._module_spec
+
+    @property
+    def config(self) -> LearnerConfig:
+        """The Learner's hyperparameters, without per-module overrides."""
+        return LearnerConfig(self.hparams)
+
+    def config_for_module(self, module_id: str) -> LearnerConfig:
+        """The hyperparameters for ``module_id``: the Learner's, with that module's overrides applied."""
+        return LearnerConfig({**self.hparams, **self._config_overrides.get(module_id, {})})
+
+    def _make_module(self) -> MultiRLModule:
+        """Build the ``MultiRLModule`` from the spec; override to construct it differently."""
+        return self._module_spec.build()
+
+    @classmethod
+    def rl_module_required_apis(cls) -> list[type]:
+        """Classes (APIs) an RL module must be an instance of for this Learner to train it."""
+        return []
+
+    def rl_module_is_compatible(self, module: RLModule) -> bool:
+        """Whether this Learner can train ``module``; incompatible modules get no optimizer."""
+        return all(isinstance(module, api) for api in self.rl_module_required_apis())
+
+    def _check_is_built(self) -> None:
+        if self._module is None:
+            raise ValueError(f"{type(self).__name__} is not built yet: call learner.build() first")
+
+    def _compile(self) -> None:
+        self._forward_train_fn = self._module.forward_train
+        self._minibatch_step_fn = self._minibatch_step
+        if self.hparams.torch_compile:
+            if self.hparams.torch_compile_what_to_compile == "forward_train":
+                self._forward_train_fn = torch.compile(self._module.forward_train, dynamic=True)
+            else:
+                self._minibatch_step_fn = torch.compile(self._minibatch_step, dynamic=True)
+
+    # ------------------------------------------------------------------------------------
+    # Optimizers
+    # ------------------------------------------------------------------------------------
+
+    def configure_optimizers(self) -> list[Optimizer]:
+        """Register optimizers for every module that has none yet, and return all of them.
+
+        ``build`` calls this once; Lightning calls it again as its own hook and receives the
+        registered optimizers, so the Trainer wraps, steps and checkpoints them. Override
+        ``configure_optimizers_for_module`` rather than this method.
+        """
+        for module_id in self.module.keys():
+            if module_id not in self._module_optimizers and self.rl_module_is_compatible(self.module[module_id]):
+                self.configure_optimizers_for_module(module_id=module_id, config=self.config_for_module(module_id))
+        return list(self._named_optimizers.values())
+
+    def configure_optimizers_for_module(self, module_id: str, config: LearnerConfig) -> None:
+        """Create and ``register_optimizer`` the optimizer(s) of one module.
+
+        Called for every module at build time and for each module added later. The default
+        registers one Adam over all the module's parameters, scheduled by ``config.lr``.
+
+        Args:
+            module_id: The module to configure.
+            config: The hyperparameters for this module (``config_for_module(module_id)``).
+        """
+        params = self.get_parameters(self.module[module_id])
+        self.register_optimizer(
+            module_id=module_id,
+            optimizer=torch.optim.Adam(params),
+            params=params,
+            lr_or_lr_schedule=config.lr,
+        )
+
+    def register_optimizer(
+        self,
+        *,
+        module_id: str = ALL_MODULES,
+        optimizer_name: str = DEFAULT_OPTIMIZER,
+        optimizer: Optimizer,
+        params: list[nn.Parameter],
+        lr_or_lr_schedule: LearningRateOrSchedule | None = None,
+    ) -> None:
+        """Register an optimizer under ``{module_id}_{optimizer_name}``.
+
+        Args:
+            module_id: The module it trains (``ALL_MODULES`` for one spanning modules).
+            optimizer_name: Its name within the module; a module may have several.
+            optimizer: The optimizer, constructed over exactly ``params``.
+            params: The parameters it updates (and whose gradients it clips).
+            lr_or_lr_schedule: ``None`` to leave the learning rate to the optimizer; a
+                number or piecewise list (set before every update from
+                ``num_env_steps_sampled_lifetime``); a torch ``LRScheduler`` built on this
+                optimizer, or a callable that builds one from it (stepped after every update).
+        """
+        full_name = f"{module_id}_{optimizer_name}"
+        if full_name in self._named_optimizers:
+            raise ValueError(f"an optimizer named {optimizer_name!r} is already registered for module {module_id!r}")
+        self._check_registered_optimizer(optimizer, params, full_name)
+        schedule = self._make_lr_schedule(lr_or_lr_schedule, optimizer, full_name)
+
+        self._named_optimizers[full_name] = optimizer
+        self._module_optimizers[module_id].append(full_name)
+        self._optimizer_parameters[optimizer] = list(params)
+        for param in params:
+            self._params[self.get_param_ref(param)] = param
+        if schedule is not None:
+            self._lr_schedules[full_name] = schedule
+            if isinstance(schedule, Schedule):
+                _set_lr(optimizer, schedule.value(self._timesteps.get(NUM_ENV_STEPS_SAMPLED_LIFETIME, 0)))
+        self._sync_trainer_optimizers()
+
+    def _check_registered_optimizer(self, optimizer: Optimizer, params: list[nn.Parameter], full_name: str) -> None:
+        if not isinstance(optimizer, Optimizer):
+            raise ValueError(f"optimizer {full_name!r} must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        if not isinstance(params, list) or not all(isinstance(p, nn.Parameter) for p in params):
+            raise ValueError(f"params of optimizer {full_name!r} must be a list of torch.nn.Parameter")
+        optimized = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        if optimized != {id(p) for p in params}:
+            raise ValueError(f"optimizer {full_name!r} must be constructed over exactly the params it is registered with")
+        taken = [p for p in params if self.get_param_ref(p) in self._params]
+        if taken:
+            raise ValueError(f"optimizer {full_name!r}: {len(taken)} of its params already belong to another optimizer")
+
+    def _make_lr_schedule(
+        self, setting: LearningRateOrSchedule | None, optimizer: Optimizer, full_name: str
+    ) -> Schedule | LRScheduler | None:
+        if setting is None:
+            return None
+        if isinstance(setting, LRScheduler):
+            scheduler = setting
+        elif callable(setting):
+            scheduler = setting(optimizer)
+            if not isinstance(scheduler, LRScheduler):
+                raise ValueError(f"the lr schedule factory of {full_name!r} must return a torch LRScheduler")
+        else:
+            return Schedule(setting, name=f"learning rate of {full_name}")
+        if scheduler.optimizer is not optimizer:
+            raise ValueError(f"the LRScheduler given for {full_name!r} was built on another optimizer")
+        return scheduler
+
+    def get_optimizer(self, module_id: str = DEFAULT_MODULE_ID, optimizer_name: str = DEFAULT_OPTIMIZER) -> Optimizer:
+        """The optimizer registered as ``optimizer_name`` (short or full name) for ``module_id``."""
+        for name in (optimizer_name, f"{module_id}_{optimizer_name}"):
+            if name in self._named_optimizers:
+                return self._named_optimizers[name]
+        raise KeyError(
+            f"no optimizer {optimizer_name!r} for module {module_id!r}; registered: {sorted(self._named_optimizers)}"
+        )
+
+    def get_optimizers_for_module(self, module_id: str = ALL_MODULES) -> list[tuple[str, Optimizer]]:
+        """``(optimizer_name, optimizer)`` pairs registered for ``module_id``, short names."""
+        prefix = len(module_id) + 1
+        return [(name[prefix:], self._named_optimizers[name]) for name in self._module_optimizers.get(module_id, [])]
+
+    def get_parameters(self, module: nn.Module) -> list[nn.Parameter]:
+        """The trainable parameters of ``module``."""
+        return [p for p in module.parameters() if p.requires_grad]
+
+    def get_param_ref(self, param: nn.Parameter) -> nn.Parameter:
+        """A hashable reference to ``param``; in torch, the parameter itself."""
+        return param
+
+    def filter_param_dict_for_optimizer(self, param_dict: Mapping[Any, Any], optimizer: Optimizer) -> dict[Any, Any]:
+        """The entries of ``param_dict`` (keyed by param ref) that belong to ``optimizer``."""
+        return {
+            ref: param_dict[ref]
+            for ref in self._optimizer_parameters[optimizer]
+            if ref in param_dict and param_dict[ref] is not None
+        }
+
+    # ------------------------------------------------------------------------------------
+    # Losses and gradients
+    # ------------------------------------------------------------------------------------
+
+    def compute_losses(self, *, fwd_out: dict[str, Any], batch: MultiModuleBatch) -> dict[str, torch.Tensor]:
+        """The loss of every module in ``fwd_out``; override for losses that span modules.
+
+        Returns:
+            ``{module_id: scalar loss}``; an ``ALL_MODULES`` entry, if present, is the loss
+            that is backpropagated, otherwise the sum of the module losses is.
+        """
+        return {
+            module_id: self.compute_loss_for_module(
+                module_id=module_id,
+                config=self.config_for_module(module_id),
+                batch=batch[module_id],
+                fwd_out=module_fwd_out,
+            )
+            for module_id, module_fwd_out in fwd_out.items()
+        }
+
+    def compute_loss_for_module(
+        self, *, module_id: str, config: LearnerConfig, batch: dict[str, torch.Tensor], fwd_out: dict[str, Any]
+    ) -> torch.Tensor:
+        """The scalar loss of one module on one minibatch. Subclasses implement it.
+
+        Log extra values with ``self.metrics.log_value((module_id, "name"), tensor)``.
+
+        Args:
+            module_id: The module.
+            config: Its hyperparameters.
+            batch: Its minibatch, ``{column: Tensor[B, ...]}``.
+            fwd_out: The output of its ``forward_train`` on ``batch``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement compute_loss_for_module (or compute_losses)")
+
+    def compute_gradients(self, loss_per_module: Mapping[str, torch.Tensor], **kwargs: Any) -> dict[Any, torch.Tensor]:
+        """Backpropagate the total loss; return ``{param_ref: gradient}``.
+
+        Gradients are zeroed first. Under a running Trainer this uses ``manual_backward``.
+        """
+        self._module.zero_grad(set_to_none=True)
+        total = loss_per_module.get(ALL_MODULES)
+        if total is None:
+            total = sum(loss_per_module.values())
+        if isinstance(total, torch.Tensor) and total.requires_grad:
+            self.manual_backward(total) if self._is_running_under_trainer() else total.backward()
+        return {ref: param.grad for ref, param in self._params.items() if param.grad is not None}
+
+    def postprocess_gradients(self, gradients_dict: dict[Any, torch.Tensor]) -> dict[Any, torch.Tensor]:
+        """Post-process (clip) the gradients of every module's optimizers.
+
+        Calls ``postprocess_gradients_for_module`` with each module's gradients; gradients
+        of no registered optimizer pass unchanged.
+        """
+        processed = dict(gradients_dict)
+        for module_id in self._module_optimizers:
+            module_gradients = {}
+            for _, optimizer in self.get_optimizers_for_module(module_id):
+                module_gradients.update(self.filter_param_dict_for_optimizer(gradients_dict, optimizer))
+            processed.update(
+                self.postprocess_gradients_for_module(
+                    module_id=module_id,
+                    config=self.config_for_module(module_id),
+                    module_gradients_dict=module_gradients,
+                )
+            )
+        return processed
+
+    def postprocess_gradients_for_module(
+        self, *, module_id: str, config: LearnerConfig, module_gradients_dict: dict[Any, torch.Tensor]
+    ) -> dict[Any, torch.Tensor]:
+        """Clip one module's gradients, optimizer by optimizer, and log their global norms.
+
+        The norm logged as ``gradients_{optimizer_name}_global_norm`` is taken before clipping.
+        """
+        for optimizer_name, optimizer in self.get_optimizers_for_module(module_id):
+            gradients = self.filter_param_dict_for_optimizer(module_gradients_dict, optimizer)
+            if not gradients:
+                continue
+            global_norm = clip_gradients(gradients, grad_clip=config.grad_clip, grad_clip_by=config.grad_clip_by)
+            self.metrics.log_value((module_id, f"gradients_{optimizer_name}_global_norm"), global_norm)
+        return module_gradients_dict
+
+    def apply_gradients(self, gradients_dict: Mapping[Any, torch.Tensor]) -> None:
+        """Step the optimizers of every module that should be updated, with these gradients.
+
+        An optimizer whose gradients hold a NaN or infinity does not step (counted in the
+        results as ``num_non_finite_updates_skipped``), so one bad batch cannot poison the weights.
+        """
+        to_step: list[tuple[str, Optimizer]] = []
+        norms = []
+        for module_id, full_names in self._module_optimizers.items():
+            if module_id != ALL_MODULES and not self.should_module_be_updated(module_id):
+                continue
+            for full_name in full_names:
+                optimizer = self._named_optimizers[full_name]
+                grads = []
+                for param in self._optimizer_parameters[optimizer]:
+                    grad = gradients_dict.get(self.get_param_ref(param))
+                    if grad is not param.grad:
+                        param.grad = grad
+                    if grad is not None:
+                        grads.append(grad)
+                if grads:
+                    to_step.append((module_id, optimizer))
+                    norms.append(_global_norm(grads))
+        if not to_step:
+            return
+        # One device sync for all optimizers.
+        finite = torch.isfinite(torch.stack(norms)).tolist()
+        for (module_id, optimizer), ok in zip(to_step, finite):
+            if ok:
+                self._step(optimizer)
+            else:
+                self.metrics.log_value((module_id, NUM_NON_FINITE_UPDATES_SKIPPED), 1, reduce="sum")
+
+    def _step(self, optimizer: Optimizer) -> None:
+        if self._is_running_under_trainer():
+            # Lightning's wrapper runs the strategy's and precision plugin's step logic.
+            self._lightning_optimizers[optimizer].step()
+        else:
+            optimizer.step()
+
+    # ------------------------------------------------------------------------------------
+    # Updates
+    # ------------------------------------------------------------------------------------
+
+    def update_from_batch(
+        self,
+        batch: Mapping[str, Any],
+        *,
+        timesteps: Mapping[str, float] | None = None,
+        num_epochs: int = 1,
+        minibatch_size: int | None = None,
+        shuffle_batch_per_epoch: bool = False,
+    ) -> dict[str, dict[str, float]]:
+        """Train on ``batch`` for ``num_epochs`` passes of minibatches; return the results.
+
+        Args:
+            batch: ``{column: array}`` for a single-module Learner, or
+                ``{module_id: {column: array}}``; numpy arrays or tensors.
+            timesteps: Lifetime counters, e.g. ``{"num_env_steps_sampled_lifetime": 4000}``;
+                they drive the learning-rate schedules. Left out, the last ones are kept.
+            num_epochs: Passes over the batch.
+            minibatch_size: Rows per gradient step; ``None`` for the whole batch.
+            shuffle_batch_per_epoch: Whether each pass visits rows in a new random order.
+
+        Returns:
+            ``{module_id: {key: float}}`` plus ``ALL_MODULES``: losses, learning rates,
+            gradient norms, steps trained (this update and lifetime), ``weights_seq_no``.
+
+        Raises:
+            ValueError: for unknown module ids, missing columns, columns of unequal length or
+                observations/actions of the wrong shape. Nothing is updated then.
+        """
+        self._check_is_built()
+        if num_epochs < 1:
+            raise ValueError(f"num_epochs must be >= 1, got {num_epochs}")
+        if minibatch_size is not None and minibatch_size < 1:
+            raise ValueError(f"minibatch_size must be >= 1 or None, got {minibatch_size}")
+        batch = self._prepare_batch(batch)
+        timesteps = dict(timesteps or {})
+
+        self.before_gradient_based_update(timesteps=timesteps)
+        self._lightning_optimizers = self._lightning_optimizer_map()
+        batch = {mid: b for mid, b in batch.items() if self.should_module_be_updated(mid, batch)}
+        module_rows: dict[str, int] = defaultdict(int)
+        num_steps = 0
+        env_steps = 0
+        if batch:
+            for minibatch in iterate_minibatches(
+                batch, num_epochs=num_epochs, minibatch_size=minibatch_size, shuffle=shuffle_batch_per_epoch
+            ):
+                self._minibatch_step_fn(minibatch)
+                rows = {module_id: num_rows(module_batch) for module_id, module_batch in minibatch.items()}
+                for module_id, count in rows.items():
+                    module_rows[module_id] += count
+                env_steps += max(rows.values())
+                num_steps += 1
+        self._log_steps_trained(module_rows, num_steps, env_steps)
+        self.after_gradient_based_update(timesteps=timesteps)
+        return self.metrics.reduce()
+
+    def _minibatch_step(self, minibatch: MultiModuleBatch) -> None:
+        fwd_out = self._forward_train_fn(minibatch)
+        loss_per_module = self.compute_losses(fwd_out=fwd_out, batch=minibatch)
+        gradients = self.compute_gradients(loss_per_module)
+        gradients = self.postprocess_gradients(gradients)
+        self.apply_gradients(gradients)
+        self._weights_seq_no += 1
+        total = loss_per_module.get(ALL_MODULES)
+        for module_id, loss in loss_per_module.items():
+            self.metrics.log_value((module_id, TOTAL_LOSS_KEY), loss)
+        if total is None:
+            self.metrics.log_value((ALL_MODULES, TOTAL_LOSS_KEY), torch.stack(list(loss_per_module.values())).sum())
+
+    def training_step(self, train_item: Mapping[str, Any], batch_idx: int = 0) -> None:
+        """Lightning's hook: one ``update_from_batch`` with the Learner's epoch settings.
+
+        ``train_item`` is a batch, or ``{"batch": batch, "timesteps": {...}}``. The results
+        are logged (``"{module_id}/{key}"``) to the Trainer's logger.
+        """
+        if "batch" in train_item:
+            batch, timesteps = train_item["batch"], train_item.get("timesteps")
+        else:
+            batch, timesteps = train_item, None
+        results = self.update_from_batch(
+            batch,
+            timesteps=timesteps,
+            num_epochs=self.hparams.num_epochs,
+            minibatch_size=self.hparams.minibatch_size,
+            shuffle_batch_per_epoch=self.hparams.shuffle_batch_per_epoch,
+        )
+        self._log_results(results)
+
+    def before_gradient_based_update(self, *, timesteps: dict[str, Any]) -> None:
+        """Called at the start of every update, before any gradient step.
+
+        Sets the scheduled learning rates for the current ``timesteps`` and calls
+        ``on_before_gradient_based_update`` on the Trainer's ``LearnerCallback``\\ s.
+        Override for non-gradient updates; call ``super()``.
+        """
+        self._timesteps.update({k: float(v) for k, v in timesteps.items()})
+        timestep = self._timesteps.get(NUM_ENV_STEPS_SAMPLED_LIFETIME, 0)
+        for module_id, full_names in self._module_optimizers.items():
+            for full_name in full_names:
+                optimizer = self._named_optimizers[full_name]
+                schedule = self._lr_schedules.get(full_name)
+                if isinstance(schedule, Schedule):
+                    _set_lr(optimizer, schedule.value(timestep))
+                optimizer_name = full_name[len(module_id) + 1 :]
+                self.metrics.log_value((module_id, f"{optimizer_name}_{LR_KEY}"), _get_lr(optimizer), reduce="last")
+        for callback in self._learner_callbacks():
+            callback.on_before_gradient_based_update(self.trainer, self, timesteps)
+
+    def after_gradient_based_update(self, *, timesteps: dict[str, Any]) -> None:
+        """Called at the end of every update, after the last gradient step.
+
+        Steps torch ``LRScheduler``\\ s and calls ``on_after_gradient_based_update`` on the
+        Trainer's ``LearnerCallback``\\ s. Override for non-gradient updates (target
+        networks, coefficients); call ``super()``.
+        """
+        for schedule in self._lr_schedules.values():
+            if isinstance(schedule, LRScheduler):
+                schedule.step()
+        for callback in self._learner_callbacks():
+            callback.on_after_gradient_based_update(self.trainer, self, timesteps)
+
+    def required_batch_columns(self, module_id: str) -> list[str]:
+        """Columns a batch must hold for ``module_id``; checked before any update."""
+        return [Columns.OBS]
+
+    def _prepare_batch(self, batch: Mapping[str, Any]) -> MultiModuleBatch:
+        """Convert a user batch to ``{module_id: {column: Tensor}}`` on our device, checked."""
+        if not isinstance(batch, Mapping) or not batch:
+            raise ValueError(f"a batch must be a non-empty dict of columns or of module batches, got {type(batch).__name__}")
+        nested = [isinstance(value, Mapping) for value in batch.values()]
+        if all(nested):
+            unknown = sorted(set(batch) - set(self._module.keys()))
+            if unknown:
+                raise ValueError(
+                    f"the batch holds module ids {unknown} that this Learner does not have; "
+                    f"its modules are {sorted(self._module.keys())}"
+                )
+            module_batches = dict(batch)
+        elif any(nested):
+            raise ValueError("a batch must map either columns to arrays or module ids to column dicts, not both")
+        elif len(self._module) == 1:
+            module_batches = {next(iter(self._module.keys())): batch}
+        else:
+            raise ValueError(
+                f"a flat {{column: array}} batch is ambiguous for a Learner with modules {sorted(self._module.keys())}: "
+                "pass {module_id: {column: array}}"
+            )
+
+        prepared: MultiModuleBatch = {}
+        for module_id, module_batch in module_batches.items():
+            missing = [c for c in self.required_batch_columns(module_id) if c not in module_batch]
+            if missing:
+                raise ValueError(
+                    f"module {module_id!r}: the batch lacks column(s) {missing}; it has {sorted(module_batch)}"
+                )
+            columns = {column: to_tensor(values, self.device) for column, values in module_batch.items()}
+            lengths = {column: (len(values) if values.dim() > 0 else 0) for column, values in columns.items()}
+            if len(set(lengths.values())) != 1 or 0 in lengths.values():
+                raise ValueError(f"module {module_id!r}: columns must have the same, non-zero number of rows; got {lengths}")
+            module = self._module[module_id]
+            _check_column_shape(module_id, Columns.OBS, columns.get(Columns.OBS), module.observation_space, "observation")
+            _check_column_shape(module_id, Columns.ACTIONS, columns.get(Columns.ACTIONS), module.action_space, "action")
+            prepared[module_id] = columns
+        return prepared
+
+    def _log_steps_trained(self, module_rows: Mapping[str, int], num_steps: int, env_steps: int) -> None:
+        log = self.metrics.log_value
+        for module_id, rows in module_rows.items():
+            log((module_id, NUM_MODULE_STEPS_TRAINED), rows, reduce="sum")
+            log((module_id, NUM_MODULE_STEPS_TRAINED_LIFETIME), rows, reduce="sum", clear_on_reduce=False)
+            log((module_id, MODULE_TRAIN_BATCH_SIZE_MEAN), rows / max(num_steps, 1))
+            log((module_id, WEIGHTS_SEQ_NO), self._weights_seq_no, reduce="last")
+        total_rows = sum(module_rows.values())
+        log((ALL_MODULES, NUM_MODULE_STEPS_TRAINED), total_rows, reduce="sum")
+        log((ALL_MODULES, NUM_MODULE_STEPS_TRAINED_LIFETIME), total_rows, reduce="sum", clear_on_reduce=False)
+        log((ALL_MODULES, NUM_ENV_STEPS_TRAINED), env_steps, reduce="sum")
+        log((ALL_MODULES, NUM_ENV_STEPS_TRAINED_LIFETIME), env_steps, reduce="sum", clear_on_reduce=False)
+        log((ALL_MODULES, WEIGHTS_SEQ_NO), self._weights_seq_no, reduce="last")
+        for key, value in self._timesteps.items():
+            log((ALL_MODULES, key), value, reduce="last")
+
+    def _log_results(self, results: Mapping[str, Mapping[str, float]]) -> None:
+        flat = {f"{module_id}/{key}": value for module_id, values in results.items() for key, value in values.items()}
+        # The values are already reduced over ranks by the metrics logger.
+        self.log_dict(flat, on_step=True, on_epoch=False, batch_size=1, sync_dist=False)
+        total_loss = results.get(ALL_MODULES, {}).get(TOTAL_LOSS_KEY)
+        if total_loss is not None:
+            self.log("loss", total_loss, prog_bar=True, logger=False, on_step=True, batch_size=1)
+
+    # ------------------------------------------------------------------------------------
+    # Adding and removing modules
+    # ------------------------------------------------------------------------------------
+
+    def should_module_be_updated(self, module_id: str, batch: MultiModuleBatch | None = None) -> bool:
+        """Whether ``module_id`` is trained, per ``policies_to_train``."""
+        rule = self._should_module_be_updated
+        if rule is None:
+            return True
+        if callable(rule):
+            return bool(rule(module_id, batch))
+        return module_id in rule
+
+    def add_module(
+        self,
+        *,
+        module_id: str,
+        module_spec: RLModuleSpec,
+        config_overrides: dict[str, Any] | None = None,
+        new_should_module_be_updated: ShouldModuleBeUpdated | None = None,
+    ) -> MultiRLModuleSpec:
+        """Add and train a new module (e.g. a league opponent), also while ``Trainer.fit`` runs.
+
+        Its optimizers are registered through ``configure_optimizers_for_module`` and, under
+        a Trainer, handed to it, so they are stepped and checkpointed from then on.
+
+        Args:
+            module_id: The new module's id.
+            module_spec: How to build it (always built for training, not inference only).
+            config_overrides: Hyperparameters of this module that differ from the Learner's.
+            new_should_module_be_updated: A new ``policies_to_train``; ``None`` keeps the current one.
+
+        Returns:
+            The spec of all modules after adding.
+        """
+        self._check_is_built()
+        validate_module_id(module_id)
+        if module_id in self._module:
+            raise ValueError(f"module {module_id!r} already exists; remove it first or pick another id")
+        overrides = self._checked_overrides(module_id, config_overrides or {})
+        spec = copy.copy(module_spec)
+        spec.inference_only = False
+        module = spec.build().to(self.device)
+
+        self._module.add_module(module_id, module)
+        if overrides:
+            self._config_overrides[module_id] = overrides
+        if new_should_module_be_updated is not None:
+            self._set_should_module_be_updated(new_should_module_be_updated)
+        if self.rl_module_is_compatible(module):
+            self.configure_optimizers_for_module(module_id=module_id, config=self.config_for_module(module_id))
+        self._compile()
+        return self.module_spec
+
+    def remove_module(
+        self, module_id: str, *, new_should_module_be_updated: ShouldModuleBeUpdated | None = None
+    ) -> MultiRLModuleSpec:
+        """Remove a module with its optimizers, schedules, overrides and metrics.
+
+        Args:
+            module_id: The module to remove.
+            new_should_module_be_updated: A new ``policies_to_train``; ``None`` keeps the current one.
+
+        Returns:
+            The spec of the remaining modules.
+        """
+        self._check_is_built()
+        if module_id not in self._module:
+            raise ValueError(f"no module {module_id!r} to remove; modules are {sorted(self._module.keys())}")
+        for full_name in self._module_optimizers.pop(module_id, []):
+            optimizer = self._named_optimizers.pop(full_name)
+            for param in self._optimizer_parameters.pop(optimizer):
+                self._params.pop(self.get_param_ref(param), None)
+            self._lr_schedules.pop(full_name, None)
+        self._module.remove_module(module_id)
+        self._config_overrides.pop(module_id, None)
+        self.metrics.delete(module_id)
+        if new_should_module_be_updated is not None:
+            self._set_should_module_be_updated(new_should_module_be_updated)
+        self._sync_trainer_optimizers()
+        self._compile()
+        return self.module_spec
+
+    def _set_should_module_be_updated(self, rule: ShouldModuleBeUpdated) -> None:
+        self._should_module_be_updated = rule
+        self.hparams.policies_to_train = None if callable(rule) else sorted(rule)
+
+    # ------------------------------------------------------------------------------------
+    # State and checkpoints
+    # ------------------------------------------------------------------------------------
+
+    def get_state(
+        self,
+        components: str | Collection[str] | None = None,
+        *,
+        not_components: str | Collection[str] | None = None,
+    ) -> dict[str, Any]:
+        """A snapshot of the Learner (copies, unaffected by later updates).
+
+        Args:
+            components: ``"rl_module"``, ``"optimizer"``, ``"metrics_logger"`` or a list of
+                them; ``None`` for all.
+            not_components: Components to leave out.
+
+        Returns:
+            The chosen components plus the bookkeeping that rebuilds the Learner: the module
+            spec, per-module overrides, ``policies_to_train``, ``weights_seq_no`` and the last
+            timesteps (which position the schedules).
+        """
+        self._check_is_built()
+        wanted = _component_filter(components, not_components)
+        state: dict[str, Any] = {
+            "module_spec": self.module_spec.to_dict(),
+            "config_overrides_per_module": copy.deepcopy(self._config_overrides),
+            WEIGHTS_SEQ_NO: self._weights_seq_no,
+            "timesteps": dict(self._timesteps),
+        }
+        if not callable(self._should_module_be_updated):
+            rule = self._should_module_be_updated
+            state["should_module_be_updated"] = None if rule is None else sorted(rule)
+        if wanted(COMPONENT_RL_MODULE):
+            state[COMPONENT_RL_MODULE] = self._module.get_state()
+        if wanted(COMPONENT_OPTIMIZER):
+            state[COMPONENT_OPTIMIZER] = self._get_optimizer_state(include_optimizers=True)
+        if wanted(COMPONENT_METRICS_LOGGER):
+            state[COMPONENT_METRICS_LOGGER] = self.metrics.get_state()
+        return state
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Restore (part of) what ``get_state`` returned, for the modules this Learner has.
+
+        Everything is checked before anything changes: unknown module or optimizer names,
+        missing or unexpected weights and shape mismatches raise ``ValueError`` naming them.
+        To restore a checkpoint whose modules differ, use ``restore_from_path`` or
+        ``from_checkpoint``, which add and remove modules to match.
+        """
+        self._check_is_built()
+        if COMPONENT_RL_MODULE in state:
+            self._check_module_state(state[COMPONENT_RL_MODULE])
+        if COMPONENT_OPTIMIZER in state:
+            self._check_optimizer_state(state[COMPONENT_OPTIMIZER])
+
+        if COMPONENT_RL_MODULE in state:
+            self._module.set_state(state[COMPONENT_RL_MODULE])
+        if COMPONENT_OPTIMIZER in state:
+            optimizer_state = state[COMPONENT_OPTIMIZER]
+            for full_name, saved in optimizer_state.get("optimizers", {}).items():
+                self._named_optimizers[full_name].load_state_dict(_clone_tensors(saved))
+            for full_name, saved in optimizer_state.get("lr_schedulers", {}).items():
+                self._lr_schedules[full_name].load_state_dict(saved)
+        if COMPONENT_METRICS_LOGGER in state:
+            self.metrics.set_state(state[COMPONENT_METRICS_LOGGER])
+        for module_id, overrides in state.get("config_overrides_per_module", {}).items():
+            if module_id in self._module:
+                self._config_overrides[module_id] = dict(overrides)
+        if state.get("should_module_be_updated", False) is not False:
+            rule = state["should_module_be_updated"]
+            self._should_module_be_updated = rule
+            self.hparams.policies_to_train = rule
+        self._weights_seq_no = int(state.get(WEIGHTS_SEQ_NO, self._weights_seq_no))
+        self._timesteps.update(state.get("timesteps", {}))
+
+    def save_to_path(self, path: str) -> str:
+        """Save the complete Learner to the directory ``path`` (written atomically).
+
+        Returns:
+            ``path``; ``restore_from_path(path)`` or ``from_checkpoint(path)`` reads it back.
+        """
+        payload = self._checkpoint_payload()
+        payload["state"] = self.get_state()
+        write_learner_dir(path, payload)
+        return path
+
+    def restore_from_path(self, path: str) -> None:
+        """Restore this Learner from ``save_to_path`` output or a Lightning checkpoint.
+
+        Modules are added or removed to match the checkpoint. If anything does not fit,
+        the error names the file and the mismatch, and the Learner is left as it was.
+        """
+        self._check_is_built()
+        file, payload = read_learner_payload(path)
+        snapshot = self.get_state()
+        try:
+            self._apply_payload(payload)
+        except ValueError as error:
+            self._match_modules(snapshot["module_spec"], snapshot["config_overrides_per_module"])
+            self.set_state(snapshot)
+            raise ValueError(f"cannot restore from {str(file)!r}: {error}") from error
+
+    @classmethod
+    def from_checkpoint(cls, path: str, **hparam_overrides: Any) -> Learner:
+        """Build a new Learner from a checkpoint alone, added modules included.
+
+        Args:
+            path: A ``save_to_path`` directory or a Lightning checkpoint file.
+            **hparam_overrides: Hyperparameters to change, or to supply what a checkpoint
+                cannot hold (a callable ``policies_to_train``).
+        """
+        file, payload = read_learner_payload(path)
+        learner_class = import_class(payload["learner_class"], cls)
+        state = payload["state"]
+        try:
+            hparams = {
+                **payload["hparams"],
+                "config_overrides_per_module": state.get("config_overrides_per_module"),
+                **hparam_overrides,
+            }
+            learner = learner_class(module_spec=MultiRLModuleSpec.from_dict(state["module_spec"]), **hparams)
+            learner.build()
+            learner._apply_payload(payload)
+        except ValueError as error:
+            raise ValueError(f"cannot load a Learner from {str(file)!r}: {error}") from error
+        return learner
+
+    def setup(self, stage: str) -> None:
+        """Lightning's hook: build the Learner if it has not been built."""
+        self.build()
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Lightning's hook: add what rebuilds this Learner to a Lightning checkpoint.
+
+        Weights and optimizer states are in the checkpoint already (``state_dict``,
+        ``optimizer_states``); this adds the module spec, hyperparameters, optimizer names
+        (in Lightning's order), schedules, metrics and counters.
+        """
+        payload = self._checkpoint_payload()
+        state = self.get_state(not_components=[COMPONENT_RL_MODULE, COMPONENT_OPTIMIZER])
+        state[COMPONENT_OPTIMIZER] = self._get_optimizer_state(include_optimizers=False)
+        payload["state"] = state
+        payload["optimizer_order"] = list(self._named_optimizers)
+        checkpoint[CHECKPOINT_KEY] = payload
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Lightning's hook: rebuild the modules the checkpoint holds, then restore state.
+
+        Lightning then loads the weights and, when resuming a fit, the optimizer states.
+        """
+        if CHECKPOINT_KEY not in checkpoint:
+            raise ValueError("this checkpoint was not written by a lightning_rl Learner (no 'lightning_rl' entry)")
+        payload = checkpoint[CHECKPOINT_KEY]
+        state = payload["state"]
+        if self._module is None:
+            self._module_spec = MultiRLModuleSpec.from_dict(state["module_spec"])
+            for module_id, overrides in state.get("config_overrides_per_module", {}).items():
+                self._config_overrides[module_id] = dict(overrides)
+            self.build()
+        self._match_modules(state["module_spec"], state.get("config_overrides_per_module", {}))
+        if list(self._named_optimizers) != list(payload["optimizer_order"]):
+            raise ValueError(
+                f"the checkpoint's optimizers {payload['optimizer_order']} do not match this Learner's "
+                f"{list(self._named_optimizers)}"
+            )
+        self.set_state(state)
+
+    def _checkpoint_payload(self) -> dict[str, Any]:
+        hparams = dict(self.hparams)
+        check_plain_data(hparams, "hyperparameters")
+        return {"format_version": FORMAT_VERSION, "learner_class": class_path(type(self)), "hparams": hparams}
+
+    def _apply_payload(self, payload: Mapping[str, Any]) -> None:
+        """Match modules to the payload, then restore its weights and state (checked first)."""
+        state = dict(payload["state"])
+        self._match_modules(state["module_spec"], state.get("config_overrides_per_module", {}))
+        weights = payload.get("lightning_state_dict")
+        if weights is not None:
+            check_state_matches(self, weights)
+            self._check_optimizer_state(state.get(COMPONENT_OPTIMIZER, {}))
+            self.load_state_dict(weights)
+        self.set_state(state)
+
+    def _match_modules(self, spec_dict: Mapping[str, Any], overrides: Mapping[str, dict[str, Any]]) -> None:
+        """Add and remove modules so that this Learner holds those of ``spec_dict``."""
+        spec = MultiRLModuleSpec.from_dict(spec_dict)
+        for module_id in [m for m in self._module.keys() if m not in spec.rl_module_specs]:
+            self.remove_module(module_id)
+        for module_id, module_spec in spec.rl_module_specs.items():
+            if module_id not in self._module:
+                self.add_module(module_id=module_id, module_spec=module_spec, config_overrides=overrides.get(module_id))
+
+    def _check_module_state(self, module_state: Mapping[str, Any]) -> None:
+        unknown = sorted(set(module_state) - set(self._module.keys()))
+        if unknown:
+            raise ValueError(f"the state holds weights of modules {unknown} that this Learner does not have ({sorted(self._module.keys())})")
+        for module_id, weights in module_state.items():
+            try:
+                check_state_matches(self._module[module_id], weights)
+            except ValueError as error:
+                raise ValueError(f"module {module_id!r}: {error}") from error
+
+    def _check_optimizer_state(self, optimizer_state: Mapping[str, Any]) -> None:
+        for kind, registry in (("optimizers", self._named_optimizers), ("lr_schedulers", self._lr_schedules)):
+            unknown = sorted(set(optimizer_state.get(kind, {})) - set(registry))
+            if unknown:
+                raise ValueError(f"the state holds {kind} {unknown} that this Learner does not have ({sorted(registry)})")
+        for full_name, saved in optimizer_state.get("optimizers", {}).items():
+            _check_optimizer_state_fits(full_name, self._named_optimizers[full_name], saved)
+
+    def _get_optimizer_state(self, *, include_optimizers: bool) -> dict[str, Any]:
+        state: dict[str, Any] = {
+            "lr_schedulers": {
+                name: _clone_tensors(schedule.state_dict())
+                for name, schedule in self._lr_schedules.items()
+                if isinstance(schedule, LRScheduler)
+            }
+        }
+        if include_optimizers:
+            state["optimizers"] = {
+                name: _clone_tensors(optimizer.state_dict()) for name, optimizer in self._named_optimizers.items()
+            }
+        return state
+
+    # ------------------------------------------------------------------------------------
+    # Trainer plumbing and validation
+    # ------------------------------------------------------------------------------------
+
+    def _is_running_under_trainer(self) -> bool:
+        trainer = self._trainer
+        return trainer is not None and trainer.state.status == TrainerStatus.RUNNING
+
+    def _learner_callbacks(self) -> list[Any]:
+        from lightning_rl.callbacks.learner_callback import LearnerCallback
+
+        if self._trainer is None:
+            return []
+        return [c for c in self._trainer.callbacks if isinstance(c, LearnerCallback)]
+
+    def _lightning_optimizer_map(self) -> dict[Optimizer, Any]:
+        if not self._is_running_under_trainer():
+            return {}
+        return {wrapper.optimizer: wrapper for wrapper in self._trainer.strategy._lightning_optimizers}
+
+    def _sync_trainer_optimizers(self) -> None:
+        """Hand the current optimizers to an attached Trainer, so it steps and saves them."""
+        if self._trainer is not None:
+            self._trainer.strategy.optimizers = list(self._named_optimizers.values())
+            self._lightning_optimizers = self._lightning_optimizer_map()
+
+    def _checked_overrides(self, module_id: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(overrides) - set(self.hparams))
+        if unknown:
+            raise ValueError(f"config overrides for module {module_id!r} name unknown hyperparameters {unknown}")
+        overrides = dict(overrides)
+        self._check_config({**self.hparams, **overrides}, f"module {module_id!r}")
+        return overrides
+
+    @staticmethod
+    def _check_config(config: Mapping[str, Any], where: str) -> None:
+        Schedule(config["lr"], name=f"{where}: lr")
+        grad_clip = config["grad_clip"]
+        if grad_clip is not None and not (isinstance(grad_clip, (int, float)) and grad_clip > 0):
+            raise ValueError(f"{where}: grad_clip must be a positive number or None, got {grad_clip!r}")
+        if config["grad_clip_by"] not in GRAD_CLIP_BY:
+            raise ValueError(f"{where}: grad_clip_by must be one of {GRAD_CLIP_BY}, got {config['grad_clip_by']!r}")
+        if not (isinstance(config["num_epochs"], int) and config["num_epochs"] >= 1):
+            raise ValueError(f"{where}: num_epochs must be an int >= 1, got {config['num_epochs']!r}")
+        minibatch_size = config["minibatch_size"]
+        if minibatch_size is not None and not (isinstance(minibatch_size, int) and minibatch_size >= 1):
+            raise ValueError(f"{where}: minibatch_size must be an int >= 1 or None, got {minibatch_size!r}")
+        if config["torch_compile_what_to_compile"] not in WHAT_TO_COMPILE:
+            raise ValueError(
+                f"{where}: torch_compile_what_to_compile must be one of {WHAT_TO_COMPILE}, "
+                f"got {config['torch_compile_what_to_compile']!r}"
+            )
+
+
+def clip_gradients(
+    gradients: Mapping[Any, torch.Tensor], *, grad_clip: float | None, grad_clip_by: str = "global_norm"
+) -> torch.Tensor:
+    """Clip ``gradients`` in place and return their global L2 norm from before clipping.
+
+    Args:
+        gradients: The gradients of one optimizer, ``{param_ref: grad}``.
+        grad_clip: The threshold; ``None`` only measures the norm.
+        grad_clip_by: ``"value"``: clamp every element to ``[-grad_clip, grad_clip]``.
+            ``"norm"``: scale each tensor whose L2 norm exceeds ``grad_clip`` down to it.
+            ``"global_norm"``: scale all tensors by ``grad_clip / global_norm`` when the
+            global norm exceeds ``grad_clip`` (``torch.nn.utils.clip_grad_norm_``'s rule,
+            with its ``1e-6`` guard against division by zero).
+    """
+    grads = list(gradients.values())
+    norms = torch._foreach_norm(grads)
+    global_norm = torch.linalg.vector_norm(torch.stack(norms))
+    if grad_clip is None:
+        return global_norm
+    if grad_clip_by == "value":
+        for grad in grads:
+            grad.clamp_(-grad_clip, grad_clip)
+    elif grad_clip_by == "norm":
+        for grad, norm in zip(grads, norms):
+            grad.mul_(torch.clamp(grad_clip / (norm + 1e-6), max=1.0))
+    elif grad_clip_by == "global_norm":
+        torch._foreach_mul_(grads, torch.clamp(grad_clip / (global_norm + 1e-6), max=1.0))
+    else:
+        raise ValueError(f"grad_clip_by must be one of {GRAD_CLIP_BY}, got {grad_clip_by!r}")
+    return global_norm
+
+
+def _global_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+
+
+def _set_lr(optimizer: Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].fill_(lr)
+        else:
+            group["lr"] = lr
+
+
+def _get_lr(optimizer: Optimizer) -> float:
+    return float(optimizer.param_groups[0]["lr"])
+
+
+def _check_column_shape(
+    module_id: str, column: str, values: torch.Tensor | None, space: Any, kind: str
+) -> None:
+    """Raise if a column's per-row shape does not match its gymnasium space."""
+    expected = getattr(space, "shape", None)
+    if values is None or expected is None:
+        return  # absent column, or a space without a flat shape (Dict, Tuple)
+    if tuple(values.shape[1:]) != tuple(expected):
+        raise ValueError(
+            f"module {module_id!r}: column {column!r} has shape {tuple(values.shape)}, but the {kind} space "
+            f"{space} expects [batch, {', '.join(map(str, expected))}]".replace("[batch, ]", "[batch]")
+        )
+
+
+def _check_optimizer_state_fits(full_name: str, optimizer: Optimizer, saved: Mapping[str, Any]) -> None:
+    groups = optimizer.param_groups
+    saved_groups = saved.get("param_groups", [])
+    if [len(g["params"]) for g in groups] != [len(g["params"]) for g in saved_groups]:
+        raise ValueError(
+            f"optimizer {full_name!r}: saved parameter groups of sizes {[len(g['params']) for g in saved_groups]} "
+            f"do not fit its groups of sizes {[len(g['params']) for g in groups]}"
+        )
+    params = [p for group in groups for p in group["params"]]
+    saved_ids = [i for group in saved_groups for i in group["params"]]
+    position = {saved_id: index for index, saved_id in enumerate(saved_ids)}
+    for saved_id, entry in saved.get("state", {}).items():
+        param = params[position[saved_id]]
+        for key, value in entry.items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != param.shape:
+                raise ValueError(
+                    f"optimizer {full_name!r}: saved state {key!r} of shape {tuple(value.shape)} does not fit "
+                    f"a parameter of shape {tuple(param.shape)}"
+                )
+
+
+def _component_filter(
+    components: str | Collection[str] | None, not_components: str | Collection[str] | None
+) -> Callable[[str], bool]:
+    def as_set(value: str | Collection[str] | None) -> set[str]:
+        return {value} if isinstance(value, str) else set(value or ())
+
+    included, excluded = as_set(components), as_set(not_components)
+    return lambda component: (components is None or component in included) and component not in excluded
+
+
+def _clone_tensors(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, Mapping):
+        return {key: _clone_tensors(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_clone_tensors(item) for item in value)
+    return value
