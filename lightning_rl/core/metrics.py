@@ -61,6 +61,8 @@ class MetricsLogger:
             clear_on_reduce: Whether the value starts afresh after each ``reduce``.
                 Lifetime counters use ``reduce="sum", clear_on_reduce=False``.
         """
+        if reduce not in _AGGREGATORS:
+            raise ValueError(f"reduce must be one of {sorted(_AGGREGATORS)}, got {reduce!r}")
         path = _as_path(key)
         settings = (reduce, clear_on_reduce)
         known = self._settings.setdefault(path, settings)
@@ -69,8 +71,6 @@ class MetricsLogger:
                 f"metric {_SEPARATOR.join(path)!r} was first logged with reduce={known[0]!r}, "
                 f"clear_on_reduce={known[1]}; cannot log it with reduce={reduce!r}, clear_on_reduce={clear_on_reduce}"
             )
-        if reduce not in _AGGREGATORS:
-            raise ValueError(f"reduce must be one of {sorted(_AGGREGATORS)}, got {reduce!r}")
         if isinstance(value, torch.Tensor):
             value = value.detach()
         self._pending.setdefault(path, []).append(value)
@@ -99,7 +99,7 @@ class MetricsLogger:
                 self._aggregators.pop(path, None)
             aggregator = self._aggregators.get(path)
             if aggregator is None:
-                aggregator = self._aggregators[path] = _AGGREGATORS[reduce](sync_on_compute=True).to(self.device)
+                aggregator = self._aggregators[path] = _new_aggregator(reduce, self.device)
             aggregator.update(_stack(values).to(self.device))
         self._pending.clear()
 
@@ -117,11 +117,11 @@ class MetricsLogger:
         path = _as_path(key)
         if path in self._pending:
             reduce, _ = self._settings[path]
-            aggregator = _AGGREGATORS[reduce](sync_on_compute=False)
+            aggregator = _new_aggregator(reduce, self.device, sync=False)
             if path in self._aggregators and reduce != "last":
                 aggregator.merge_state(self._aggregators[path])
             values = self._pending[path][-1:] if reduce == "last" else self._pending[path]
-            aggregator.update(_stack(values).cpu())
+            aggregator.update(_stack(values).to(self.device))
             return float(aggregator.compute())
         if path in self._aggregators:
             return float(self._aggregators[path].compute())
@@ -165,7 +165,7 @@ class MetricsLogger:
             reduce = entry["reduce"]
             if reduce not in _AGGREGATORS:
                 raise ValueError(f"metric {name!r}: unknown reduce {reduce!r} in the saved state")
-            aggregator = _AGGREGATORS[reduce](sync_on_compute=True).to(self.device)
+            aggregator = _new_aggregator(reduce, self.device)
             value = torch.tensor(entry["value"], dtype=torch.float32, device=self.device)
             if reduce == "sum" and not first_rank:
                 value = torch.zeros_like(value)
@@ -175,6 +175,11 @@ class MetricsLogger:
                 aggregator.update(value)
             self._aggregators[path] = aggregator
             self._settings[path] = (reduce, False)
+
+
+def _new_aggregator(reduce: Reduce, device: torch.device | str, sync: bool = True) -> Metric:
+    # NaNs are reported, not dropped: a non-finite loss must show in the results.
+    return _AGGREGATORS[reduce](nan_strategy="disable", sync_on_compute=sync).to(device)
 
 
 def _as_path(key: MetricKey) -> tuple[str, ...]:

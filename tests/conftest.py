@@ -1,0 +1,76 @@
+"""Shared fixtures: small spaces, specs, batches and Trainers for Learner tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch import Trainer
+from torch.utils.data import DataLoader
+
+from lightning_rl import Columns, RLModuleSpec
+from lightning_rl.algorithms.bc import BCModule
+
+# One intra-op thread: tests may run beside other processes on 2 cores (see README).
+torch.set_num_threads(1)
+
+OBS_SPACE = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+ACT_SPACE = gym.spaces.Discrete(2)
+
+
+def bc_spec(hiddens: tuple[int, ...] = (8,)) -> RLModuleSpec:
+    return RLModuleSpec(
+        module_class=BCModule,
+        observation_space=OBS_SPACE,
+        action_space=ACT_SPACE,
+        model_config={"fcnet_hiddens": list(hiddens)},
+    )
+
+
+def random_batch(rows: int = 64, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    obs = rng.normal(size=(rows, 4)).astype(np.float32)
+    return {Columns.OBS: obs, Columns.ACTIONS: (obs[:, 0] > 0).astype(np.int64)}
+
+
+def weights(learner: Any, module_id: str = "default_policy") -> dict[str, torch.Tensor]:
+    return {name: value.detach().clone() for name, value in learner.module[module_id].state_dict().items()}
+
+
+def assert_same_tensors(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        if isinstance(a[key], dict):
+            assert_same_tensors(a[key], b[key])
+        elif isinstance(a[key], torch.Tensor):
+            assert torch.equal(a[key], b[key]), key
+        else:
+            assert a[key] == b[key], key
+
+
+def make_trainer(tmp_path: Any, **kwargs: Any) -> Trainer:
+    options = dict(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    options.update(kwargs)
+    return Trainer(**options)
+
+
+def loader_of(items: list[Any]) -> DataLoader:
+    """A DataLoader that yields each item as it is (one train item per step)."""
+    return DataLoader(items, batch_size=None)
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)

@@ -1,0 +1,135 @@
+"""The Learner under Trainer.fit: same updates as standalone, callbacks, checkpoints, resume."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import assert_same_tensors, bc_spec, loader_of, make_trainer, random_batch, weights
+from lightning.pytorch import Callback
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+
+from lightning_rl import ALL_MODULES, DEFAULT_MODULE_ID, Learner, LearnerCallback
+from lightning_rl.algorithms.bc import BCLearner
+
+SETTINGS = dict(num_epochs=2, minibatch_size=16, lr=1e-2, grad_clip=0.5)
+
+
+def _items(count: int) -> list[dict[str, Any]]:
+    return [
+        {"batch": random_batch(48, seed=i), "timesteps": {"num_env_steps_sampled_lifetime": 48 * (i + 1)}}
+        for i in range(count)
+    ]
+
+
+def _learner(**kwargs: Any) -> BCLearner:
+    torch.manual_seed(7)
+    learner = BCLearner(module_spec=bc_spec(), **{**SETTINGS, **kwargs})
+    learner.build()
+    return learner
+
+
+def test_an_update_under_trainer_fit_equals_a_standalone_update(tmp_path: Path):
+    standalone, fitted = _learner(), _learner()
+    assert_same_tensors(weights(standalone), weights(fitted))
+    items = _items(3)
+    for item in items:
+        standalone.update_from_batch(item["batch"], timesteps=item["timesteps"], num_epochs=2, minibatch_size=16)
+    make_trainer(tmp_path).fit(fitted, loader_of(items))
+    assert_same_tensors(weights(standalone), weights(fitted))
+    assert_same_tensors(standalone.get_state()["optimizer"], fitted.get_state()["optimizer"])
+
+
+def test_trainer_fit_builds_an_unbuilt_learner_and_logs_results(tmp_path: Path):
+    learner = BCLearner(module_spec=bc_spec(), **SETTINGS)
+    trainer = make_trainer(tmp_path, logger=CSVLogger(tmp_path), log_every_n_steps=1)
+    trainer.fit(learner, loader_of(_items(2)))
+    metrics = trainer.callback_metrics
+    assert f"{DEFAULT_MODULE_ID}/total_loss" in metrics
+    assert metrics[f"{ALL_MODULES}/num_env_steps_trained_lifetime"].item() == 2 * 2 * 48
+    assert metrics[f"{ALL_MODULES}/num_env_steps_sampled_lifetime"].item() == 96
+    logged = (Path(trainer.logger.log_dir) / "metrics.csv").read_text()
+    assert "default_policy/gradients_default_optimizer_global_norm" in logged
+
+
+class RecordingCallback(LearnerCallback):
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, float]] = []
+
+    def on_before_gradient_based_update(self, trainer, learner, timesteps):
+        assert isinstance(learner, Learner) and trainer.training
+        self.calls.append(("before", timesteps["num_env_steps_sampled_lifetime"]))
+
+    def on_after_gradient_based_update(self, trainer, learner, timesteps):
+        learner.metrics.peek((DEFAULT_MODULE_ID, "total_loss"))  # this update's values are readable
+        self.calls.append(("after", timesteps["num_env_steps_sampled_lifetime"]))
+
+
+def test_learner_callbacks_run_before_and_after_every_update(tmp_path: Path):
+    callback = RecordingCallback()
+    make_trainer(tmp_path, callbacks=[callback]).fit(_learner(), loader_of(_items(2)))
+    assert callback.calls == [("before", 48), ("after", 48), ("before", 96), ("after", 96)]
+
+
+class SwapModulesMidFit(Callback):
+    """At the second batch: add a module with its own lr and remove the default one."""
+
+    def on_train_batch_start(self, trainer, learner, batch, batch_idx):
+        if batch_idx == 1:
+            learner.add_module(module_id="rookie", module_spec=bc_spec(), config_overrides={"lr": 0.05})
+            learner.remove_module(DEFAULT_MODULE_ID)
+            self.rookie_before = weights(learner, "rookie")
+
+
+def test_add_and_remove_module_while_fit_runs(tmp_path: Path):
+    swap = SwapModulesMidFit()
+    learner = _learner(num_epochs=1, minibatch_size=None)
+    trainer = make_trainer(tmp_path, callbacks=[swap])
+    trainer.fit(learner, loader_of(_items(2)))
+    assert list(learner.module.keys()) == ["rookie"]
+    # The Trainer now holds (and saves) exactly the rookie's optimizer, which stepped once with lr 0.05.
+    assert trainer.optimizers == [learner.get_optimizer("rookie")]
+    after = weights(learner, "rookie")
+    largest_move = max((after[k] - swap.rookie_before[k]).abs().max().item() for k in after)
+    assert largest_move == pytest.approx(0.05, rel=1e-3)
+
+    trainer.save_checkpoint(tmp_path / "swapped.ckpt")
+    loaded = Learner.from_checkpoint(str(tmp_path / "swapped.ckpt"))
+    assert list(loaded.module.keys()) == ["rookie"]
+    assert_same_tensors(learner.get_state()["rl_module"], loaded.get_state()["rl_module"])
+    assert_same_tensors(learner.get_state()["optimizer"], loaded.get_state()["optimizer"])
+
+
+def test_resume_from_a_model_checkpoint_continues_exactly(tmp_path: Path):
+    items = _items(2)
+    uninterrupted = _learner()
+    make_trainer(tmp_path / "a", max_epochs=2).fit(uninterrupted, loader_of(items))
+
+    first = _learner()
+    checkpoints = ModelCheckpoint(dirpath=tmp_path / "ckpts", save_last=True)
+    make_trainer(tmp_path / "b", max_epochs=1, enable_checkpointing=True, callbacks=[checkpoints]).fit(
+        first, loader_of(items)
+    )
+    resumed = BCLearner(module_spec=bc_spec(), **SETTINGS)  # fresh weights, built by fit
+    trainer = make_trainer(tmp_path / "c", max_epochs=2)
+    trainer.fit(resumed, loader_of(items), ckpt_path=checkpoints.last_model_path)
+
+    assert_same_tensors(weights(uninterrupted), weights(resumed))
+    assert_same_tensors(uninterrupted.get_state()["optimizer"], resumed.get_state()["optimizer"])
+    lifetime = (ALL_MODULES, "num_env_steps_trained_lifetime")
+    assert resumed.metrics.reduce()[lifetime[0]][lifetime[1]] == 4 * 2 * 48
+
+
+def test_load_from_checkpoint_rebuilds_the_learner_with_weights_only_loading(tmp_path: Path):
+    learner = _learner()
+    trainer = make_trainer(tmp_path)
+    trainer.fit(learner, loader_of(_items(1)))
+    trainer.save_checkpoint(tmp_path / "bc.ckpt")
+    # The whole Lightning checkpoint is plain data: torch's safe loader accepts it.
+    torch.load(tmp_path / "bc.ckpt", weights_only=True)
+    loaded = BCLearner.load_from_checkpoint(tmp_path / "bc.ckpt", weights_only=True)
+    assert_same_tensors(weights(learner), weights(loaded))
+    assert loaded.hparams.minibatch_size == 16
