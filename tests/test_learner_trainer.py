@@ -133,3 +133,13 @@ def test_load_from_checkpoint_rebuilds_the_learner_with_weights_only_loading(tmp
     loaded = BCLearner.load_from_checkpoint(tmp_path / "bc.ckpt", weights_only=True)
     assert_same_tensors(weights(learner), weights(loaded))
     assert loaded.hparams.minibatch_size == 16
+
+
+def test_resume_from_a_mismatched_checkpoint_names_the_file_and_keys(tmp_path: Path):
+    wide = BCLearner(module_spec=bc_spec((32,)), **SETTINGS)
+    trainer = make_trainer(tmp_path)
+    trainer.fit(wide, loader_of(_items(1)))
+    trainer.save_checkpoint(tmp_path / "wide.ckpt")
+    narrow = _learner()
+    with pytest.raises(ValueError, match=r"wide\.ckpt.*pi\.0\.weight': module has \(8, 4\), state has \(32, 4\)"):
+        make_trainer(tmp_path, max_epochs=2).fit(narrow, loader_of(_items(1)), ckpt_path=tmp_path / "wide.ckpt")

@@ -83,12 +83,13 @@ def iterate_minibatches(
 def _take_rows(
     module_batch: dict[str, torch.Tensor], start: int, stop: int, count: int, order: torch.Tensor | None
 ) -> dict[str, torch.Tensor]:
-    if order is None and stop <= count:
-        # Contiguous rows: views, no copy.
-        return {column: values[start:stop] for column, values in module_batch.items()}
-    device = _device_of(module_batch)
-    positions = torch.arange(start, stop, device=device) % count
-    index = positions if order is None else order[positions]
+    if stop <= count:
+        if order is None:  # contiguous rows: views, no copy
+            return {column: values[start:stop] for column, values in module_batch.items()}
+        index = order[start:stop]
+    else:  # a smaller module cycles through its rows
+        positions = torch.arange(start, stop, device=_device_of(module_batch)) % count
+        index = positions if order is None else order[positions]
     return {column: values[index] for column, values in module_batch.items()}
 
 

@@ -158,6 +158,7 @@ class Learner(LightningModule):
         self._forward_train_fn: Callable[[MultiModuleBatch], dict[str, Any]] | None = None
         self._minibatch_step_fn: Callable[[MultiModuleBatch], None] | None = None
         self._lightning_optimizers: dict[Optimizer, Any] = {}
+        self._measured_grad_norms: dict[Optimizer, torch.Tensor] = {}
 
     # ------------------------------------------------------------------------------------
     # Building
@@ -180,9 +181,8 @@ class Learner(LightningModule):
         self._compile()
 
     @property
-    def module(self) -> MultiRLModule:
-        """The ``MultiRLModule`` being trained (after ``build``)."""
-        self._check_is_built()
+    def module(self) -> MultiRLModule | None:
+        """The ``MultiRLModule`` being trained; ``None`` until ``build`` (as in RLlib)."""
         return self._module
 
     @property
@@ -401,10 +401,11 @@ class Learner(LightningModule):
 
         Gradients are zeroed first. Under a running Trainer this uses ``manual_backward``.
         """
-        self._module.zero_grad(set_to_none=True)
+        for param in self._params.values():
+            param.grad = None
         total = loss_per_module.get(ALL_MODULES)
         if total is None:
-            total = sum(loss_per_module.values())
+            total = _sum(loss_per_module.values())
         if isinstance(total, torch.Tensor) and total.requires_grad:
             self.manual_backward(total) if self._is_running_under_trainer() else total.backward()
         return {ref: param.grad for ref, param in self._params.items() if param.grad is not None}
@@ -442,14 +443,19 @@ class Learner(LightningModule):
                 continue
             global_norm = clip_gradients(gradients, grad_clip=config.grad_clip, grad_clip_by=config.grad_clip_by)
             self.metrics.log_value((module_id, f"gradients_{optimizer_name}_global_norm"), global_norm)
+            self._measured_grad_norms[optimizer] = global_norm
         return module_gradients_dict
 
     def apply_gradients(self, gradients_dict: Mapping[Any, torch.Tensor]) -> None:
         """Step the optimizers of every module that should be updated, with these gradients.
 
-        An optimizer whose gradients hold a NaN or infinity does not step (counted in the
-        results as ``num_non_finite_updates_skipped``), so one bad batch cannot poison the weights.
+        An optimizer whose gradients hold a NaN or infinity (before any clipping) does not
+        step (counted in the results as ``num_non_finite_updates_skipped``), so one bad batch
+        cannot poison the weights or the optimizer's moments.
         """
+        # Norms that postprocess_gradients measured in this step; measured here otherwise.
+        measured = dict(self._measured_grad_norms)
+        self._measured_grad_norms.clear()
         to_step: list[tuple[str, Optimizer]] = []
         norms = []
         for module_id, full_names in self._module_optimizers.items():
@@ -466,7 +472,8 @@ class Learner(LightningModule):
                         grads.append(grad)
                 if grads:
                     to_step.append((module_id, optimizer))
-                    norms.append(_global_norm(grads))
+                    norm = measured.get(optimizer)
+                    norms.append(_global_norm(grads) if norm is None else norm)
         if not to_step:
             return
         # One device sync for all optimizers.
@@ -540,22 +547,21 @@ class Learner(LightningModule):
                     module_rows[module_id] += count
                 env_steps += max(rows.values())
                 num_steps += 1
+        self._weights_seq_no += num_steps  # one per minibatch step; counted here to keep the step lean
         self._log_steps_trained(module_rows, num_steps, env_steps)
         self.after_gradient_based_update(timesteps=timesteps)
         return self.metrics.reduce()
 
     def _minibatch_step(self, minibatch: MultiModuleBatch) -> None:
         fwd_out = self._forward_train_fn(minibatch)
-        loss_per_module = self.compute_losses(fwd_out=fwd_out, batch=minibatch)
+        loss_per_module = dict(self.compute_losses(fwd_out=fwd_out, batch=minibatch))
+        if ALL_MODULES not in loss_per_module:
+            loss_per_module[ALL_MODULES] = _sum(loss_per_module.values())
         gradients = self.compute_gradients(loss_per_module)
         gradients = self.postprocess_gradients(gradients)
         self.apply_gradients(gradients)
-        self._weights_seq_no += 1
-        total = loss_per_module.get(ALL_MODULES)
         for module_id, loss in loss_per_module.items():
             self.metrics.log_value((module_id, TOTAL_LOSS_KEY), loss)
-        if total is None:
-            self.metrics.log_value((ALL_MODULES, TOTAL_LOSS_KEY), torch.stack(list(loss_per_module.values())).sum())
 
     def training_step(self, train_item: Mapping[str, Any], batch_idx: int = 0) -> None:
         """Lightning's hook: one ``update_from_batch`` with the Learner's epoch settings.
@@ -861,7 +867,7 @@ class Learner(LightningModule):
         snapshot = self.get_state()
         try:
             self._apply_payload(payload)
-        except ValueError as error:
+        except Exception as error:
             self._match_modules(snapshot["module_spec"], snapshot["config_overrides_per_module"])
             self.set_state(snapshot)
             raise ValueError(f"cannot restore from {str(file)!r}: {error}") from error
@@ -924,11 +930,17 @@ class Learner(LightningModule):
                 self._config_overrides[module_id] = dict(overrides)
             self.build()
         self._match_modules(state["module_spec"], state.get("config_overrides_per_module", {}))
+        source = f" {str(self._trainer.ckpt_path)!r}" if self._trainer is not None and self._trainer.ckpt_path else ""
         if list(self._named_optimizers) != list(payload["optimizer_order"]):
             raise ValueError(
-                f"the checkpoint's optimizers {payload['optimizer_order']} do not match this Learner's "
+                f"checkpoint{source}: its optimizers {payload['optimizer_order']} do not match this Learner's "
                 f"{list(self._named_optimizers)}"
             )
+        try:
+            # Lightning loads the weights next; check them first so a mismatch names the keys.
+            check_state_matches(self, checkpoint["state_dict"])
+        except ValueError as error:
+            raise ValueError(f"checkpoint{source}: {error}") from error
         self.set_state(state)
 
     def _checkpoint_payload(self) -> dict[str, Any]:
@@ -1072,6 +1084,12 @@ def clip_gradients(
     else:
         raise ValueError(f"grad_clip_by must be one of {GRAD_CLIP_BY}, got {grad_clip_by!r}")
     return global_norm
+
+
+def _sum(values: Any) -> torch.Tensor:
+    """Sum of tensors; a single tensor is returned as it is (no extra op, no copy)."""
+    values = list(values)
+    return values[0] if len(values) == 1 else torch.stack(values).sum()
 
 
 def _global_norm(grads: list[torch.Tensor]) -> torch.Tensor:

@@ -187,6 +187,8 @@ def _as_path(key: MetricKey) -> tuple[str, ...]:
 
 
 def _stack(values: list[Any]) -> torch.Tensor:
+    if all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in values):
+        return torch.stack(values).float()  # the common case (one scalar per step): one op
     device = next((v.device for v in values if isinstance(v, torch.Tensor)), None)
     tensors = [torch.as_tensor(v, dtype=torch.float32, device=device).reshape(-1) for v in values]
     return torch.cat(tensors) if len(tensors) > 1 else tensors[0]
