@@ -248,3 +248,39 @@ def test_multi_module_batches_train_each_module_on_its_own_rows():
     assert results[ALL_MODULES]["total_loss"] == pytest.approx(
         results["default_policy"]["total_loss"] + results["other"]["total_loss"], rel=1e-5
     )
+
+
+class WeightedBCLearner(BCLearner):
+    """A subclass with a hyperparameter of its own."""
+
+    def __init__(self, loss_weight: float = 1.0, **kwargs) -> None:
+        super().__init__(**kwargs)
+
+    def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
+        return config.loss_weight * super().compute_loss_for_module(
+            module_id=module_id, config=config, batch=batch, fwd_out=fwd_out
+        )
+
+
+def test_a_subclass_hyperparameter_is_saved_overridable_per_module_and_restored(tmp_path: Path):
+    learner = WeightedBCLearner(module_spec=bc_spec(), loss_weight=2.0, config_overrides_per_module={"default_policy": {"loss_weight": 0.5}})
+    learner.build()
+    assert learner.config.loss_weight == 2.0
+    assert learner.config_for_module(DEFAULT_MODULE_ID).loss_weight == 0.5
+    learner.save_to_path(str(tmp_path / "ckpt"))
+    loaded = Learner.from_checkpoint(str(tmp_path / "ckpt"))
+    assert type(loaded) is WeightedBCLearner
+    assert loaded.hparams.loss_weight == 2.0
+    assert loaded.config_for_module(DEFAULT_MODULE_ID).loss_weight == 0.5
+
+
+def test_a_callable_policies_to_train_is_supplied_again_when_loading(tmp_path: Path):
+    def only_default(module_id, batch):
+        return module_id == DEFAULT_MODULE_ID
+
+    learner = BCLearner(module_spec=bc_spec(), policies_to_train=only_default)
+    learner.build()
+    learner.save_to_path(str(tmp_path / "ckpt"))
+    loaded = Learner.from_checkpoint(str(tmp_path / "ckpt"), policies_to_train=only_default)
+    loaded.add_module(module_id="other", module_spec=bc_spec())
+    assert loaded.should_module_be_updated(DEFAULT_MODULE_ID) and not loaded.should_module_be_updated("other")
