@@ -125,14 +125,14 @@ def test_set_state_with_missing_weights_names_them_and_changes_nothing():
     state = learner.get_state(components="rl_module")
     state["rl_module"][DEFAULT_MODULE_ID] = {k: v + 1 for k, v in state["rl_module"][DEFAULT_MODULE_ID].items()}
     del state["rl_module"][DEFAULT_MODULE_ID]["pi.0.bias"]
-    with pytest.raises(ValueError, match=r"module 'default_policy'.*pi\.0\.bias"):
+    with pytest.raises(ValueError, match=r"(?i)module 'default_policy'.*missing keys \['pi\.0\.bias'\]"):
         learner.set_state(state)
     assert_same_tensors(before, weights(learner))
 
 
 def test_set_state_for_an_unknown_module_is_rejected():
     learner = _trained_learner()
-    with pytest.raises(ValueError, match=r"modules \['ghost'\]"):
+    with pytest.raises(ValueError, match=r"Unknown module id\(s\) \['ghost'\]"):
         learner.set_state({"rl_module": {"ghost": {}}})
 
 

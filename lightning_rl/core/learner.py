@@ -129,8 +129,9 @@ class Learner(LightningModule):
     ) -> None:
         super().__init__()
         self.automatic_optimization = False
-        # The spec may hold classes and gymnasium spaces: it travels in checkpoints as plain
-        # data (see ``get_state``), never inside the pickled-free hyperparameters.
+        # The spec holds classes and gymnasium spaces, which must not enter the hyperparameters:
+        # those stay plain data so checkpoints load with weights_only. The spec travels as
+        # plain data of its own (``get_state()["module_spec"]``).
         ignore = ["module_spec"] + (["policies_to_train"] if callable(policies_to_train) else [])
         self.save_hyperparameters(ignore=ignore)
         if not callable(policies_to_train) and policies_to_train is not None:
@@ -533,7 +534,10 @@ class Learner(LightningModule):
 
         self.before_gradient_based_update(timesteps=timesteps)
         self._lightning_optimizers = self._lightning_optimizer_map()
-        batch = {mid: b for mid, b in batch.items() if self.should_module_be_updated(mid, batch)}
+        # Modules frozen by policies_to_train sit out; so does one a before-update hook removed.
+        batch = {
+            mid: b for mid, b in batch.items() if mid in self._module and self.should_module_be_updated(mid, batch)
+        }
         module_rows: dict[str, int] = defaultdict(int)
         num_steps = 0
         env_steps = 0
@@ -821,7 +825,7 @@ class Learner(LightningModule):
         """
         self._check_is_built()
         if COMPONENT_RL_MODULE in state:
-            self._check_module_state(state[COMPONENT_RL_MODULE])
+            self._module.check_state(state[COMPONENT_RL_MODULE])
         if COMPONENT_OPTIMIZER in state:
             self._check_optimizer_state(state[COMPONENT_OPTIMIZER])
 
@@ -967,16 +971,6 @@ class Learner(LightningModule):
         for module_id, module_spec in spec.rl_module_specs.items():
             if module_id not in self._module:
                 self.add_module(module_id=module_id, module_spec=module_spec, config_overrides=overrides.get(module_id))
-
-    def _check_module_state(self, module_state: Mapping[str, Any]) -> None:
-        unknown = sorted(set(module_state) - set(self._module.keys()))
-        if unknown:
-            raise ValueError(f"the state holds weights of modules {unknown} that this Learner does not have ({sorted(self._module.keys())})")
-        for module_id, weights in module_state.items():
-            try:
-                check_state_matches(self._module[module_id], weights)
-            except ValueError as error:
-                raise ValueError(f"module {module_id!r}: {error}") from error
 
     def _check_optimizer_state(self, optimizer_state: Mapping[str, Any]) -> None:
         for kind, registry in (("optimizers", self._named_optimizers), ("lr_schedulers", self._lr_schedules)):

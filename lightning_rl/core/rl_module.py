@@ -434,14 +434,22 @@ class MultiRLModule(RLModule):
         Raises:
             ValueError: For an unknown module id, or a state that does not fit its module.
         """
+        self.check_state(state)
+        for module_id, module_state in state.items():
+            self._rl_modules[module_id].set_state(module_state)
+
+    def check_state(self, state: Mapping[str, Mapping[str, Tensor]]) -> None:
+        """Raise ``ValueError`` if :meth:`set_state` would reject ``state``; change nothing.
+
+        Args:
+            state: ``{module_id: {name: tensor}}``.
+        """
         self._check_known(*state)
         for module_id, module_state in state.items():
             try:
                 check_state_matches(self._rl_modules[module_id], module_state)
             except ValueError as err:
                 raise ValueError(f"Module {module_id!r}: {err}") from err
-        for module_id, module_state in state.items():
-            self._rl_modules[module_id].set_state(module_state)
 
     def as_multi_rl_module(self) -> MultiRLModule:
         """Return ``self``."""
