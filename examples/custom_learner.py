@@ -17,6 +17,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.data import DataLoader
 
 from lightning_rl import DEFAULT_MODULE_ID, Columns, Learner, RLModuleSpec
@@ -94,6 +95,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--minibatch-size", type=int, default=256)
     parser.add_argument("--eval-episodes", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--log-dir", default="lightning_logs", help="TensorBoard logs: tensorboard --logdir <this>")
     args = parser.parse_args(argv)
 
     torch.manual_seed(args.seed)
@@ -111,7 +113,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     trainer = Trainer(
         max_epochs=1,
         accelerator="cpu",
-        logger=False,
+        logger=TensorBoardLogger(args.log_dir, name="custom_learner"),
+        log_every_n_steps=1,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -123,7 +126,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     final_loss = trainer.callback_metrics[f"{DEFAULT_MODULE_ID}/total_loss"].item()
     cloned_return = mean_return(learner, args.eval_episodes, seed=10_000 + args.seed)
     print(f"final loss {final_loss:.4f} (ln 2 = {np.log(2):.4f}); cloned policy mean return {cloned_return:.1f}")
-    return {"final_loss": final_loss, "mean_return": cloned_return}
+    print(f"TensorBoard: tensorboard --logdir {trainer.logger.log_dir}")
+    return {"final_loss": final_loss, "mean_return": cloned_return, "log_dir": trainer.logger.log_dir}
 
 
 if __name__ == "__main__":
