@@ -143,3 +143,14 @@ def test_resume_from_a_mismatched_checkpoint_names_the_file_and_keys(tmp_path: P
     narrow = _learner()
     with pytest.raises(ValueError, match=r"wide\.ckpt.*pi\.0\.weight': module has \(8, 4\), state has \(32, 4\)"):
         make_trainer(tmp_path, max_epochs=2).fit(narrow, loader_of(_items(1)), ckpt_path=tmp_path / "wide.ckpt")
+
+
+def test_fp16_gradient_scaling_is_refused_with_a_clear_error():
+    from types import SimpleNamespace
+
+    learner = BCLearner(module_spec=bc_spec())
+    # A stand-in for a Trainer with precision="16-mixed" (which needs CUDA): it has a GradScaler.
+    learner._trainer = SimpleNamespace(precision_plugin=SimpleNamespace(scaler=object()))
+    with pytest.raises(ValueError, match="precision='16-mixed'.*bf16-mixed"):
+        learner.setup("fit")
+    assert learner.module is None

@@ -902,7 +902,17 @@ class Learner(LightningModule):
         return learner
 
     def setup(self, stage: str) -> None:
-        """Lightning's hook: build the Learner if it has not been built."""
+        """Lightning's hook: build the Learner if it has not been built.
+
+        Raises:
+            ValueError: under ``precision="16-mixed"``, whose gradient scaling would hand
+                scaled gradients to the Learner's clipping and non-finite checks.
+        """
+        if getattr(self.trainer.precision_plugin, "scaler", None) is not None:
+            raise ValueError(
+                f"{type(self).__name__} does not support precision='16-mixed' (gradient scaling) yet: it clips and "
+                "checks gradients itself. Use precision='bf16-mixed' or '32-true'."
+            )
         self.build()
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
