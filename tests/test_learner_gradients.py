@@ -254,3 +254,15 @@ def test_update_changes_the_weights():
     before = weights(learner)
     learner.update_from_batch(random_batch())
     assert any(not torch.equal(before[k], v) for k, v in weights(learner).items())
+
+
+def test_a_torch_lr_scheduler_resumes_from_a_checkpoint(tmp_path):
+    learner = StepLRLearner(module_spec=bc_spec())
+    learner.build()
+    for _ in range(2):
+        learner.update_from_batch(random_batch())
+    learner.save_to_path(str(tmp_path / "ckpt"))
+    loaded = Learner.from_checkpoint(str(tmp_path / "ckpt"))
+    key = "default_optimizer_learning_rate"
+    assert loaded.update_from_batch(random_batch())[DEFAULT_MODULE_ID][key] == 0.25
+    assert learner.update_from_batch(random_batch())[DEFAULT_MODULE_ID][key] == 0.25
