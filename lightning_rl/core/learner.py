@@ -400,7 +400,8 @@ class Learner(LightningModule):
     def compute_gradients(self, loss_per_module: Mapping[str, torch.Tensor], **kwargs: Any) -> dict[Any, torch.Tensor]:
         """Backpropagate the total loss; return ``{param_ref: gradient}``.
 
-        Gradients are zeroed first. Under a running Trainer this uses ``manual_backward``.
+        The registered parameters' gradients are reset first. Under a running Trainer this
+        backpropagates with ``manual_backward``.
         """
         for param in self._params.values():
             param.grad = None
@@ -488,6 +489,8 @@ class Learner(LightningModule):
     def _step(self, optimizer: Optimizer) -> None:
         if self._is_running_under_trainer():
             # Lightning's wrapper runs the strategy's and precision plugin's step logic.
+            if optimizer not in self._lightning_optimizers:  # apply_gradients called outside an update
+                self._lightning_optimizers = self._lightning_optimizer_map()
             self._lightning_optimizers[optimizer].step()
         else:
             optimizer.step()
