@@ -66,3 +66,10 @@ def test_logging_one_key_with_two_reduce_rules_is_an_error():
     metrics.log_value("x", 1.0)
     with pytest.raises(ValueError, match="first logged with reduce='mean'"):
         metrics.log_value("x", 1.0, reduce="sum")
+
+
+def test_log_dict_logs_nested_entries_under_a_prefix():
+    metrics = MetricsLogger()
+    metrics.log_dict({"loss": torch.tensor(2.0), "extra": {"kl": 0.5}}, key="p")
+    metrics.log_dict({"steps": 3}, reduce="sum")
+    assert metrics.reduce() == {"p": {"loss": 2.0, "extra": {"kl": 0.5}}, "steps": 3.0}
