@@ -48,7 +48,7 @@ def test_peek_reads_pending_values_without_clearing_them():
     metrics.log_value(("p", "kl"), torch.tensor(1.5))
     assert metrics.peek(("p", "kl")) == pytest.approx(1.0)
     assert metrics.reduce() == {"p": {"kl": 1.0}}
-    with pytest.raises(KeyError, match="no metric 'p/kl'"):
+    with pytest.raises(KeyError, match="no metric .p/kl. has been logged since the last reduce"):
         metrics.peek(("p", "kl"))
 
 
@@ -73,3 +73,14 @@ def test_log_dict_logs_nested_entries_under_a_prefix():
     metrics.log_dict({"loss": torch.tensor(2.0), "extra": {"kl": 0.5}}, key="p")
     metrics.log_dict({"steps": 3}, reduce="sum")
     assert metrics.reduce() == {"p": {"loss": 2.0, "extra": {"kl": 0.5}}, "steps": 3.0}
+
+
+def test_peek_reads_lasting_values_between_reduces():
+    metrics = MetricsLogger()
+    metrics.log_value("lr", 0.1, reduce="last", clear_on_reduce=False)
+    metrics.log_value("lifetime", 4, reduce="sum", clear_on_reduce=False)
+    metrics.reduce()
+    assert metrics.peek("lr") == pytest.approx(0.1)
+    metrics.log_value("lifetime", 2, reduce="sum", clear_on_reduce=False)
+    assert metrics.peek("lifetime") == 6.0
+    assert metrics.reduce() == {"lr": pytest.approx(0.1), "lifetime": 6.0}

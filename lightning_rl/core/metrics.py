@@ -8,6 +8,8 @@ ranks when a process group is running, so every rank returns the same numbers.
 
 from __future__ import annotations
 
+import warnings
+
 from collections.abc import Mapping
 from typing import Any, Literal, Union
 
@@ -94,38 +96,44 @@ class MetricsLogger:
         for path in sorted(self._pending):
             values = self._pending[path]
             reduce, _ = self._settings[path]
-            if reduce == "last":
-                values = values[-1:]
-                self._aggregators.pop(path, None)
             aggregator = self._aggregators.get(path)
             if aggregator is None:
                 aggregator = self._aggregators[path] = _new_aggregator(reduce, self.device)
+            if reduce == "last":
+                aggregator.reset()
+                values = values[-1:]
             aggregator.update(_stack(values).to(self.device))
+        # Sorted, so that every rank computes (and synchronizes) the same keys in one order.
+        reported = sorted(set(self._pending) | {path for path in self._aggregators if not self._settings[path][1]})
         self._pending.clear()
 
         results: dict[str, Any] = {}
-        # Sorted, so that every rank computes (and synchronizes) the same keys in one order.
-        for path in sorted(self._aggregators):
-            value = float(self._aggregators[path].compute())
-            _set_nested(results, path, value)
+        for path in reported:
+            aggregator = self._aggregators[path]
+            _set_nested(results, path, float(aggregator.compute()))
             if self._settings[path][1]:
-                del self._aggregators[path]
+                # Reset rather than rebuilt: constructing a torchmetrics Metric costs far more.
+                aggregator.reset()
         return results
 
     def peek(self, key: MetricKey) -> float:
-        """The value ``key`` would reduce to now, without reducing or clearing anything."""
+        """The value ``key`` would reduce to now, on this rank alone (no collective call), clearing nothing."""
         path = _as_path(key)
-        if path in self._pending:
-            reduce, _ = self._settings[path]
-            aggregator = _new_aggregator(reduce, self.device, sync=False)
-            if path in self._aggregators and reduce != "last":
-                aggregator.merge_state(self._aggregators[path])
-            values = self._pending[path][-1:] if reduce == "last" else self._pending[path]
+        if path not in self._settings or (self._settings[path][1] and path not in self._pending):
+            raise KeyError(f"no metric {_SEPARATOR.join(path)!r} has been logged since the last reduce")
+        reduce, _ = self._settings[path]
+        values = self._pending.get(path, [])
+        aggregator = _new_aggregator(reduce, self.device, sync=False)
+        if reduce == "last" and values:
+            values = values[-1:]
+        elif path in self._aggregators:
+            aggregator.merge_state(self._aggregators[path])
+        if values:
             aggregator.update(_stack(values).to(self.device))
+        with warnings.catch_warnings():
+            # A merged state without an update() call makes torchmetrics warn; the value is right.
+            warnings.filterwarnings("ignore", message=".*was called before the ``update`` method")
             return float(aggregator.compute())
-        if path in self._aggregators:
-            return float(self._aggregators[path].compute())
-        raise KeyError(f"no metric {_SEPARATOR.join(path)!r} has been logged")
 
     def delete(self, prefix: MetricKey) -> None:
         """Forget every metric whose key starts with ``prefix`` (e.g. a removed module's)."""
