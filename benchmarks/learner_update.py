@@ -8,23 +8,23 @@ gradient clipping (0.5) per minibatch) and the throughput in samples/s
   (a) hand-written  a plain PyTorch loop over the same MLP, loss, optimizer and clipping;
   (b) learner       ``BCLearner.update_from_batch(...)``, standalone (no Trainer);
   (c) trainer       the same Learner under ``lightning.Trainer.fit``, one update per
-                    dataloader item; timed by a Callback from ``on_train_batch_start`` to
-                    ``on_train_batch_end`` (i.e. ``training_step`` and Lightning's manual
-                    optimization around it; data loading and fit start-up are excluded).
+                    dataloader item; timed from ``on_train_batch_start`` to
+                    ``on_train_batch_end`` (``training_step`` with Lightning's manual
+                    optimization and logging around it; data loading is excluded).
 
 The model is BCModule's MLP for CartPole-like spaces (Box(4,) observations, Discrete(2)
 actions): Linear(4, h1), tanh, ..., Linear(h_last, 2). The loss is the negative mean
 log-probability of the actions under ``Categorical(logits)``.
 
-Each variant is warmed up with one update, then the variants are timed in interleaved order
-(a, b, c, a, b, c, ...) ``--repeats`` times. The table shows the best (minimum) time of each
-variant, as ``timeit`` does: on a shared machine other processes only ever add time, so the
-minimum is the steadiest estimate of the work itself; the medians are printed beside it.
-Each Trainer repeat is a fresh ``Trainer.fit`` over two items, of which only the second is timed.
+All three run in one process, interleaved update by update inside one ``Trainer.fit`` of
+``--repeats`` + 1 items (the first is a warm-up): before each of the Trainer's updates a
+callback times one update of (a) and one of (b). On a shared machine the speed of the same
+loop drifts by +-25% over seconds, so each round's ratio (a)/(b) and (a)/(c) is taken under
+the same conditions and the verdict uses the median of these paired ratios.
 
 Run::
 
-    python benchmarks/learner_update.py                      # defaults: 9 repeats, 1 thread
+    python benchmarks/learner_update.py                      # defaults: 20 rounds, 1 thread
     python benchmarks/learner_update.py --repeats 3 --threads 2
     python benchmarks/learner_update.py --device cuda         # if a GPU is available
 """
@@ -69,7 +69,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--minibatch-size", type=int, default=128, help="rows per gradient step")
     parser.add_argument("--epochs", type=int, default=10, help="passes over the batch per update")
     parser.add_argument("--hiddens", type=int, nargs="+", default=[256, 256], help="hidden layer sizes")
-    parser.add_argument("--repeats", type=int, default=9, help="timed updates per variant (best reported)")
+    parser.add_argument("--repeats", type=int, default=20, help="timed rounds (one update of each variant per round)")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--seed", type=int, default=0)
@@ -181,47 +181,46 @@ class RepeatBatch(IterableDataset):
             yield self.batch
 
 
-class UpdateTimer(lightning.Callback):
-    """Times each training batch (one Learner update) and checks the rows it trained."""
+class InterleavedTimer(lightning.Callback):
+    """Times (a), (b) and (c) in turn, one update each per training batch of one ``Trainer.fit``.
 
-    def __init__(self, device: torch.device) -> None:
+    Around each of the Trainer's updates (timed from ``on_train_batch_start`` to
+    ``on_train_batch_end``) it runs one update of the hand-written loop and one of the
+    standalone Learner. Interleaving update by update keeps the three under the same machine
+    conditions; the first round is a warm-up and not recorded.
+    """
+
+    def __init__(self, hand_update: Callable[[], Any], learner_update: Callable[[], Any], device: torch.device, samples: int) -> None:
+        self.runs = {"hand-written": hand_update, "learner": learner_update}
         self.device = device
-        self.seconds: list[float] = []
-        self.env_steps: list[float] = []
+        self.samples = samples
+        self.seconds: dict[str, list[float]] = {"hand-written": [], "learner": [], "trainer": []}
         self._start = 0.0
 
-    def on_train_batch_start(self, trainer: lightning.Trainer, *args: Any) -> None:
+    def on_train_batch_start(self, trainer: lightning.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if batch_idx % 2 == 0:
+            self._run_standalone_pair(batch_idx)
         synchronize(self.device)
         self._start = time.perf_counter()
 
-    def on_train_batch_end(self, trainer: lightning.Trainer, *args: Any) -> None:
+    def on_train_batch_end(self, trainer: lightning.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         synchronize(self.device)
-        self.seconds.append(time.perf_counter() - self._start)
-        self.env_steps.append(float(trainer.callback_metrics[f"{ALL_MODULES}/{NUM_ENV_STEPS_TRAINED}"]))
+        seconds = time.perf_counter() - self._start
+        trained = float(trainer.callback_metrics[f"{ALL_MODULES}/{NUM_ENV_STEPS_TRAINED}"])
+        assert trained == self.samples, trained  # the Trainer's update did the same work
+        if batch_idx > 0:
+            self.seconds["trainer"].append(seconds)
+        if batch_idx % 2 == 1:
+            self._run_standalone_pair(batch_idx)
 
-
-def fit_once(learner: BCLearner, batch: dict[str, torch.Tensor], num_items: int, device: torch.device) -> UpdateTimer:
-    """``Trainer.fit`` over ``num_items`` copies of ``batch``; returns the timings per item."""
-    timer = UpdateTimer(device)
-    trainer = lightning.Trainer(
-        max_epochs=1,  # bounded by the dataloader: global_step counts optimizer steps here
-        max_steps=-1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="gpu" if device.type == "cuda" else "cpu",
-        devices=1,
-        callbacks=[timer],
-    )
-    loader = DataLoader(RepeatBatch(batch, num_items), batch_size=None)
-    trainer.fit(learner, train_dataloaders=loader)
-    return timer
-
-
-# ----------------------------------------------------------------------------------------
-# Timing
-# ----------------------------------------------------------------------------------------
+    def _run_standalone_pair(self, batch_idx: int) -> None:
+        # Rounds alternate the order (a, b) / (b, a) and whether the pair runs before or after
+        # (c), so no variant always inherits the caches of another.
+        names = list(self.runs) if batch_idx % 4 < 2 else list(reversed(self.runs))
+        for name in names:
+            seconds = time_call(self.runs[name], self.device)
+            if batch_idx > 0:
+                self.seconds[name].append(seconds)
 
 
 def time_call(fn: Callable[[], Any], device: torch.device) -> float:
@@ -250,58 +249,64 @@ def main() -> None:
     print(
         f"batch={args.batch_size} minibatch={args.minibatch_size} epochs={args.epochs} hiddens={args.hiddens} "
         f"-> {per_epoch} minibatches/epoch (last of {last_rows} rows), {samples} samples/update; "
-        f"repeats={args.repeats} (best and median)"
+        f"repeats={args.repeats}"
     )
 
     batch = make_batch(args.batch_size, device, args.seed)
     update_kwargs = dict(num_epochs=args.epochs, minibatch_size=args.minibatch_size)
 
-    # Build and warm up each variant with one update, checking that each does the same work.
+    # Build each variant and check that each does the same work.
     hand = HandWritten(args.hiddens, device, args.seed)
     sizes, total = hand.update(batch, **update_kwargs)
     assert len(sizes) == per_epoch and sizes[-1] == last_rows and total == samples, (sizes, total)
-
     learner = make_learner(args.hiddens, device, args.seed, args)
     learner.build()
     results = learner.update_from_batch(batch, **update_kwargs, shuffle_batch_per_epoch=True)
     assert results[ALL_MODULES][NUM_ENV_STEPS_TRAINED] == samples, results[ALL_MODULES]
     assert results[ALL_MODULES]["weights_seq_no"] == args.epochs * per_epoch  # one optimizer step per minibatch
 
-    trainer_learner = make_learner(args.hiddens, device, args.seed, args)
-    warm = fit_once(trainer_learner, batch, 1, device)
-    assert warm.env_steps == [samples], warm.env_steps
-
-    # Interleaved timed repeats: a, b, c, a, b, c, ...
-    timings: dict[str, list[float]] = {"hand-written": [], "learner": [], "trainer": []}
-    for _ in range(args.repeats):
-        timings["hand-written"].append(time_call(lambda: hand.update(batch, **update_kwargs), device))
-        timings["learner"].append(
-            time_call(lambda: learner.update_from_batch(batch, **update_kwargs, shuffle_batch_per_epoch=True), device)
-        )
-        timer = fit_once(trainer_learner, batch, 2, device)
-        assert timer.env_steps == [samples, samples], timer.env_steps
-        timings["trainer"].append(timer.seconds[1])  # the first item of each fit is its warm-up
+    timer = InterleavedTimer(
+        hand_update=lambda: hand.update(batch, **update_kwargs),
+        learner_update=lambda: learner.update_from_batch(batch, **update_kwargs, shuffle_batch_per_epoch=True),
+        device=device,
+        samples=samples,
+    )
+    trainer = lightning.Trainer(
+        max_epochs=1,  # bounded by the dataloader: in manual optimization global_step counts optimizer steps
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="gpu" if device.type == "cuda" else "cpu",
+        devices=1,
+        callbacks=[timer],
+    )
+    loader = DataLoader(RepeatBatch(batch, args.repeats + 1), batch_size=None)
+    trainer.fit(make_learner(args.hiddens, device, args.seed, args), train_dataloaders=loader)
 
     labels = {
         "hand-written": "(a) hand-written loop",
         "learner": "(b) Learner.update_from_batch",
         "trainer": "(c) Learner under Trainer.fit",
     }
-    best = {name: min(seconds) for name, seconds in timings.items()}
-    median = {name: statistics.median(seconds) for name, seconds in timings.items()}
-    print("(c) is timed by a Callback, on_train_batch_start -> on_train_batch_end, 2nd item of each fit")
-    print(f"{'variant':<32}{'best s/update':>14}{'samples/s':>12}{'vs (a)':>8}{'median s':>10}{'vs (a)':>8}")
-    for name in timings:
+    baseline = timer.seconds["hand-written"]
+    print("each round times one update of (a), (b) and (c) in a rotating order, inside one Trainer.fit")
+    print("paired = median over rounds of (a)'s time / the variant's time in the same round [10th-90th percentile]")
+    print(f"{'variant':<32}{'median s':>10}{'best s':>9}{'samples/s':>12}{'paired vs (a)':>22}")
+    paired: dict[str, float] = {}
+    for name, seconds in timer.seconds.items():
+        ratios = [a / x for a, x in zip(baseline, seconds)]
+        deciles = statistics.quantiles(ratios, n=10) if len(ratios) > 1 else [ratios[0]] * 9
+        paired[name] = statistics.median(ratios)
+        median = statistics.median(seconds)
         print(
-            f"{labels[name]:<32}{best[name]:>14.4f}{samples / best[name]:>12,.0f}"
-            f"{best['hand-written'] / best[name]:>7.2f}x{median[name]:>10.4f}"
-            f"{median['hand-written'] / median[name]:>7.2f}x"
+            f"{labels[name]:<32}{median:>10.4f}{min(seconds):>9.4f}{samples / median:>12,.0f}"
+            f"{paired[name]:>9.2f}x [{deciles[0]:.2f}-{deciles[-1]:.2f}]"
         )
-    ratios = {name: best["hand-written"] / best[name] for name in ("learner", "trainer")}
-    verdict = "PASS" if all(r >= TARGET_RATIO for r in ratios.values()) else "FAIL"
+    verdict = "PASS" if all(paired[name] >= TARGET_RATIO for name in ("learner", "trainer")) else "FAIL"
     print(
-        f"verdict (best times): {verdict} (target >= {TARGET_RATIO:.2f}x of hand-written): "
-        + ", ".join(f"{name} {ratio:.2f}x {'ok' if ratio >= TARGET_RATIO else 'below'}" for name, ratio in ratios.items())
+        f"verdict: {verdict} (target: paired >= {TARGET_RATIO:.2f}x of hand-written): "
+        + ", ".join(f"{name} {paired[name]:.2f}x" for name in ("learner", "trainer"))
     )
 
 

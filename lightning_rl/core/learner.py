@@ -15,6 +15,7 @@ precision plugins and checkpoints see every step.
 from __future__ import annotations
 
 import copy
+import math
 from collections import defaultdict
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, Literal, Optional, Union
@@ -478,10 +479,9 @@ class Learner(LightningModule):
                     norms.append(_global_norm(grads) if norm is None else norm)
         if not to_step:
             return
-        # One device sync for all optimizers.
-        finite = torch.isfinite(torch.stack(norms)).tolist()
-        for (module_id, optimizer), ok in zip(to_step, finite):
-            if ok:
+        # One device sync for all optimizers; the check itself is cheaper on Python floats.
+        for (module_id, optimizer), norm in zip(to_step, torch.stack(norms).tolist()):
+            if math.isfinite(norm):
                 self._step(optimizer)
             else:
                 self.metrics.log_value((module_id, NUM_NON_FINITE_UPDATES_SKIPPED), 1, reduce="sum")
