@@ -11,7 +11,6 @@ import abc
 import math
 
 import gymnasium as gym
-import torch
 import torch.distributions as D
 from torch import Tensor
 

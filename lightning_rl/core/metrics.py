@@ -9,7 +9,6 @@ ranks when a process group is running, so every rank returns the same numbers.
 from __future__ import annotations
 
 import warnings
-
 from collections.abc import Mapping
 from typing import Any, Literal, Union
 
