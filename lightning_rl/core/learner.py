@@ -15,13 +15,15 @@ precision plugins and checkpoints see every step.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from collections import defaultdict
-from collections.abc import Callable, Collection, Mapping
-from typing import Any, Literal, Optional, Union
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 
+import numpy as np
 import torch
-from lightning.pytorch import LightningModule
+from lightning.pytorch import Callback, LightningModule
 from lightning.pytorch.trainer.states import TrainerStatus
 from torch import nn
 from torch.optim import Optimizer
@@ -55,6 +57,10 @@ from lightning_rl.core.rl_module import (
     validate_module_id,
 )
 from lightning_rl.core.schedules import Schedule, ScheduleSetting
+from lightning_rl.data.connectors import episodes_to_batch
+
+if TYPE_CHECKING:
+    from lightning_rl.env.episode import SingleAgentEpisode
 
 DEFAULT_OPTIMIZER = "default_optimizer"
 
@@ -69,6 +75,7 @@ NUM_MODULE_STEPS_TRAINED_LIFETIME = "num_module_steps_trained_lifetime"
 MODULE_TRAIN_BATCH_SIZE_MEAN = "module_train_batch_size_mean"
 WEIGHTS_SEQ_NO = "weights_seq_no"
 NUM_NON_FINITE_UPDATES_SKIPPED = "num_non_finite_updates_skipped"
+EPISODE_RETURN_MEAN = "episode_return_mean"
 
 GRAD_CLIP_BY = ("value", "norm", "global_norm")
 WHAT_TO_COMPILE = ("forward_train", "complete_update")
@@ -161,6 +168,7 @@ class Learner(LightningModule):
         self._minibatch_step_fn: Callable[[MultiModuleBatch], None] | None = None
         self._lightning_optimizers: dict[Optimizer, Any] = {}
         self._measured_grad_norms: dict[Optimizer, torch.Tensor] = {}
+        self._own_callbacks: list[Callback] | None = None
 
     # ------------------------------------------------------------------------------------
     # Building
@@ -570,24 +578,105 @@ class Learner(LightningModule):
         for module_id, loss in loss_per_module.items():
             self.metrics.log_value((module_id, TOTAL_LOSS_KEY), loss)
 
-    def training_step(self, train_item: Mapping[str, Any], batch_idx: int = 0) -> None:
-        """Lightning's hook: one ``update_from_batch`` with the Learner's epoch settings.
+    def update_from_episodes(
+        self,
+        episodes: Sequence[SingleAgentEpisode],
+        *,
+        timesteps: Mapping[str, float] | None = None,
+        num_epochs: int = 1,
+        minibatch_size: int | None = None,
+        shuffle_batch_per_epoch: bool = False,
+    ) -> dict[str, dict[str, float]]:
+        """Turn ``episodes`` into a train batch (the Learner connector), then ``update_from_batch``.
 
-        ``train_item`` is a batch, or ``{"batch": batch, "timesteps": {...}}``. The results
-        are logged (``"{module_id}/{key}"``) to the Trainer's logger.
+        Args:
+            episodes: Single-agent episodes (or chunks of them) for this Learner's one module,
+                sampled by the current weights for on-policy algorithms.
+            timesteps: As in ``update_from_batch``.
+            num_epochs: As in ``update_from_batch``.
+            minibatch_size: As in ``update_from_batch``.
+            shuffle_batch_per_epoch: As in ``update_from_batch``.
+
+        Returns:
+            The results of ``update_from_batch``.
+
+        Raises:
+            ValueError: For an empty list, an episode without steps, or a Learner with more
+                than one module (single-agent episodes cannot say which module they are for).
         """
-        if "batch" in train_item:
-            batch, timesteps = train_item["batch"], train_item.get("timesteps")
-        else:
-            batch, timesteps = train_item, None
-        results = self.update_from_batch(
+        self._check_is_built()
+        batch = self.episodes_to_train_batch(episodes)
+        return self.update_from_batch(
             batch,
             timesteps=timesteps,
+            num_epochs=num_epochs,
+            minibatch_size=minibatch_size,
+            shuffle_batch_per_epoch=shuffle_batch_per_epoch,
+        )
+
+    def episodes_to_train_batch(self, episodes: Sequence[SingleAgentEpisode]) -> dict[str, dict[str, torch.Tensor]]:
+        """The Learner connector: build ``{module_id: {column: Tensor}}`` from ``episodes``.
+
+        The base concatenates the episodes' steps (``episodes_to_batch``). Override to add
+        columns computed with the current module, e.g. PPO's advantages; call ``super()``.
+        """
+        module_ids = list(self._module.keys())
+        if len(module_ids) != 1:
+            raise ValueError(
+                f"update_from_episodes takes single-agent episodes, which need a Learner with one module; "
+                f"this one has {sorted(module_ids)}"
+            )
+        return {module_ids[0]: episodes_to_batch(episodes, self.device)}
+
+    def training_step(self, train_item: Mapping[str, Any], batch_idx: int = 0) -> None:
+        """Lightning's hook: one update with the Learner's epoch and minibatch settings.
+
+        ``train_item`` is a batch, or a dict with ``"batch"`` or ``"episodes"`` (the latter
+        what ``EpisodeDataModule`` yields), optional ``"timesteps"`` (lifetime counters) and
+        optional ``"env_runners"`` (sampling statistics, logged as ``env_runners/{key}``).
+        The results are logged (``"{module_id}/{key}"``) to the Trainer's logger.
+        """
+        settings = dict(
+            timesteps=train_item.get("timesteps"),
             num_epochs=self.hparams.num_epochs,
             minibatch_size=self.hparams.minibatch_size,
             shuffle_batch_per_epoch=self.hparams.shuffle_batch_per_epoch,
         )
+        if "episodes" in train_item:
+            results = self.update_from_episodes(train_item["episodes"], **settings)
+        elif "batch" in train_item:
+            results = self.update_from_batch(train_item["batch"], **settings)
+        else:
+            results = self.update_from_batch(train_item, **{**settings, "timesteps": None})
         self._log_results(results)
+        if "env_runners" in train_item:
+            self._log_episode_stats("env_runners", train_item["env_runners"], on_step=True)
+
+    def validation_step(self, eval_item: Mapping[str, Any], batch_idx: int = 0) -> None:
+        """Lightning's hook: log the statistics of evaluation episodes as ``eval/{key}``.
+
+        ``eval_item`` is what ``EpisodeDataModule.val_dataloader()`` yields:
+        ``{"episodes": [...]}``, complete episodes played by ``forward_inference``.
+        """
+        episodes = eval_item["episodes"]
+        returns = [episode.get_return() for episode in episodes]
+        lengths = [len(episode) for episode in episodes]
+        stats = {
+            EPISODE_RETURN_MEAN: float(np.mean(returns)),
+            "episode_return_min": float(np.min(returns)),
+            "episode_return_max": float(np.max(returns)),
+            "episode_len_mean": float(np.mean(lengths)),
+            "num_episodes": float(len(episodes)),
+        }
+        self._log_episode_stats("eval", stats, on_step=False)
+
+    def _log_episode_stats(self, prefix: str, stats: Mapping[str, float], *, on_step: bool) -> None:
+        values = {f"{prefix}/{key}": float(value) for key, value in stats.items()}
+        self.log_dict(values, on_step=on_step, on_epoch=not on_step, batch_size=1, sync_dist=False)
+        if EPISODE_RETURN_MEAN in stats:
+            name = "return" if prefix == "env_runners" else f"{prefix}_return"
+            self.log(name, float(stats[EPISODE_RETURN_MEAN]), prog_bar=True, logger=False, on_step=on_step,
+                     on_epoch=not on_step, batch_size=1)
 
     def before_gradient_based_update(self, *, timesteps: dict[str, Any]) -> None:
         """Called at the start of every update, before any gradient step.
@@ -607,7 +696,7 @@ class Learner(LightningModule):
                 optimizer_name = full_name[len(module_id) + 1 :]
                 self.metrics.log_value((module_id, f"{optimizer_name}_{LR_KEY}"), _get_lr(optimizer), reduce="last")
         for callback in self._learner_callbacks():
-            callback.on_before_gradient_based_update(self.trainer, self, timesteps)
+            callback.on_before_gradient_based_update(self._trainer, self, timesteps)
 
     def after_gradient_based_update(self, *, timesteps: dict[str, Any]) -> None:
         """Called at the end of every update, after the last gradient step.
@@ -620,7 +709,7 @@ class Learner(LightningModule):
             if isinstance(schedule, LRScheduler):
                 schedule.step()
         for callback in self._learner_callbacks():
-            callback.on_after_gradient_based_update(self.trainer, self, timesteps)
+            callback.on_after_gradient_based_update(self._trainer, self, timesteps)
 
     def required_batch_columns(self, module_id: str) -> list[str]:
         """Columns a batch must hold for ``module_id``; checked before any update."""
@@ -907,15 +996,31 @@ class Learner(LightningModule):
     def setup(self, stage: str) -> None:
         """Lightning's hook: build the Learner if it has not been built.
 
+        Modules whose spec leaves out the observation or action space take it from the
+        Trainer's data module (``datamodule.observation_space`` / ``.action_space``).
+
         Raises:
             ValueError: under ``precision="16-mixed"``, whose gradient scaling would hand
-                scaled gradients to the Learner's clipping and non-finite checks.
+                scaled gradients to the Learner's clipping and non-finite checks; when a space
+                is missing and no data module provides it; and when ``minibatch_size`` is
+                larger than the data module's train batch.
         """
         if getattr(self.trainer.precision_plugin, "scaler", None) is not None:
             raise ValueError(
                 f"{type(self).__name__} does not support precision='16-mixed' (gradient scaling) yet: it clips and "
                 "checks gradients itself. Use precision='bf16-mixed' or '32-true'."
             )
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if self._module is None and self._module_spec is not None:
+            self._module_spec = _with_spaces_from(self._module_spec, datamodule)
+        train_batch_size = getattr(datamodule, "train_batch_size", None)
+        minibatch_size = self.hparams.minibatch_size
+        if stage == "fit" and train_batch_size is not None and minibatch_size is not None:
+            if minibatch_size > train_batch_size:
+                raise ValueError(
+                    f"minibatch_size={minibatch_size} is larger than the train batch of the data module "
+                    f"({train_batch_size} env steps per rollout); lower minibatch_size or sample more steps"
+                )
         self.build()
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -1019,8 +1124,14 @@ class Learner(LightningModule):
         from lightning_rl.callbacks.learner_callback import LearnerCallback
 
         if self._trainer is None:
-            return []
-        return [c for c in self._trainer.callbacks if isinstance(c, LearnerCallback)]
+            # Standalone, the Learner's own callbacks (which a Trainer would add) still run.
+            if self._own_callbacks is None:
+                own = self.configure_callbacks()
+                self._own_callbacks = [own] if isinstance(own, Callback) else list(own)
+            callbacks = self._own_callbacks
+        else:
+            callbacks = self._trainer.callbacks
+        return [c for c in callbacks if isinstance(c, LearnerCallback)]
 
     def _lightning_optimizer_map(self) -> dict[Optimizer, Any]:
         if not self._is_running_under_trainer():
@@ -1091,6 +1202,30 @@ def clip_gradients(
     else:
         raise ValueError(f"grad_clip_by must be one of {GRAD_CLIP_BY}, got {grad_clip_by!r}")
     return global_norm
+
+
+def _with_spaces_from(spec: MultiRLModuleSpec, datamodule: Any) -> MultiRLModuleSpec:
+    """``spec`` with every missing observation/action space taken from ``datamodule``."""
+    missing = [
+        module_id
+        for module_id, module_spec in spec.rl_module_specs.items()
+        if module_spec.observation_space is None or module_spec.action_space is None
+    ]
+    if not missing:
+        return spec
+    if getattr(datamodule, "observation_space", None) is None or getattr(datamodule, "action_space", None) is None:
+        raise ValueError(
+            f"the specs of modules {missing} have no observation/action space, and the Trainer has no data module "
+            "that provides them: pass the spaces in the module spec, or fit with datamodule=EpisodeDataModule(...)"
+        )
+    specs = dict(spec.rl_module_specs)
+    for module_id in missing:
+        specs[module_id] = dataclasses.replace(
+            specs[module_id],
+            observation_space=specs[module_id].observation_space or datamodule.observation_space,
+            action_space=specs[module_id].action_space or datamodule.action_space,
+        )
+    return dataclasses.replace(spec, rl_module_specs=specs)
 
 
 def _sum(values: Any) -> torch.Tensor:
