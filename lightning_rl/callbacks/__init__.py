@@ -1,5 +1,6 @@
 """Lightning callbacks that hook into a Learner's updates."""
 
+from lightning_rl.callbacks.kl_coeff import KLCoeffAdaptation
 from lightning_rl.callbacks.learner_callback import LearnerCallback
 
-__all__ = ["LearnerCallback"]
+__all__ = ["KLCoeffAdaptation", "LearnerCallback"]

@@ -1,0 +1,351 @@
+"""Proximal Policy Optimization (Schulman et al., 2017): the clipped surrogate objective.
+
+The Learner connector computes the value of every observation with the current module and
+generalized advantage estimates (GAE); the loss is
+
+    -min(A * r, A * clip(r, 1 - eps, 1 + eps))  +  c_vf * min((V - V_target)^2, vf_clip)
+        -  c_ent * entropy  [+  c_kl * KL(pi_old || pi)]
+
+per minibatch, with ``r = pi(a|s) / pi_old(a|s)`` and the advantages normalized per
+minibatch. Names follow RLlib's PPO config (``clip_param``, ``vf_clip_param``,
+``vf_loss_coeff``, ``entropy_coeff``, ``kl_coeff``, ``kl_target``); RLlib's ``lambda_`` is
+``gae_lambda`` here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium as gym
+import torch
+from lightning.pytorch import Callback
+from torch import Tensor, nn
+
+from lightning_rl.core.columns import Columns
+from lightning_rl.core.distributions import distribution_class_for_space
+from lightning_rl.core.learner import Learner, LearnerConfig
+from lightning_rl.core.rl_module import (
+    DEFAULT_FCNET_ACTIVATION,
+    DEFAULT_FCNET_HIDDENS,
+    MultiRLModuleSpec,
+    RLModule,
+    RLModuleSpec,
+    build_mlp,
+    flat_obs_dim,
+    flatten_obs,
+)
+from lightning_rl.core.schedules import Schedule, ScheduleSetting
+from lightning_rl.data.connectors import add_value_targets_and_advantages
+from lightning_rl.env.episode import SingleAgentEpisode
+
+# Result keys (RLlib's names where RLlib has them).
+POLICY_LOSS_KEY = "policy_loss"
+VF_LOSS_KEY = "vf_loss"
+VF_LOSS_UNCLIPPED_KEY = "vf_loss_unclipped"
+VF_EXPLAINED_VAR_KEY = "vf_explained_var"
+ENTROPY_KEY = "entropy"
+MEAN_KL_KEY = "mean_kl_loss"
+CLIP_FRACTION_KEY = "clip_fraction"
+CURR_KL_COEFF_KEY = "curr_kl_coeff"
+CURR_ENTROPY_COEFF_KEY = "curr_entropy_coeff"
+CURR_CLIP_PARAM_KEY = "curr_clip_param"
+
+
+class PPOModule(RLModule):
+    """An actor-critic MLP: a policy head and a state-value head.
+
+    ``model_config`` keys:
+        ``fcnet_hiddens``, ``fcnet_activation``: the MLPs' hidden layers (defaults as for all modules).
+        ``vf_share_layers``: one hidden stack for both heads (default ``False``: two MLPs).
+        ``free_log_std``: for Box actions, learn one state-independent log standard deviation
+            per action dim (default ``True``) instead of predicting it from the observation.
+
+    Weights start orthogonal (gain sqrt(2) for hidden layers, 0.01 for the policy output,
+    1 for the value output), as in the PPO implementations that tuned these settings.
+    ``inference_only`` modules with separate networks skip the value MLP.
+    """
+
+    def setup(self) -> None:
+        config = self.model_config
+        hiddens = list(config.get("fcnet_hiddens", DEFAULT_FCNET_HIDDENS))
+        activation = config.get("fcnet_activation", DEFAULT_FCNET_ACTIVATION)
+        self.vf_share_layers = bool(config.get("vf_share_layers", False))
+        dist_inputs = distribution_class_for_space(self.action_space).required_input_dim(self.action_space)
+        self.free_log_std = isinstance(self.action_space, gym.spaces.Box) and bool(config.get("free_log_std", True))
+        pi_out = dist_inputs // 2 if self.free_log_std else dist_inputs
+        obs_dim = flat_obs_dim(self.observation_space)
+        last_hidden = hiddens[-1] if hiddens else obs_dim
+
+        if self.vf_share_layers:
+            self.encoder = build_mlp(obs_dim, hiddens, activation)
+            self.pi = nn.Linear(last_hidden, pi_out)
+            self.vf = nn.Linear(last_hidden, 1)
+        else:
+            self.encoder = None
+            self.pi = build_mlp(obs_dim, hiddens, activation, pi_out)
+            self.vf = None if self.inference_only else build_mlp(obs_dim, hiddens, activation, 1)
+        if self.free_log_std:
+            self.log_std = nn.Parameter(torch.zeros(pi_out))
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        for part in (self.encoder, self.pi, self.vf):
+            for layer in _linear_layers(part):
+                nn.init.orthogonal_(layer.weight, math.sqrt(2))
+                nn.init.zeros_(layer.bias)
+        # The output layers: a near-uniform policy and a unit-scale value at the start.
+        nn.init.orthogonal_(_linear_layers(self.pi)[-1].weight, 0.01)
+        if self.vf is not None:
+            nn.init.orthogonal_(_linear_layers(self.vf)[-1].weight, 1.0)
+
+    def _action_dist_inputs(self, features: Tensor) -> Tensor:
+        out = self.pi(features)
+        if self.free_log_std:
+            out = torch.cat([out, self.log_std.expand_as(out)], dim=-1)
+        return out
+
+    def _forward(self, batch: dict[str, Any]) -> dict[str, Any]:
+        features = flatten_obs(batch[Columns.OBS], self.observation_space)
+        if self.encoder is not None:
+            features = self.encoder(features)
+        return {Columns.ACTION_DIST_INPUTS: self._action_dist_inputs(features)}
+
+    def _forward_train(self, batch: dict[str, Any]) -> dict[str, Any]:
+        obs = flatten_obs(batch[Columns.OBS], self.observation_space)
+        if self.encoder is not None:
+            features = self.encoder(obs)
+            return {
+                Columns.ACTION_DIST_INPUTS: self._action_dist_inputs(features),
+                Columns.VF_PREDS: self.vf(features).squeeze(-1),
+            }
+        return {Columns.ACTION_DIST_INPUTS: self._action_dist_inputs(obs), Columns.VF_PREDS: self.vf(obs).squeeze(-1)}
+
+    def compute_values(self, batch: dict[str, Any]) -> Tensor:
+        """State values ``V(s)`` of ``batch["obs"]``, shape ``[B]``.
+
+        Args:
+            batch: ``{"obs": Tensor[B, ...]}``.
+        """
+        features = flatten_obs(batch[Columns.OBS], self.observation_space)
+        if self.encoder is not None:
+            features = self.encoder(features)
+        if self.vf is None:
+            raise ValueError("this PPOModule was built with inference_only=True and has no value network")
+        return self.vf(features).squeeze(-1)
+
+
+class PPOLearner(Learner):
+    """PPO's loss, GAE connector and schedules, on the Learner's update loop.
+
+    Args:
+        module_spec: What to build; ``None`` builds a :class:`PPOModule` from ``model_config``
+            with the spaces of the Trainer's data module.
+        model_config: The ``PPOModule``'s settings when ``module_spec`` is ``None``
+            (``fcnet_hiddens``, ``fcnet_activation``, ``vf_share_layers``, ``free_log_std``).
+        lr: Learning rate: a number or a piecewise schedule ``[[timestep, lr], ...]``.
+        num_epochs: Passes over each train batch.
+        minibatch_size: Rows per gradient step; ``None`` for the whole batch.
+        shuffle_batch_per_epoch: Whether each pass visits the rows in a new random order.
+        grad_clip: Clip threshold (by ``grad_clip_by``, global norm by default), or ``None``.
+        gamma: Discount factor.
+        gae_lambda: GAE's lambda (RLlib's ``lambda_``).
+        clip_param: The surrogate's clip range epsilon: a number or a schedule.
+        vf_clip_param: Upper bound on each step's squared value error, or ``None`` not to clip.
+        vf_loss_coeff: Weight of the value loss.
+        entropy_coeff: Weight of the entropy bonus: a number or a schedule.
+        use_kl_loss: Whether to add ``kl_coeff * KL(pi_old || pi)`` to the loss; the coefficient
+            then adapts after every update towards ``kl_target`` (``KLCoeffAdaptation``).
+        kl_coeff: The KL coefficient to start from.
+        kl_target: The KL divergence per update the adaptation aims at.
+        normalize_advantages: Whether to standardize advantages per minibatch.
+        **kwargs: The other ``Learner`` arguments (``grad_clip_by``, ``policies_to_train``,
+            ``config_overrides_per_module``, ``torch_compile``, ...).
+    """
+
+    def __init__(
+        self,
+        module_spec: RLModuleSpec | MultiRLModuleSpec | None = None,
+        *,
+        model_config: dict[str, Any] | None = None,
+        lr: ScheduleSetting = 3e-4,
+        num_epochs: int = 10,
+        minibatch_size: int | None = 64,
+        shuffle_batch_per_epoch: bool = True,
+        grad_clip: float | None = 0.5,
+        gamma: float = 0.99,
+        gae_lambda: float = 0.95,
+        clip_param: ScheduleSetting = 0.2,
+        vf_clip_param: float | None = 10.0,
+        vf_loss_coeff: float = 0.5,
+        entropy_coeff: ScheduleSetting = 0.0,
+        use_kl_loss: bool = False,
+        kl_coeff: float = 0.2,
+        kl_target: float = 0.01,
+        normalize_advantages: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        if module_spec is None:
+            module_spec = RLModuleSpec(module_class=PPOModule, model_config=dict(model_config or {}))
+        elif model_config is not None:
+            raise ValueError("pass either module_spec or model_config, not both (the spec has its own model_config)")
+        super().__init__(
+            module_spec,
+            lr=lr,
+            num_epochs=num_epochs,
+            minibatch_size=minibatch_size,
+            shuffle_batch_per_epoch=shuffle_batch_per_epoch,
+            grad_clip=grad_clip,
+            **kwargs,
+        )
+        self._curr_kl_coeffs: dict[str, float] = {}
+        self._schedules: dict[tuple[str, str], Schedule] = {}
+        self._current: dict[str, dict[str, float]] = {}
+
+    @staticmethod
+    def _check_config(config: Any, where: str) -> None:
+        Learner._check_config(config, where)
+        Schedule(config["clip_param"], name=f"{where}: clip_param")
+        Schedule(config["entropy_coeff"], name=f"{where}: entropy_coeff")
+        for name in ("gamma", "gae_lambda"):
+            if not (isinstance(config[name], (int, float)) and 0 <= config[name] <= 1):
+                raise ValueError(f"{where}: {name} must be in [0, 1], got {config[name]!r}")
+        for name in ("vf_loss_coeff", "kl_coeff", "kl_target"):
+            if not (isinstance(config[name], (int, float)) and config[name] >= 0):
+                raise ValueError(f"{where}: {name} must be a number >= 0, got {config[name]!r}")
+        vf_clip = config["vf_clip_param"]
+        if vf_clip is not None and not (isinstance(vf_clip, (int, float)) and vf_clip > 0):
+            raise ValueError(f"{where}: vf_clip_param must be a positive number or None, got {vf_clip!r}")
+
+    def configure_callbacks(self) -> list[Callback]:
+        """Adds the KL coefficient's adaptation when the KL loss is on (a Trainer merges it in)."""
+        from lightning_rl.callbacks.kl_coeff import KLCoeffAdaptation
+
+        return [KLCoeffAdaptation()] if self.hparams.use_kl_loss else []
+
+    def required_batch_columns(self, module_id: str) -> list[str]:
+        columns = [Columns.OBS, Columns.ACTIONS, Columns.ACTION_LOGP, Columns.ADVANTAGES, Columns.VALUE_TARGETS]
+        if self.config_for_module(module_id).use_kl_loss:
+            columns.append(Columns.ACTION_DIST_INPUTS)
+        return columns
+
+    def episodes_to_train_batch(self, episodes: Sequence[SingleAgentEpisode]) -> dict[str, dict[str, Tensor]]:
+        """Concatenate the episodes, then add values, GAE advantages and value targets."""
+        batch = super().episodes_to_train_batch(episodes)
+        for module_id, module_batch in batch.items():
+            config = self.config_for_module(module_id)
+            add_value_targets_and_advantages(
+                module_batch,
+                episodes,
+                self.module[module_id].compute_values,
+                gamma=config.gamma,
+                gae_lambda=config.gae_lambda,
+            )
+        return batch
+
+    def before_gradient_based_update(self, *, timesteps: dict[str, Any]) -> None:
+        """Sets this update's clip range and entropy coefficient from their schedules."""
+        super().before_gradient_based_update(timesteps=timesteps)
+        timestep = self._timesteps.get("num_env_steps_sampled_lifetime", 0)
+        for module_id in self.module.keys():
+            config = self.config_for_module(module_id)
+            current = {
+                CURR_CLIP_PARAM_KEY: self._schedule(module_id, "clip_param", config).value(timestep),
+                CURR_ENTROPY_COEFF_KEY: self._schedule(module_id, "entropy_coeff", config).value(timestep),
+                CURR_KL_COEFF_KEY: self.curr_kl_coeff(module_id),
+            }
+            self._current[module_id] = current
+            for key, value in current.items():
+                self.metrics.log_value((module_id, key), value, reduce="last")
+
+    def _schedule(self, module_id: str, name: str, config: LearnerConfig) -> Schedule:
+        key = (module_id, name)
+        if key not in self._schedules:
+            self._schedules[key] = Schedule(config[name], name=f"module {module_id!r}: {name}")
+        return self._schedules[key]
+
+    def curr_kl_coeff(self, module_id: str) -> float:
+        """The KL coefficient ``module_id`` uses now (``kl_coeff`` until adapted)."""
+        return self._curr_kl_coeffs.get(module_id, float(self.config_for_module(module_id).kl_coeff))
+
+    def set_curr_kl_coeff(self, module_id: str, value: float) -> None:
+        """Set ``module_id``'s KL coefficient (what ``KLCoeffAdaptation`` calls)."""
+        self._curr_kl_coeffs[module_id] = float(value)
+
+    def compute_loss_for_module(
+        self, *, module_id: str, config: LearnerConfig, batch: dict[str, Tensor], fwd_out: dict[str, Any]
+    ) -> Tensor:
+        current = self._current[module_id]
+        clip = current[CURR_CLIP_PARAM_KEY]
+        dist_class = self.module[module_id].get_train_action_dist_cls()
+        curr_dist = dist_class.from_logits(fwd_out[Columns.ACTION_DIST_INPUTS])
+        logp_ratio = torch.exp(curr_dist.logp(batch[Columns.ACTIONS]) - batch[Columns.ACTION_LOGP])
+
+        advantages = batch[Columns.ADVANTAGES]
+        if config.normalize_advantages and len(advantages) > 1:
+            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        surrogate = torch.min(advantages * logp_ratio, advantages * logp_ratio.clamp(1 - clip, 1 + clip))
+        policy_loss = -surrogate.mean()
+
+        vf_preds = fwd_out[Columns.VF_PREDS]
+        vf_loss_unclipped = (vf_preds - batch[Columns.VALUE_TARGETS]).pow(2)
+        vf_loss = vf_loss_unclipped if config.vf_clip_param is None else vf_loss_unclipped.clamp(max=config.vf_clip_param)
+        vf_loss = vf_loss.mean()
+
+        entropy = curr_dist.entropy().mean()
+        total_loss = policy_loss + config.vf_loss_coeff * vf_loss - current[CURR_ENTROPY_COEFF_KEY] * entropy
+
+        if config.use_kl_loss:
+            old_dist = dist_class.from_logits(batch[Columns.ACTION_DIST_INPUTS])
+            mean_kl = old_dist.kl(curr_dist).mean()
+            total_loss = total_loss + current[CURR_KL_COEFF_KEY] * mean_kl
+        else:
+            with torch.no_grad():  # for logging only: the usual estimator E[(r - 1) - log r]
+                mean_kl = ((logp_ratio - 1) - torch.log(logp_ratio)).mean()
+
+        log = self.metrics.log_value
+        log((module_id, POLICY_LOSS_KEY), policy_loss)
+        log((module_id, VF_LOSS_KEY), vf_loss)
+        log((module_id, VF_LOSS_UNCLIPPED_KEY), vf_loss_unclipped.mean())
+        log((module_id, ENTROPY_KEY), entropy)
+        log((module_id, MEAN_KL_KEY), mean_kl)
+        with torch.no_grad():
+            log((module_id, CLIP_FRACTION_KEY), ((logp_ratio - 1).abs() > clip).float().mean())
+            log((module_id, VF_EXPLAINED_VAR_KEY), _explained_variance(vf_preds, batch[Columns.VALUE_TARGETS]))
+        return total_loss
+
+    def get_state(self, components: Any = None, *, not_components: Any = None) -> dict[str, Any]:
+        """The Learner's state plus each module's current KL coefficient."""
+        state = super().get_state(components, not_components=not_components)
+        state["curr_kl_coeffs"] = dict(self._curr_kl_coeffs)
+        return state
+
+    def set_state(self, state: Any) -> None:
+        """Restore ``get_state``'s output, KL coefficients included."""
+        super().set_state(state)
+        for module_id, value in state.get("curr_kl_coeffs", {}).items():
+            if module_id in self.module:
+                self._curr_kl_coeffs[module_id] = float(value)
+
+    def remove_module(self, module_id: str, **kwargs: Any) -> Any:
+        """Remove ``module_id`` and forget its KL coefficient and schedules."""
+        result = super().remove_module(module_id, **kwargs)
+        self._curr_kl_coeffs.pop(module_id, None)
+        self._current.pop(module_id, None)
+        for key in [key for key in self._schedules if key[0] == module_id]:
+            del self._schedules[key]
+        return result
+
+
+def _explained_variance(predictions: Tensor, targets: Tensor) -> Tensor:
+    """1 - Var(targets - predictions) / Var(targets); 1 is perfect, <= 0 no better than a constant."""
+    target_var = targets.var(unbiased=False)
+    return 1 - (targets - predictions).var(unbiased=False) / target_var.clamp(min=1e-8)
+
+
+def _linear_layers(part: nn.Module | None) -> list[nn.Linear]:
+    if part is None:
+        return []
+    return [layer for layer in part.modules() if isinstance(layer, nn.Linear)]
+
