@@ -81,7 +81,7 @@ def time_limit(env: gym.Env) -> gym.Env:
 
 def counting_runner(**kwargs: Any) -> EnvRunner:
     env = functools.partial(CountingEnv, with_infos=kwargs.pop("with_infos", False))
-    options = dict(wrappers=[time_limit], num_envs=3, rollout_fragment_length=4, seed=10)
+    options = {"wrappers": [time_limit], "num_envs": 3, "rollout_fragment_length": 4, "seed": 10}
     options.update(kwargs)
     return EnvRunner(env, **options)
 
@@ -200,6 +200,30 @@ def test_module_actions_and_other_outputs_are_used_and_recorded() -> None:
         assert (episode.actions == 1).all()
         assert (episode.extra_model_outputs[Columns.VF_PREDS] == 2.5).all()
         assert Columns.ACTION_LOGP not in episode.extra_model_outputs  # no distribution was sampled
+
+
+class FailingModule(BCModule):
+    """Raises on its third forward pass."""
+
+    calls = 0
+
+    def _forward(self, batch: dict[str, Any]) -> dict[str, Any]:
+        FailingModule.calls += 1
+        if FailingModule.calls == 3:
+            raise RuntimeError("boom")
+        return super()._forward(batch)
+
+
+def test_an_error_mid_rollout_changes_no_counters_and_restarts_the_episodes() -> None:
+    with counting_runner(rollout_fragment_length=4) as runner:
+        module = RLModuleSpec(FailingModule, runner.observation_space, runner.action_space, {"fcnet_hiddens": [4]}).build()
+        with pytest.raises(RuntimeError, match="boom"):
+            runner.sample(module)
+        assert runner.get_state()["num_env_steps_sampled_lifetime"] == 0
+        episodes = runner.sample(module)
+    assert all(episode.t_started == 0 for episode in episodes)
+    for episode in episodes:
+        check_chunk(episode)
 
 
 def test_box_actions_are_clipped_for_the_env_but_stored_unclipped() -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import difflib
 import functools
 import importlib
-import math
 import time
 import uuid
 from collections import deque
@@ -81,6 +80,7 @@ class EnvRunner:
             ``episode_stats_window`` below 1, an unknown ``vectorize_mode``, or an env whose
             observation or action space is not an array space (Box, Discrete,
             MultiDiscrete, MultiBinary).
+        TypeError: If ``env`` or a wrapper is neither a string nor a callable.
         RuntimeError: If the installed gymnasium is older than 1.1 (no SAME_STEP autoreset).
     """
 
@@ -114,7 +114,7 @@ class EnvRunner:
         if isinstance(env, str):
             _check_env_id(env)
         elif not callable(env):
-            raise ValueError(f"env must be a registered env id or a callable returning a gym.Env, got {env!r}")
+            raise TypeError(f"env must be a registered env id or a callable returning a gym.Env, got {env!r}")
 
         self.num_envs = int(num_envs)
         self.vectorize_mode = vectorize_mode
@@ -192,7 +192,12 @@ class EnvRunner:
         start = time.perf_counter()
         if self._needs_reset:
             self._reset()
-        completed, running, stats = self._run(module, self.rollout_fragment_length, explore=explore)
+        try:
+            completed, running, stats = self._run(module, self.rollout_fragment_length, explore=explore)
+        except BaseException:
+            # The envs moved on without the runner's record of it: start afresh next time.
+            self._needs_reset = True
+            raise
         steps = sum(len(episode) for episode in completed) + sum(len(episode) for episode in running)
         self._num_env_steps_lifetime += steps
         self._num_env_steps_since += steps
@@ -213,7 +218,8 @@ class EnvRunner:
         with a new seed), the training counters and statistics stay as they are, and the
         next :meth:`sample` starts from fresh episodes too. An episode a training
         :meth:`sample` left running is abandoned, so evaluate with a runner of its own to
-        keep training episodes whole.
+        keep training episodes whole. The call returns only when enough episodes ended, so
+        the env needs a time limit if the policy may never end an episode.
 
         Args:
             module: The policy, used as in :meth:`sample`.
@@ -318,7 +324,7 @@ class EnvRunner:
             for t in range(num_steps):
                 obs_t = torch.from_numpy(obs_buf[t])
                 if not on_cpu:
-                    obs_t = obs_t.to(device, non_blocking=True)
+                    obs_t = obs_t.to(device)
                 out = forward({Columns.OBS: obs_t})
                 actions = out.get(Columns.ACTIONS)
                 if actions is None:
@@ -355,7 +361,8 @@ class EnvRunner:
                     if len(done_envs):
                         boundary_obs = infos["final_obs"]
                         for i in done_envs:
-                            final_obs[t, i] = np.asarray(boundary_obs[i], dtype=space.dtype)
+                            # A copy: some envs return the same array object at every step.
+                            final_obs[t, i] = np.array(boundary_obs[i], dtype=space.dtype)
                     if info_rows is None and _has_env_infos(infos):
                         self._record_infos = True
                         info_rows = [[{} for _ in range(num_envs)] for _ in range(t + 1)]
@@ -550,7 +557,7 @@ class EnvRunner:
     def __enter__(self) -> EnvRunner:
         return self
 
-    def __exit__(self, *exc_info: Any) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def __repr__(self) -> str:
@@ -589,7 +596,7 @@ def _resolve_wrappers(wrappers: Sequence[WrapperSpec]) -> list[Callable[[gym.Env
             except ValueError as error:
                 raise ValueError(f"wrappers[{index}]: {error}") from error
         elif not callable(wrapper):
-            raise ValueError(f"wrappers[{index}] must be an import path or a callable env -> env, got {wrapper!r}")
+            raise TypeError(f"wrappers[{index}] must be an import path or a callable env -> env, got {wrapper!r}")
         resolved.append(wrapper)
     return resolved
 
