@@ -1,0 +1,87 @@
+"""The lightning-rl command: fit from the example config, print_config, validate a checkpoint, bad values."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lightning_rl.cli import LightningRLCLI
+
+REPO = Path(__file__).resolve().parents[1]
+CARTPOLE = str(REPO / "examples" / "ppo_cartpole.yaml")
+PENDULUM = str(REPO / "examples" / "ppo_pendulum.yaml")
+
+
+def quick(tmp_path: Path, *extra: str) -> list[str]:
+    """Flags that shrink an example run to a few seconds inside ``tmp_path``."""
+    return [
+        "--trainer.default_root_dir", str(tmp_path),
+        "--trainer.enable_progress_bar", "false",
+        "--data.init_args.max_env_steps", "512",
+        "--data.init_args.rollouts_per_epoch", "1",
+        "--data.init_args.evaluation_num_episodes", "2",
+        "--model.init_args.num_epochs", "1",
+        *extra,
+    ]  # fmt: skip
+
+
+def test_fit_from_the_example_config_trains_logs_and_checkpoints(tmp_path):
+    cli = LightningRLCLI(args=["fit", "--config", CARTPOLE, *quick(tmp_path)])
+    assert cli.datamodule.num_env_steps_sampled_lifetime == 512
+    assert "eval/episode_return_mean" in cli.trainer.callback_metrics
+    version = tmp_path / "lightning_logs" / "version_0"
+    assert list(version.glob("events.out.tfevents.*")), "no TensorBoard event file"
+    assert (version / "checkpoints" / "last.ckpt").exists()
+    assert (version / "config.yaml").exists()
+
+
+def test_validate_evaluates_a_saved_checkpoint(tmp_path):
+    LightningRLCLI(args=["fit", "--config", CARTPOLE, *quick(tmp_path)])
+    checkpoint = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    cli = LightningRLCLI(args=["validate", "--config", CARTPOLE, *quick(tmp_path), "--ckpt_path", str(checkpoint)])
+    assert cli.trainer.callback_metrics["eval/num_episodes"] == 2
+    assert cli.trainer.callback_metrics["eval/episode_return_mean"] >= 8
+
+
+def test_print_config_shows_every_hyperparameter_of_model_and_data():
+    result = subprocess.run(
+        [sys.executable, "-m", "lightning_rl", "fit", "--config", CARTPOLE, "--print_config"],
+        capture_output=True, text=True, check=True, timeout=120,
+    )  # fmt: skip
+    config = yaml.safe_load(result.stdout)
+    model = config["model"]["init_args"]
+    assert config["model"]["class_path"] == "lightning_rl.algorithms.ppo.PPOLearner"
+    assert model["gamma"] == 0.98 and model["gae_lambda"] == 0.8
+    # Learner arguments inherited through **kwargs are settable too.
+    assert "grad_clip_by" in model and "torch_compile" in model
+    assert config["data"]["init_args"]["num_envs"] == 8
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--data.init_args.env", "NoSuchEnv-v0"], "env='NoSuchEnv-v0' is not a registered"),
+        (["--data.init_args.num_envs", "-2"], "num_envs must be an int >= 1"),
+        (["--model.init_args.minibatch_size", "100000"], "minibatch_size=100000 is larger than the data module"),
+        (["--model.init_args.gamma", "1.5"], "gamma must be in"),
+    ],
+)
+def test_bad_config_values_fail_at_start_with_a_message_naming_them(tmp_path, flags, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        LightningRLCLI(args=["fit", "--config", CARTPOLE, *quick(tmp_path), *flags])
+    assert exit_info.value.code != 0
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "lightning_logs").exists()  # nothing ran
+
+
+def test_the_examples_are_valid_configs():
+    for path in (CARTPOLE, PENDULUM):
+        result = subprocess.run(
+            [sys.executable, "-m", "lightning_rl", "fit", "--config", path, "--print_config"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
