@@ -143,6 +143,22 @@ def test_tensorboard_receives_the_documented_scalars(tmp_path):
     assert steps == [64.0, 128.0, 192.0]
 
 
+def test_between_logging_steps_only_the_headline_metrics_are_updated(tmp_path):
+    from lightning.pytorch import Callback
+
+    seen = []
+
+    class Record(Callback):
+        def on_train_batch_end(self, trainer, *args):
+            metrics = trainer.callback_metrics
+            seen.append(("default_policy/policy_loss" in metrics, int(metrics["env_runners/num_env_steps_sampled_lifetime"])))
+
+    learner, data = small_ppo(), small_data(rollouts_per_epoch=4)
+    trainer(tmp_path, log_every_n_steps=2, callbacks=[Record()], limit_val_batches=0).fit(learner, datamodule=data)
+    # The headline metrics follow every rollout; the full set arrives with the first logging step.
+    assert seen == [(False, 64), (True, 128), (True, 192), (True, 256)]
+
+
 def test_a_minibatch_larger_than_the_rollout_fails_at_setup_naming_both(tmp_path):
     with pytest.raises(ValueError, match="minibatch_size=128 is larger than the train batch .*64"):
         trainer(tmp_path).fit(small_ppo(minibatch_size=128), datamodule=small_data())
