@@ -218,6 +218,14 @@ class PPOLearner(Learner):
         if vf_clip is not None and not (isinstance(vf_clip, (int, float)) and vf_clip > 0):
             raise ValueError(f"{where}: vf_clip_param must be a positive number or None, got {vf_clip!r}")
 
+    def configure_optimizers_for_module(self, module_id: str, config: LearnerConfig) -> None:
+        """One Adam over the module, with ``eps=1e-5`` as in the PPO implementations whose
+        tuned settings users copy (OpenAI Baselines, Stable-Baselines3, CleanRL)."""
+        params = self.get_parameters(self.module[module_id])
+        self.register_optimizer(
+            module_id=module_id, optimizer=torch.optim.Adam(params, eps=1e-5), params=params, lr_or_lr_schedule=config.lr
+        )
+
     def configure_callbacks(self) -> list[Callback]:
         """Adds the KL coefficient's adaptation when the KL loss is on (a Trainer merges it in)."""
         from lightning_rl.callbacks.kl_coeff import KLCoeffAdaptation
@@ -241,6 +249,11 @@ class PPOLearner(Learner):
                 self.module[module_id].compute_values,
                 gamma=config.gamma,
                 gae_lambda=config.gae_lambda,
+            )
+            # How well the values before this update predicted the targets (once per update, as SB3 does).
+            self.metrics.log_value(
+                (module_id, VF_EXPLAINED_VAR_KEY),
+                _explained_variance(module_batch[Columns.VF_PREDS], module_batch[Columns.VALUE_TARGETS]),
             )
         return batch
 
@@ -312,7 +325,6 @@ class PPOLearner(Learner):
         log((module_id, MEAN_KL_KEY), mean_kl)
         with torch.no_grad():
             log((module_id, CLIP_FRACTION_KEY), ((logp_ratio - 1).abs() > clip).float().mean())
-            log((module_id, VF_EXPLAINED_VAR_KEY), _explained_variance(vf_preds, batch[Columns.VALUE_TARGETS]))
         return total_loss
 
     def get_state(self, components: Any = None, *, not_components: Any = None) -> dict[str, Any]:
