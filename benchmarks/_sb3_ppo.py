@@ -13,7 +13,8 @@ anneal horizon, 100k env steps; a callback checks the training return (the mean 
 ``model.ep_info_buffer``: the last up to 100 completed episodes) after every rollout and
 stops the run when it reaches ``--threshold`` or ``--max-env-steps`` is used up.
 
-Output protocol (the same as ``handwritten_ppo.py``): ``REACHED env_steps=<int>
+Output protocol (the same as ``handwritten_ppo.py``): ``TRAINING_START time=<unix time>``
+before the first rollout, ``REACHED env_steps=<int>
 time=<unix time> elapsed=<s since this script started> ...`` or ``NOT_REACHED env_steps=<int>
 ...``, then ``PEAK_RSS_MB=<float>`` at exit. Needs ``pip install stable-baselines3``.
 
@@ -73,6 +74,9 @@ class StopAtTrainingReturn(BaseCallback):
         self.done = False
         self.reached = False
         self.env_steps = 0  # at the last rollout end (learn() counts one more step before it stops)
+
+    def _on_training_start(self) -> None:
+        print(f"TRAINING_START time={time.time():.6f}", flush=True)  # set-up done, first rollout next
 
     def _on_step(self) -> bool:
         return not self.done  # False stops learn() at the next env step

@@ -21,7 +21,8 @@ Run alone::
 
     python benchmarks/handwritten_ppo.py --seed 0 --threshold 450 --max-env-steps 100000
 
-It prints one machine-readable line when the training return first reaches the threshold,
+It prints ``TRAINING_START time=<unix time>`` when set-up is done and the first rollout
+begins, and one machine-readable line when the training return first reaches the threshold,
 ``REACHED env_steps=<int> time=<unix time> elapsed=<s since this script started> ...``
 (or ``NOT_REACHED env_steps=<int> ...`` at ``--max-env-steps``), then exits after a last line
 ``PEAK_RSS_MB=<float>`` (this process's peak resident set size).
@@ -198,6 +199,7 @@ def main() -> None:
     env_steps = 0
     reached = False
 
+    report(f"TRAINING_START time={time.time():.6f}")  # set-up done: imports, envs, networks
     while env_steps < args.max_env_steps:
         # ---- rollout: NUM_STEPS steps of every env with the current policy ----
         for step in range(NUM_STEPS):
