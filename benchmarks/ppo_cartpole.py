@@ -129,13 +129,17 @@ def make_stop_callback(threshold: float, max_env_steps: int) -> Any:
             self.reported = False
             self.env_steps = 0
             self.return_mean = math.nan
+            self.item_has_stats = False
 
         def on_train_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
             print(f"TRAINING_START time={time.time():.6f}", flush=True)  # set-up done, first rollout next
 
         def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
             stats = batch.get("env_runners") if isinstance(batch, dict) else None
-            if stats and "episode_return_mean" in stats and "num_env_steps_sampled_lifetime" in stats:
+            self.item_has_stats = bool(stats) and all(
+                key in stats for key in ("episode_return_mean", "num_env_steps_sampled_lifetime")
+            )
+            if self.item_has_stats:
                 self._check(
                     trainer, float(stats["num_env_steps_sampled_lifetime"]), float(stats["episode_return_mean"])
                 )
@@ -143,7 +147,7 @@ def make_stop_callback(threshold: float, max_env_steps: int) -> Any:
         def on_train_batch_end(
             self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
         ) -> None:
-            if self.reported:
+            if self.reported or self.item_has_stats:
                 return
             metrics = trainer.callback_metrics
             steps, return_mean = (metrics.get(key, metrics.get(f"{key}_step")) for key in (STEPS_KEY, RETURN_KEY))
