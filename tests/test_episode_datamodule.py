@@ -159,6 +159,25 @@ def test_between_logging_steps_only_the_headline_metrics_are_updated(tmp_path):
     assert seen == [(False, 64), (True, 128), (True, 192), (True, 256)]
 
 
+def test_wrappers_with_arguments_apply_to_training_and_evaluation_can_do_without(tmp_path):
+    clip = {"class_path": "gymnasium.wrappers.ClipReward", "init_args": {"min_reward": 0.0, "max_reward": 0.5}}
+    data = small_data(wrappers=[clip], evaluation_wrappers=[], evaluation_num_episodes=2)
+    learner = small_ppo()
+    fit = trainer(tmp_path, max_epochs=1)
+    rewards = []
+    update = learner.update_from_episodes
+
+    def recording_update(episodes, **kwargs):
+        rewards.extend(float(r) for episode in episodes for r in episode.rewards)
+        return update(episodes, **kwargs)
+
+    learner.update_from_episodes = recording_update
+    fit.fit(learner, datamodule=data)
+    assert set(rewards) == {0.5}  # CartPole's reward of 1, clipped
+    evaluation = fit.callback_metrics
+    assert evaluation["eval/episode_return_mean"] == evaluation["eval/episode_len_mean"]  # unclipped: 1 per step
+
+
 def test_a_minibatch_larger_than_the_rollout_fails_at_setup_naming_both(tmp_path):
     with pytest.raises(ValueError, match="minibatch_size=128 is larger than the train batch .*64"):
         trainer(tmp_path).fit(small_ppo(minibatch_size=128), datamodule=small_data())

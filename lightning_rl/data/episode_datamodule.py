@@ -40,7 +40,11 @@ class EpisodeDataModule(LightningDataModule):
             that returns a ``gym.Env``.
         env_kwargs: Keyword arguments for ``gym.make`` (ids only).
         wrappers: Wrappers applied to each env, in order: import paths of wrapper classes
-            (``"gymnasium.wrappers.NormalizeReward"``) or callables ``env -> env``.
+            (``"gymnasium.wrappers.NormalizeObservation"``), ``{"class_path": ..., "init_args":
+            {...}}`` for wrappers that take arguments, or callables ``env -> env``.
+        evaluation_wrappers: The evaluation envs' wrappers; ``None`` uses ``wrappers``. Set it
+            when a training wrapper changes rewards (``NormalizeReward``, ``ClipReward``),
+            so that ``eval/episode_return_mean`` stays in the env's own units.
         num_envs: Environments stepped together (one vector env) per rollout.
         rollout_fragment_length: Steps per environment per rollout; a train item holds
             ``num_envs * rollout_fragment_length`` env steps.
@@ -69,7 +73,8 @@ class EpisodeDataModule(LightningDataModule):
         env: str | Callable[[], gym.Env] = "CartPole-v1",
         *,
         env_kwargs: dict[str, Any] | None = None,
-        wrappers: Sequence[str | Callable[[gym.Env], gym.Env]] | None = None,
+        wrappers: Sequence[str | dict[str, Any] | Callable[[gym.Env], gym.Env]] | None = None,
+        evaluation_wrappers: Sequence[str | dict[str, Any] | Callable[[gym.Env], gym.Env]] | None = None,
         num_envs: int = 1,
         rollout_fragment_length: int = 200,
         vectorize_mode: Literal["sync", "async"] = "sync",
@@ -102,10 +107,11 @@ class EpisodeDataModule(LightningDataModule):
             raise ValueError(f"vectorize_mode must be 'sync' or 'async', got {vectorize_mode!r}")
         # Callables (env factories, wrapper functions) are not plain data: keep them out of
         # the hyperparameters that go into checkpoints.
-        ignore = [name for name, value in (("env", env), ("wrappers", wrappers)) if _has_callable(value)]
-        self.save_hyperparameters(ignore=ignore)
+        callables = (("env", env), ("wrappers", wrappers), ("evaluation_wrappers", evaluation_wrappers))
+        self.save_hyperparameters(ignore=[name for name, value in callables if _has_callable(value)])
         self.env = env
         self.wrappers = list(wrappers or [])
+        self.evaluation_wrappers = self.wrappers if evaluation_wrappers is None else list(evaluation_wrappers)
         self._train_runner: EnvRunner | None = None
         self._eval_runner: EnvRunner | None = None
         self._pending_state: dict[str, Any] | None = None
@@ -141,7 +147,7 @@ class EpisodeDataModule(LightningDataModule):
     def train_runner(self) -> EnvRunner:
         """The training ``EnvRunner`` (built on first use)."""
         if self._train_runner is None:
-            self._train_runner = self._make_runner(self.hparams.num_envs, self._seed())
+            self._train_runner = self._make_runner(self.hparams.num_envs, self._seed(), self.wrappers)
             if self._pending_state is not None:
                 self._train_runner.set_state(self._pending_state["train_runner"])
         return self._train_runner
@@ -151,7 +157,8 @@ class EpisodeDataModule(LightningDataModule):
         """The evaluation ``EnvRunner`` (built on first use; its own envs and seeds)."""
         if self._eval_runner is None:
             num_envs = self.hparams.evaluation_num_envs or min(self.hparams.num_envs, self.hparams.evaluation_num_episodes)
-            self._eval_runner = self._make_runner(num_envs, self._seed() + _EVALUATION_SEED_OFFSET)
+            seed = self._seed() + _EVALUATION_SEED_OFFSET
+            self._eval_runner = self._make_runner(num_envs, seed, self.evaluation_wrappers)
         return self._eval_runner
 
     def _seed(self) -> int:
@@ -159,11 +166,11 @@ class EpisodeDataModule(LightningDataModule):
             self._base_seed = int(np.random.randint(0, 2**31 - 1 - _EVALUATION_SEED_OFFSET))
         return self._base_seed
 
-    def _make_runner(self, num_envs: int, seed: int) -> EnvRunner:
+    def _make_runner(self, num_envs: int, seed: int, wrappers: list[Any]) -> EnvRunner:
         return EnvRunner(
             self.env,
             env_kwargs=self.hparams.env_kwargs,
-            wrappers=self.wrappers,
+            wrappers=wrappers,
             num_envs=num_envs,
             vectorize_mode=self.hparams.vectorize_mode,
             rollout_fragment_length=self.hparams.rollout_fragment_length,

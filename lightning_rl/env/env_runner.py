@@ -42,7 +42,7 @@ except ImportError:  # pragma: no cover - depends on the installed gymnasium
     AutoresetMode = None  # type: ignore[assignment,misc]
 
 EnvCreator = Callable[..., gym.Env]
-WrapperSpec = str | Callable[[gym.Env], gym.Env]
+WrapperSpec = str | Mapping[str, Any] | Callable[[gym.Env], gym.Env]
 
 # Keys the vector env adds to infos itself in SAME_STEP mode; anything else came from the env.
 _FINAL_KEYS = frozenset({"final_obs", "_final_obs", "final_info", "_final_info"})
@@ -61,8 +61,10 @@ class EnvRunner:
             ``**env_kwargs`` when given, else with no arguments).
         env_kwargs: Keyword arguments for the env.
         wrappers: Applied in order to each env copy: wrapper classes or callables
-            ``env -> env``, or import paths of ``gym.Wrapper`` subclasses such as
-            ``"gymnasium.wrappers.ClipReward"``.
+            ``env -> env``, import paths of ``gym.Wrapper`` subclasses such as
+            ``"gymnasium.wrappers.NormalizeObservation"``, or, for wrappers that take
+            arguments, ``{"class_path": "gymnasium.wrappers.ClipReward", "init_args":
+            {"min_reward": -1, "max_reward": 1}}`` (the form config files use).
         num_envs: How many env copies step together.
         vectorize_mode: ``"sync"`` steps the copies one after the other in this process
             (best for fast envs); ``"async"`` steps each in its own subprocess.
@@ -590,13 +592,28 @@ def _check_env_id(env_id: str) -> None:
 def _resolve_wrappers(wrappers: Sequence[WrapperSpec]) -> list[Callable[[gym.Env], gym.Env]]:
     resolved = []
     for index, wrapper in enumerate(wrappers):
-        if isinstance(wrapper, str):
+        if isinstance(wrapper, Mapping):
+            unknown = sorted(set(wrapper) - {"class_path", "init_args"})
+            if "class_path" not in wrapper or unknown:
+                raise ValueError(
+                    f"wrappers[{index}]: a wrapper given as a dict needs 'class_path' and optional 'init_args', "
+                    f"got keys {sorted(wrapper)}"
+                )
+            try:
+                wrapper_class = import_class(wrapper["class_path"], gym.Wrapper)
+            except ValueError as error:
+                raise ValueError(f"wrappers[{index}]: {error}") from error
+            wrapper = functools.partial(wrapper_class, **dict(wrapper.get("init_args") or {}))
+        elif isinstance(wrapper, str):
             try:
                 wrapper = import_class(wrapper, gym.Wrapper)
             except ValueError as error:
                 raise ValueError(f"wrappers[{index}]: {error}") from error
         elif not callable(wrapper):
-            raise TypeError(f"wrappers[{index}] must be an import path or a callable env -> env, got {wrapper!r}")
+            raise TypeError(
+                f"wrappers[{index}] must be an import path, a {{class_path, init_args}} dict or a callable "
+                f"env -> env, got {wrapper!r}"
+            )
         resolved.append(wrapper)
     return resolved
 
