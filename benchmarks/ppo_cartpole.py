@@ -43,16 +43,18 @@ How to read the output: one table per seed, then per variant the medians over th
 run that never reaches the threshold counts as slower than any that does), and the verdict
 on the issue's targets: ours' median wall time <= 1.15x the hand-written script's and
 <= SB3's; beside it the paired ratio (median over seeds of ours / theirs on the same seed).
-The env steps a seed needs are deterministic for a given variant, but differ between
-variants (each has its own random streams) by +-30% from seed to seed, and now and then a
-run collapses and never gets there; so with 3 seeds the wall-time medians carry that noise
-too: read ms/step and setup s for the speed of the code, and use more seeds for the
-verdict. A shared 2-core machine adds +-25% timing noise: compare within one invocation,
-and repeat it.
+The env steps a seed needs are deterministic for a given variant (same numbers on every
+invocation), but each variant has its own random streams, so seed s of one is not seed s of
+another. Over seeds 0-9 all three need a median of ~60-63k env steps (range 53k-97k; one of
+the hand-written runs collapsed and never got there), yet seeds 0-2 happen to favour SB3
+(55-58k): with 3 seeds the wall-time medians carry that luck. Read ms/step and setup s for
+the speed of the code, and use ``--seeds 0 1 2 3 4 5 6 7 8 9`` for the verdict. A shared
+2-core machine adds +-25% timing noise: compare within one invocation, and repeat it.
 
 Run::
 
     python benchmarks/ppo_cartpole.py                                  # seeds 0 1 2, all variants
+    python benchmarks/ppo_cartpole.py --seeds 0 1 2 3 4 5 6 7 8 9     # the verdict (~15 min)
     python benchmarks/ppo_cartpole.py --variants handwritten sb3 --seeds 0 1 2 3 4
     python benchmarks/ppo_cartpole.py --threads 2 --json ppo_cartpole.json
 """
