@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from lightning_rl.core.columns import Columns
 from lightning_rl.core.distributions import distribution_class_for_space
-from lightning_rl.core.learner import Learner, LearnerConfig
+from lightning_rl.core.learner import Learner, LearnerConfig, default_adam
 from lightning_rl.core.rl_module import (
     DEFAULT_FCNET_ACTIVATION,
     DEFAULT_FCNET_HIDDENS,
@@ -223,7 +223,7 @@ class PPOLearner(Learner):
         tuned settings users copy (OpenAI Baselines, Stable-Baselines3, CleanRL)."""
         params = self.get_parameters(self.module[module_id])
         self.register_optimizer(
-            module_id=module_id, optimizer=torch.optim.Adam(params, eps=1e-5), params=params, lr_or_lr_schedule=config.lr
+            module_id=module_id, optimizer=default_adam(params, eps=1e-5), params=params, lr_or_lr_schedule=config.lr
         )
 
     def configure_callbacks(self) -> list[Callback]:
