@@ -45,11 +45,13 @@ on the issue's targets: ours' median wall time <= 1.15x the hand-written script'
 <= SB3's; beside it the paired ratio (median over seeds of ours / theirs on the same seed).
 The env steps a seed needs are deterministic for a given variant (same numbers on every
 invocation), but each variant has its own random streams, so seed s of one is not seed s of
-another. Over seeds 0-9 all three need a median of ~60-63k env steps (range 53k-97k; one of
-the hand-written runs collapsed and never got there), yet seeds 0-2 happen to favour SB3
-(55-58k): with 3 seeds the wall-time medians carry that luck. Read ms/step and setup s for
-the speed of the code, and use ``--seeds 0 1 2 3 4 5 6 7 8 9`` for the verdict. A shared
-2-core machine adds +-25% timing noise: compare within one invocation, and repeat it.
+another; a change that only moves float rounding (e.g. fused Adam) reshuffles them too. Over
+seeds 0-9 the medians were 60.5k env steps (SB3), 62k (hand-written) and 63k-71k (ours, at
+two package commits), each ranging over ~55k-97k with about one run in ten collapsing and
+never getting there; seeds 0-2 happen to favour SB3 (55-58k). So the wall-time medians of 3
+seeds carry that luck. Read ms/step and setup s for the speed of the code, and use
+``--seeds 0 1 2 3 4 5 6 7 8 9`` for the verdict. A shared 2-core machine adds +-25% timing
+noise: compare within one invocation, and repeat it.
 
 Run::
 
