@@ -178,6 +178,16 @@ def test_wrappers_with_arguments_apply_to_training_and_evaluation_can_do_without
     assert evaluation["eval/episode_return_mean"] == evaluation["eval/episode_len_mean"]  # unclipped: 1 per step
 
 
+def test_the_kl_coefficient_adapts_under_trainer_fit_through_the_learners_own_callback(tmp_path):
+    from lightning_rl.callbacks import KLCoeffAdaptation
+
+    learner = small_ppo(use_kl_loss=True, kl_coeff=0.2, kl_target=1e-9)  # any KL is too large: x1.5 per update
+    fit = trainer(tmp_path, limit_val_batches=0)
+    fit.fit(learner, datamodule=small_data(rollouts_per_epoch=3))
+    assert sum(isinstance(callback, KLCoeffAdaptation) for callback in fit.callbacks) == 1
+    assert learner.curr_kl_coeff("default_policy") == pytest.approx(0.2 * 1.5**3)
+
+
 def test_a_minibatch_larger_than_the_rollout_fails_at_setup_naming_both(tmp_path):
     with pytest.raises(ValueError, match="minibatch_size=128 is larger than the train batch .*64"):
         trainer(tmp_path).fit(small_ppo(minibatch_size=128), datamodule=small_data())
