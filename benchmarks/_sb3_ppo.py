@@ -29,7 +29,6 @@ import time
 
 START_TIME = time.time()  # before the heavy imports: the run's clock starts with the script
 
-import argparse
 import resource
 import sys
 from collections.abc import Callable
@@ -41,17 +40,12 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import DummyVecEnv
 
+# The same command-line flags as the hand-written PPO (this directory is on sys.path when run).
+from handwritten_ppo import parse_args
+
 ANNEAL_STEPS = 100_000
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threshold", type=float, default=450.0, help="stop when the training return reaches this")
-    parser.add_argument("--max-env-steps", type=int, default=100_000, help="give up after this many env steps")
-    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
-    parser.add_argument("--verbose", action="store_true", help="print the training return after every rollout")
-    return parser.parse_args()
 
 
 def linear_schedule(initial: float) -> Callable[[float], float]:
