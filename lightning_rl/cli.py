@@ -47,18 +47,9 @@ class LightningRLCLI(LightningCLI):
         """Instantiate model, data and Trainer; turn their ``ValueError``\\ s into usage errors."""
         try:
             super().instantiate_classes()
+            self.model.check_fits_data(self.datamodule)
         except ValueError as error:
             self.parser.error(f"invalid configuration: {error}")
-        self._check_sizes()
-
-    def _check_sizes(self) -> None:
-        minibatch_size = getattr(self.model.hparams, "minibatch_size", None)
-        train_batch_size = getattr(self.datamodule, "train_batch_size", None)
-        if minibatch_size is not None and train_batch_size is not None and minibatch_size > train_batch_size:
-            self.parser.error(
-                f"invalid configuration: model minibatch_size={minibatch_size} is larger than the data module's "
-                f"train batch of {train_batch_size} env steps (num_envs * rollout_fragment_length)"
-            )
 
 
 def main(args: list[str] | None = None) -> None:

@@ -189,7 +189,7 @@ def test_the_kl_coefficient_adapts_under_trainer_fit_through_the_learners_own_ca
 
 
 def test_a_minibatch_larger_than_the_rollout_fails_at_setup_naming_both(tmp_path):
-    with pytest.raises(ValueError, match="minibatch_size=128 is larger than the train batch .*64"):
+    with pytest.raises(ValueError, match="minibatch_size=128 is larger than the data module's train batch of 64"):
         trainer(tmp_path).fit(small_ppo(minibatch_size=128), datamodule=small_data())
 
 

@@ -1031,15 +1031,26 @@ class Learner(LightningModule):
         datamodule = getattr(self.trainer, "datamodule", None)
         if self._module is None and self._module_spec is not None:
             self._module_spec = _with_spaces_from(self._module_spec, datamodule)
+        if stage == "fit":
+            self.check_fits_data(datamodule)
+        self.build()
+
+    def check_fits_data(self, datamodule: Any) -> None:
+        """Check that ``minibatch_size`` fits into one train item of ``datamodule``.
+
+        Data modules that know their train batch size expose it as ``train_batch_size``
+        (``EpisodeDataModule``: ``num_envs * rollout_fragment_length``); others are not checked.
+
+        Raises:
+            ValueError: Naming both sizes, if the minibatch is larger.
+        """
         train_batch_size = getattr(datamodule, "train_batch_size", None)
         minibatch_size = self.hparams.minibatch_size
-        if stage == "fit" and train_batch_size is not None and minibatch_size is not None:
-            if minibatch_size > train_batch_size:
-                raise ValueError(
-                    f"minibatch_size={minibatch_size} is larger than the train batch of the data module "
-                    f"({train_batch_size} env steps per rollout); lower minibatch_size or sample more steps"
-                )
-        self.build()
+        if train_batch_size is not None and minibatch_size is not None and minibatch_size > train_batch_size:
+            raise ValueError(
+                f"minibatch_size={minibatch_size} is larger than the data module's train batch of {train_batch_size} "
+                "env steps (num_envs * rollout_fragment_length); lower minibatch_size or sample more steps"
+            )
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Lightning's hook: add what rebuilds this Learner to a Lightning checkpoint.
