@@ -23,7 +23,7 @@ import torch
 from lightning.pytorch import Callback
 from torch import Tensor, nn
 
-from lightning_rl.core.columns import Columns
+from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
 from lightning_rl.core.distributions import distribution_class_for_space
 from lightning_rl.core.learner import Learner, LearnerConfig, default_adam
 from lightning_rl.core.rl_module import (
@@ -260,7 +260,7 @@ class PPOLearner(Learner):
     def before_gradient_based_update(self, *, timesteps: dict[str, Any]) -> None:
         """Sets this update's clip range and entropy coefficient from their schedules."""
         super().before_gradient_based_update(timesteps=timesteps)
-        timestep = self._timesteps.get("num_env_steps_sampled_lifetime", 0)
+        timestep = self._timesteps.get(NUM_ENV_STEPS_SAMPLED_LIFETIME, 0)
         for module_id in self.module.keys():
             config = self.config_for_module(module_id)
             current = {

@@ -9,6 +9,9 @@ DEFAULT_MODULE_ID = "default_policy"
 ALL_MODULES = "__all_modules__"
 """Result key for numbers that sum or span over every module."""
 
+NUM_ENV_STEPS_SAMPLED_LIFETIME = "num_env_steps_sampled_lifetime"
+"""The lifetime env-step counter: sampled by the env runner, it drives the schedules."""
+
 
 class Columns:
     """Column names of a train batch (``{column: Tensor[B, ...]}``)."""

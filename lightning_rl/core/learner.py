@@ -45,6 +45,7 @@ from lightning_rl.core.columns import (
     COMPONENT_OPTIMIZER,
     COMPONENT_RL_MODULE,
     DEFAULT_MODULE_ID,
+    NUM_ENV_STEPS_SAMPLED_LIFETIME,
     Columns,
 )
 from lightning_rl.core.metrics import MetricsLogger
@@ -67,7 +68,6 @@ DEFAULT_OPTIMIZER = "default_optimizer"
 # Result keys (RLlib's names).
 TOTAL_LOSS_KEY = "total_loss"
 LR_KEY = "learning_rate"
-NUM_ENV_STEPS_SAMPLED_LIFETIME = "num_env_steps_sampled_lifetime"
 NUM_ENV_STEPS_TRAINED = "num_env_steps_trained"
 NUM_ENV_STEPS_TRAINED_LIFETIME = "num_env_steps_trained_lifetime"
 NUM_MODULE_STEPS_TRAINED = "num_module_steps_trained"

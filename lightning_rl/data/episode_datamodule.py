@@ -20,12 +20,10 @@ import gymnasium as gym
 import numpy as np
 from lightning.pytorch import LightningDataModule
 
-from lightning_rl.core.columns import DEFAULT_MODULE_ID
+from lightning_rl.core.columns import DEFAULT_MODULE_ID, NUM_ENV_STEPS_SAMPLED_LIFETIME
 from lightning_rl.core.rl_module import RLModule
 from lightning_rl.env.env_runner import EnvRunner
 from lightning_rl.env.episode import SingleAgentEpisode
-
-NUM_ENV_STEPS_SAMPLED_LIFETIME = "num_env_steps_sampled_lifetime"
 
 # Evaluation envs are seeded apart from the training envs, so evaluation never replays the
 # exact episodes the policy trained on.
@@ -141,7 +139,7 @@ class EpisodeDataModule(LightningDataModule):
         """Env steps sampled for training so far, resumed runs included."""
         if self._train_runner is None:
             return int((self._pending_state or {}).get("train_runner", {}).get(NUM_ENV_STEPS_SAMPLED_LIFETIME, 0))
-        return int(self._train_runner.get_state()[NUM_ENV_STEPS_SAMPLED_LIFETIME])
+        return self._train_runner.num_env_steps_sampled_lifetime
 
     @property
     def train_runner(self) -> EnvRunner:

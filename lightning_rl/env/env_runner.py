@@ -462,6 +462,11 @@ class EnvRunner:
     # Statistics and state
     # ------------------------------------------------------------------------------------
 
+    @property
+    def num_env_steps_sampled_lifetime(self) -> int:
+        """Env steps sampled by :meth:`sample` over the runner's life (restored by :meth:`set_state`)."""
+        return self._num_env_steps_lifetime
+
     def get_metrics(self) -> dict[str, float]:
         """Return sampling statistics and start a new period for the per-period ones.
 
