@@ -30,7 +30,6 @@ Run::
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -44,6 +43,9 @@ from gymnasium.vector import AutoresetMode
 from lightning_rl import Columns, RLModuleSpec
 from lightning_rl.algorithms.bc import BCModule
 from lightning_rl.env import EnvRunner
+
+# A sibling module: this directory is on sys.path when a benchmark runs as a script.
+from _paired import print_paired_table
 
 TARGET_RATIO = 0.85
 
@@ -156,21 +158,10 @@ def main() -> None:
     runner.close()
     hand.close()
 
-    baseline = seconds["hand-written"]
     print("each round times one rollout of (a) and (b), alternating which goes first")
     print("paired = median over rounds of (a)'s time / (b)'s time in the same round [10th-90th percentile]")
-    print(f"{'variant':<28}{'median s':>10}{'best s':>9}{'env steps/s':>13}{'paired vs (a)':>22}")
     labels = {"hand-written": "(a) hand-written loop", "env runner": "(b) EnvRunner.sample"}
-    paired: dict[str, float] = {}
-    for name, values in seconds.items():
-        ratios = [a / x for a, x in zip(baseline, values)]
-        deciles = statistics.quantiles(ratios, n=10) if len(ratios) > 1 else [ratios[0]] * 9
-        paired[name] = statistics.median(ratios)
-        median = statistics.median(values)
-        print(
-            f"{labels[name]:<28}{median:>10.4f}{min(values):>9.4f}{steps / median:>13,.0f}"
-            f"{paired[name]:>9.2f}x [{deciles[0]:.2f}-{deciles[-1]:.2f}]"
-        )
+    paired = print_paired_table(seconds, labels, baseline="hand-written", work=steps, unit="env steps/s")
     print(
         f"EnvRunner.get_metrics(): env_steps_per_sec={metrics['env_steps_per_sec']:,.0f} "
         f"(all rounds), episodes={metrics['num_episodes']:.0f}, episode_return_mean={metrics['episode_return_mean']:.1f}"
