@@ -154,3 +154,20 @@ def test_fp16_gradient_scaling_is_refused_with_a_clear_error():
     with pytest.raises(ValueError, match="precision='16-mixed'.*bf16-mixed"):
         learner.setup("fit")
     assert learner.module is None
+
+
+def test_a_train_item_sets_its_own_update_settings_and_the_results_reach_callbacks(tmp_path):
+    class Outputs(Callback):
+        def __init__(self):
+            self.seen = []
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.seen.append(outputs["results"])
+
+    learner = BCLearner(module_spec=bc_spec(), num_epochs=1, minibatch_size=None)
+    item = {"batch": random_batch(64), "num_epochs": 3, "minibatch_size": 16, "shuffle_batch_per_epoch": True}
+    outputs = Outputs()
+    make_trainer(tmp_path, callbacks=[outputs]).fit(learner, train_dataloaders=loader_of([item]))
+    # 3 epochs of 4 minibatches: the item's settings, not the Learner's (1 epoch, whole batch).
+    assert outputs.seen[0]["default_policy"]["weights_seq_no"] == 12
+    assert outputs.seen[0]["__all_modules__"]["num_env_steps_trained"] == 3 * 64

@@ -87,6 +87,8 @@ HEADLINE_METRICS = (
 )
 
 GRAD_CLIP_BY = ("value", "norm", "global_norm")
+# Update settings a train item may set for itself (see ``Learner.training_step``).
+_PER_ITEM_SETTINGS = ("num_epochs", "minibatch_size", "shuffle_batch_per_epoch")
 WHAT_TO_COMPILE = ("forward_train", "complete_update")
 
 ShouldModuleBeUpdated = Union[Collection[str], Callable[[str, Optional[MultiModuleBatch]], bool]]
@@ -638,29 +640,39 @@ class Learner(LightningModule):
             )
         return {module_ids[0]: episodes_to_batch(episodes, self.device)}
 
-    def training_step(self, train_item: Mapping[str, Any], batch_idx: int = 0) -> None:
+    def training_step(self, train_item: Mapping[str, Any], batch_idx: int = 0) -> dict[str, Any]:
         """Lightning's hook: one update with the Learner's epoch and minibatch settings.
 
         ``train_item`` is a batch, or a dict with ``"batch"`` or ``"episodes"`` (the latter
         what ``EpisodeDataModule`` yields), optional ``"timesteps"`` (lifetime counters) and
         optional ``"env_runners"`` (sampling statistics, logged as ``env_runners/{key}``).
+        A dict item may also set ``"num_epochs"``, ``"minibatch_size"`` and
+        ``"shuffle_batch_per_epoch"`` for this update alone (``LearnerGroup`` does).
         The results are logged (``"{module_id}/{key}"``) to the Trainer's logger.
+
+        Returns:
+            ``{"results": ...}``, the update's results as ``update_from_batch`` returns them;
+            Lightning hands this to ``Callback.on_train_batch_end`` as ``outputs``.
         """
+        is_item = "episodes" in train_item or "batch" in train_item
         settings = dict(
-            timesteps=train_item.get("timesteps"),
+            timesteps=train_item.get("timesteps") if is_item else None,
             num_epochs=self.hparams.num_epochs,
             minibatch_size=self.hparams.minibatch_size,
             shuffle_batch_per_epoch=self.hparams.shuffle_batch_per_epoch,
         )
+        if is_item:
+            settings.update({key: train_item[key] for key in _PER_ITEM_SETTINGS if key in train_item})
         if "episodes" in train_item:
             results = self.update_from_episodes(train_item["episodes"], **settings)
         elif "batch" in train_item:
             results = self.update_from_batch(train_item["batch"], **settings)
         else:
-            results = self.update_from_batch(train_item, **{**settings, "timesteps": None})
+            results = self.update_from_batch(train_item, **settings)
         metrics = {f"{module_id}/{key}": value for module_id, values in results.items() for key, value in values.items()}
         metrics.update({f"env_runners/{key}": value for key, value in train_item.get("env_runners", {}).items()})
         self._log_train_metrics(metrics)
+        return {"results": results}
 
     def validation_step(self, eval_item: Mapping[str, Any], batch_idx: int = 0) -> None:
         """Lightning's hook: log the statistics of evaluation episodes as ``eval/{key}``.
