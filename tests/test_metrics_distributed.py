@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 from datetime import timedelta
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -38,6 +39,50 @@ def _rank_main(rank: int, world_size: int, port: int, results: dict) -> None:
         results[rank] = (first, saved, restored.reduce())
     finally:
         dist.destroy_process_group()
+
+
+def _uneven_keys_main(rank: int, world_size: int, port: int, results: dict) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size, timeout=timedelta(seconds=60)
+    )
+    try:
+        metrics = MetricsLogger()
+        # Only rank 0 trained module "a"; only rank 1 logged a max and a min; both logged "kl".
+        if rank == 0:
+            metrics.log_value(("a", "loss"), torch.tensor([2.0, 4.0]))
+            metrics.log_value("lifetime", 5, reduce="sum", clear_on_reduce=False)
+        else:
+            metrics.log_value("best", 7.0, reduce="max")
+            metrics.log_value("worst", -1.0, reduce="min")
+        metrics.log_value("kl", 0.1 if rank == 0 else 0.3)
+        peeked = (metrics.peek("kl", across_ranks=True), metrics.peek("kl"), metrics.peek(("a", "loss"), across_ranks=True))
+        try:
+            metrics.peek("never", across_ranks=True)
+            missing = None
+        except KeyError as error:
+            missing = str(error)
+        first = metrics.reduce()
+        second = metrics.reduce()
+        results[rank] = (peeked, missing, first, second)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_that_logged_different_keys_reduce_to_the_same_results():
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_uneven_keys_main, args=(2, _free_port(), results), nprocs=2, join=True)
+        results = dict(results)
+    expected_first = {"lifetime": 5.0, "best": 7.0, "worst": -1.0, "kl": 0.2}
+    for rank in (0, 1):
+        (kl_all, kl_own, loss_all), missing, first, second = results[rank]
+        assert kl_all == pytest.approx(0.2) and kl_own == pytest.approx(0.1 if rank == 0 else 0.3)
+        assert loss_all == 3.0  # rank 1 never logged it, and still gets rank 0's value
+        assert "never" in missing
+        assert first.pop("a") == {"loss": 3.0}
+        assert first == pytest.approx(expected_first)
+        assert second == {"lifetime": 5.0}
 
 
 def test_reduce_and_state_agree_across_two_ranks():

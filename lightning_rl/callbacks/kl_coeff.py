@@ -40,7 +40,8 @@ class KLCoeffAdaptation(LearnerCallback):
             if not config.use_kl_loss:
                 continue
             try:
-                kl = learner.metrics.peek((module_id, MEAN_KL_KEY))
+                # The KL over all ranks, so that every data-parallel rank keeps the same coefficient.
+                kl = learner.metrics.peek((module_id, MEAN_KL_KEY), across_ranks=True)
             except KeyError:  # the module did not train in this update
                 continue
             coeff = learner.curr_kl_coeff(module_id)

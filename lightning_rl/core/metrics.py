@@ -2,17 +2,24 @@
 
 Logging is cheap on the hot path: ``log_value`` only appends a detached tensor (or a number)
 to a list, so a minibatch step never waits on the device. ``reduce`` stacks each key's values
-once, feeds them to a torchmetrics aggregator and computes it; torchmetrics reduces across
-ranks when a process group is running, so every rank returns the same numbers.
+once and feeds them to a torchmetrics aggregator on this rank.
+
+When a process group is running, ``reduce`` then folds every rank's aggregator states into
+one result with a fixed, small number of collective calls (the keys, then two packed
+tensors), whatever the number of keys. Ranks may have logged different keys (a rank with no
+rows of some module logs none of its losses): every key logged anywhere is reported
+everywhere, from the ranks that have it, so every rank returns the same numbers.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Mapping
 from typing import Any, Literal, Union
 
 import torch
+import torch.distributed as dist
 from torchmetrics import MaxMetric, MeanMetric, Metric, MinMetric, SumMetric
 
 Reduce = Literal["mean", "sum", "min", "max", "last"]
@@ -28,6 +35,9 @@ _AGGREGATORS: dict[str, type[Metric]] = {
     "last": MeanMetric,
 }
 _SEPARATOR = "/"
+# Codes of the reduce kinds in the packed cross-rank fold (0: the rank never logged the key).
+_REDUCE_CODES: dict[str, int] = {"mean": 1, "last": 2, "sum": 3, "min": 4, "max": 5}
+_REDUCES_BY_CODE = {code: reduce for reduce, code in _REDUCE_CODES.items()}
 
 
 class MetricsLogger:
@@ -102,37 +112,110 @@ class MetricsLogger:
                 aggregator.reset()
                 values = values[-1:]
             aggregator.update(_stack(values).to(self.device))
-        # Sorted, so that every rank computes (and synchronizes) the same keys in one order.
-        reported = sorted(set(self._pending) | {path for path in self._aggregators if not self._settings[path][1]})
+        reported = set(self._pending) | {path for path in self._aggregators if not self._settings[path][1]}
         self._pending.clear()
+        if _is_distributed():
+            reported = _union_over_ranks(reported)
+        values = self._fold(sorted(reported), self._aggregators)
 
         results: dict[str, Any] = {}
+        for path, (_, value, _) in values.items():
+            _set_nested(results, path, value)
         for path in reported:
-            aggregator = self._aggregators[path]
-            _set_nested(results, path, float(aggregator.compute()))
-            if self._settings[path][1]:
+            if path in self._aggregators and self._settings[path][1]:
                 # Reset rather than rebuilt: constructing a torchmetrics Metric costs far more.
-                aggregator.reset()
+                self._aggregators[path].reset()
         return results
 
-    def peek(self, key: MetricKey) -> float:
-        """The value ``key`` would reduce to now, on this rank alone (no collective call), clearing nothing."""
+    def peek(self, key: MetricKey, *, across_ranks: bool = False) -> float:
+        """The value ``key`` would reduce to now, clearing nothing.
+
+        Args:
+            key: The metric.
+            across_ranks: Reduce over all ranks, as ``reduce`` would (a collective call:
+                every rank must peek the same keys in the same order). Otherwise, and in a
+                single process, this rank's value alone.
+
+        Raises:
+            KeyError: If no rank (or, without ``across_ranks``, not this one) logged ``key``
+                since the last ``reduce`` (or ever, for lasting metrics).
+        """
         path = _as_path(key)
+        aggregator = self._current(path)
+        if across_ranks and _is_distributed():
+            folded = self._fold([path], {path: aggregator} if aggregator is not None else {})
+            if path in folded:
+                return folded[path][1]
+        elif aggregator is not None:
+            return _value_and_weight(aggregator)[0]
+        raise KeyError(f"no metric {_SEPARATOR.join(path)!r} has been logged since the last reduce")
+
+    def _current(self, path: tuple[str, ...]) -> Metric | None:
+        """A copy of ``path``'s aggregator with the pending values folded in; ``None`` if there is none."""
         if path not in self._settings or (self._settings[path][1] and path not in self._pending):
-            raise KeyError(f"no metric {_SEPARATOR.join(path)!r} has been logged since the last reduce")
+            return None
         reduce, _ = self._settings[path]
         values = self._pending.get(path, [])
-        aggregator = _new_aggregator(reduce, self.device, sync=False)
+        aggregator = _new_aggregator(reduce, self.device)
         if reduce == "last" and values:
             values = values[-1:]
         elif path in self._aggregators:
             aggregator.merge_state(self._aggregators[path])
         if values:
             aggregator.update(_stack(values).to(self.device))
-        with warnings.catch_warnings():
-            # A merged state without an update() call makes torchmetrics warn; the value is right.
-            warnings.filterwarnings("ignore", message=".*was called before the ``update`` method")
-            return float(aggregator.compute())
+        return aggregator
+
+    def _fold(
+        self, paths: list[tuple[str, ...]], aggregators: Mapping[tuple[str, ...], Metric]
+    ) -> dict[tuple[str, ...], tuple[Reduce, float, float]]:
+        """``{path: (reduce, value, weight)}`` of ``aggregators`` over all ranks (this rank alone without a group).
+
+        The weight is that of a mean (values averaged so far), 1 otherwise. Every rank must
+        pass the same ``paths``; a rank may lack some of them in ``aggregators``.
+        """
+        if not _is_distributed():
+            return {
+                path: (self._settings[path][0], *_value_and_weight(aggregators[path]))
+                for path in paths
+                if path in aggregators
+            }
+        # Two packed tensors, whatever the number of keys: [mean sum, mean weight, sum] added
+        # over ranks, and [reduce code, max, -min] maximized over ranks.
+        added = torch.zeros(len(paths), 3, dtype=torch.float64)
+        maximized = torch.full((len(paths), 3), -math.inf, dtype=torch.float64)
+        maximized[:, 0] = 0
+        for row, path in enumerate(paths):
+            aggregator = aggregators.get(path)
+            if aggregator is None:
+                continue
+            reduce = self._settings[path][0]
+            maximized[row, 0] = _REDUCE_CODES[reduce]
+            if reduce in ("mean", "last"):
+                added[row, 0], added[row, 1] = float(aggregator.mean_value), float(aggregator.weight)
+            elif reduce == "sum":
+                added[row, 2] = float(aggregator.sum_value)
+            elif reduce == "max":
+                maximized[row, 1] = float(aggregator.max_value)
+            else:
+                maximized[row, 2] = -float(aggregator.min_value)
+        device = _collective_device()
+        added, maximized = added.to(device), maximized.to(device)
+        dist.all_reduce(added, op=dist.ReduceOp.SUM)
+        dist.all_reduce(maximized, op=dist.ReduceOp.MAX)
+        folded = {}
+        for path, (total, weight, summed), (code, largest, negated_smallest) in zip(
+            paths, added.tolist(), maximized.tolist()
+        ):
+            reduce = _REDUCES_BY_CODE.get(int(code))
+            if reduce in ("mean", "last"):
+                folded[path] = (reduce, total / weight if weight else math.nan, weight)
+            elif reduce == "sum":
+                folded[path] = (reduce, summed, 1.0)
+            elif reduce == "max":
+                folded[path] = (reduce, largest, 1.0)
+            elif reduce == "min":
+                folded[path] = (reduce, -negated_smallest, 1.0)
+        return folded
 
     def delete(self, prefix: MetricKey) -> None:
         """Forget every metric whose key starts with ``prefix`` (e.g. a removed module's)."""
@@ -147,21 +230,24 @@ class MetricsLogger:
         On several ranks this is a collective call (like ``reduce``): the saved values are
         the totals over all ranks.
         """
+        lasting = {path for path, (_, clear_on_reduce) in self._settings.items() if not clear_on_reduce}
+        if _is_distributed():
+            lasting = _union_over_ranks(lasting)
+        paths = sorted(lasting)
+        current = {path: aggregator for path in paths if (aggregator := self._current(path)) is not None}
         state = {}
-        for path in sorted(self._aggregators):
-            reduce, clear_on_reduce = self._settings[path]
-            if not clear_on_reduce:
-                aggregator = self._aggregators[path]
-                entry = {"reduce": reduce, "value": float(aggregator.compute())}
-                if reduce == "mean":
-                    entry["weight"] = float(aggregator.weight)
-                state[_SEPARATOR.join(path)] = entry
+        for path, (reduce, value, weight) in self._fold(paths, current).items():
+            entry = {"reduce": reduce, "value": value}
+            if reduce == "mean":
+                entry["weight"] = weight
+            state[_SEPARATOR.join(path)] = entry
         return state
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         """Restore what ``get_state`` returned; values logged but not yet reduced are dropped.
 
-        A sum is restored on rank 0 only, so that the total over ranks stays what was saved.
+        A sum or mean is restored on rank 0 only, so that the total (or the weight of the
+        mean) over ranks stays what was saved.
         """
         first_rank = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
         self._pending.clear()
@@ -177,16 +263,45 @@ class MetricsLogger:
             if reduce == "sum" and not first_rank:
                 value = torch.zeros_like(value)
             if reduce == "mean":
-                aggregator.update(value, weight=entry.get("weight", 1.0))
+                if first_rank:
+                    aggregator.update(value, weight=entry.get("weight", 1.0))
             else:
                 aggregator.update(value)
             self._aggregators[path] = aggregator
             self._settings[path] = (reduce, False)
 
 
-def _new_aggregator(reduce: Reduce, device: torch.device | str, sync: bool = True) -> Metric:
-    # NaNs are reported, not dropped: a non-finite loss must show in the results.
-    return _AGGREGATORS[reduce](nan_strategy="disable", sync_on_compute=sync).to(device)
+def _new_aggregator(reduce: Reduce, device: torch.device | str) -> Metric:
+    # NaNs are reported, not dropped: a non-finite loss must show in the results. Ranks are
+    # folded by ``MetricsLogger._fold`` in one go, not by torchmetrics key by key.
+    return _AGGREGATORS[reduce](nan_strategy="disable", sync_on_compute=False).to(device)
+
+
+def _value_and_weight(aggregator: Metric) -> tuple[float, float]:
+    weight = float(aggregator.weight) if isinstance(aggregator, MeanMetric) else 1.0
+    if aggregator.update_count:
+        return float(aggregator.compute()), weight
+    with warnings.catch_warnings():
+        # A merged or restored state without an update() call makes torchmetrics warn; the value is right.
+        warnings.filterwarnings("ignore", message=".*was called before the ``update`` method")
+        return float(aggregator.compute()), weight
+
+
+def _is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _collective_device() -> torch.device:
+    # NCCL reduces CUDA tensors only; gloo reduces CPU tensors.
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _union_over_ranks(paths: set[tuple[str, ...]]) -> set[tuple[str, ...]]:
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, sorted(paths))
+    return {tuple(path) for rank_paths in gathered for path in rank_paths}
 
 
 def _as_path(key: MetricKey) -> tuple[str, ...]:
