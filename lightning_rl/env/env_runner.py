@@ -467,6 +467,16 @@ class EnvRunner:
         """Env steps sampled by :meth:`sample` over the runner's life (restored by :meth:`set_state`)."""
         return self._num_env_steps_lifetime
 
+    @property
+    def episode_stats_window_values(self) -> tuple[np.ndarray, np.ndarray]:
+        """The returns (float64) and lengths (int64) of the episodes in the statistics window.
+
+        Copies, oldest first; empty before the first completed episode. For combining the
+        windows of several runners (data-parallel ranks) into one statistic, which the
+        means of :meth:`get_metrics` cannot do without the counts.
+        """
+        return np.asarray(self._returns, dtype=np.float64), np.asarray(self._lens, dtype=np.int64)
+
     def get_metrics(self) -> dict[str, float]:
         """Return sampling statistics and start a new period for the per-period ones.
 
