@@ -5,13 +5,17 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import pytest
 from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from lightning_rl.algorithms.ppo import PPOLearner
+from lightning_rl import RLModuleSpec
+from lightning_rl.algorithms.ppo import PPOLearner, PPOModule
 from lightning_rl.data import EpisodeDataModule
+from lightning_rl.data.episode_datamodule import combine_rank_stats, local_rank_stats
+from lightning_rl.env.env_runner import EnvRunner
 
 
 def small_ppo(**kwargs: Any) -> PPOLearner:
@@ -238,3 +242,142 @@ def test_trainer_fit_learns_cartpole():
     assert data.num_env_steps_sampled_lifetime == 30_720
     assert results["eval/episode_return_mean"] >= 300
     assert math.isfinite(fit.callback_metrics["env_runners/episode_return_mean"].item())
+
+
+# ----------------------------------------------------------------------------------------
+# Several ranks (the 2-process end-to-end run is tests/test_ddp_fit.py)
+# ----------------------------------------------------------------------------------------
+
+
+def on_rank(data: EpisodeDataModule, rank: int, world_size: int) -> EpisodeDataModule:
+    """Attach a stand-in for the Trainer of rank ``rank`` (all the data module reads of it here)."""
+    from types import SimpleNamespace
+
+    data.trainer = SimpleNamespace(global_rank=rank, world_size=world_size)
+    return data
+
+
+def test_each_rank_seeds_its_training_and_evaluation_envs_apart_and_rank_0_keeps_the_seed():
+    seeds = []
+    for rank in range(3):
+        data = on_rank(small_data(seed=7, evaluation_num_episodes=5), rank, 3)
+        seeds.append((data.train_runner.seed, data.eval_runner.seed))
+        assert data.evaluation_episodes_per_rank == 2  # ceil(5 / 3)
+        assert data.eval_runner.num_envs == 2  # min(num_envs, this rank's episodes)
+        data.teardown("fit")
+    assert seeds == [(7 + 10_000_000 * rank, 7 + 1_000_003 + 10_000_000 * rank) for rank in range(3)]
+    single = small_data(seed=7)
+    assert (single.train_runner.seed, single.eval_runner.seed) == seeds[0]  # one process = rank 0
+    single.teardown("fit")
+
+
+def test_without_a_seed_ranks_seeded_alike_by_seed_everything_still_sample_apart_and_reproducibly():
+    def first_obs(rank: int) -> np.ndarray:
+        seed_everything(3)  # what every rank of a seeded run does
+        data = on_rank(small_data(seed=None), rank, 2)
+        obs, _ = data.train_runner.env.reset(seed=data.train_runner.seed)
+        data.teardown("fit")
+        return obs
+
+    assert not np.array_equal(first_obs(0), first_obs(1))
+    np.testing.assert_array_equal(first_obs(1), first_obs(1))
+
+
+def test_a_runner_built_before_the_trainer_attached_is_rebuilt_with_this_ranks_seed_at_setup():
+    data = small_data(seed=0)
+    assert data.observation_space.shape == (4,)  # builds the runner as rank 0
+    on_rank(data, 1, 2).setup("fit")
+    assert data.train_runner.seed == 10_000_000
+    data.teardown("fit")
+
+
+def test_rank_statistics_combine_weighted_by_episodes_and_a_rank_without_episodes_adds_no_nan():
+    class Stub(EnvRunner):
+        def __init__(self, returns, lens):
+            self._returns, self._lens = returns, lens
+
+    def row(returns, lens, lifetime, steps, seconds):
+        metrics = {
+            "num_env_steps_sampled_lifetime": lifetime, "num_episodes_lifetime": 10 * len(returns),
+            "num_env_steps_sampled": steps, "num_episodes": len(returns),
+            "env_steps_per_sec": steps / seconds if seconds else float("nan"),
+        }
+        return local_rank_stats(Stub(returns, lens), metrics)
+
+    busy = row([10.0, 20.0, 30.0], [10, 20, 30], lifetime=300, steps=64, seconds=2.0)
+    idle = row([], [], lifetime=100, steps=64, seconds=4.0)
+    one = row([100.0], [100], lifetime=200, steps=64, seconds=1.0)
+    stats = combine_rank_stats(np.stack([busy, idle, one]))
+    assert stats["episode_return_mean"] == pytest.approx((10 + 20 + 30 + 100) / 4)  # not the mean of means (60)
+    assert (stats["episode_return_min"], stats["episode_return_max"]) == (10.0, 100.0)
+    assert stats["episode_len_mean"] == pytest.approx(40.0)
+    assert stats["num_env_steps_sampled_lifetime"] == 600
+    assert stats["num_episodes_lifetime"] == 40
+    assert (stats["num_env_steps_sampled"], stats["num_episodes"]) == (192, 4)
+    assert stats["env_steps_per_sec"] == pytest.approx(192 / 4.0)  # all ranks' steps over the slowest rank's time
+    nothing_yet = combine_rank_stats(np.stack([idle, idle]))
+    assert all(math.isnan(nothing_yet[key]) for key in ("episode_return_mean", "episode_return_min", "episode_len_mean"))
+    assert nothing_yet["num_env_steps_sampled_lifetime"] == 200
+
+
+def test_a_single_rank_reports_exactly_what_its_runner_reports():
+    with EnvRunner("CartPole-v1", num_envs=3, rollout_fragment_length=40, seed=0, episode_stats_window=5) as runner:
+        policy = RLModuleSpec(
+            module_class=PPOModule, observation_space=runner.observation_space, action_space=runner.action_space,
+            model_config={"fcnet_hiddens": [8]},
+        ).build()
+        for _ in range(4):
+            runner.sample(policy)
+            metrics = runner.get_metrics()
+            combined = combine_rank_stats(local_rank_stats(runner, metrics)[None])
+            assert combined.keys() == metrics.keys()
+            for key, value in metrics.items():
+                if key == "env_steps_per_sec":
+                    assert combined[key] == pytest.approx(value)
+                else:
+                    assert combined[key] == value or (math.isnan(value) and math.isnan(combined[key])), key
+
+
+def test_a_checkpoint_of_rank_0_resumes_on_any_rank_with_the_global_counters_on_rank_0_only():
+    state = {
+        "train_runner": {
+            "num_env_steps_sampled_lifetime": 192, "num_episodes_lifetime": 9, "num_resets": 1,
+            "episode_returns": [12.0, 30.0], "episode_lens": [12, 30],
+        },
+        "rank": 0,
+        "num_env_steps_sampled_lifetime": 384,  # summed over the 2 ranks that wrote it
+        "num_episodes_lifetime": 17,
+    }
+    restored = {}
+    for rank in (0, 1, 2):
+        data = on_rank(small_data(), rank, 3)
+        data.load_state_dict(state)
+        assert data.num_env_steps_sampled_lifetime == 384  # every rank: the global count
+        restored[rank] = data.train_runner.get_state()
+        assert data.state_dict()["num_env_steps_sampled_lifetime"] == 384
+        data.teardown("fit")
+    # Rank 0 carries the global counters and its window; the others count from 0, window empty.
+    assert restored[0] == {**state["train_runner"], "num_env_steps_sampled_lifetime": 384, "num_episodes_lifetime": 17}
+    for rank in (1, 2):
+        assert restored[rank] == {
+            "num_env_steps_sampled_lifetime": 0, "num_episodes_lifetime": 0, "num_resets": 1,
+            "episode_returns": [], "episode_lens": [],
+        }
+    # A state from before the global counters (one rank) still loads: its runner's counters are the totals.
+    data = small_data()
+    data.load_state_dict({"train_runner": state["train_runner"]})
+    assert data.num_env_steps_sampled_lifetime == 192
+    assert data.train_runner.get_state()["episode_returns"] == [12.0, 30.0]
+    data.teardown("fit")
+
+
+def test_max_env_steps_counts_the_rollouts_of_all_ranks():
+    data = on_rank(small_data(max_env_steps=300, rollouts_per_epoch=10), 1, 2)
+    assert data._rollouts_left() == 3  # 128 env steps per rollout over 2 ranks: ceil(300 / 128)
+    data.load_state_dict({"train_runner": {}, "num_env_steps_sampled_lifetime": 256, "num_episodes_lifetime": 0})
+    assert data._rollouts_left() == 1
+
+
+def test_a_negative_seed_fails_at_construction():
+    with pytest.raises(ValueError, match="seed must be an int >= 0 or None"):
+        small_data(seed=-1)

@@ -8,6 +8,14 @@ the next item is sampled by the updated weights (on-policy data, never one updat
 That needs care with Lightning's fit loop, which fetches the next item *before* running the
 current training step unless the train iterable has a length. The rollout iterable here
 always has one (``rollouts_per_epoch``), so Lightning never prefetches.
+
+Under a data-parallel strategy (``Trainer(strategy="ddp", devices=N)``, ``torchrun``, SLURM)
+every rank samples envs of its own, seeded apart from the other ranks', and trains on its own
+rollouts (the gradients are averaged by the strategy). After each rollout the ranks exchange
+one small vector of counters and episode sums (one ``all_gather``), so every rank reports the
+same global numbers: lifetime env steps and episodes are sums over the ranks, the return
+statistics are taken over the union of the ranks' windows, and ``max_env_steps`` stops every
+rank on the same rollout.
 """
 
 from __future__ import annotations
@@ -18,6 +26,8 @@ from typing import Any, Literal
 
 import gymnasium as gym
 import numpy as np
+import torch
+import torch.distributed as dist
 from lightning.pytorch import LightningDataModule
 
 from lightning_rl.core.columns import DEFAULT_MODULE_ID, NUM_ENV_STEPS_SAMPLED_LIFETIME
@@ -28,10 +38,32 @@ from lightning_rl.env.episode import SingleAgentEpisode
 # Evaluation envs are seeded apart from the training envs, so evaluation never replays the
 # exact episodes the policy trained on.
 _EVALUATION_SEED_OFFSET = 1_000_003
+# Rank r adds r * this to its training and evaluation seeds. A runner's later resets move on
+# by num_envs seeds each, so ranks would meet only after ~10M / num_envs resets.
+_RANK_SEED_STRIDE = 10_000_000
+_NUM_EPISODES_LIFETIME = "num_episodes_lifetime"
+# What each rank contributes to the per-rollout all_gather, in this order.
+_STATS = (
+    NUM_ENV_STEPS_SAMPLED_LIFETIME,
+    _NUM_EPISODES_LIFETIME,
+    "num_env_steps_sampled",
+    "num_episodes",
+    "sample_seconds",
+    "window_count",
+    "window_return_sum",
+    "window_return_min",
+    "window_return_max",
+    "window_len_sum",
+)
 
 
 class EpisodeDataModule(LightningDataModule):
     """Samples a gymnasium environment with the Learner's module, for ``Trainer.fit`` and ``validate``.
+
+    On several ranks (any data-parallel strategy) each rank samples its own envs and every
+    size below is per rank, except ``max_env_steps`` and ``evaluation_num_episodes``, which
+    count over all ranks. Rank ``r`` of a run seeds its envs with its own seeds (see ``seed``),
+    so no two ranks play the same episodes.
 
     Args:
         env: A registered gymnasium id (``"CartPole-v1"``), or a zero-argument callable
@@ -43,27 +75,38 @@ class EpisodeDataModule(LightningDataModule):
         evaluation_wrappers: The evaluation envs' wrappers; ``None`` uses ``wrappers``. Set it
             when a training wrapper changes rewards (``NormalizeReward``, ``ClipReward``),
             so that ``eval/episode_return_mean`` stays in the env's own units.
-        num_envs: Environments stepped together (one vector env) per rollout.
+        num_envs: Environments stepped together (one vector env) per rollout, per rank.
         rollout_fragment_length: Steps per environment per rollout; a train item holds
-            ``num_envs * rollout_fragment_length`` env steps.
+            ``num_envs * rollout_fragment_length`` env steps (per rank: N ranks sample N times
+            that per rollout, together).
         vectorize_mode: ``"sync"`` (envs stepped in this process) or ``"async"`` (one
             subprocess per env, worth it for slow environments).
-        seed: Seed of the training envs (env ``i`` gets ``seed + i``); ``None`` draws one
-            from numpy's global generator, which ``seed_everything`` seeds.
-        rollouts_per_epoch: Train items per Lightning epoch. Validation, checkpoints and
-            epoch-level logging happen at epoch ends.
-        max_env_steps: Stop training once this many env steps were sampled (over the whole
-            run, resumed runs included); ``None`` for no limit (use the Trainer's).
-        evaluation_num_episodes: Complete episodes per evaluation (``val_dataloader``).
+        seed: Base seed of the envs. Rank ``r``'s training env ``i`` first resets with
+            ``seed + r * 10_000_000 + i`` and its evaluation env ``i`` with ``seed + 1_000_003
+            + r * 10_000_000 + i``; later resets move on by ``num_envs`` seeds each. So rank 0
+            (and a single-process run) uses ``seed`` itself, and a run is reproducible for a
+            given seed and number of ranks. ``None`` draws the base seed from numpy's global
+            generator: ``seed_everything`` seeds that alike on every rank, and the rank offset
+            still keeps the ranks apart.
+        rollouts_per_epoch: Train items (rollouts) per Lightning epoch. Validation,
+            checkpoints and epoch-level logging happen at epoch ends.
+        max_env_steps: Stop training once this many env steps were sampled, summed over all
+            ranks and over the whole run (resumed runs included); every rank stops after the
+            same rollout. ``None`` for no limit (use the Trainer's).
+        evaluation_num_episodes: Complete episodes per evaluation (``val_dataloader``), over
+            all ranks: each of N ranks plays ``ceil(evaluation_num_episodes / N)`` of them (an
+            equal share, so a plain mean over ranks is the mean over all episodes).
         evaluation_num_envs: Environments stepped together during evaluation; defaults to
-            ``min(num_envs, evaluation_num_episodes)``.
+            ``min(num_envs, episodes this rank plays)``.
         evaluation_explore: Whether evaluation samples actions (``forward_exploration``)
             instead of acting greedily (``forward_inference``).
-        episode_stats_window: Completed episodes averaged into ``episode_return_mean``.
+        episode_stats_window: Completed episodes per rank averaged into
+            ``episode_return_mean`` (on N ranks the statistics cover the union of the N
+            windows, each episode weighing the same).
         module_id: The Learner's module that acts in the env.
 
     Raises:
-        ValueError: Naming the argument, for an unknown env id or invalid sizes.
+        ValueError: Naming the argument, for an unknown env id, invalid sizes or a negative seed.
     """
 
     def __init__(
@@ -103,6 +146,8 @@ class EpisodeDataModule(LightningDataModule):
                 _check_positive_int(name, value)
         if vectorize_mode not in ("sync", "async"):
             raise ValueError(f"vectorize_mode must be 'sync' or 'async', got {vectorize_mode!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise ValueError(f"seed must be an int >= 0 or None, got {seed!r}")
         # Callables (env factories, wrapper functions) are not plain data: keep them out of
         # the hyperparameters that go into checkpoints.
         callables = (("env", env), ("wrappers", wrappers), ("evaluation_wrappers", evaluation_wrappers))
@@ -112,8 +157,14 @@ class EpisodeDataModule(LightningDataModule):
         self.evaluation_wrappers = self.wrappers if evaluation_wrappers is None else list(evaluation_wrappers)
         self._train_runner: EnvRunner | None = None
         self._eval_runner: EnvRunner | None = None
+        # The (rank, world size) each runner was built for: seeds and the evaluation share
+        # depend on them, and a runner built before the Trainer attached may need rebuilding.
+        self._runner_placement: dict[str, tuple[int, int]] = {}
         self._pending_state: dict[str, Any] | None = None
         self._base_seed: int | None = seed
+        # Counters summed over all ranks, as of the last rollout (or the restored state).
+        self._global_env_steps = 0
+        self._global_episodes = 0
 
     # ------------------------------------------------------------------------------------
     # Spaces and sizes (read by the Learner at setup)
@@ -131,33 +182,51 @@ class EpisodeDataModule(LightningDataModule):
 
     @property
     def train_batch_size(self) -> int:
-        """Env steps per train item: ``num_envs * rollout_fragment_length``."""
+        """Env steps per train item on one rank: ``num_envs * rollout_fragment_length``."""
         return self.hparams.num_envs * self.hparams.rollout_fragment_length
 
     @property
     def num_env_steps_sampled_lifetime(self) -> int:
-        """Env steps sampled for training so far, resumed runs included."""
-        if self._train_runner is None:
-            return int((self._pending_state or {}).get("train_runner", {}).get(NUM_ENV_STEPS_SAMPLED_LIFETIME, 0))
-        return self._train_runner.num_env_steps_sampled_lifetime
+        """Env steps sampled for training so far, summed over all ranks, resumed runs included.
+
+        Every rank holds the same number: the sum as of the last rollout.
+        """
+        return self._global_env_steps
+
+    @property
+    def evaluation_episodes_per_rank(self) -> int:
+        """Evaluation episodes this rank plays: ``ceil(evaluation_num_episodes / world_size)``."""
+        return -(-self.hparams.evaluation_num_episodes // self._placement()[1])
 
     @property
     def train_runner(self) -> EnvRunner:
-        """The training ``EnvRunner`` (built on first use)."""
+        """This rank's training ``EnvRunner`` (built on first use)."""
         if self._train_runner is None:
-            self._train_runner = self._make_runner(self.hparams.num_envs, self._seed(), self.wrappers)
-            if self._pending_state is not None:
-                self._train_runner.set_state(self._pending_state["train_runner"])
+            rank, world_size = self._placement()
+            seed = self._seed() + rank * _RANK_SEED_STRIDE
+            self._train_runner = self._make_runner(self.hparams.num_envs, seed, self.wrappers)
+            self._runner_placement["train"] = (rank, world_size)
+            if self._pending_state is not None and "train_runner" in self._pending_state:
+                self._train_runner.set_state(self._runner_state_for_this_rank(self._pending_state))
         return self._train_runner
 
     @property
     def eval_runner(self) -> EnvRunner:
-        """The evaluation ``EnvRunner`` (built on first use; its own envs and seeds)."""
+        """This rank's evaluation ``EnvRunner`` (built on first use; its own envs and seeds)."""
         if self._eval_runner is None:
-            num_envs = self.hparams.evaluation_num_envs or min(self.hparams.num_envs, self.hparams.evaluation_num_episodes)
-            seed = self._seed() + _EVALUATION_SEED_OFFSET
+            rank, world_size = self._placement()
+            num_envs = self.hparams.evaluation_num_envs or min(self.hparams.num_envs, self.evaluation_episodes_per_rank)
+            seed = self._seed() + _EVALUATION_SEED_OFFSET + rank * _RANK_SEED_STRIDE
             self._eval_runner = self._make_runner(num_envs, seed, self.evaluation_wrappers)
+            self._runner_placement["eval"] = (rank, world_size)
         return self._eval_runner
+
+    def _placement(self) -> tuple[int, int]:
+        """(global rank, world size) of the attached Trainer; (0, 1) without one."""
+        trainer = self.trainer
+        if trainer is None:
+            return 0, 1
+        return int(trainer.global_rank), int(trainer.world_size)
 
     def _seed(self) -> int:
         if self._base_seed is None:
@@ -180,16 +249,31 @@ class EpisodeDataModule(LightningDataModule):
     # Lightning hooks
     # ------------------------------------------------------------------------------------
 
+    def setup(self, stage: str) -> None:
+        """Rebuild runners made before the Trainer said which rank this is (they would share rank 0's seeds).
+
+        That happens when a script reads ``observation_space`` before ``fit`` on every rank.
+        The counters and statistics carry over; the envs had not been stepped for training
+        under their old seeds in a way worth keeping.
+        """
+        placement = self._placement()
+        stale = [kind for kind, built_for in self._runner_placement.items() if built_for != placement]
+        if stale:
+            self._close_runners()
+
     def train_dataloader(self) -> _Rollouts:
         """One epoch of train items, each a rollout sampled when it is asked for."""
         return _Rollouts(self)
 
     def val_dataloader(self) -> _Evaluation:
-        """One evaluation item: ``evaluation_num_episodes`` complete episodes."""
+        """One evaluation item: this rank's share of ``evaluation_num_episodes`` complete episodes."""
         return _Evaluation(self)
 
     def teardown(self, stage: str) -> None:
         """Close the environments (they are rebuilt if the data module is used again)."""
+        self._close_runners()
+
+    def _close_runners(self) -> None:
         for runner in (self._train_runner, self._eval_runner):
             if runner is not None:
                 runner.close()
@@ -197,18 +281,49 @@ class EpisodeDataModule(LightningDataModule):
             # Keep the counters, so a later fit on this data module continues them.
             self._pending_state = self.state_dict()
         self._train_runner = self._eval_runner = None
+        self._runner_placement.clear()
 
     def state_dict(self) -> dict[str, Any]:
-        """The sampling counters and episode statistics, saved in Lightning checkpoints."""
+        """The sampling counters and episode statistics, saved in Lightning checkpoints.
+
+        Returns:
+            ``{"train_runner": this rank's EnvRunner state, "rank": this rank,
+            "num_env_steps_sampled_lifetime": sum over ranks, "num_episodes_lifetime": sum
+            over ranks}``. Lightning writes rank 0's into a checkpoint; the sums are the same
+            on every rank.
+        """
         if self._train_runner is None:
             return dict(self._pending_state or {})
-        return {"train_runner": self._train_runner.get_state()}
+        return {
+            "train_runner": self._train_runner.get_state(),
+            "rank": self._runner_placement["train"][0],
+            NUM_ENV_STEPS_SAMPLED_LIFETIME: self._global_env_steps,
+            _NUM_EPISODES_LIFETIME: self._global_episodes,
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore ``state_dict()``: a resumed run continues the counters and statistics."""
+        """Restore ``state_dict()``: a resumed run continues the counters and statistics.
+
+        Works on any number of ranks, whatever number wrote the state: the global counters
+        continue from the saved sums (rank 0 carries them, the other ranks count from 0, so
+        the sum over ranks is right); the rank that saved the state (in a checkpoint, rank
+        0) restores its episode-statistics window, the others start theirs empty; every rank
+        restores the reset count, so no rank replays the episodes it started with.
+        """
         self._pending_state = dict(state_dict)
+        self._global_env_steps, self._global_episodes = _global_counts(self._pending_state)
         if self._train_runner is not None and "train_runner" in state_dict:
-            self._train_runner.set_state(state_dict["train_runner"])
+            self._train_runner.set_state(self._runner_state_for_this_rank(self._pending_state))
+
+    def _runner_state_for_this_rank(self, state: dict[str, Any]) -> dict[str, Any]:
+        rank = self._placement()[0]
+        runner_state = dict(state["train_runner"])
+        env_steps, episodes = _global_counts(state)
+        runner_state[NUM_ENV_STEPS_SAMPLED_LIFETIME] = env_steps if rank == 0 else 0
+        runner_state[_NUM_EPISODES_LIFETIME] = episodes if rank == 0 else 0
+        if int(state.get("rank", 0)) != rank:
+            runner_state["episode_returns"], runner_state["episode_lens"] = [], []
+        return runner_state
 
     # ------------------------------------------------------------------------------------
     # Sampling
@@ -227,29 +342,65 @@ class EpisodeDataModule(LightningDataModule):
         return learner.module[self.hparams.module_id]
 
     def sample_train_item(self) -> dict[str, Any]:
-        """Sample one rollout with the current weights; return the train item."""
+        """Sample one rollout with the current weights on this rank; return the train item.
+
+        On several ranks this is a collective call (one ``all_gather`` of a small vector):
+        every rank must call it the same number of times.
+
+        Returns:
+            ``{"episodes": this rank's episodes, "timesteps": {"num_env_steps_sampled_lifetime":
+            sum over ranks}, "env_runners": statistics over all ranks}``; the statistics have
+            the keys of ``EnvRunner.get_metrics``.
+
+        Raises:
+            RuntimeError: If the Trainer runs several processes without ``torch.distributed``.
+        """
         runner = self.train_runner
         episodes = runner.sample(self.acting_module(), explore=True)
-        metrics = runner.get_metrics()
+        metrics = combine_rank_stats(self._gather(local_rank_stats(runner, runner.get_metrics())))
+        self._global_env_steps = int(metrics[NUM_ENV_STEPS_SAMPLED_LIFETIME])
+        self._global_episodes = int(metrics[_NUM_EPISODES_LIFETIME])
         return {
             "episodes": episodes,
             "timesteps": {NUM_ENV_STEPS_SAMPLED_LIFETIME: metrics[NUM_ENV_STEPS_SAMPLED_LIFETIME]},
             "env_runners": metrics,
         }
 
+    def _gather(self, local: np.ndarray) -> np.ndarray:
+        """Every rank's ``local`` vector, ``[world_size, len(local)]``, in rank order."""
+        world_size = self._placement()[1]
+        if world_size == 1:
+            return local[None]
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError(
+                f"the Trainer runs {world_size} processes but torch.distributed is not initialized; "
+                "EpisodeDataModule needs a torch.distributed strategy (ddp, fsdp, deepspeed) on several ranks"
+            )
+        # On the strategy's device: NCCL gathers only device tensors, gloo only CPU ones.
+        # float64 keeps counts exact up to 2**53.
+        tensor = torch.from_numpy(local).to(self.trainer.strategy.root_device)
+        gathered = [torch.empty_like(tensor) for _ in range(world_size)]
+        dist.all_gather(gathered, tensor)
+        return torch.stack(gathered).cpu().numpy()
+
     def sample_eval_item(self) -> dict[str, list[SingleAgentEpisode]]:
-        """Play ``evaluation_num_episodes`` complete episodes with the current weights."""
+        """Play this rank's share of the evaluation episodes with the current weights."""
         episodes = self.eval_runner.sample_episodes(
-            self.acting_module(), self.hparams.evaluation_num_episodes, explore=self.hparams.evaluation_explore
+            self.acting_module(), self.evaluation_episodes_per_rank, explore=self.hparams.evaluation_explore
         )
         return {"episodes": episodes}
 
     def _rollouts_left(self) -> int:
-        """Rollouts in the next epoch: ``rollouts_per_epoch``, fewer when ``max_env_steps`` nears."""
+        """Rollouts in the next epoch: ``rollouts_per_epoch``, fewer when ``max_env_steps`` nears.
+
+        The same on every rank: the budget and the counter are global, and each rollout
+        samples ``world_size * train_batch_size`` env steps over all ranks.
+        """
         if self.hparams.max_env_steps is None:
             return self.hparams.rollouts_per_epoch
         remaining = self.hparams.max_env_steps - self.num_env_steps_sampled_lifetime
-        return max(0, min(self.hparams.rollouts_per_epoch, math.ceil(remaining / self.train_batch_size)))
+        per_rollout = self.train_batch_size * self._placement()[1]
+        return max(0, min(self.hparams.rollouts_per_epoch, math.ceil(remaining / per_rollout)))
 
 
 class _Rollouts:
@@ -267,6 +418,7 @@ class _Rollouts:
         for _ in range(self.length):
             item = datamodule.sample_train_item()
             budget = datamodule.hparams.max_env_steps
+            # The counter is the global one, equal on every rank: all ranks stop together.
             if budget is not None and datamodule.num_env_steps_sampled_lifetime >= budget:
                 # The update on this last item still runs; then the fit ends.
                 datamodule.trainer.should_stop = True
@@ -284,6 +436,79 @@ class _Evaluation:
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         yield self.datamodule.sample_eval_item()
+
+
+def local_rank_stats(runner: EnvRunner, metrics: dict[str, float]) -> np.ndarray:
+    """This rank's contribution to the cross-rank statistics: counts and sums, never means.
+
+    Args:
+        runner: The rank's training runner (its statistics window and lifetime counters).
+        metrics: What ``runner.get_metrics()`` returned for the rollout just sampled.
+
+    Returns:
+        A float64 vector in the order of ``_STATS``. A rank with no completed episode yet
+        contributes count 0 and +inf / -inf as min / max, so it does not turn the global
+        statistics into NaN.
+    """
+    returns, lens = runner.episode_stats_window_values
+    steps = metrics["num_env_steps_sampled"]
+    rate = metrics["env_steps_per_sec"]
+    seconds = steps / rate if steps > 0 and math.isfinite(rate) and rate > 0 else 0.0
+    return np.array(
+        [
+            metrics[NUM_ENV_STEPS_SAMPLED_LIFETIME],
+            metrics[_NUM_EPISODES_LIFETIME],
+            steps,
+            metrics["num_episodes"],
+            seconds,
+            len(returns),
+            returns.sum(),
+            returns.min() if len(returns) else math.inf,
+            returns.max() if len(returns) else -math.inf,
+            lens.sum(),
+        ],
+        dtype=np.float64,
+    )
+
+
+def combine_rank_stats(gathered: np.ndarray) -> dict[str, float]:
+    """Fold every rank's ``local_rank_stats`` into the statistics of ``EnvRunner.get_metrics``.
+
+    Counters are summed. Return and length statistics are over the union of the ranks'
+    windows (a rank with more completed episodes weighs more; NaN only while no rank has
+    one). ``env_steps_per_sec`` is the env steps of all ranks over the longest sampling
+    time of a rank (ranks sample at the same time).
+
+    Args:
+        gathered: ``[world_size, len(_STATS)]``, one row per rank.
+
+    Returns:
+        The keys of ``EnvRunner.get_metrics``, as floats.
+    """
+    column = {name: gathered[:, index] for index, name in enumerate(_STATS)}
+    count = float(column["window_count"].sum())
+    nan = float("nan")
+    steps = float(column["num_env_steps_sampled"].sum())
+    seconds = float(column["sample_seconds"].max())
+    return {
+        "episode_return_mean": float(column["window_return_sum"].sum()) / count if count else nan,
+        "episode_return_min": float(column["window_return_min"].min()) if count else nan,
+        "episode_return_max": float(column["window_return_max"].max()) if count else nan,
+        "episode_len_mean": float(column["window_len_sum"].sum()) / count if count else nan,
+        "num_episodes": float(column["num_episodes"].sum()),
+        _NUM_EPISODES_LIFETIME: float(column[_NUM_EPISODES_LIFETIME].sum()),
+        "num_env_steps_sampled": steps,
+        NUM_ENV_STEPS_SAMPLED_LIFETIME: float(column[NUM_ENV_STEPS_SAMPLED_LIFETIME].sum()),
+        "env_steps_per_sec": steps / seconds if seconds > 0 else nan,
+    }
+
+
+def _global_counts(state: dict[str, Any]) -> tuple[int, int]:
+    """(env steps, episodes) summed over ranks in a saved state; older states held one rank's."""
+    runner_state = state.get("train_runner", {})
+    env_steps = state.get(NUM_ENV_STEPS_SAMPLED_LIFETIME, runner_state.get(NUM_ENV_STEPS_SAMPLED_LIFETIME, 0))
+    episodes = state.get(_NUM_EPISODES_LIFETIME, runner_state.get(_NUM_EPISODES_LIFETIME, 0))
+    return int(env_steps), int(episodes)
 
 
 def _check_positive_int(name: str, value: Any) -> None:
