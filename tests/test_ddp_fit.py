@@ -164,3 +164,34 @@ def test_two_rank_ppo_fit_samples_apart_trains_alike_stops_together_and_resumes(
         assert metrics["eval/episode_return_mean"] == pytest.approx(np.mean(returns))
         assert metrics["eval/episode_return_min"] == min(returns)
         assert metrics["eval/episode_return_max"] == max(returns)
+
+
+@pytest.mark.slow
+def test_the_command_line_runs_ddp_on_two_cpu_ranks_through_lightnings_relaunch(tmp_path):
+    """``lightning-rl fit ... --trainer.strategy=ddp --trainer.devices=2``: Lightning starts rank 1
+    by running the same command again; both ranks train, and the checkpoint holds global counters."""
+    import shutil
+    import subprocess
+    import sys
+
+    import torch
+
+    repo = Path(__file__).resolve().parents[1]
+    command = shutil.which("lightning-rl")
+    launcher = [command] if command else [sys.executable, "-m", "lightning_rl"]
+    flags = {
+        "trainer.strategy": "ddp", "trainer.devices": "2", "trainer.accelerator": "cpu",
+        "trainer.default_root_dir": str(tmp_path), "trainer.enable_progress_bar": "false",
+        "data.init_args.max_env_steps": "512", "data.init_args.rollouts_per_epoch": "1",
+        "data.init_args.evaluation_num_episodes": "2", "model.init_args.num_epochs": "1",
+    }  # fmt: skip
+    args = [*launcher, "fit", "--config", str(repo / "examples" / "ppo_cartpole.yaml")]
+    args += [f"--{key}={value}" for key, value in flags.items()]
+    result = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "All distributed processes registered. Starting with 2 processes" in result.stderr + result.stdout
+    checkpoint = torch.load(tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt", weights_only=True)
+    state = checkpoint["EpisodeDataModule"]
+    # One rollout of 8 envs x 32 steps on each of 2 ranks: 512 env steps, half of them rank 0's.
+    assert state["num_env_steps_sampled_lifetime"] == 512
+    assert state["train_runner"]["num_env_steps_sampled_lifetime"] == 256
