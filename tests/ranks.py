@@ -38,7 +38,7 @@ def run_on_ranks(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeou
     results = context.Queue()
     port = free_port()
     processes = [
-        context.Process(target=_rank_main, args=(fn, rank, world_size, port, args, results), daemon=True)
+        context.Process(target=_rank_main, args=(fn, rank, world_size, port, args, results, timeout), daemon=True)
         for rank in range(world_size)
     ]
     for process in processes:
@@ -62,9 +62,15 @@ def run_on_ranks(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeou
     return [by_rank[rank] for rank in range(world_size)]
 
 
-def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int, args: tuple, results: Any) -> None:
+def _rank_main(
+    fn: Callable[..., Any], rank: int, world_size: int, port: int, args: tuple, results: Any, timeout: float
+) -> None:
+    import faulthandler
+
     import torch
 
+    # A rank still running shortly before the test gives up prints where it is stuck.
+    faulthandler.dump_traceback_later(max(timeout - 5, 1), exit=False)
     torch.set_num_threads(1)
     os.environ.update(
         MASTER_ADDR="127.0.0.1",

@@ -44,6 +44,7 @@ def iterate_minibatches(
     num_epochs: int,
     minibatch_size: int | None,
     shuffle: bool,
+    num_rows_per_pass: int | None = None,
 ) -> Iterator[MultiModuleBatch]:
     """Yield ``num_epochs`` passes over ``batch``, each cut into minibatches.
 
@@ -54,13 +55,17 @@ def iterate_minibatches(
     each epoch is one step over the whole batch.
 
     Args:
-        batch: The train batch, already tensors on the learner's device.
+        batch: The train batch, already tensors on the learner's device. May be empty (a
+            data-parallel rank without rows still takes its steps, with empty minibatches).
         num_epochs: Passes over the batch.
         minibatch_size: Rows per step of the largest module; ``None`` for the whole batch.
         shuffle: Whether each pass visits rows in a fresh random order (torch's global RNG).
+        num_rows_per_pass: The ``B_max`` that sets the number of steps; ``None`` for the
+            largest module of ``batch``. Data-parallel ranks pass the largest over all
+            ranks, so that every rank takes the same number of steps.
     """
     rows = {module_id: num_rows(module_batch) for module_id, module_batch in batch.items()}
-    largest = max(rows.values())
+    largest = max(rows.values(), default=0) if num_rows_per_pass is None else num_rows_per_pass
     if minibatch_size is None or minibatch_size >= largest:
         for _ in range(num_epochs):
             yield batch

@@ -26,6 +26,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule
 from lightning.pytorch.trainer.states import TrainerStatus
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
@@ -180,6 +181,8 @@ class Learner(LightningModule):
         self._lightning_optimizers: dict[Optimizer, Any] = {}
         self._measured_grad_norms: dict[Optimizer, torch.Tensor] = {}
         self._own_callbacks: list[Callback] | None = None
+        # The modules the current update trains (agreed over all ranks); None outside updates.
+        self._modules_in_update: set[str] | None = None
 
     # ------------------------------------------------------------------------------------
     # Building
@@ -427,11 +430,30 @@ class Learner(LightningModule):
         for param in self._params.values():
             param.grad = None
         total = loss_per_module.get(ALL_MODULES)
-        if total is None:
+        if total is None and loss_per_module:
             total = _sum(loss_per_module.values())
+        anchor = self._unused_parameter_anchor()
+        if anchor is not None:
+            total = anchor if total is None else total + anchor
         if isinstance(total, torch.Tensor) and total.requires_grad:
             self.manual_backward(total) if self._is_running_under_trainer() else total.backward()
         return {ref: param.grad for ref, param in self._params.items() if param.grad is not None}
+
+    def _unused_parameter_anchor(self) -> torch.Tensor | None:
+        """Zero times every trainable parameter, for the backpropagated loss under DDP; else ``None``.
+
+        DDP averages gradients bucket by bucket as backward reaches their parameters. A
+        parameter that no loss on this rank touched (a module without rows on this rank, a
+        frozen module, an unused head) would leave its bucket waiting for the other ranks
+        forever, unless DDP searches the graph (``find_unused_parameters=True``). This term
+        gives every parameter a gradient on every rank and step, zero where it was unused.
+        """
+        if not self._is_running_under_trainer():
+            return None
+        model = self._trainer.strategy.model
+        if not isinstance(model, DistributedDataParallel) or model.find_unused_parameters:
+            return None
+        return torch.stack([p.sum() for p in self.parameters() if p.requires_grad]).sum() * 0.0
 
     def postprocess_gradients(self, gradients_dict: dict[Any, torch.Tensor]) -> dict[Any, torch.Tensor]:
         """Post-process (clip) the gradients of every module's optimizers.
@@ -481,9 +503,12 @@ class Learner(LightningModule):
         self._measured_grad_norms.clear()
         to_step: list[tuple[str, Optimizer]] = []
         norms = []
+        in_update = self._modules_in_update
         for module_id, full_names in self._module_optimizers.items():
             if module_id != ALL_MODULES and not self.should_module_be_updated(module_id):
                 continue
+            if module_id != ALL_MODULES and in_update is not None and module_id not in in_update:
+                continue  # its gradients are zeros from other ranks' steps, not its own data
             for full_name in full_names:
                 optimizer = self._named_optimizers[full_name]
                 grads = []
@@ -561,28 +586,73 @@ class Learner(LightningModule):
         batch = {
             mid: b for mid, b in batch.items() if mid in self._module and self.should_module_be_updated(mid, batch)
         }
+        self._modules_in_update, num_rows_per_pass = None, None
+        if self._is_data_parallel():
+            self._modules_in_update, num_rows_per_pass = self._agree_with_other_ranks(batch, num_epochs, minibatch_size)
         module_rows: dict[str, int] = defaultdict(int)
         num_steps = 0
         env_steps = 0
-        if batch:
-            for minibatch in iterate_minibatches(
-                batch, num_epochs=num_epochs, minibatch_size=minibatch_size, shuffle=shuffle_batch_per_epoch
-            ):
-                self._minibatch_step_fn(minibatch)
-                rows = {module_id: num_rows(module_batch) for module_id, module_batch in minibatch.items()}
-                for module_id, count in rows.items():
-                    module_rows[module_id] += count
-                env_steps += max(rows.values())
-                num_steps += 1
+        try:
+            if batch or self._modules_in_update:
+                for minibatch in iterate_minibatches(
+                    batch,
+                    num_epochs=num_epochs,
+                    minibatch_size=minibatch_size,
+                    shuffle=shuffle_batch_per_epoch,
+                    num_rows_per_pass=num_rows_per_pass,
+                ):
+                    self._minibatch_step_fn(minibatch)
+                    rows = {module_id: num_rows(module_batch) for module_id, module_batch in minibatch.items()}
+                    for module_id, count in rows.items():
+                        module_rows[module_id] += count
+                    env_steps += max(rows.values(), default=0)
+                    num_steps += 1
+        finally:
+            self._modules_in_update = None
         self._weights_seq_no += num_steps  # one per minibatch step; counted here to keep the step lean
         self._log_steps_trained(module_rows, num_steps, env_steps)
         self.after_gradient_based_update(timesteps=timesteps)
         return self.metrics.reduce()
 
+    def _is_data_parallel(self) -> bool:
+        """Whether this update runs on several ranks of a Trainer (DDP), which must take it in step."""
+        return self._is_running_under_trainer() and self._trainer.world_size > 1
+
+    def _agree_with_other_ranks(
+        self, batch: MultiModuleBatch, num_epochs: int, minibatch_size: int | None
+    ) -> tuple[set[str], int]:
+        """The modules trained on any rank and the largest module batch on any rank (a collective call).
+
+        Every rank then takes the same number of minibatch steps, each with one backward
+        pass that reaches every parameter (see ``_unused_parameter_anchor``), even when its
+        shard is smaller or holds no rows of some module, so no rank waits on another forever.
+
+        Raises:
+            ValueError: On every rank alike, if the ranks were asked for different
+                ``num_epochs`` or ``minibatch_size`` (their steps could not match).
+        """
+        module_ids = sorted(self._module.keys())
+        local = [num_rows(batch[m]) if m in batch else 0 for m in module_ids]
+        settings = [num_epochs, minibatch_size or 0]
+        # One all_reduce (max) of [rows per module, settings, -settings]: the largest rows,
+        # and each setting's largest and smallest value over the ranks.
+        packed = torch.tensor(local + settings + [-x for x in settings], dtype=torch.float64, device=self.device)
+        packed = self._trainer.strategy.reduce(packed, reduce_op="max").tolist()
+        rows, largest, smallest = packed[: len(local)], packed[len(local) : -2], [-x for x in packed[-2:]]
+        if largest != smallest:
+            raise ValueError(
+                f"the ranks were asked for different update settings (num_epochs from {smallest[0]:.0f} to "
+                f"{largest[0]:.0f}, minibatch_size from {smallest[1]:.0f} to {largest[1]:.0f}, 0 meaning None): "
+                "every data-parallel rank must take the same number of minibatch steps"
+            )
+        trained = {module_id for module_id, count in zip(module_ids, rows) if count > 0}
+        return trained, int(max(rows, default=0))
+
     def _minibatch_step(self, minibatch: MultiModuleBatch) -> None:
-        fwd_out = self._forward_train_fn(minibatch)
+        # A data-parallel rank without rows in this step still backpropagates (zeros), in step with the others.
+        fwd_out = self._forward_train_fn(minibatch) if minibatch else {}
         loss_per_module = dict(self.compute_losses(fwd_out=fwd_out, batch=minibatch))
-        if ALL_MODULES not in loss_per_module:
+        if ALL_MODULES not in loss_per_module and loss_per_module:
             loss_per_module[ALL_MODULES] = _sum(loss_per_module.values())
         gradients = self.compute_gradients(loss_per_module)
         gradients = self.postprocess_gradients(gradients)
@@ -755,8 +825,11 @@ class Learner(LightningModule):
 
     def _prepare_batch(self, batch: Mapping[str, Any]) -> MultiModuleBatch:
         """Convert a user batch to ``{module_id: {column: Tensor}}`` on our device, checked."""
-        if not isinstance(batch, Mapping) or not batch:
+        data_parallel = self._is_data_parallel()
+        if not isinstance(batch, Mapping) or (not batch and not data_parallel):
             raise ValueError(f"a batch must be a non-empty dict of columns or of module batches, got {type(batch).__name__}")
+        if not batch:
+            return {}  # this data-parallel rank has no rows this time; it still takes its steps
         nested = [isinstance(value, Mapping) for value in batch.values()]
         if all(nested):
             unknown = sorted(set(batch) - set(self._module.keys()))
@@ -785,6 +858,8 @@ class Learner(LightningModule):
                 )
             columns = {column: to_tensor(values, self.device) for column, values in module_batch.items()}
             lengths = {column: (len(values) if values.dim() > 0 else 0) for column, values in columns.items()}
+            if data_parallel and set(lengths.values()) == {0}:
+                continue  # no rows of this module on this rank
             if len(set(lengths.values())) != 1 or 0 in lengths.values():
                 raise ValueError(f"module {module_id!r}: columns must have the same, non-zero number of rows; got {lengths}")
             module = self._module[module_id]
@@ -833,7 +908,9 @@ class Learner(LightningModule):
         """Add and train a new module (e.g. a league opponent), also while ``Trainer.fit`` runs.
 
         Its optimizers are registered through ``configure_optimizers_for_module`` and, under
-        a Trainer, handed to it, so they are stepped and checkpointed from then on.
+        a Trainer, handed to it, so they are stepped and checkpointed from then on. Under
+        DDP this is a collective call: every rank adds the module at the same point, and the
+        DDP wrapper is rebuilt so that its gradients are averaged too.
 
         Args:
             module_id: The new module's id.
@@ -861,12 +938,15 @@ class Learner(LightningModule):
         if self.rl_module_is_compatible(module):
             self.configure_optimizers_for_module(module_id=module_id, config=self.config_for_module(module_id))
         self._compile()
+        self._rewrap_data_parallel()
         return self.module_spec
 
     def remove_module(
         self, module_id: str, *, new_should_module_be_updated: ShouldModuleBeUpdated | None = None
     ) -> MultiRLModuleSpec:
         """Remove a module with its optimizers, schedules, overrides and metrics.
+
+        Under DDP this is a collective call, like ``add_module``.
 
         Args:
             module_id: The module to remove.
@@ -890,7 +970,23 @@ class Learner(LightningModule):
             self._set_should_module_be_updated(new_should_module_be_updated)
         self._sync_trainer_optimizers()
         self._compile()
+        self._rewrap_data_parallel()
         return self.module_spec
+
+    def _rewrap_data_parallel(self) -> None:
+        """Under DDP, wrap the Learner anew, so that DDP averages the gradients of the current modules.
+
+        DDP fixes the parameters it synchronizes when it is built, and building it is a
+        collective call: every rank must add or remove the same module at the same point
+        (e.g. in a callback's ``on_train_batch_end``, which every rank runs).
+        """
+        if not self._is_running_under_trainer():
+            return
+        strategy = self._trainer.strategy
+        if isinstance(strategy.model, DistributedDataParallel):
+            # The old wrapper's gradient hooks go with it (its reducer removes them when freed).
+            strategy.model = None
+            strategy.model = strategy._setup_model(self)  # Lightning's own DDP construction (private)
 
     def _set_should_module_be_updated(self, rule: ShouldModuleBeUpdated) -> None:
         self._should_module_be_updated = rule
