@@ -156,6 +156,19 @@ def test_fp16_gradient_scaling_is_refused_with_a_clear_error():
     assert learner.module is None
 
 
+def test_fsdp_is_refused_with_a_clear_error_and_ddp_named_instead():
+    from types import SimpleNamespace
+
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    learner = BCLearner(module_spec=bc_spec())
+    # A stand-in for a Trainer with strategy="fsdp" (which Lightning allows on CUDA devices only).
+    learner._trainer = SimpleNamespace(strategy=FSDPStrategy(), precision_plugin=SimpleNamespace(scaler=None))
+    with pytest.raises(ValueError, match="strategy='fsdp' yet.*Use strategy='ddp'"):
+        learner.setup("fit")
+    assert learner.module is None
+
+
 def test_a_train_item_sets_its_own_update_settings_and_the_results_reach_callbacks(tmp_path):
     class Outputs(Callback):
         def __init__(self):

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 import numpy as np
 import torch
 from lightning.pytorch import Callback, LightningModule
+from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.trainer.states import TrainerStatus
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -1126,11 +1127,21 @@ class Learner(LightningModule):
         Trainer's data module (``datamodule.observation_space`` / ``.action_space``).
 
         Raises:
-            ValueError: under ``precision="16-mixed"``, whose gradient scaling would hand
+            ValueError: under ``strategy="fsdp"`` (not supported yet, see below); under
+                ``precision="16-mixed"``, whose gradient scaling would hand
                 scaled gradients to the Learner's clipping and non-finite checks; when a space
                 is missing and no data module provides it; and when ``minibatch_size`` is
                 larger than the data module's train batch.
         """
+        if isinstance(getattr(self.trainer, "strategy", None), FSDPStrategy):
+            # Sharding needs optimizers built on the wrapped parameters, every minibatch's
+            # forward pass to go through the FSDP wrapper (the Learner runs all its steps
+            # inside one training_step) and gradient norms reduced over shards for clipping.
+            raise ValueError(
+                f"{type(self).__name__} does not support strategy='fsdp' yet: it builds its optimizers before the "
+                "strategy wraps the model and takes all minibatch steps inside one training_step, which FSDP's "
+                "parameter sharding does not allow. Use strategy='ddp' (every rank holds the whole model)."
+            )
         if getattr(self.trainer.precision_plugin, "scaler", None) is not None:
             raise ValueError(
                 f"{type(self).__name__} does not support precision='16-mixed' (gradient scaling) yet: it clips and "
