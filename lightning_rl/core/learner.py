@@ -754,15 +754,18 @@ class Learner(LightningModule):
         episodes = eval_item["episodes"]
         returns = [episode.get_return() for episode in episodes]
         lengths = [len(episode) for episode in episodes]
-        stats = {
-            EPISODE_RETURN_MEAN: float(np.mean(returns)),
-            "episode_return_min": float(np.min(returns)),
-            "episode_return_max": float(np.max(returns)),
-            "episode_len_mean": float(np.mean(lengths)),
-            "num_episodes": float(len(episodes)),
-        }
-        self.log_dict({f"eval/{key}": value for key, value in stats.items()}, batch_size=1, sync_dist=False)
-        self.log("eval_return", stats[EPISODE_RETURN_MEAN], prog_bar=True, logger=False, batch_size=1)
+        # Reduced over ranks, each of which played an equal share of the episodes (see
+        # EpisodeDataModule), so a mean of the ranks' means is the mean over all episodes.
+        stats = (
+            (EPISODE_RETURN_MEAN, np.mean(returns), "mean"),
+            ("episode_return_min", np.min(returns), "min"),
+            ("episode_return_max", np.max(returns), "max"),
+            ("episode_len_mean", np.mean(lengths), "mean"),
+            ("num_episodes", len(episodes), "sum"),
+        )
+        for key, value, reduce_fx in stats:
+            self.log(f"eval/{key}", float(value), batch_size=1, sync_dist=True, reduce_fx=reduce_fx)
+        self.log("eval_return", float(np.mean(returns)), prog_bar=True, logger=False, batch_size=1, sync_dist=True)
 
     def _log_train_metrics(self, metrics: dict[str, float]) -> None:
         """Log one train item's metrics; between Lightning's logging steps, only the headline ones.
