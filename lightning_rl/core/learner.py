@@ -446,13 +446,13 @@ class Learner(LightningModule):
         DDP averages gradients bucket by bucket as backward reaches their parameters. A
         parameter that no loss on this rank touched (a module without rows on this rank, a
         frozen module, an unused head) would leave its bucket waiting for the other ranks
-        forever, unless DDP searches the graph (``find_unused_parameters=True``). This term
-        gives every parameter a gradient on every rank and step, zero where it was unused.
+        forever; a rank with no rows at all would not even run backward. This term gives
+        every parameter a gradient on every rank and step, zero where it was unused (also
+        under ``find_unused_parameters=True``, which cannot help a rank that has no loss).
         """
         if not self._is_running_under_trainer():
             return None
-        model = self._trainer.strategy.model
-        if not isinstance(model, DistributedDataParallel) or model.find_unused_parameters:
+        if not isinstance(self._trainer.strategy.model, DistributedDataParallel):
             return None
         return torch.stack([p.sum() for p in self.parameters() if p.requires_grad]).sum() * 0.0
 
