@@ -3,7 +3,7 @@
 from lightning_rl.callbacks import LearnerCallback
 from lightning_rl.core.columns import ALL_MODULES, DEFAULT_MODULE_ID, Columns
 from lightning_rl.core.learner import DEFAULT_OPTIMIZER, Learner, LearnerConfig
-from lightning_rl.core.learner_group import LearnerGroup
+from lightning_rl.core.learner_group import LearnerGroup, LearnerGroupError
 from lightning_rl.core.metrics import MetricsLogger
 from lightning_rl.core.rl_module import MultiRLModule, MultiRLModuleSpec, RLModule, RLModuleSpec
 from lightning_rl.core.schedules import Schedule
@@ -17,6 +17,7 @@ __all__ = [
     "LearnerCallback",
     "LearnerConfig",
     "LearnerGroup",
+    "LearnerGroupError",
     "MetricsLogger",
     "MultiRLModule",
     "MultiRLModuleSpec",
