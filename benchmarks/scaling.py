@@ -3,11 +3,14 @@
 Two measurements, each with 1 and then 2 ranks (one torch thread per rank, ``--threads``):
 
   updates   ``LearnerGroup.update_from_batch`` on one fixed batch (BC loss, a
-            ``--hiddens`` MLP, ``--batch`` rows, ``--num-epochs`` epochs, minibatches of
-            ``--minibatch`` rows per learner). Each learner trains its shard, so 2 learners
-            take half the minibatch steps each. Samples/s = rows x epochs / seconds per
-            update. ``num_learners=0`` (the learner in the driver's own process) is printed
-            too: the difference to 1 learner is the cost of the worker process and queues.
+            ``--hiddens`` MLP, ``--batch`` rows, ``--num-epochs`` epochs), once for each of
+            ``--minibatches`` (rows per learner and step; 0: a learner's whole shard). Each
+            learner trains its shard, so 2 learners take half the minibatch steps each, and
+            every step all-reduces the gradients once. Samples/s = rows x epochs / seconds
+            per update. ``num_learners=0`` (the learner in the driver's own process) is
+            printed too: the difference to 1 learner is the cost of the process and queues.
+            The latency of one gradient-sized all-reduce between the 2 learners is printed
+            as well: it is paid once per minibatch step.
   fit       ``Trainer.fit`` of PPO on CartPole (``--num-envs`` envs x ``--rollout`` steps per
             rank and rollout, ``--rollouts`` rollouts, 4 epochs of 128-row minibatches), with
             ``strategy="ddp"`` for 2 ranks. Each rank samples its own envs and trains on its
@@ -64,31 +67,48 @@ def _batch(args: argparse.Namespace) -> dict[str, np.ndarray]:
     return {"obs": obs, "actions": rng.integers(0, 4, size=args.batch)}
 
 
-def measure_updates(args: argparse.Namespace) -> dict[int, list[float]]:
-    """``{num_learners: [samples/s per round]}`` for num_learners 0, 1 and 2."""
+def _all_reduce_ms(learner: Any) -> float:
+    """Milliseconds per all-reduce of a tensor the size of ``learner``'s gradients (run on every learner)."""
+    import torch.distributed as dist
+
+    grads = torch.zeros(sum(p.numel() for p in learner.parameters()), device=learner.device)
+    for _ in range(5):
+        dist.all_reduce(grads)
+    start = time.perf_counter()
+    for _ in range(50):
+        dist.all_reduce(grads)
+    return (time.perf_counter() - start) / 50 * 1e3
+
+
+def measure_updates(args: argparse.Namespace) -> tuple[dict[int, dict[int, list[float]]], float]:
+    """``{minibatch: {num_learners: [samples/s per round]}}`` for 0, 1 and 2 learners, and the all-reduce ms."""
     from lightning_rl import LearnerGroup
 
     batch = _batch(args)
-    settings = dict(num_epochs=args.num_epochs, minibatch_size=args.minibatch, shuffle_batch_per_epoch=True)
     samples = args.batch * args.num_epochs
-    rates: dict[int, list[float]] = {0: [], 1: [], 2: []}
+    rates = {minibatch: {0: [], 1: [], 2: []} for minibatch in args.minibatches}
     torch.set_num_threads(args.threads)
     groups = {
-        n: LearnerGroup(learner=_bc_learner(args), num_learners=n, num_threads_per_learner=args.threads, accelerator=args.accelerator)
-        for n in rates
+        n: LearnerGroup(
+            learner=_bc_learner(args), num_learners=n, num_threads_per_learner=args.threads, accelerator=args.accelerator
+        )
+        for n in (0, 1, 2)
     }
     try:
-        for group in groups.values():
-            group.update_from_batch(batch, **settings)  # warm-up
-        for _ in range(args.rounds):
-            for n, group in groups.items():
-                start = time.perf_counter()
-                group.update_from_batch(batch, **settings)
-                rates[n].append(samples / (time.perf_counter() - start))
+        all_reduce_ms = groups[2].foreach_learner(_all_reduce_ms)[0]
+        for minibatch, by_learners in rates.items():
+            settings = dict(num_epochs=args.num_epochs, minibatch_size=minibatch or None, shuffle_batch_per_epoch=True)
+            for group in groups.values():
+                group.update_from_batch(batch, **settings)  # warm-up
+            for _ in range(args.rounds):
+                for n, group in groups.items():
+                    start = time.perf_counter()
+                    group.update_from_batch(batch, **settings)
+                    by_learners[n].append(samples / (time.perf_counter() - start))
     finally:
         for group in groups.values():
             group.shutdown()
-    return rates
+    return rates, all_reduce_ms
 
 
 def _free_port() -> int:
@@ -109,9 +129,18 @@ def _fit_rank(rank: int, world_size: int, port: int, args: argparse.Namespace, r
     from lightning_rl.data import EpisodeDataModule
 
     class Clock(Callback):
+        """Seconds from the first train batch to the end, and the part spent in updates."""
+
+        update_seconds = 0.0
+
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            self.batch_start = time.perf_counter()
             if batch_idx == 0:
-                self.start = time.perf_counter()
+                self.start = self.batch_start
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            if batch_idx > 0:  # the first update is not timed, like the first rollout
+                self.update_seconds += time.perf_counter() - self.batch_start
 
         def on_train_end(self, trainer, pl_module) -> None:
             self.seconds = time.perf_counter() - self.start
@@ -138,13 +167,14 @@ def _fit_rank(rank: int, world_size: int, port: int, args: argparse.Namespace, r
     if rank == 0:
         # The first rollout is sampled before the clock starts; the others are timed.
         env_steps = world_size * args.num_envs * args.rollout * (args.rollouts - 1)
-        results.put(env_steps / clock.seconds)
+        results.put((env_steps / clock.seconds, clock.update_seconds / clock.seconds))
 
 
-def measure_fit(args: argparse.Namespace) -> dict[int, list[float]]:
-    """``{ranks: [env steps/s per round]}`` of Trainer.fit with 1 and 2 ranks."""
+def measure_fit(args: argparse.Namespace) -> tuple[dict[int, list[float]], dict[int, list[float]]]:
+    """``{ranks: [env steps/s per round]}`` of Trainer.fit with 1 and 2 ranks, and the updates' share of the time."""
     context = mp.get_context("spawn")
     rates: dict[int, list[float]] = {1: [], 2: []}
+    update_shares: dict[int, list[float]] = {1: [], 2: []}
     for _ in range(args.rounds):
         for world_size in rates:
             results = context.Queue()
@@ -155,7 +185,9 @@ def measure_fit(args: argparse.Namespace) -> dict[int, list[float]]:
             for process in processes:
                 process.start()
             try:
-                rates[world_size].append(results.get(timeout=600))
+                rate, update_share = results.get(timeout=600)
+                rates[world_size].append(rate)
+                update_shares[world_size].append(update_share)
             except queue.Empty:
                 raise RuntimeError(f"the {world_size}-rank fit did not finish within 600 s") from None
             finally:
@@ -163,7 +195,7 @@ def measure_fit(args: argparse.Namespace) -> dict[int, list[float]]:
                     process.join(timeout=30)
                     if process.is_alive():
                         process.kill()
-    return rates
+    return rates, update_shares
 
 
 def _print_table(title: str, rates: dict[int, list[float]], unit: str, label: str) -> None:
@@ -184,7 +216,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
     parser.add_argument("--accelerator", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--batch", type=int, default=8192)
-    parser.add_argument("--minibatch", type=int, default=256)
+    parser.add_argument("--minibatches", type=int, nargs="+", default=[256, 0], help="0: each learner's whole shard")
     parser.add_argument("--num-epochs", type=int, default=2)
     parser.add_argument("--obs-dim", type=int, default=64)
     parser.add_argument("--hiddens", type=int, nargs="+", default=[256, 256])
@@ -197,16 +229,18 @@ def main() -> None:
 
     print(f"{os.cpu_count()} CPU cores, {args.threads} torch thread(s) per rank, accelerator {args.accelerator}")
     if args.part in ("updates", "all"):
-        rates = measure_updates(args)
-        _print_table(
-            f"LearnerGroup.update_from_batch: BC, MLP {args.hiddens}, {args.batch} rows x {args.num_epochs} epochs, "
-            f"minibatch {args.minibatch} per learner",
-            rates,
-            "samples/s",
-            "learners",
-        )
+        rates, all_reduce_ms = measure_updates(args)
+        print(f"\nOne all-reduce of the gradients between 2 learners: {all_reduce_ms:.2f} ms (paid once per step)")
+        for minibatch, by_learners in rates.items():
+            _print_table(
+                f"LearnerGroup.update_from_batch: BC, MLP {args.hiddens}, {args.batch} rows x {args.num_epochs} epochs, "
+                + (f"minibatch {minibatch} per learner" if minibatch else "one step per epoch (whole shard)"),
+                by_learners,
+                "samples/s",
+                "learners",
+            )
     if args.part in ("fit", "all"):
-        rates = measure_fit(args)
+        rates, update_shares = measure_fit(args)
         _print_table(
             f"Trainer.fit PPO CartPole: {args.num_envs} envs x {args.rollout} steps per rank and rollout, "
             f"{args.rollouts} rollouts",
@@ -214,6 +248,8 @@ def main() -> None:
             "env steps/s",
             "ranks",
         )
+        for ranks, shares in update_shares.items():
+            print(f"  {ranks} rank(s): updates take {statistics.median(shares):.0%} of the time, sampling the rest")
 
 
 if __name__ == "__main__":
