@@ -565,13 +565,22 @@ class Learner(LightningModule):
             minibatch_size: Rows per gradient step; ``None`` for the whole batch.
             shuffle_batch_per_epoch: Whether each pass visits rows in a new random order.
 
+        Under a Trainer on several DDP ranks, every rank calls this with its own shard: the
+        ranks agree on the modules trained (those with rows on any rank) and on the number
+        of minibatch steps (set by the largest shard), so all take the same steps, and a
+        rank whose shard lacks a module, or is empty (``{}``), still takes part with zero
+        gradients. DDP averages the gradients of every step; the results are reduced over
+        the ranks. ``num_epochs`` and ``minibatch_size`` must be the same on every rank.
+
         Returns:
             ``{module_id: {key: float}}`` plus ``ALL_MODULES``: losses, learning rates,
             gradient norms, steps trained (this update and lifetime), ``weights_seq_no``.
 
         Raises:
             ValueError: for unknown module ids, missing columns, columns of unequal length or
-                observations/actions of the wrong shape. Nothing is updated then.
+                observations/actions of the wrong shape. Nothing is updated then. On several
+                ranks, also (on every rank alike) for ranks given different ``num_epochs``
+                or ``minibatch_size``.
         """
         self._check_is_built()
         if num_epochs < 1:
