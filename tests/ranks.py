@@ -50,7 +50,9 @@ def run_on_ranks(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeou
                 rank, ok, payload = results.get(timeout=timeout)
             except queue.Empty:
                 dead = [(r, p.exitcode) for r, p in enumerate(processes) if r not in by_rank and not p.is_alive()]
-                raise AssertionError(f"ranks did not finish within {timeout} s (exited without a result: {dead})")
+                raise AssertionError(
+                    f"ranks did not finish within {timeout} s (exited without a result: {dead})"
+                ) from None
             if not ok:
                 raise AssertionError(f"rank {rank} failed:\n{payload}")
             by_rank[rank] = pickle.loads(payload)
