@@ -119,14 +119,14 @@ def _free_port() -> int:
 
 def _fit_rank(rank: int, world_size: int, port: int, args: argparse.Namespace, results: Any) -> None:
     torch.set_num_threads(args.threads)
-    # The variables Lightning reads for processes it did not launch (as torchrun sets them).
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world_size), NODE_RANK="0", LOCAL_RANK=str(rank)
-    )
     from lightning.pytorch import Callback, Trainer
 
     from lightning_rl.algorithms.ppo import PPOLearner
+    from lightning_rl.core.learner_group import local_rank_environment
     from lightning_rl.data import EpisodeDataModule
+
+    # Lightning joins these processes as the ranks of one group (as under torchrun).
+    os.environ.update(local_rank_environment(rank, world_size, port))
 
     class Clock(Callback):
         """Seconds from the first train batch to the end, and the part spent in updates."""

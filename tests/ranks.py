@@ -74,13 +74,9 @@ def _rank_main(
     # A rank still running shortly before the test gives up prints where it is stuck.
     faulthandler.dump_traceback_later(max(timeout - 5, 1), exit=False)
     torch.set_num_threads(1)
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        WORLD_SIZE=str(world_size),
-        NODE_RANK="0",
-        LOCAL_RANK=str(rank),
-    )
+    from lightning_rl.core.learner_group import local_rank_environment
+
+    os.environ.update(local_rank_environment(rank, world_size, port))
     try:
         results.put((rank, True, pickle.dumps(fn(rank, world_size, *args))))
     except BaseException:

@@ -59,7 +59,7 @@ if TYPE_CHECKING:
 ResultDict = dict[str, dict[str, float]]
 Weights = dict[str, dict[str, np.ndarray]]
 
-__all__ = ["LearnerGroup", "LearnerGroupError"]
+__all__ = ["LearnerGroup", "LearnerGroupError", "local_rank_environment"]
 
 # Lightning prefetches one item ahead from an iterable without a length (to know which item is
 # the last), which would wait for the next command before the current one is answered.
@@ -919,15 +919,7 @@ def _learner_process_main(
 ) -> None:
     """Join the other learners under Lightning's DDP and train on the commands that arrive."""
     torch.set_num_threads(num_threads)
-    # What Lightning reads for processes it did not launch; with LOCAL_RANK set, its
-    # environment reports creates_processes_externally and does not start processes itself.
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        WORLD_SIZE=str(world_size),
-        NODE_RANK="0",
-        LOCAL_RANK=str(rank),
-    )
+    os.environ.update(local_rank_environment(rank, world_size, port))
     stream = _CommandStream(rank, commands, replies)
     try:
         from lightning.pytorch import Trainer
@@ -1073,6 +1065,28 @@ class _ReplyCallback(Callback):
 # ----------------------------------------------------------------------------------------
 # Helpers
 # ----------------------------------------------------------------------------------------
+
+
+def local_rank_environment(rank: int, world_size: int, port: int) -> dict[str, str]:
+    """The environment variables that make this process rank ``rank`` of a one-machine DDP group.
+
+    What Lightning reads for processes it did not launch itself (as ``torchrun`` sets them):
+    with ``LOCAL_RANK`` set, its environment reports ``creates_processes_externally`` and
+    the Trainer joins the group instead of starting processes. Set them with
+    ``os.environ.update(...)`` in each of ``world_size`` processes before building the Trainer.
+
+    Args:
+        rank: This process's rank (``0 .. world_size - 1``); also its device index.
+        world_size: The number of processes.
+        port: A free TCP port on this machine, the same for all processes (rank 0 listens on it).
+    """
+    return {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": str(world_size),
+        "NODE_RANK": "0",
+        "LOCAL_RANK": str(rank),
+    }
 
 
 def _check_int(name: str, value: Any, *, minimum: int, hint: str = "") -> None:
