@@ -126,7 +126,7 @@ def _fit_rank(rank: int, world_size: int, port: int, args: argparse.Namespace, r
     from lightning_rl.data import EpisodeDataModule
 
     # Lightning joins these processes as the ranks of one group (as under torchrun).
-    os.environ.update(local_rank_environment(rank, world_size, port))
+    os.environ.update(local_rank_environment(rank, world_size, port, num_threads=args.threads))
 
     class Clock(Callback):
         """Seconds from the first train batch to the end, and the part spent in updates."""

@@ -76,7 +76,7 @@ def _rank_main(
     torch.set_num_threads(1)
     from lightning_rl.core.learner_group import local_rank_environment
 
-    os.environ.update(local_rank_environment(rank, world_size, port))
+    os.environ.update(local_rank_environment(rank, world_size, port, num_threads=1))
     try:
         results.put((rank, True, pickle.dumps(fn(rank, world_size, *args))))
     except BaseException:

@@ -353,6 +353,21 @@ def test_update_from_episodes_deals_the_episodes_out(group):
     assert_ranks_agree(group)
 
 
+def _torch_threads(learner: Any) -> int:
+    return torch.get_num_threads()
+
+
+def test_one_learner_process_keeps_the_thread_count_it_was_given():
+    # Lightning's DDP launcher would reset it to cpu_count // num_learners (2 on a 2-core machine).
+    group = make_group(num_learners=1, num_threads_per_learner=1)
+    try:
+        assert group.foreach_learner(_torch_threads) == [1]
+        results = group.update_from_batch(random_batch(16))
+        assert results[ALL_MODULES]["num_env_steps_trained"] == 16
+    finally:
+        group.shutdown()
+
+
 def test_save_and_restore_continue_exactly_like_an_uninterrupted_group(group, spare_group, tmp_path):
     batches = [random_batch(32, seed=20 + i) for i in range(4)]
     settings = dict(num_epochs=2, minibatch_size=8)

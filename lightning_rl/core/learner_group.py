@@ -919,7 +919,7 @@ def _learner_process_main(
 ) -> None:
     """Join the other learners under Lightning's DDP and train on the commands that arrive."""
     torch.set_num_threads(num_threads)
-    os.environ.update(local_rank_environment(rank, world_size, port))
+    os.environ.update(local_rank_environment(rank, world_size, port, num_threads=num_threads))
     stream = _CommandStream(rank, commands, replies)
     try:
         from lightning.pytorch import Trainer
@@ -1067,7 +1067,7 @@ class _ReplyCallback(Callback):
 # ----------------------------------------------------------------------------------------
 
 
-def local_rank_environment(rank: int, world_size: int, port: int) -> dict[str, str]:
+def local_rank_environment(rank: int, world_size: int, port: int, *, num_threads: int) -> dict[str, str]:
     """The environment variables that make this process rank ``rank`` of a one-machine DDP group.
 
     What Lightning reads for processes it did not launch itself (as ``torchrun`` sets them):
@@ -1079,6 +1079,9 @@ def local_rank_environment(rank: int, world_size: int, port: int) -> dict[str, s
         rank: This process's rank (``0 .. world_size - 1``); also its device index.
         world_size: The number of processes.
         port: A free TCP port on this machine, the same for all processes (rank 0 listens on it).
+        num_threads: The torch thread count this process set (``torch.set_num_threads``).
+            Passed on as ``OMP_NUM_THREADS``: without it Lightning's DDP launcher resets
+            the count to ``cpu_count // world_size``.
     """
     return {
         "MASTER_ADDR": "127.0.0.1",
@@ -1086,6 +1089,7 @@ def local_rank_environment(rank: int, world_size: int, port: int) -> dict[str, s
         "WORLD_SIZE": str(world_size),
         "NODE_RANK": "0",
         "LOCAL_RANK": str(rank),
+        "OMP_NUM_THREADS": str(num_threads),
     }
 
 
