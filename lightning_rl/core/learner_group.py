@@ -9,7 +9,8 @@ processes, and what joins them is Lightning's own ``DDPStrategy``:
 * ``num_learners=N >= 1``: the group spawns N processes. Each one sets the environment
   variables Lightning reads for processes it did not launch (``MASTER_ADDR``, ``MASTER_PORT``,
   ``WORLD_SIZE``, ``NODE_RANK``, ``LOCAL_RANK``) and runs
-  ``Trainer(strategy=DDPStrategy(...), devices=N).fit(learner, train_dataloaders=stream)``,
+  ``Trainer(strategy=DDPStrategy(...), devices=N).fit(learner, train_dataloaders=stream)``
+  (a single learner process runs without DDP: it has nothing to synchronize),
   where ``stream`` is an iterable reading that process's command queue. An update command is
   yielded as a train item (``{"batch": shard, "timesteps": ..., "num_epochs": ...}``), so
   ``Learner.training_step`` runs it with ``manual_backward`` and DDP averages the gradients of
@@ -941,8 +942,14 @@ def _learner_process_main(
             # mistaken for this group's.
             plugins=[LightningEnvironment()],
             # Collectives time out a little after the driver gives up, so that the driver's
-            # message (which ranks did not answer) is the one the user sees.
-            strategy=DDPStrategy(timeout=timedelta(seconds=timeout_s + _COLLECTIVE_MARGIN_S), **ddp_kwargs),
+            # message (which ranks did not answer) is the one the user sees. One learner has
+            # nothing to synchronize: DDP would only add a gradient copy and a one-rank
+            # all-reduce to every backward pass.
+            strategy=(
+                DDPStrategy(timeout=timedelta(seconds=timeout_s + _COLLECTIVE_MARGIN_S), **ddp_kwargs)
+                if world_size > 1
+                else "auto"
+            ),
             callbacks=[_ReplyCallback(stream)],
             logger=False,
             enable_checkpointing=False,
