@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import os
 import queue
-import socket
 import statistics
 import time
 from typing import Any
@@ -44,6 +43,8 @@ from typing import Any
 import numpy as np
 import torch
 import torch.multiprocessing as mp
+
+from lightning_rl.core.learner_group import free_local_port, local_rank_environment
 
 
 def _bc_learner(args: argparse.Namespace) -> Any:
@@ -111,18 +112,11 @@ def measure_updates(args: argparse.Namespace) -> tuple[dict[int, dict[int, list[
     return rates, all_reduce_ms
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _fit_rank(rank: int, world_size: int, port: int, args: argparse.Namespace, results: Any) -> None:
     torch.set_num_threads(args.threads)
     from lightning.pytorch import Callback, Trainer
 
     from lightning_rl.algorithms.ppo import PPOLearner
-    from lightning_rl.core.learner_group import local_rank_environment
     from lightning_rl.data import EpisodeDataModule
 
     # Lightning joins these processes as the ranks of one group (as under torchrun).
@@ -178,7 +172,7 @@ def measure_fit(args: argparse.Namespace) -> tuple[dict[int, list[float]], dict[
     for _ in range(args.rounds):
         for world_size in rates:
             results = context.Queue()
-            port = _free_port()
+            port = free_local_port()
             processes = [
                 context.Process(target=_fit_rank, args=(rank, world_size, port, args, results)) for rank in range(world_size)
             ]

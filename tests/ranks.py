@@ -11,18 +11,13 @@ from __future__ import annotations
 import os
 import pickle
 import queue
-import socket
 import traceback
 from collections.abc import Callable
 from typing import Any
 
 import torch.multiprocessing as mp
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from lightning_rl.core.learner_group import free_local_port
 
 
 def run_on_ranks(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout: float = 180.0) -> list[Any]:
@@ -36,7 +31,7 @@ def run_on_ranks(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeou
     """
     context = mp.get_context("spawn")
     results = context.Queue()
-    port = free_port()
+    port = free_local_port()
     processes = [
         context.Process(target=_rank_main, args=(fn, rank, world_size, port, args, results, timeout), daemon=True)
         for rank in range(world_size)

@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 ResultDict = dict[str, dict[str, float]]
 Weights = dict[str, dict[str, np.ndarray]]
 
-__all__ = ["LearnerGroup", "LearnerGroupError", "local_rank_environment"]
+__all__ = ["LearnerGroup", "LearnerGroupError", "free_local_port", "local_rank_environment"]
 
 # Lightning prefetches one item ahead from an iterable without a length (to know which item is
 # the last), which would wait for the next command before the current one is answered.
@@ -687,7 +687,7 @@ class _ProcessBackend:
         context = mp.get_context("spawn")
         self._replies = context.Queue()
         self._commands = [context.Queue() for _ in range(num_learners)]
-        port = _free_port()
+        port = free_local_port()
         self._processes = [
             context.Process(
                 target=_learner_process_main,
@@ -1249,7 +1249,8 @@ def _like(error: BaseException, message: str) -> BaseException:
     return RuntimeError(message)
 
 
-def _free_port() -> int:
+def free_local_port() -> int:
+    """A TCP port that is free on this machine now, for ``local_rank_environment``'s ``port``."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
