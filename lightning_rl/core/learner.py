@@ -174,6 +174,7 @@ class Learner(LightningModule):
         self._named_optimizers: dict[str, Optimizer] = {}
         self._module_optimizers: dict[str, list[str]] = defaultdict(list)
         self._optimizer_parameters: dict[Optimizer, list[nn.Parameter]] = {}
+        self._optimizer_grad_clip: dict[Optimizer, float | None] = {}  # thresholds set per optimizer
         self._params: dict[nn.Parameter, nn.Parameter] = {}
         self._lr_schedules: dict[str, Schedule | LRScheduler] = {}
 
@@ -297,6 +298,7 @@ class Learner(LightningModule):
         optimizer: Optimizer,
         params: list[nn.Parameter],
         lr_or_lr_schedule: LearningRateOrSchedule | None = None,
+        grad_clip: float | None | Literal["module"] = "module",
     ) -> None:
         """Register an optimizer under ``{module_id}_{optimizer_name}``.
 
@@ -319,6 +321,8 @@ class Learner(LightningModule):
         self._named_optimizers[full_name] = optimizer
         self._module_optimizers[module_id].append(full_name)
         self._optimizer_parameters[optimizer] = list(params)
+        if grad_clip != "module":
+            self._optimizer_grad_clip[optimizer] = grad_clip
         for param in params:
             self._params[self.get_param_ref(param)] = param
         if schedule is not None:
@@ -481,13 +485,17 @@ class Learner(LightningModule):
     ) -> dict[Any, torch.Tensor]:
         """Clip one module's gradients, optimizer by optimizer, and log their global norms.
 
+        Each optimizer clips at its own threshold when it was registered with one, else at
+        the module's ``grad_clip``.
+
         The norm logged as ``gradients_{optimizer_name}_global_norm`` is taken before clipping.
         """
         for optimizer_name, optimizer in self.get_optimizers_for_module(module_id):
             gradients = self.filter_param_dict_for_optimizer(module_gradients_dict, optimizer)
             if not gradients:
                 continue
-            global_norm = clip_gradients(gradients, grad_clip=config.grad_clip, grad_clip_by=config.grad_clip_by)
+            grad_clip = self._optimizer_grad_clip.get(optimizer, config.grad_clip)
+            global_norm = clip_gradients(gradients, grad_clip=grad_clip, grad_clip_by=config.grad_clip_by)
             self.metrics.log_value((module_id, f"gradients_{optimizer_name}_global_norm"), global_norm)
             self._measured_grad_norms[optimizer] = global_norm
         return module_gradients_dict
@@ -587,9 +595,29 @@ class Learner(LightningModule):
             raise ValueError(f"num_epochs must be >= 1, got {num_epochs}")
         if minibatch_size is not None and minibatch_size < 1:
             raise ValueError(f"minibatch_size must be >= 1 or None, got {minibatch_size}")
-        batch = self._prepare_batch(batch)
-        timesteps = dict(timesteps or {})
+        self._update(
+            self._prepare_batch(batch),
+            timesteps=dict(timesteps or {}),
+            num_epochs=num_epochs,
+            minibatch_size=minibatch_size,
+            shuffle_batch_per_epoch=shuffle_batch_per_epoch,
+        )
+        return self.metrics.reduce()
 
+    def _update(
+        self,
+        batch: MultiModuleBatch,
+        *,
+        timesteps: dict[str, Any],
+        num_epochs: int,
+        minibatch_size: int | None,
+        shuffle_batch_per_epoch: bool,
+    ) -> None:
+        """One update on a prepared batch, hooks included; the results stay in ``self.metrics``.
+
+        ``update_from_batch`` reduces them after each call; an update from replay takes
+        several of these (one per gradient step) and reduces once.
+        """
         self.before_gradient_based_update(timesteps=timesteps)
         self._lightning_optimizers = self._lightning_optimizer_map()
         # Modules frozen by policies_to_train sit out; so does one a before-update hook removed.
@@ -622,7 +650,6 @@ class Learner(LightningModule):
         self._weights_seq_no += num_steps  # one per minibatch step; counted here to keep the step lean
         self._log_steps_trained(module_rows, num_steps, env_steps)
         self.after_gradient_based_update(timesteps=timesteps)
-        return self.metrics.reduce()
 
     def _is_data_parallel(self) -> bool:
         """Whether this update runs on several ranks of a Trainer (DDP), which must take it in step."""
@@ -706,6 +733,26 @@ class Learner(LightningModule):
             shuffle_batch_per_epoch=shuffle_batch_per_epoch,
         )
 
+    def update_from_replay(self, replay: Any, *, timesteps: Mapping[str, float] | None = None) -> dict[str, dict[str, float]]:
+        """Train on minibatches sampled from a replay buffer (off-policy Learners implement it).
+
+        ``EpisodeDataModule`` in off-policy mode hands the Learner its replay buffer with
+        every train item (``None`` until learning starts). See ``OffPolicyLearner``.
+
+        Raises:
+            NotImplementedError: This Learner learns on-policy, from episodes or batches.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} learns on-policy and cannot train from a replay buffer; use an off-policy "
+            "Learner (DQNLearner, SACLearner) with an off-policy EpisodeDataModule, or leave "
+            "EpisodeDataModule's replay_buffer_capacity unset for on-policy rollouts"
+        )
+
+    @property
+    def weights_seq_no(self) -> int:
+        """Gradient steps taken over the Learner's life (restored with its state)."""
+        return self._weights_seq_no
+
     def episodes_to_train_batch(self, episodes: Sequence[SingleAgentEpisode]) -> dict[str, dict[str, torch.Tensor]]:
         """The Learner connector: build ``{module_id: {column: Tensor}}`` from ``episodes``.
 
@@ -723,8 +770,9 @@ class Learner(LightningModule):
     def training_step(self, train_item: Mapping[str, Any], batch_idx: int = 0) -> dict[str, Any]:
         """Lightning's hook: one update with the Learner's epoch and minibatch settings.
 
-        ``train_item`` is a batch, or a dict with ``"batch"`` or ``"episodes"`` (the latter
-        what ``EpisodeDataModule`` yields), optional ``"timesteps"`` (lifetime counters) and
+        ``train_item`` is a batch, or a dict with ``"batch"``, ``"episodes"`` or ``"replay"``
+        (what ``EpisodeDataModule`` yields on- and off-policy; see ``update_from_replay``),
+        optional ``"timesteps"`` (lifetime counters) and
         optional ``"env_runners"`` (sampling statistics, logged as ``env_runners/{key}``).
         A dict item may also set ``"num_epochs"``, ``"minibatch_size"`` and
         ``"shuffle_batch_per_epoch"`` for this update alone (``LearnerGroup`` does).
@@ -734,7 +782,7 @@ class Learner(LightningModule):
             ``{"results": ...}``, the update's results as ``update_from_batch`` returns them;
             Lightning hands this to ``Callback.on_train_batch_end`` as ``outputs``.
         """
-        is_item = "episodes" in train_item or "batch" in train_item
+        is_item = "episodes" in train_item or "batch" in train_item or "replay" in train_item
         settings = dict(
             timesteps=train_item.get("timesteps") if is_item else None,
             num_epochs=self.hparams.num_epochs,
@@ -743,7 +791,9 @@ class Learner(LightningModule):
         )
         if is_item:
             settings.update({key: train_item[key] for key in _PER_ITEM_SETTINGS if key in train_item})
-        if "episodes" in train_item:
+        if "replay" in train_item:
+            results = self.update_from_replay(train_item["replay"], timesteps=settings["timesteps"])
+        elif "episodes" in train_item:
             results = self.update_from_episodes(train_item["episodes"], **settings)
         elif "batch" in train_item:
             results = self.update_from_batch(train_item["batch"], **settings)
@@ -973,6 +1023,7 @@ class Learner(LightningModule):
             raise ValueError(f"no module {module_id!r} to remove; modules are {sorted(self._module.keys())}")
         for full_name in self._module_optimizers.pop(module_id, []):
             optimizer = self._named_optimizers.pop(full_name)
+            self._optimizer_grad_clip.pop(optimizer, None)
             for param in self._optimizer_parameters.pop(optimizer):
                 self._params.pop(self.get_param_ref(param), None)
             self._lr_schedules.pop(full_name, None)
