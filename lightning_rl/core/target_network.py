@@ -1,0 +1,86 @@
+"""Target networks: slowly moving copies of a module's networks, for stable bootstrap targets.
+
+DQN and SAC compute their regression targets with copies of the Q networks that change
+only by explicit updates: a hard copy every few gradient steps, or a Polyak average
+``target <- tau * online + (1 - tau) * target`` after each step. A module opts in by
+implementing :class:`TargetNetworkAPI`; the ``TargetNetworkUpdate`` callback then updates
+its targets after the Learner's gradient updates.
+
+The targets are submodules of the module, so they are saved and restored with it
+(checkpoints, ``get_state``), but their parameters do not require gradients, so no
+optimizer and no data-parallel gradient reduction sees them.
+"""
+
+from __future__ import annotations
+
+import abc
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class TargetNetworkAPI(abc.ABC):
+    """What an RLModule implements to have target networks (RLlib's API of the same name)."""
+
+    @abc.abstractmethod
+    def make_target_networks(self) -> None:
+        """Build the target networks (usually with :func:`make_target_network`); called in ``setup``."""
+
+    @abc.abstractmethod
+    def get_target_network_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
+        """``(online, target)`` pairs, each target a structural copy of its online network."""
+
+    @abc.abstractmethod
+    def forward_target(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """The target networks' outputs on ``batch`` (no gradients needed)."""
+
+
+def make_target_network(online: nn.Module) -> nn.Module:
+    """A frozen deep copy of ``online``: same weights, parameters without gradients."""
+    target = copy.deepcopy(online)
+    for param in target.parameters():
+        param.requires_grad_(False)
+    return target
+
+
+@torch.no_grad()
+def update_target_network(online: nn.Module, target: nn.Module, tau: float) -> None:
+    """Move ``target`` towards ``online``: ``target <- tau * online + (1 - tau) * target``.
+
+    ``tau == 1`` copies exactly (a hard update). Buffers (e.g. normalization statistics)
+    are always copied, as averaging them has no meaning.
+
+    Args:
+        online: The trained network.
+        target: Its copy; must have the same parameter names and shapes.
+        tau: The step size, in ``(0, 1]``.
+
+    Raises:
+        ValueError: If ``tau`` is outside ``(0, 1]`` or the two networks differ in structure.
+    """
+    if not 0 < tau <= 1:
+        raise ValueError(f"tau must be in (0, 1], got {tau!r}")
+    online_params = dict(online.named_parameters())
+    target_params = dict(target.named_parameters())
+    if online_params.keys() != target_params.keys():
+        raise ValueError(
+            f"the target network's parameters {sorted(target_params)} differ from the online network's "
+            f"{sorted(online_params)}"
+        )
+    for name, param in online_params.items():
+        if tau == 1:
+            target_params[name].copy_(param)
+        else:
+            target_params[name].lerp_(param, tau)
+    target_buffers = dict(target.named_buffers())
+    for name, buffer in online.named_buffers():
+        if name in target_buffers:
+            target_buffers[name].copy_(buffer)
+
+
+def update_target_networks(module: TargetNetworkAPI, tau: float) -> None:
+    """Apply :func:`update_target_network` to every ``(online, target)`` pair of ``module``."""
+    for online, target in module.get_target_network_pairs():
+        update_target_network(online, target, tau)
