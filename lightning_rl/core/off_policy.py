@@ -1,0 +1,161 @@
+"""``OffPolicyLearner``: the update loop of Learners that train from a replay buffer.
+
+An off-policy ``EpisodeDataModule`` adds ``train_freq`` new env steps to its replay buffer
+per train item and hands the buffer to the Learner (``{"replay": buffer, ...}``). The
+Learner then takes ``gradient_steps`` gradient steps, each on a minibatch sampled fresh from
+the buffer, as RLlib's DQN and SAC do: every step is one update (``before`` / ``after``
+``gradient_based_update`` hooks included), so target networks move and priorities change
+between steps, and the next minibatch is drawn with the new priorities. The results of all
+steps of one item are reduced together.
+
+Until ``learning_starts`` env steps were sampled the item carries no buffer (``None``): the
+Learner then takes an update without gradient steps, so its hooks still see the timesteps
+(exploration schedules keep moving) and the sampling statistics are logged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback
+from torch import Tensor
+
+from lightning_rl.core.columns import Columns
+from lightning_rl.core.learner import Learner
+from lightning_rl.core.rl_module import MultiRLModuleSpec, RLModuleSpec
+
+# Replay columns beyond the Columns of every batch (RLlib's names).
+N_STEP = "n_step"
+WEIGHTS = "weights"
+BATCH_INDEXES = "batch_indexes"
+TD_ERROR_KEY = "td_error_mean"
+
+
+class OffPolicyLearner(Learner):
+    """Base of Learners that train from replay (``DQNLearner``, ``SACLearner``).
+
+    Subclasses write the loss as any Learner does; a loss that knows per-row TD errors
+    reports them with :meth:`record_td_errors`, which a prioritized buffer turns into new
+    priorities after the step.
+
+    Args:
+        module_spec: What to build, as for ``Learner``.
+        gamma: Discount factor.
+        n_step: Steps summed into each return before bootstrapping (the buffer computes
+            them at sample time, cut short at episode ends).
+        gradient_steps: Gradient steps per train item, each on a fresh replay minibatch.
+        minibatch_size: Rows per replay minibatch.
+        tau: Step size of the target-network update: 1 copies the online weights, a small
+            value averages them in (Polyak).
+        target_network_update_freq: Gradient steps between target-network updates.
+        **kwargs: The other ``Learner`` arguments (``lr``, ``grad_clip``, ...).
+    """
+
+    def __init__(
+        self,
+        module_spec: RLModuleSpec | MultiRLModuleSpec | None = None,
+        *,
+        gamma: float = 0.99,
+        n_step: int = 1,
+        gradient_steps: int = 1,
+        minibatch_size: int = 256,
+        tau: float = 1.0,
+        target_network_update_freq: int = 1,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(module_spec, minibatch_size=minibatch_size, **kwargs)
+        self._td_errors: dict[str, Tensor] = {}
+
+    @staticmethod
+    def _check_config(config: Any, where: str) -> None:
+        Learner._check_config(config, where)
+        if not (isinstance(config["gamma"], (int, float)) and 0 <= config["gamma"] <= 1):
+            raise ValueError(f"{where}: gamma must be in [0, 1], got {config['gamma']!r}")
+        for name in ("n_step", "gradient_steps", "minibatch_size", "target_network_update_freq"):
+            value = config[name]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{where}: {name} must be an int >= 1, got {value!r}")
+        if not (isinstance(config["tau"], (int, float)) and 0 < config["tau"] <= 1):
+            raise ValueError(f"{where}: tau must be in (0, 1], got {config['tau']!r}")
+
+    def configure_callbacks(self) -> list[Callback]:
+        """Adds ``TargetNetworkUpdate`` with this Learner's ``tau`` and update frequency."""
+        from lightning_rl.callbacks.target_network import TargetNetworkUpdate
+
+        return [TargetNetworkUpdate(update_interval=self.hparams.target_network_update_freq, tau=self.hparams.tau)]
+
+    def required_batch_columns(self, module_id: str) -> list[str]:
+        return [
+            Columns.OBS,
+            Columns.ACTIONS,
+            Columns.REWARDS,
+            Columns.NEXT_OBS,
+            Columns.TERMINATEDS,
+            N_STEP,
+            WEIGHTS,
+        ]
+
+    def record_td_errors(self, module_id: str, td_errors: Tensor) -> None:
+        """Report this step's TD error of every minibatch row, for prioritized replay.
+
+        Call it from the loss; after the step the buffer sets each sampled row's priority
+        to ``|td_error| + epsilon``. A uniform buffer ignores it.
+
+        Args:
+            module_id: The module whose minibatch the errors belong to.
+            td_errors: ``[B]``, one per row, in the minibatch's order.
+        """
+        self._td_errors[module_id] = td_errors.detach()
+
+    def update_from_replay(self, replay: Any, *, timesteps: Mapping[str, float] | None = None) -> dict[str, dict[str, float]]:
+        """Take ``gradient_steps`` gradient steps, each on a minibatch sampled from ``replay``.
+
+        Args:
+            replay: A ``ReplayBuffer`` (or anything with its ``sample`` and
+                ``update_priorities``), or ``None`` before learning starts: then the update
+                takes no gradient step but runs its hooks.
+            timesteps: Lifetime counters, as in ``update_from_batch``.
+
+        Returns:
+            The results of all steps, reduced together, as ``update_from_batch`` returns them.
+
+        Raises:
+            ValueError: If the Learner has more than one module (a replay buffer of
+                single-agent transitions cannot say which module a row is for).
+        """
+        self._check_is_built()
+        timesteps = dict(timesteps or {})
+        module_ids = list(self._module.keys())
+        if len(module_ids) != 1:
+            raise ValueError(
+                f"update_from_replay samples single-agent transitions, which need a Learner with one module; "
+                f"this one has {sorted(module_ids)}"
+            )
+        module_id = module_ids[0]
+        update = dict(timesteps=timesteps, num_epochs=1, minibatch_size=None, shuffle_batch_per_epoch=False)
+        if replay is None:
+            self._update({}, **update)
+            return self.metrics.reduce()
+        config = self.config_for_module(module_id)
+        for _ in range(config.gradient_steps):
+            sample = dict(replay.sample(config.minibatch_size, n_step=config.n_step, gamma=config.gamma))
+            batch_indexes = sample.pop(BATCH_INDEXES)
+            self._td_errors.clear()
+            self._update(self._prepare_batch({module_id: sample}), **update)
+            td_errors = self._td_errors.pop(module_id, None)
+            if td_errors is not None:  # a uniform buffer ignores them
+                replay.update_priorities(batch_indexes, td_errors.float().cpu().numpy())
+        return self.metrics.reduce()
+
+
+def bootstrap_discounts(batch: Mapping[str, Tensor], gamma: float) -> Tensor:
+    """``gamma ** n_step``, zero where the n-step return ended in a termination.
+
+    Multiplies the bootstrap value of each row's ``new_obs``: the sampled returns sum
+    ``n_step`` rewards, and a terminated episode has no value after its end (a truncated
+    one does, so it bootstraps from its final observation).
+    """
+    discounts = torch.pow(gamma, batch[N_STEP].to(torch.float32))
+    return discounts * (~batch[Columns.TERMINATEDS].bool()).to(discounts.dtype)
