@@ -1,0 +1,438 @@
+"""Soft Actor-Critic (Haarnoja et al., 2018): off-policy maximum-entropy RL for Box actions.
+
+A squashed Gaussian actor ``a = tanh(u), u ~ N(mu(s), sigma(s))``, twin Q critics with
+Polyak-averaged target copies, and an entropy temperature ``alpha`` tuned towards a target
+entropy. Per replay minibatch ``(s, a, r, s')`` (``r`` an n-step return):
+
+    y            = r + gamma^n * (1 - terminated) * (min_i Q'_i(s', a') - alpha * log pi(a'|s')),  a' ~ pi(s')
+    critic loss  = 0.5 * sum_i mean(w * (Q_i(s, a) - y)^2)
+    actor loss   = mean(alpha * log pi(a~|s) - min_i Q_i(s, a~)),   a~ ~ pi(s) reparameterized
+    alpha loss   = -mean(log_alpha * (log pi(a~|s) + target_entropy))
+
+with ``w`` the replay's importance weights (ones when uniform). The Learner backpropagates
+the sum once, so each loss is written to reach only its own parameters: the actor loss
+evaluates the critics with detached weights, ``alpha`` enters the actor loss and the target
+detached, and the alpha loss uses a detached log-probability. Each optimizer ("policy",
+"qf", "alpha", RLlib's names) therefore steps with exactly the gradient of its own loss.
+The alpha loss is on ``log_alpha`` (as in Stable-Baselines3, CleanRL and RLlib).
+
+The policy acts in ``[-1, 1]^d``; the module rescales its actions affinely to the Box's
+``[low, high]`` for the environment, so batches hold env-space actions, and maps them back
+to ``[-1, 1]`` for the critics. Names follow RLlib's SAC config (``initial_alpha``,
+``target_entropy``, ``actor_lr``, ``critic_lr``, ``alpha_lr``, ``tau``, ``n_step``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal, Union
+
+import gymnasium as gym
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from lightning_rl.core.columns import Columns
+from lightning_rl.core.learner import LearnerConfig, default_adam
+from lightning_rl.core.off_policy import WEIGHTS, OffPolicyLearner, bootstrap_discounts
+from lightning_rl.core.rl_module import (
+    MultiRLModuleSpec,
+    RLModule,
+    RLModuleSpec,
+    build_mlp,
+    flat_obs_dim,
+    flatten_obs,
+)
+from lightning_rl.core.schedules import Schedule, ScheduleSetting
+from lightning_rl.core.target_network import TargetNetworkAPI, make_target_network
+
+# SAC's defaults differ from the other modules' (tanh): ReLU MLPs as in the SAC paper and SB3.
+SAC_FCNET_HIDDENS: tuple[int, ...] = (256, 256)
+SAC_FCNET_ACTIVATION = "relu"
+LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
+
+# forward_train / forward_target outputs (RLlib's names where RLlib has them).
+QF_PREDS = "qf_preds"
+QF_TWIN_PREDS = "qf_twin_preds"
+QF_TARGET_PREDS = "qf_target_preds"
+QF_TWIN_TARGET_PREDS = "qf_twin_target_preds"
+ACTION_LOGP_RESAMPLED = "logp_resampled"
+QF_RESAMPLED = "qf_resampled"
+QF_TARGET_NEXT = "qf_target_next"
+ACTION_LOGP_NEXT = "logp_next"
+
+# Optimizer names (RLlib's).
+POLICY_OPTIMIZER = "policy"
+QF_OPTIMIZER = "qf"
+ALPHA_OPTIMIZER = "alpha"
+
+# Result keys.
+QF_LOSS_KEY = "qf_loss"
+POLICY_LOSS_KEY = "policy_loss"
+ALPHA_LOSS_KEY = "alpha_loss"
+ALPHA_VALUE_KEY = "alpha_value"
+LOG_ALPHA_VALUE_KEY = "log_alpha_value"
+TARGET_ENTROPY_KEY = "target_entropy"
+QF_MEAN_KEY = "qf_mean"
+LOGP_MEAN_KEY = "logp_mean"
+
+TargetEntropy = Union[float, Literal["auto"]]
+
+
+def squashed_gaussian_logp(pre_tanh: Tensor, mean: Tensor, log_std: Tensor) -> Tensor:
+    """``log pi(tanh(u))`` of a tanh-squashed diagonal Gaussian, summed over the action dims.
+
+    The change of variables subtracts ``log(1 - tanh(u)^2)``, computed as
+    ``2 * (log 2 - u - softplus(-2u))``, which stays finite where ``tanh(u)`` rounds to +-1.
+
+    Args:
+        pre_tanh: The Gaussian samples ``u``, ``[B, d]``.
+        mean: The Gaussian's means, ``[B, d]``.
+        log_std: Its log standard deviations, ``[B, d]``.
+
+    Returns:
+        ``[B]`` log-densities of the squashed actions ``tanh(u)``.
+    """
+    normal_logp = -0.5 * ((pre_tanh - mean) / log_std.exp()).pow(2) - log_std - 0.5 * math.log(2 * math.pi)
+    log_det_jacobian = 2 * (math.log(2) - pre_tanh - F.softplus(-2 * pre_tanh))
+    return (normal_logp - log_det_jacobian).sum(-1)
+
+
+class SACModule(RLModule, TargetNetworkAPI):
+    """SAC's networks: a squashed Gaussian actor, twin Q critics, their targets, ``log_alpha``.
+
+    ``model_config`` keys:
+        ``fcnet_hiddens``: hidden layer sizes of the actor and of each critic (default ``[256, 256]``).
+        ``fcnet_activation``: their activation (default ``"relu"``).
+
+    The actor maps observations to means and log standard deviations (clamped to
+    ``[-20, 2]``) of a Gaussian whose samples are squashed by ``tanh`` into ``[-1, 1]``; each
+    critic maps ``concat(obs, action in [-1, 1])`` to a Q-value. ``log_alpha`` starts at 0
+    (``alpha = 1``); ``SACLearner`` sets it from its ``initial_alpha``. An
+    ``inference_only`` module has the actor alone.
+
+    Actions leave and enter the module in env space: ``forward_exploration`` and
+    ``forward_inference`` return ``actions`` in the Box's bounds, and ``forward_train`` and
+    ``forward_target`` read a batch's env-space ``actions``.
+
+    Raises:
+        ValueError: For an action space other than a ``Box`` with finite bounds.
+    """
+
+    def setup(self) -> None:
+        space = self.action_space
+        if not isinstance(space, gym.spaces.Box):
+            raise ValueError(f"SACModule needs a Box action space (continuous actions), got {space}")
+        if not (torch.isfinite(torch.as_tensor(space.low)).all() and torch.isfinite(torch.as_tensor(space.high)).all()):
+            raise ValueError(f"SACModule rescales tanh actions to the Box's bounds, which must be finite; got {space}")
+        config = self.model_config
+        hiddens = list(config.get("fcnet_hiddens", SAC_FCNET_HIDDENS))
+        activation = config.get("fcnet_activation", SAC_FCNET_ACTIVATION)
+        obs_dim = flat_obs_dim(self.observation_space)
+        self.action_dim = math.prod(space.shape)
+
+        low = torch.as_tensor(space.low, dtype=torch.float32).reshape(-1)
+        high = torch.as_tensor(space.high, dtype=torch.float32).reshape(-1)
+        # Derived from the space, so not saved: they move with the module between devices.
+        self.register_buffer("action_center", (high + low) / 2, persistent=False)
+        self.register_buffer("action_scale", (high - low) / 2, persistent=False)
+
+        self.pi = build_mlp(obs_dim, hiddens, activation, 2 * self.action_dim)
+        if not self.inference_only:
+            self.qf = build_mlp(obs_dim + self.action_dim, hiddens, activation, 1)
+            self.qf_twin = build_mlp(obs_dim + self.action_dim, hiddens, activation, 1)
+            self.log_alpha = nn.Parameter(torch.zeros(()))
+            self.make_target_networks()
+
+    # ---- TargetNetworkAPI ----------------------------------------------------------------
+
+    def make_target_networks(self) -> None:
+        """Frozen copies of both critics (``target_qf``, ``target_qf_twin``)."""
+        self.target_qf = make_target_network(self.qf)
+        self.target_qf_twin = make_target_network(self.qf_twin)
+
+    def get_target_network_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
+        """The two ``(critic, target critic)`` pairs; none for an inference-only module."""
+        if self.inference_only:
+            return []
+        return [(self.qf, self.target_qf), (self.qf_twin, self.target_qf_twin)]
+
+    def forward_target(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """The target critics' Q-values of ``batch``'s observations and env-space actions.
+
+        Args:
+            batch: ``{"obs": Tensor[B, ...], "actions": Tensor[B, *action_shape]}``.
+
+        Returns:
+            ``{"qf_target_preds": [B], "qf_twin_target_preds": [B]}``.
+        """
+        obs = flatten_obs(batch[Columns.OBS], self.observation_space)
+        q_in = torch.cat([obs, self.normalize_actions(batch[Columns.ACTIONS])], dim=-1)
+        return {QF_TARGET_PREDS: self.target_qf(q_in).squeeze(-1), QF_TWIN_TARGET_PREDS: self.target_qf_twin(q_in).squeeze(-1)}
+
+    # ---- Actions -------------------------------------------------------------------------
+
+    def normalize_actions(self, actions: Tensor) -> Tensor:
+        """Map env-space actions ``[B, *action_shape]`` in ``[low, high]`` to flat ``[B, d]`` in ``[-1, 1]``."""
+        return (actions.reshape(actions.shape[0], -1).float() - self.action_center) / self.action_scale
+
+    def unnormalize_actions(self, actions: Tensor) -> Tensor:
+        """Map flat ``[B, d]`` actions in ``[-1, 1]`` to env space ``[B, *action_shape]`` in ``[low, high]``."""
+        return (self.action_center + self.action_scale * actions).reshape(actions.shape[0], *self.action_space.shape)
+
+    def action_dist_params(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        """The Gaussian's means and clamped log standard deviations, each ``[B, d]``.
+
+        Args:
+            obs: Flat observations ``[B, obs_dim]``.
+        """
+        mean, log_std = self.pi(obs).chunk(2, dim=-1)
+        return mean, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
+
+    def sample_actions(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        """Reparameterized squashed actions in ``[-1, 1]`` and their log-probabilities.
+
+        Args:
+            obs: Flat observations ``[B, obs_dim]``.
+
+        Returns:
+            Actions ``[B, d]`` (differentiable in the actor's weights) and ``[B]`` log-probs.
+        """
+        mean, log_std = self.action_dist_params(obs)
+        pre_tanh = mean + log_std.exp() * torch.randn_like(mean)
+        return torch.tanh(pre_tanh), squashed_gaussian_logp(pre_tanh, mean, log_std)
+
+    # ---- Forward passes ------------------------------------------------------------------
+
+    def forward_inference(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """Greedy env-space ``actions``: ``tanh`` of the Gaussian's mean, rescaled to the Box."""
+        obs = flatten_obs(batch[Columns.OBS], self.observation_space)
+        mean, _ = self.action_dist_params(obs)
+        return {Columns.ACTIONS: self.unnormalize_actions(torch.tanh(mean))}
+
+    def forward_exploration(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """Sampled env-space ``actions``: ``tanh(u)``, ``u ~ N(mean, std)``, rescaled to the Box."""
+        mean, log_std = self.action_dist_params(flatten_obs(batch[Columns.OBS], self.observation_space))
+        pre_tanh = mean + log_std.exp() * torch.randn_like(mean)
+        return {Columns.ACTIONS: self.unnormalize_actions(torch.tanh(pre_tanh))}
+
+    def _forward_train(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """What the three losses need from a replay minibatch.
+
+        Args:
+            batch: ``obs``, env-space ``actions`` and, for the critic target, ``new_obs``.
+
+        Returns:
+            ``action_dist_inputs`` (means, log stds) of ``pi(s)``; ``qf_preds`` and
+            ``qf_twin_preds``, the critics' ``Q_i(s, a)`` (differentiable in the critics);
+            ``logp_resampled`` of a reparameterized ``a~ ~ pi(s)`` and ``qf_resampled``,
+            ``min_i Q_i(s, a~)`` through critics with detached weights (differentiable in the
+            actor only); with ``new_obs``, also ``logp_next`` of ``a' ~ pi(s')`` and
+            ``qf_target_next``, ``min_i Q'_i(s', a')``, both without gradients.
+        """
+        if self.inference_only:
+            raise ValueError("this SACModule was built with inference_only=True and has no critics to train")
+        obs = flatten_obs(batch[Columns.OBS], self.observation_space)
+        q_in = torch.cat([obs, self.normalize_actions(batch[Columns.ACTIONS])], dim=-1)
+        mean, log_std = self.action_dist_params(obs)
+        pre_tanh = mean + log_std.exp() * torch.randn_like(mean)
+        resampled = torch.cat([obs, torch.tanh(pre_tanh)], dim=-1)
+        out = {
+            Columns.ACTION_DIST_INPUTS: torch.cat([mean, log_std], dim=-1),
+            QF_PREDS: self.qf(q_in).squeeze(-1),
+            QF_TWIN_PREDS: self.qf_twin(q_in).squeeze(-1),
+            ACTION_LOGP_RESAMPLED: squashed_gaussian_logp(pre_tanh, mean, log_std),
+            # Detached critic weights: the actor loss moves the actor, never the critics.
+            QF_RESAMPLED: torch.min(_with_detached_weights(self.qf, resampled), _with_detached_weights(self.qf_twin, resampled)),
+        }
+        if Columns.NEXT_OBS in batch:
+            with torch.no_grad():
+                next_obs = flatten_obs(batch[Columns.NEXT_OBS], self.observation_space)
+                next_actions, out[ACTION_LOGP_NEXT] = self.sample_actions(next_obs)
+                next_in = torch.cat([next_obs, next_actions], dim=-1)
+                out[QF_TARGET_NEXT] = torch.min(self.target_qf(next_in), self.target_qf_twin(next_in)).squeeze(-1)
+        return out
+
+
+def _with_detached_weights(network: nn.Module, inputs: Tensor) -> Tensor:
+    """``network(inputs).squeeze(-1)`` with the weights as constants: gradients reach ``inputs`` only."""
+    params = {name: param.detach() for name, param in network.named_parameters()}
+    return functional_call(network, params, (inputs,)).squeeze(-1)
+
+
+class SACLearner(OffPolicyLearner):
+    """SAC's three losses and three optimizers, on the off-policy update loop.
+
+    Each module gets three Adam optimizers, registered under RLlib's names: ``"policy"``
+    (the actor), ``"qf"`` (both critics) and ``"alpha"`` (``log_alpha``), each with its own
+    learning rate and gradient clip. ``TargetNetworkUpdate`` (added by ``OffPolicyLearner``)
+    Polyak-averages the target critics by ``tau`` every ``target_network_update_freq``
+    gradient steps.
+
+    Args:
+        module_spec: What to build; ``None`` builds a :class:`SACModule` from ``model_config``
+            with the spaces of the Trainer's data module.
+        model_config: The ``SACModule``'s settings when ``module_spec`` is ``None``
+            (``fcnet_hiddens``, ``fcnet_activation``).
+        actor_lr: The actor's learning rate: a number or a schedule ``[[timestep, lr], ...]``;
+            ``None`` uses the Learner's ``lr``.
+        critic_lr: The critics' learning rate, likewise.
+        alpha_lr: ``log_alpha``'s learning rate, likewise.
+        actor_grad_clip: Clip threshold of the actor's gradients (by ``grad_clip_by``);
+            ``None`` uses the Learner's ``grad_clip`` (itself ``None``, no clipping, by default).
+        critic_grad_clip: The critics' clip threshold, likewise.
+        alpha_grad_clip: ``log_alpha``'s clip threshold, likewise.
+        initial_alpha: The entropy temperature ``alpha`` to start from (> 0); each module's
+            ``log_alpha`` is set to ``log(initial_alpha)`` when the Learner builds it.
+        target_entropy: The entropy the temperature steers the policy towards; ``"auto"``
+            for ``-dim(A)`` (minus the number of action dims).
+        gamma: Discount factor.
+        n_step: Rewards summed into each replayed return before bootstrapping.
+        gradient_steps: Gradient steps per train item, each on a fresh replay minibatch.
+        minibatch_size: Rows per replay minibatch.
+        tau: The target critics' Polyak step size.
+        target_network_update_freq: Gradient steps between target updates.
+        **kwargs: The other ``Learner`` arguments (``lr``, ``grad_clip``, ``grad_clip_by``,
+            ``config_overrides_per_module``, ...).
+    """
+
+    def __init__(
+        self,
+        module_spec: RLModuleSpec | MultiRLModuleSpec | None = None,
+        *,
+        model_config: dict[str, Any] | None = None,
+        actor_lr: ScheduleSetting | None = None,
+        critic_lr: ScheduleSetting | None = None,
+        alpha_lr: ScheduleSetting | None = None,
+        actor_grad_clip: float | None = None,
+        critic_grad_clip: float | None = None,
+        alpha_grad_clip: float | None = None,
+        initial_alpha: float = 1.0,
+        target_entropy: TargetEntropy = "auto",
+        gamma: float = 0.99,
+        n_step: int = 1,
+        gradient_steps: int = 1,
+        minibatch_size: int = 256,
+        tau: float = 0.005,
+        target_network_update_freq: int = 1,
+        **kwargs: Any,
+    ) -> None:
+        if module_spec is None:
+            module_spec = RLModuleSpec(module_class=SACModule, model_config=dict(model_config or {}))
+        elif model_config is not None:
+            raise ValueError("pass either module_spec or model_config, not both (the spec has its own model_config)")
+        super().__init__(
+            module_spec,
+            gamma=gamma,
+            n_step=n_step,
+            gradient_steps=gradient_steps,
+            minibatch_size=minibatch_size,
+            tau=tau,
+            target_network_update_freq=target_network_update_freq,
+            **kwargs,
+        )
+
+    @staticmethod
+    def _check_config(config: Any, where: str) -> None:
+        OffPolicyLearner._check_config(config, where)
+        for name in ("actor_lr", "critic_lr", "alpha_lr"):
+            if config[name] is not None:
+                Schedule(config[name], name=f"{where}: {name}")
+        for name in ("actor_grad_clip", "critic_grad_clip", "alpha_grad_clip"):
+            clip = config[name]
+            if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip <= 0):
+                raise ValueError(f"{where}: {name} must be a positive number or None, got {clip!r}")
+        alpha = config["initial_alpha"]
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < math.inf:
+            raise ValueError(f"{where}: initial_alpha must be a finite number > 0, got {alpha!r}")
+        entropy = config["target_entropy"]
+        if entropy != "auto" and (isinstance(entropy, bool) or not isinstance(entropy, (int, float)) or not math.isfinite(entropy)):
+            raise ValueError(f"{where}: target_entropy must be a finite number or 'auto', got {entropy!r}")
+
+    def configure_optimizers_for_module(self, module_id: str, config: LearnerConfig) -> None:
+        """Set ``log_alpha`` to ``log(initial_alpha)``; register the "policy", "qf" and "alpha" Adams.
+
+        Runs once per module, when it is built (a checkpoint's weights are loaded after).
+
+        Raises:
+            ValueError: If the module is not a training ``SACModule``, or has trainable
+                parameters outside the actor, the critics and ``log_alpha`` (no optimizer
+                would train them).
+        """
+        module = self.module[module_id]
+        if not isinstance(module, SACModule) or module.inference_only:
+            raise ValueError(
+                f"module {module_id!r}: SACLearner trains SACModules built for training (inference_only=False), "
+                f"got {type(module).__name__}" + (" with inference_only=True" if isinstance(module, SACModule) else "")
+            )
+        with torch.no_grad():
+            module.log_alpha.fill_(math.log(config.initial_alpha))
+        groups = {
+            POLICY_OPTIMIZER: (self.get_parameters(module.pi), config.actor_lr, config.actor_grad_clip),
+            QF_OPTIMIZER: (
+                self.get_parameters(module.qf) + self.get_parameters(module.qf_twin),
+                config.critic_lr,
+                config.critic_grad_clip,
+            ),
+            ALPHA_OPTIMIZER: ([module.log_alpha], config.alpha_lr, config.alpha_grad_clip),
+        }
+        covered = {id(param) for params, _, _ in groups.values() for param in params}
+        uncovered = [name for name, param in module.named_parameters() if param.requires_grad and id(param) not in covered]
+        if uncovered:
+            raise ValueError(
+                f"module {module_id!r}: SACLearner trains the actor (pi), the critics (qf, qf_twin) and log_alpha; "
+                f"parameters {uncovered} belong to none of them"
+            )
+        for name, (params, lr, grad_clip) in groups.items():
+            self.register_optimizer(
+                module_id=module_id,
+                optimizer_name=name,
+                optimizer=default_adam(params),
+                params=params,
+                lr_or_lr_schedule=config.lr if lr is None else lr,
+                grad_clip="module" if grad_clip is None else grad_clip,
+            )
+
+    def target_entropy(self, module_id: str) -> float:
+        """The target entropy of ``module_id``: ``target_entropy``, or ``-dim(A)`` for ``"auto"``."""
+        target = self.config_for_module(module_id).target_entropy
+        if target == "auto":
+            return -float(self.module[module_id].action_dim)
+        return float(target)
+
+    def compute_loss_for_module(
+        self, *, module_id: str, config: LearnerConfig, batch: dict[str, Tensor], fwd_out: dict[str, Any]
+    ) -> Tensor:
+        log_alpha = self.module[module_id].log_alpha
+        alpha = log_alpha.exp().detach()  # a constant in the critic target and the actor loss
+        target_entropy = self.target_entropy(module_id)
+
+        # Critics: soft Bellman targets from the target critics at a' ~ pi(s').
+        with torch.no_grad():
+            next_value = fwd_out[QF_TARGET_NEXT] - alpha * fwd_out[ACTION_LOGP_NEXT]
+            q_target = batch[Columns.REWARDS] + bootstrap_discounts(batch, config.gamma) * next_value
+        td_error = fwd_out[QF_PREDS] - q_target
+        td_error_twin = fwd_out[QF_TWIN_PREDS] - q_target
+        weights = batch[WEIGHTS]
+        qf_loss = 0.5 * ((weights * td_error.pow(2)).mean() + (weights * td_error_twin.pow(2)).mean())
+
+        # Actor: reparameterized a~ ~ pi(s) against the (weight-detached) critics.
+        logp = fwd_out[ACTION_LOGP_RESAMPLED]
+        policy_loss = (alpha * logp - fwd_out[QF_RESAMPLED]).mean()
+
+        # Temperature: raise alpha while the policy's entropy (-logp) is below the target.
+        alpha_loss = -(log_alpha * (logp + target_entropy).detach()).mean()
+
+        self.record_td_errors(module_id, 0.5 * (td_error.abs() + td_error_twin.abs()))
+        log = self.metrics.log_value
+        log((module_id, QF_LOSS_KEY), qf_loss)
+        log((module_id, POLICY_LOSS_KEY), policy_loss)
+        log((module_id, ALPHA_LOSS_KEY), alpha_loss)
+        log((module_id, ALPHA_VALUE_KEY), alpha, reduce="last")
+        log((module_id, LOG_ALPHA_VALUE_KEY), log_alpha.detach().clone(), reduce="last")  # a copy: the step changes the parameter in place
+        log((module_id, TARGET_ENTROPY_KEY), target_entropy, reduce="last")
+        with torch.no_grad():
+            log((module_id, QF_MEAN_KEY), 0.5 * (fwd_out[QF_PREDS].mean() + fwd_out[QF_TWIN_PREDS].mean()))
+            log((module_id, LOGP_MEAN_KEY), logp.mean())
+        return qf_loss + policy_loss + alpha_loss
