@@ -39,8 +39,9 @@ and the data module's effective init arguments, defaults included), so they cann
 Evaluation is the same in all three: after every ``rollouts_per_epoch`` train items (one
 item = ``train_freq`` env steps and its gradient steps; ours evaluates at each Lightning
 epoch end) and after the last item, ``evaluation_num_episodes`` complete episodes are
-played greedily on ``min(num_envs, episodes)`` envs of their own (seeded ``seed +
-1_000_003``, moving on per evaluation), and their mean return is the evaluation return.
+played greedily on ``evaluation_num_envs`` (default ``min(num_envs, episodes)``) envs of
+their own (seeded ``seed + 1_000_003``, moving on per evaluation), and their mean return is
+the evaluation return. Every variant's training envs start from seeds ``seed + i``.
 
 Each run is a fresh subprocess (``sys.executable``), one at a time, variants' order rotated
 per seed, with the same thread settings (``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` and
