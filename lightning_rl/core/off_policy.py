@@ -25,12 +25,9 @@ from torch import Tensor
 from lightning_rl.core.columns import Columns
 from lightning_rl.core.learner import Learner
 from lightning_rl.core.rl_module import MultiRLModuleSpec, RLModuleSpec
+from lightning_rl.data.replay_buffer import BATCH_INDEXES, N_STEP, WEIGHTS
 
-# Replay columns beyond the Columns of every batch (RLlib's names).
-N_STEP = "n_step"
-WEIGHTS = "weights"
-BATCH_INDEXES = "batch_indexes"
-TD_ERROR_KEY = "td_error_mean"
+__all__ = ["BATCH_INDEXES", "N_STEP", "WEIGHTS", "OffPolicyLearner", "bootstrap_discounts"]
 
 
 class OffPolicyLearner(Learner):
@@ -85,6 +82,20 @@ class OffPolicyLearner(Learner):
         from lightning_rl.callbacks.target_network import TargetNetworkUpdate
 
         return [TargetNetworkUpdate(update_interval=self.hparams.target_network_update_freq, tau=self.hparams.tau)]
+
+    def check_fits_data(self, datamodule: Any) -> None:
+        """Check that ``datamodule`` replays (an off-policy ``EpisodeDataModule``).
+
+        The minibatches come from the replay buffer, so they need not fit into a train item.
+
+        Raises:
+            ValueError: If the data module yields on-policy rollouts.
+        """
+        if getattr(datamodule, "is_off_policy", None) is False:
+            raise ValueError(
+                f"{type(self).__name__} trains from a replay buffer, but the data module samples on-policy rollouts: "
+                "set its replay_buffer_capacity (and train_freq, learning_starts)"
+            )
 
     def required_batch_columns(self, module_id: str) -> list[str]:
         return [
