@@ -9,6 +9,12 @@ That needs care with Lightning's fit loop, which fetches the next item *before* 
 current training step unless the train iterable has a length. The rollout iterable here
 always has one (``rollouts_per_epoch``), so Lightning never prefetches.
 
+Off-policy (``replay_buffer_capacity`` set), each train item adds ``train_freq`` new env
+steps to a replay buffer and hands the buffer to the Learner, which samples its minibatches
+from it: ``{"replay": buffer, "timesteps": {...}, "env_runners": {...}}`` (``"replay"`` is
+``None`` until ``learning_starts`` env steps are in the buffer). Sampling, evaluation,
+counters and checkpoints work as on-policy.
+
 Under a data-parallel strategy (``Trainer(strategy="ddp", devices=N)``, ``torchrun``, SLURM)
 every rank samples envs of its own, seeded apart from the other ranks', and trains on its own
 rollouts (the gradients are averaged by the strategy). After each rollout the ranks exchange
@@ -30,8 +36,10 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch import LightningDataModule
 
-from lightning_rl.core.columns import DEFAULT_MODULE_ID, NUM_ENV_STEPS_SAMPLED_LIFETIME
+from lightning_rl.core.columns import DEFAULT_MODULE_ID, NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
 from lightning_rl.core.rl_module import RLModule
+from lightning_rl.core.schedules import Schedule, ScheduleSetting
+from lightning_rl.data.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer
 from lightning_rl.env.env_runner import EnvRunner
 from lightning_rl.env.episode import SingleAgentEpisode
 
@@ -41,6 +49,8 @@ _EVALUATION_SEED_OFFSET = 1_000_003
 # Rank r adds r * this to its training and evaluation seeds. A runner's later resets move on
 # by num_envs seeds each, so ranks would meet only after ~10M / num_envs resets.
 _RANK_SEED_STRIDE = 10_000_000
+# The replay buffer's and the warm-up actions' random generators, apart from the envs' seeds.
+_REPLAY_SEED_OFFSET = 2_000_003
 _NUM_EPISODES_LIFETIME = "num_episodes_lifetime"
 # What each rank contributes to the per-rollout all_gather, in this order.
 _STATS = (
@@ -104,6 +114,23 @@ class EpisodeDataModule(LightningDataModule):
             ``episode_return_mean`` (on N ranks the statistics cover the union of the N
             windows, each episode weighing the same).
         module_id: The Learner's module that acts in the env.
+        replay_buffer_capacity: Off-policy mode: the replay buffer's size in env steps (per
+            rank). ``None`` (the default) samples on-policy rollouts instead.
+        prioritized_replay: Off-policy: sample rows in proportion to their TD errors
+            (proportional prioritized replay) instead of uniformly.
+        prioritized_replay_alpha: How strongly priorities shape sampling (0 is uniform).
+        prioritized_replay_beta: The importance-weight exponent: a number or a schedule over
+            env steps (usually annealed to 1).
+        prioritized_replay_eps: Added to each ``|td_error|`` so no row's priority is zero.
+        train_freq: Off-policy: env steps added to the buffer per train item (per rank; a
+            multiple of ``num_envs``). Replaces ``rollout_fragment_length``.
+        learning_starts: Off-policy: env steps (over all ranks) in the buffer before the
+            Learner gets replay; until then items carry ``"replay": None``.
+        random_actions_before_learning_starts: Off-policy: act uniformly at random until
+            learning starts (as Stable-Baselines3 does) instead of with the module.
+        checkpoint_replay_buffer: Off-policy: save the buffer's contents in checkpoints, so a
+            resumed run replays what it had (checkpoints grow by the buffer's size). Without
+            it a resumed run refills the buffer up to ``learning_starts`` before learning on.
 
     Raises:
         ValueError: Naming the argument, for an unknown env id, invalid sizes or a negative seed.
@@ -127,6 +154,15 @@ class EpisodeDataModule(LightningDataModule):
         evaluation_explore: bool = False,
         episode_stats_window: int = 100,
         module_id: str = DEFAULT_MODULE_ID,
+        replay_buffer_capacity: int | None = None,
+        prioritized_replay: bool = False,
+        prioritized_replay_alpha: float = 0.6,
+        prioritized_replay_beta: ScheduleSetting = 0.4,
+        prioritized_replay_eps: float = 1e-6,
+        train_freq: int = 1,
+        learning_starts: int = 1000,
+        random_actions_before_learning_starts: bool = True,
+        checkpoint_replay_buffer: bool = False,
     ) -> None:
         super().__init__()
         if isinstance(env, str) and env not in gym.registry:
@@ -146,6 +182,20 @@ class EpisodeDataModule(LightningDataModule):
                 _check_positive_int(name, value)
         if vectorize_mode not in ("sync", "async"):
             raise ValueError(f"vectorize_mode must be 'sync' or 'async', got {vectorize_mode!r}")
+        if replay_buffer_capacity is not None:
+            _check_positive_int("replay_buffer_capacity", replay_buffer_capacity)
+            _check_positive_int("train_freq", train_freq)
+            if train_freq % num_envs:
+                raise ValueError(
+                    f"train_freq ({train_freq}) must be a multiple of num_envs ({num_envs}): every env steps "
+                    "the same number of times per train item"
+                )
+            if isinstance(learning_starts, bool) or not isinstance(learning_starts, int) or learning_starts < 0:
+                raise ValueError(f"learning_starts must be an int >= 0, got {learning_starts!r}")
+            Schedule(prioritized_replay_beta, name="prioritized_replay_beta")
+            # The buffer checks alpha and eps; build one now so bad values fail at construction.
+            if prioritized_replay:
+                PrioritizedReplayBuffer(1, alpha=prioritized_replay_alpha, epsilon=prioritized_replay_eps)
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise ValueError(f"seed must be an int >= 0 or None, got {seed!r}")
         # Callables (env factories, wrapper functions) are not plain data: keep them out of
@@ -165,6 +215,9 @@ class EpisodeDataModule(LightningDataModule):
         # Counters summed over all ranks, as of the last rollout (or the restored state).
         self._global_env_steps = 0
         self._global_episodes = 0
+        self._replay_buffer: ReplayBuffer | None = None
+        self._random_module: _UniformRandomModule | None = None
+        self._beta_schedule = Schedule(prioritized_replay_beta, name="prioritized_replay_beta")
 
     # ------------------------------------------------------------------------------------
     # Spaces and sizes (read by the Learner at setup)
@@ -181,9 +234,42 @@ class EpisodeDataModule(LightningDataModule):
         return self.train_runner.action_space
 
     @property
+    def is_off_policy(self) -> bool:
+        """Whether train items hand the Learner a replay buffer (``replay_buffer_capacity`` is set)."""
+        return self.hparams.replay_buffer_capacity is not None
+
+    @property
     def train_batch_size(self) -> int:
-        """Env steps per train item on one rank: ``num_envs * rollout_fragment_length``."""
+        """Env steps per train item on one rank: ``num_envs * rollout_fragment_length``, or ``train_freq`` off-policy."""
+        if self.is_off_policy:
+            return self.hparams.train_freq
         return self.hparams.num_envs * self.hparams.rollout_fragment_length
+
+    @property
+    def replay_buffer(self) -> ReplayBuffer:
+        """This rank's replay buffer (off-policy mode only; built on first use).
+
+        Raises:
+            ValueError: In on-policy mode.
+        """
+        if not self.is_off_policy:
+            raise ValueError("this EpisodeDataModule samples on-policy and has no replay buffer; set replay_buffer_capacity")
+        if self._replay_buffer is None:
+            hparams = self.hparams
+            seed = self._seed() + _REPLAY_SEED_OFFSET + self._placement()[0] * _RANK_SEED_STRIDE
+            if hparams.prioritized_replay:
+                self._replay_buffer = PrioritizedReplayBuffer(
+                    hparams.replay_buffer_capacity,
+                    alpha=hparams.prioritized_replay_alpha,
+                    beta=self._beta_schedule.value(self._global_env_steps),
+                    epsilon=hparams.prioritized_replay_eps,
+                    seed=seed,
+                )
+            else:
+                self._replay_buffer = ReplayBuffer(hparams.replay_buffer_capacity, seed=seed)
+            if self._pending_state is not None and "replay_buffer" in self._pending_state:
+                self._replay_buffer.load_state_dict(_to_numpy(self._pending_state["replay_buffer"]))
+        return self._replay_buffer
 
     @property
     def num_env_steps_sampled_lifetime(self) -> int:
@@ -233,6 +319,11 @@ class EpisodeDataModule(LightningDataModule):
             self._base_seed = int(np.random.randint(0, 2**31 - 1 - _EVALUATION_SEED_OFFSET))
         return self._base_seed
 
+    def _vector_steps_per_item(self) -> int:
+        if self.is_off_policy:
+            return self.hparams.train_freq // self.hparams.num_envs
+        return self.hparams.rollout_fragment_length
+
     def _make_runner(self, num_envs: int, seed: int, wrappers: list[Any]) -> EnvRunner:
         return EnvRunner(
             self.env,
@@ -240,7 +331,7 @@ class EpisodeDataModule(LightningDataModule):
             wrappers=wrappers,
             num_envs=num_envs,
             vectorize_mode=self.hparams.vectorize_mode,
-            rollout_fragment_length=self.hparams.rollout_fragment_length,
+            rollout_fragment_length=self._vector_steps_per_item(),
             seed=seed,
             episode_stats_window=self.hparams.episode_stats_window,
         )
@@ -289,17 +380,22 @@ class EpisodeDataModule(LightningDataModule):
         Returns:
             ``{"train_runner": this rank's EnvRunner state, "rank": this rank,
             "num_env_steps_sampled_lifetime": sum over ranks, "num_episodes_lifetime": sum
-            over ranks}``. Lightning writes rank 0's into a checkpoint; the sums are the same
-            on every rank.
+            over ranks}``, plus ``"replay_buffer"`` (this rank's buffer, as tensors) with
+            ``checkpoint_replay_buffer``. Lightning writes rank 0's into a checkpoint; the
+            sums are the same on every rank.
         """
         if self._train_runner is None:
             return dict(self._pending_state or {})
-        return {
+        state = {
             "train_runner": self._train_runner.get_state(),
             "rank": self._runner_placement["train"][0],
             NUM_ENV_STEPS_SAMPLED_LIFETIME: self._global_env_steps,
             _NUM_EPISODES_LIFETIME: self._global_episodes,
         }
+        if self._replay_buffer is not None and self.hparams.checkpoint_replay_buffer:
+            # Tensors, not numpy arrays: checkpoints stay loadable with torch.load(weights_only=True).
+            state["replay_buffer"] = _to_tensors(self._replay_buffer.state_dict())
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore ``state_dict()``: a resumed run continues the counters and statistics.
@@ -308,12 +404,16 @@ class EpisodeDataModule(LightningDataModule):
         continue from the saved sums (rank 0 carries them, the other ranks count from 0, so
         the sum over ranks is right); the rank that saved the state (in a checkpoint, rank
         0) restores its episode-statistics window, the others start theirs empty; every rank
-        restores the reset count, so no rank replays the episodes it started with.
+        restores the reset count, so no rank replays the episodes it started with. A saved
+        replay buffer is restored on every rank (each then adds its own new steps), so all
+        ranks start learning again together.
         """
         self._pending_state = dict(state_dict)
         self._global_env_steps, self._global_episodes = _global_counts(self._pending_state)
         if self._train_runner is not None and "train_runner" in state_dict:
             self._train_runner.set_state(self._runner_state_for_this_rank(self._pending_state))
+        # Rebuilt on first use, from the saved contents if there are any.
+        self._replay_buffer = None
 
     def _runner_state_for_this_rank(self, state: dict[str, Any]) -> dict[str, Any]:
         rank = self._placement()[0]
@@ -350,21 +450,52 @@ class EpisodeDataModule(LightningDataModule):
         Returns:
             ``{"episodes": this rank's episodes, "timesteps": {"num_env_steps_sampled_lifetime":
             sum over ranks}, "env_runners": statistics over all ranks}``; the statistics have
-            the keys of ``EnvRunner.get_metrics``.
+            the keys of ``EnvRunner.get_metrics``. Off-policy, ``"replay"`` (the buffer the
+            episodes were added to, or ``None`` before learning starts) replaces ``"episodes"``.
 
         Raises:
             RuntimeError: If the Trainer runs several processes without ``torch.distributed``.
         """
         runner = self.train_runner
-        episodes = runner.sample(self.acting_module(), explore=True)
+        if self.is_off_policy:
+            acting = self.acting_module()  # checked even while random actions stand in for it
+            if self.hparams.random_actions_before_learning_starts and not self._learning_started():
+                acting = self._uniform_random_module()
+            episodes = runner.sample(acting, explore=True)
+            self.replay_buffer.add_episodes(episodes)
+        else:
+            episodes = runner.sample(self.acting_module(), explore=True)
         metrics = combine_rank_stats(self._gather(local_rank_stats(runner, runner.get_metrics())))
         self._global_env_steps = int(metrics[NUM_ENV_STEPS_SAMPLED_LIFETIME])
         self._global_episodes = int(metrics[_NUM_EPISODES_LIFETIME])
-        return {
-            "episodes": episodes,
+        item: dict[str, Any] = {
             "timesteps": {NUM_ENV_STEPS_SAMPLED_LIFETIME: metrics[NUM_ENV_STEPS_SAMPLED_LIFETIME]},
             "env_runners": metrics,
         }
+        if not self.is_off_policy:
+            item["episodes"] = episodes
+            return item
+        buffer = self.replay_buffer
+        if isinstance(buffer, PrioritizedReplayBuffer):
+            buffer.beta = self._beta_schedule.value(self._global_env_steps)
+        item["replay"] = buffer if self._learning_started() else None
+        return item
+
+    def _learning_started(self) -> bool:
+        """Whether this rank's buffer holds its share of ``learning_starts`` (or is full).
+
+        Every rank adds the same number of steps per item, so all ranks agree. A run resumed
+        without the buffer's contents refills its share first.
+        """
+        world_size = self._placement()[1]
+        share = min(-(-self.hparams.learning_starts // world_size), self.hparams.replay_buffer_capacity)
+        return len(self.replay_buffer) >= max(share, 1)
+
+    def _uniform_random_module(self) -> _UniformRandomModule:
+        if self._random_module is None:
+            seed = self._seed() + _REPLAY_SEED_OFFSET + 1 + self._placement()[0] * _RANK_SEED_STRIDE
+            self._random_module = _UniformRandomModule(self.observation_space, self.action_space, seed=seed)
+        return self._random_module
 
     def _gather(self, local: np.ndarray) -> np.ndarray:
         """Every rank's ``local`` vector, ``[world_size, len(local)]``, in rank order."""
@@ -520,3 +651,45 @@ def _has_callable(value: Any) -> bool:
     if isinstance(value, (list, tuple)):
         return any(_has_callable(item) for item in value)
     return callable(value) and not isinstance(value, str)
+
+
+class _UniformRandomModule(RLModule):
+    """Acts uniformly at random in the action space: off-policy warm-up before learning starts."""
+
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space, *, seed: int) -> None:
+        super().__init__(observation_space, action_space)
+        self._rng = np.random.default_rng(seed)
+
+    def _forward(self, batch: dict[str, Any]) -> dict[str, Any]:
+        num_rows = len(batch[Columns.OBS])
+        space = self.action_space
+        if isinstance(space, gym.spaces.Discrete):
+            actions = space.start + self._rng.integers(0, space.n, size=num_rows)
+        elif isinstance(space, gym.spaces.Box) and space.is_bounded():
+            actions = self._rng.uniform(space.low, space.high, size=(num_rows, *space.shape)).astype(space.dtype)
+        else:  # unbounded boxes and the other spaces: the space's own sampler, seeded alike
+            space.seed(int(self._rng.integers(2**31)))
+            actions = np.stack([space.sample() for _ in range(num_rows)])
+        return {Columns.ACTIONS: torch.from_numpy(np.asarray(actions))}
+
+
+def _to_tensors(value: Any) -> Any:
+    """numpy arrays in a nested state become tensors (plain data for ``weights_only`` loading)."""
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(value))
+    if isinstance(value, dict):
+        return {key: _to_tensors(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_tensors(item) for item in value)
+    return value
+
+
+def _to_numpy(value: Any) -> Any:
+    """The inverse of ``_to_tensors``."""
+    if isinstance(value, torch.Tensor):
+        return value.numpy()
+    if isinstance(value, dict):
+        return {key: _to_numpy(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_numpy(item) for item in value)
+    return value
