@@ -259,7 +259,8 @@ def build_cli(config: Path, seed: int, max_env_steps: int) -> Any:
 
     from lightning_rl.cli import LightningRLCLI
 
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    for name in ("lightning.pytorch", "lightning.fabric"):  # "Seed set to", "GPU available", tips
+        logging.getLogger(name).setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", module="lightning")
     return LightningRLCLI(
         args=["--config", str(config), *cli_overrides(seed, max_env_steps)],
