@@ -2,7 +2,10 @@
 
 Logging is cheap on the hot path: ``log_value`` only appends a detached tensor (or a number)
 to a list, so a minibatch step never waits on the device. ``reduce`` stacks each key's values
-once and feeds them to a torchmetrics aggregator on this rank.
+once, reduces them on their device, and reads all keys back in one transfer into plain
+running aggregates (sum and weight, or the extreme) on this rank. These are plain floats, not
+torchmetrics objects: an off-policy Learner reduces after every env step, and torchmetrics'
+per-key update and reset bookkeeping cost as much as SAC's backward pass.
 
 When a process group is running, ``reduce`` then folds every rank's aggregator states into
 one result with a fixed, small number of collective calls (the keys, then two packed
@@ -14,26 +17,19 @@ everywhere, from the ranks that have it, so every rank returns the same numbers.
 from __future__ import annotations
 
 import math
-import warnings
+from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any, Literal, Union
 
 import torch
 import torch.distributed as dist
-from torchmetrics import MaxMetric, MeanMetric, Metric, MinMetric, SumMetric
 
 Reduce = Literal["mean", "sum", "min", "max", "last"]
 MetricKey = Union[str, tuple[str, ...]]
 
-_AGGREGATORS: dict[str, type[Metric]] = {
-    "mean": MeanMetric,
-    "sum": SumMetric,
-    "min": MinMetric,
-    "max": MaxMetric,
-    # "last" keeps only the newest value of a reduce period; a mean over ranks of that
-    # value is what a multi-rank learner reports (the ranks agree on such values).
-    "last": MeanMetric,
-}
+# "last" keeps only the newest value of a reduce period; a mean over ranks of that value is
+# what a multi-rank learner reports (the ranks agree on such values).
+_REDUCES = ("mean", "sum", "min", "max", "last")
 _SEPARATOR = "/"
 # Codes of the reduce kinds in the packed cross-rank fold (0: the rank never logged the key).
 _REDUCE_CODES: dict[str, int] = {"mean": 1, "last": 2, "sum": 3, "min": 4, "max": 5}
@@ -54,7 +50,7 @@ class MetricsLogger:
     def __init__(self, device: torch.device | str = "cpu") -> None:
         self.device = torch.device(device)
         self._pending: dict[tuple[str, ...], list[Any]] = {}
-        self._aggregators: dict[tuple[str, ...], Metric] = {}
+        self._aggregators: dict[tuple[str, ...], _Aggregate] = {}
         self._settings: dict[tuple[str, ...], tuple[Reduce, bool]] = {}
 
     def log_value(
@@ -72,8 +68,8 @@ class MetricsLogger:
             clear_on_reduce: Whether the value starts afresh after each ``reduce``.
                 Lifetime counters use ``reduce="sum", clear_on_reduce=False``.
         """
-        if reduce not in _AGGREGATORS:
-            raise ValueError(f"reduce must be one of {sorted(_AGGREGATORS)}, got {reduce!r}")
+        if reduce not in _REDUCES:
+            raise ValueError(f"reduce must be one of {sorted(_REDUCES)}, got {reduce!r}")
         path = _as_path(key)
         settings = (reduce, clear_on_reduce)
         known = self._settings.setdefault(path, settings)
@@ -102,16 +98,15 @@ class MetricsLogger:
             A nested dict of Python floats. Keys logged with ``clear_on_reduce=True`` are
             reported once and then forgotten; the others (lifetime counters) keep counting.
         """
-        for path in sorted(self._pending):
-            values = self._pending[path]
+        pending = sorted(self._pending)
+        for path, (value, weight) in zip(pending, self._reduce_pending(pending)):
             reduce, _ = self._settings[path]
             aggregator = self._aggregators.get(path)
             if aggregator is None:
-                aggregator = self._aggregators[path] = _new_aggregator(reduce, self.device)
+                aggregator = self._aggregators[path] = _Aggregate(reduce)
             if reduce == "last":
                 aggregator.reset()
-                values = values[-1:]
-            aggregator.update(_stack(values).to(self.device))
+            aggregator.add(value, weight)
         reported = set(self._pending) | {path for path in self._aggregators if not self._settings[path][1]}
         self._pending.clear()
         if _is_distributed():
@@ -123,9 +118,32 @@ class MetricsLogger:
             _set_nested(results, path, value)
         for path in reported:
             if path in self._aggregators and self._settings[path][1]:
-                # Reset rather than rebuilt: constructing a torchmetrics Metric costs far more.
                 self._aggregators[path].reset()
         return results
+
+    def _reduce_pending(self, paths: list[tuple[str, ...]]) -> list[tuple[float, float]]:
+        """``(value, weight)`` of each path's pending values, read from the device in one transfer per device.
+
+        For a mean (and ``last``, over the newest value's elements) the value is the sum of
+        the elements and the weight their number; otherwise the sum, minimum or maximum, weight 1.
+        """
+        statistics: list[tuple[torch.Tensor, float]] = []
+        for path in paths:
+            reduce, _ = self._settings[path]
+            values = self._pending[path]
+            values = _stack(values[-1:] if reduce == "last" else values)
+            if reduce in ("mean", "last", "sum"):
+                statistics.append((values.sum(), float(values.numel()) if reduce != "sum" else 1.0))
+            else:
+                statistics.append((values.min() if reduce == "min" else values.max(), 1.0))
+        by_device: dict[torch.device, list[int]] = defaultdict(list)
+        for index, (value, _) in enumerate(statistics):
+            by_device[value.device].append(index)
+        numbers = [0.0] * len(statistics)
+        for indices in by_device.values():
+            for index, number in zip(indices, torch.stack([statistics[i][0] for i in indices]).tolist()):
+                numbers[index] = number
+        return [(number, weight) for number, (_, weight) in zip(numbers, statistics)]
 
     def peek(self, key: MetricKey, *, across_ranks: bool = False) -> float:
         """The value ``key`` would reduce to now, clearing nothing.
@@ -147,26 +165,23 @@ class MetricsLogger:
             if path in folded:
                 return folded[path][1]
         elif aggregator is not None:
-            return _value_and_weight(aggregator)[0]
+            return aggregator.value
         raise KeyError(f"no metric {_SEPARATOR.join(path)!r} has been logged since the last reduce")
 
-    def _current(self, path: tuple[str, ...]) -> Metric | None:
-        """A copy of ``path``'s aggregator with the pending values folded in; ``None`` if there is none."""
+    def _current(self, path: tuple[str, ...]) -> _Aggregate | None:
+        """A copy of ``path``'s aggregate with the pending values folded in; ``None`` if there is none."""
         if path not in self._settings or (self._settings[path][1] and path not in self._pending):
             return None
         reduce, _ = self._settings[path]
-        values = self._pending.get(path, [])
-        aggregator = _new_aggregator(reduce, self.device)
-        if reduce == "last" and values:
-            values = values[-1:]
-        elif path in self._aggregators:
-            aggregator.merge_state(self._aggregators[path])
-        if values:
-            aggregator.update(_stack(values).to(self.device))
+        aggregator = _Aggregate(reduce)
+        if path in self._aggregators and not (reduce == "last" and path in self._pending):
+            aggregator.add(self._aggregators[path].total, self._aggregators[path].weight)
+        if path in self._pending:
+            aggregator.add(*self._reduce_pending([path])[0])
         return aggregator
 
     def _fold(
-        self, paths: list[tuple[str, ...]], aggregators: Mapping[tuple[str, ...], Metric]
+        self, paths: list[tuple[str, ...]], aggregators: Mapping[tuple[str, ...], _Aggregate]
     ) -> dict[tuple[str, ...], tuple[Reduce, float, float]]:
         """``{path: (reduce, value, weight)}`` of ``aggregators`` over all ranks (this rank alone without a group).
 
@@ -175,7 +190,7 @@ class MetricsLogger:
         """
         if not _is_distributed():
             return {
-                path: (self._settings[path][0], *_value_and_weight(aggregators[path]))
+                path: (self._settings[path][0], aggregators[path].value, aggregators[path].weight)
                 for path in paths
                 if path in aggregators
             }
@@ -191,13 +206,13 @@ class MetricsLogger:
             reduce = self._settings[path][0]
             maximized[row, 0] = _REDUCE_CODES[reduce]
             if reduce in ("mean", "last"):
-                added[row, 0], added[row, 1] = float(aggregator.mean_value), float(aggregator.weight)
+                added[row, 0], added[row, 1] = aggregator.total, aggregator.weight
             elif reduce == "sum":
-                added[row, 2] = float(aggregator.sum_value)
+                added[row, 2] = aggregator.total
             elif reduce == "max":
-                maximized[row, 1] = float(aggregator.max_value)
+                maximized[row, 1] = aggregator.total
             else:
-                maximized[row, 2] = -float(aggregator.min_value)
+                maximized[row, 2] = -aggregator.total
         device = _collective_device()
         added, maximized = added.to(device), maximized.to(device)
         dist.all_reduce(added, op=dist.ReduceOp.SUM)
@@ -256,35 +271,55 @@ class MetricsLogger:
         for name, entry in state.items():
             path = tuple(name.split(_SEPARATOR))
             reduce = entry["reduce"]
-            if reduce not in _AGGREGATORS:
+            if reduce not in _REDUCES:
                 raise ValueError(f"metric {name!r}: unknown reduce {reduce!r} in the saved state")
-            aggregator = _new_aggregator(reduce, self.device)
-            value = torch.tensor(entry["value"], dtype=torch.float32, device=self.device)
-            if reduce == "sum" and not first_rank:
-                value = torch.zeros_like(value)
+            aggregator = _Aggregate(reduce)
+            value = float(entry["value"])
             if reduce == "mean":
                 if first_rank:
-                    aggregator.update(value, weight=entry.get("weight", 1.0))
+                    weight = float(entry.get("weight", 1.0))
+                    aggregator.add(value * weight, weight)
+            elif reduce == "sum":
+                aggregator.add(value if first_rank else 0.0, 1.0)
             else:
-                aggregator.update(value)
+                aggregator.add(value, 1.0)
             self._aggregators[path] = aggregator
             self._settings[path] = (reduce, False)
 
 
-def _new_aggregator(reduce: Reduce, device: torch.device | str) -> Metric:
-    # NaNs are reported, not dropped: a non-finite loss must show in the results. Ranks are
-    # folded by ``MetricsLogger._fold`` in one go, not by torchmetrics key by key.
-    return _AGGREGATORS[reduce](nan_strategy="disable", sync_on_compute=False).to(device)
+class _Aggregate:
+    """The running aggregate of one metric, in plain floats.
 
+    ``mean`` and ``last``: ``total`` is the sum of the values, ``weight`` their number (the
+    value is their ratio); ``sum``: ``total`` is the sum; ``min`` / ``max``: ``total`` is the
+    extreme so far. NaNs propagate: a non-finite loss must show in the results.
+    """
 
-def _value_and_weight(aggregator: Metric) -> tuple[float, float]:
-    weight = float(aggregator.weight) if isinstance(aggregator, MeanMetric) else 1.0
-    if aggregator.update_count:
-        return float(aggregator.compute()), weight
-    with warnings.catch_warnings():
-        # A merged or restored state without an update() call makes torchmetrics warn; the value is right.
-        warnings.filterwarnings("ignore", message=".*was called before the ``update`` method")
-        return float(aggregator.compute()), weight
+    __slots__ = ("reduce", "total", "weight")
+
+    def __init__(self, reduce: Reduce) -> None:
+        self.reduce = reduce
+        self.reset()
+
+    def reset(self) -> None:
+        self.total = {"min": math.inf, "max": -math.inf}.get(self.reduce, 0.0)
+        self.weight = 0.0
+
+    def add(self, value: float, weight: float) -> None:
+        """Fold in a statistic of new values (as ``MetricsLogger._reduce_pending`` returns it)."""
+        if self.reduce == "min":
+            self.total = value if math.isnan(value) else min(self.total, value)
+        elif self.reduce == "max":
+            self.total = value if math.isnan(value) else max(self.total, value)
+        else:
+            self.total += value
+        self.weight += weight
+
+    @property
+    def value(self) -> float:
+        if self.reduce in ("mean", "last"):
+            return self.total / self.weight if self.weight else math.nan
+        return self.total
 
 
 def _is_distributed() -> bool:
