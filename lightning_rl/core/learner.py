@@ -80,14 +80,6 @@ NUM_NON_FINITE_UPDATES_SKIPPED = "num_non_finite_updates_skipped"
 EPISODE_RETURN_MEAN = "episode_return_mean"
 TRAIN_RETURN_KEY = f"env_runners/{EPISODE_RETURN_MEAN}"
 
-# Logged after every train item whatever ``log_every_n_steps`` is (see ``_log_train_metrics``):
-# what the progress bar shows and what EarlyStopping/ModelCheckpoint usually monitor.
-HEADLINE_METRICS = (
-    TRAIN_RETURN_KEY,
-    f"env_runners/{NUM_ENV_STEPS_SAMPLED_LIFETIME}",
-    f"{ALL_MODULES}/{TOTAL_LOSS_KEY}",
-)
-
 GRAD_CLIP_BY = ("value", "norm", "global_norm")
 # Update settings a train item may set for itself (see ``Learner.training_step``).
 _PER_ITEM_SETTINGS = ("num_epochs", "minibatch_size", "shuffle_batch_per_epoch")
@@ -801,7 +793,7 @@ class Learner(LightningModule):
             results = self.update_from_batch(train_item, **settings)
         metrics = {f"{module_id}/{key}": value for module_id, values in results.items() for key, value in values.items()}
         metrics.update({f"env_runners/{key}": value for key, value in train_item.get("env_runners", {}).items()})
-        self._log_train_metrics(metrics)
+        self._log_train_metrics(metrics, batch_idx)
         return {"results": results}
 
     def validation_step(self, eval_item: Mapping[str, Any], batch_idx: int = 0) -> None:
@@ -826,17 +818,22 @@ class Learner(LightningModule):
             self.log(f"eval/{key}", float(value), batch_size=1, sync_dist=True, reduce_fx=reduce_fx)
         self.log("eval_return", float(np.mean(returns)), prog_bar=True, logger=False, batch_size=1, sync_dist=True)
 
-    def _log_train_metrics(self, metrics: dict[str, float]) -> None:
-        """Log one train item's metrics; between Lightning's logging steps, only the headline ones.
+    def _log_train_metrics(self, metrics: dict[str, float], batch_idx: int) -> None:
+        """Log one train item's metrics, on the items whose logs Lightning writes, and on the epoch's last.
 
-        Each ``self.log`` call costs Lightning about 0.1 ms and an update reports ~50 values:
-        logging all of them after every rollout would cost about as much as sampling it.
-        Lightning writes to the loggers only every ``log_every_n_steps`` train items, so the
-        full set is logged on those items; in between only ``HEADLINE_METRICS`` are, and the
-        others keep their last logged value in ``trainer.callback_metrics``.
+        Each ``self.log`` call costs Lightning about 0.1 ms (more on a busy machine) and an
+        update reports ~50 values; an off-policy item (one env step and one gradient step)
+        costs only a few ms, so logging even a handful of values after every item would slow
+        training by a quarter. Lightning writes to the loggers only every
+        ``log_every_n_steps`` train items, so the metrics are logged on those items, and on
+        the last item of an epoch or of the run, so that epoch-end callbacks
+        (``EarlyStopping``, ``ModelCheckpoint``) see the current values. In between,
+        ``trainer.callback_metrics`` and the progress bar keep the last logged values.
         """
-        if not self._trainer_writes_logs_now():
-            metrics = {key: metrics[key] for key in HEADLINE_METRICS if key in metrics}
+        trainer = self._trainer
+        last_item = trainer is not None and (batch_idx + 1 >= trainer.num_training_batches or trainer.should_stop)
+        if not (last_item or self._trainer_writes_logs_now()):
+            return
         # The values are already reduced over ranks by the metrics logger.
         self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1, sync_dist=False)
         for name, key in (("return", TRAIN_RETURN_KEY), ("loss", f"{ALL_MODULES}/{TOTAL_LOSS_KEY}")):
