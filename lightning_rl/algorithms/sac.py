@@ -124,7 +124,7 @@ class SACModule(RLModule, TargetNetworkAPI):
         space = self.action_space
         if not isinstance(space, gym.spaces.Box):
             raise ValueError(f"SACModule needs a Box action space (continuous actions), got {space}")
-        if not (torch.isfinite(torch.as_tensor(space.low)).all() and torch.isfinite(torch.as_tensor(space.high)).all()):
+        if not space.is_bounded("both"):
             raise ValueError(f"SACModule rescales tanh actions to the Box's bounds, which must be finite; got {space}")
         config = self.model_config
         hiddens = list(config.get("fcnet_hiddens", SAC_FCNET_HIDDENS))
@@ -200,7 +200,7 @@ class SACModule(RLModule, TargetNetworkAPI):
             Actions ``[B, d]`` (differentiable in the actor's weights) and ``[B]`` log-probs.
         """
         mean, log_std = self.action_dist_params(obs)
-        pre_tanh = mean + log_std.exp() * torch.randn_like(mean)
+        pre_tanh = _gaussian_sample(mean, log_std)
         return torch.tanh(pre_tanh), squashed_gaussian_logp(pre_tanh, mean, log_std)
 
     # ---- Forward passes ------------------------------------------------------------------
@@ -214,8 +214,7 @@ class SACModule(RLModule, TargetNetworkAPI):
     def forward_exploration(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Sampled env-space ``actions``: ``tanh(u)``, ``u ~ N(mean, std)``, rescaled to the Box."""
         mean, log_std = self.action_dist_params(flatten_obs(batch[Columns.OBS], self.observation_space))
-        pre_tanh = mean + log_std.exp() * torch.randn_like(mean)
-        return {Columns.ACTIONS: self.unnormalize_actions(torch.tanh(pre_tanh))}
+        return {Columns.ACTIONS: self.unnormalize_actions(torch.tanh(_gaussian_sample(mean, log_std)))}
 
     def _forward_train(self, batch: dict[str, Any]) -> dict[str, Any]:
         """What the three losses need from a replay minibatch.
@@ -236,7 +235,7 @@ class SACModule(RLModule, TargetNetworkAPI):
         obs = flatten_obs(batch[Columns.OBS], self.observation_space)
         q_in = torch.cat([obs, self.normalize_actions(batch[Columns.ACTIONS])], dim=-1)
         mean, log_std = self.action_dist_params(obs)
-        pre_tanh = mean + log_std.exp() * torch.randn_like(mean)
+        pre_tanh = _gaussian_sample(mean, log_std)
         resampled = torch.cat([obs, torch.tanh(pre_tanh)], dim=-1)
         out = {
             Columns.ACTION_DIST_INPUTS: torch.cat([mean, log_std], dim=-1),
@@ -253,6 +252,11 @@ class SACModule(RLModule, TargetNetworkAPI):
                 next_in = torch.cat([next_obs, next_actions], dim=-1)
                 out[QF_TARGET_NEXT] = torch.min(self.target_qf(next_in), self.target_qf_twin(next_in)).squeeze(-1)
         return out
+
+
+def _gaussian_sample(mean: Tensor, log_std: Tensor) -> Tensor:
+    """``mean + std * noise``: a Gaussian sample that is differentiable in ``mean`` and ``log_std``."""
+    return mean + log_std.exp() * torch.randn_like(mean)
 
 
 def _with_detached_weights(network: nn.Module, inputs: Tensor) -> Tensor:
