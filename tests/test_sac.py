@@ -394,7 +394,7 @@ def assert_same(a: Any, b: Any) -> None:
         assert a == b
 
 
-def test_a_resumed_fit_restores_target_critics_log_alpha_and_all_three_optimizer_states(tmp_path: Path):
+def test_a_checkpoint_restores_target_critics_log_alpha_and_all_three_optimizer_states(tmp_path: Path):
     learner = SACLearner(model_config={"fcnet_hiddens": [16, 16]}, minibatch_size=16, initial_alpha=0.5)
     trainer = quiet_trainer(tmp_path)
     trainer.fit(learner, datamodule=pendulum_data())
@@ -403,6 +403,7 @@ def test_a_resumed_fit_restores_target_critics_log_alpha_and_all_three_optimizer
     assert saved["log_alpha"].item() != pytest.approx(math.log(0.5))  # alpha was trained
     path = tmp_path / "sac.ckpt"
     trainer.save_checkpoint(path)
+    assert_same(training_state(SACLearner.from_checkpoint(str(path))), saved)  # the Learner alone, too
 
     torch.manual_seed(123)  # other initial weights, which the checkpoint must replace
     resumed = SACLearner(model_config={"fcnet_hiddens": [16, 16]}, minibatch_size=16, initial_alpha=0.5)

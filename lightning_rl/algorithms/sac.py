@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from lightning_rl.core.columns import Columns
+from lightning_rl.core.columns import DEFAULT_MODULE_ID, Columns
 from lightning_rl.core.learner import LearnerConfig, default_adam
 from lightning_rl.core.off_policy import WEIGHTS, OffPolicyLearner, bootstrap_discounts
 from lightning_rl.core.rl_module import (
@@ -324,7 +324,9 @@ class SACLearner(OffPolicyLearner):
     ) -> None:
         if module_spec is None:
             module_spec = RLModuleSpec(module_class=SACModule, model_config=dict(model_config or {}))
-        elif model_config is not None:
+        elif model_config is not None and not _default_spec_has(module_spec, model_config):
+            # Learner.from_checkpoint passes the saved model_config beside the saved spec built
+            # from it; only a model_config the spec does not already have would be ignored.
             raise ValueError("pass either module_spec or model_config, not both (the spec has its own model_config)")
         super().__init__(
             module_spec,
@@ -440,3 +442,9 @@ class SACLearner(OffPolicyLearner):
             log((module_id, QF_MEAN_KEY), 0.5 * (fwd_out[QF_PREDS].mean() + fwd_out[QF_TWIN_PREDS].mean()))
             log((module_id, LOGP_MEAN_KEY), logp.mean())
         return qf_loss + policy_loss + alpha_loss
+
+
+def _default_spec_has(module_spec: RLModuleSpec | MultiRLModuleSpec, model_config: dict[str, Any]) -> bool:
+    """Whether the spec of ``module_spec``'s default module has exactly ``model_config``."""
+    spec = module_spec.as_multi_rl_module_spec().rl_module_specs.get(DEFAULT_MODULE_ID)
+    return spec is not None and dict(spec.model_config or {}) == dict(model_config)
