@@ -75,7 +75,8 @@ def test_squashed_gaussian_logp_equals_torch_tanh_transformed_normal():
     mean, log_std = torch.randn(64, 3, dtype=torch.float64), torch.randn(64, 3, dtype=torch.float64).clamp(-2, 1)
     pre_tanh = mean + log_std.exp() * torch.randn(64, 3, dtype=torch.float64)
     reference = TransformedDistribution(Independent(Normal(mean, log_std.exp()), 1), [TanhTransform()])
-    torch.testing.assert_close(squashed_gaussian_logp(pre_tanh, mean, log_std), reference.log_prob(torch.tanh(pre_tanh)))
+    expected = reference.log_prob(torch.tanh(pre_tanh))
+    torch.testing.assert_close(squashed_gaussian_logp(pre_tanh, mean, log_std), expected)
 
 
 def test_squashed_gaussian_logp_stays_finite_and_exact_where_tanh_saturates():
@@ -85,7 +86,8 @@ def test_squashed_gaussian_logp_stays_finite_and_exact_where_tanh_saturates():
     assert torch.isfinite(logp).all()
     # log(1 - tanh(u)^2) = log(4) - 2|u| - 2 log(1 + exp(-2|u|)), exact in float64.
     u = pre_tanh.double()
-    expected = -0.5 * u**2 - 0.5 * math.log(2 * math.pi) - (math.log(4) - 2 * u.abs() - 2 * torch.log1p(torch.exp(-2 * u.abs())))
+    log_det_jacobian = math.log(4) - 2 * u.abs() - 2 * torch.log1p(torch.exp(-2 * u.abs()))
+    expected = -0.5 * u**2 - 0.5 * math.log(2 * math.pi) - log_det_jacobian
     torch.testing.assert_close(logp.double(), expected.squeeze(-1), rtol=1e-6, atol=1e-4)
 
 
@@ -366,7 +368,8 @@ def training_state(learner: SACLearner) -> dict[str, Any]:
         "target_qf_twin": {k: v.clone() for k, v in module.target_qf_twin.state_dict().items()},
         "log_alpha": module.log_alpha.detach().clone(),
         "optimizers": {
-            name: copy.deepcopy(learner.get_optimizer(MODULE_ID, name).state_dict()) for name in ("policy", "qf", "alpha")
+            name: copy.deepcopy(learner.get_optimizer(MODULE_ID, name).state_dict())
+            for name in ("policy", "qf", "alpha")
         },
         "weights_seq_no": learner.weights_seq_no,
     }

@@ -25,7 +25,7 @@ to ``[-1, 1]`` for the critics. Names follow RLlib's SAC config (``initial_alpha
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import gymnasium as gym
 import torch
@@ -77,7 +77,7 @@ TARGET_ENTROPY_KEY = "target_entropy"
 QF_MEAN_KEY = "qf_mean"
 LOGP_MEAN_KEY = "logp_mean"
 
-TargetEntropy = Union[float, Literal["auto"]]
+TargetEntropy = float | Literal["auto"]
 
 
 def squashed_gaussian_logp(pre_tanh: Tensor, mean: Tensor, log_std: Tensor) -> Tensor:
@@ -169,7 +169,10 @@ class SACModule(RLModule, TargetNetworkAPI):
         """
         obs = flatten_obs(batch[Columns.OBS], self.observation_space)
         q_in = torch.cat([obs, self.normalize_actions(batch[Columns.ACTIONS])], dim=-1)
-        return {QF_TARGET_PREDS: self.target_qf(q_in).squeeze(-1), QF_TWIN_TARGET_PREDS: self.target_qf_twin(q_in).squeeze(-1)}
+        return {
+            QF_TARGET_PREDS: self.target_qf(q_in).squeeze(-1),
+            QF_TWIN_TARGET_PREDS: self.target_qf_twin(q_in).squeeze(-1),
+        }
 
     # ---- Actions -------------------------------------------------------------------------
 
@@ -243,7 +246,9 @@ class SACModule(RLModule, TargetNetworkAPI):
             QF_TWIN_PREDS: self.qf_twin(q_in).squeeze(-1),
             ACTION_LOGP_RESAMPLED: squashed_gaussian_logp(pre_tanh, mean, log_std),
             # Detached critic weights: the actor loss moves the actor, never the critics.
-            QF_RESAMPLED: torch.min(_with_detached_weights(self.qf, resampled), _with_detached_weights(self.qf_twin, resampled)),
+            QF_RESAMPLED: torch.min(
+                _with_detached_weights(self.qf, resampled), _with_detached_weights(self.qf_twin, resampled)
+            ),
         }
         if Columns.NEXT_OBS in batch:
             with torch.no_grad():
@@ -353,7 +358,8 @@ class SACLearner(OffPolicyLearner):
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < math.inf:
             raise ValueError(f"{where}: initial_alpha must be a finite number > 0, got {alpha!r}")
         entropy = config["target_entropy"]
-        if entropy != "auto" and (isinstance(entropy, bool) or not isinstance(entropy, (int, float)) or not math.isfinite(entropy)):
+        is_number = isinstance(entropy, (int, float)) and not isinstance(entropy, bool)
+        if entropy != "auto" and not (is_number and math.isfinite(entropy)):
             raise ValueError(f"{where}: target_entropy must be a finite number or 'auto', got {entropy!r}")
 
     def configure_optimizers_for_module(self, module_id: str, config: LearnerConfig) -> None:
@@ -384,7 +390,9 @@ class SACLearner(OffPolicyLearner):
             ALPHA_OPTIMIZER: ([module.log_alpha], config.alpha_lr, config.alpha_grad_clip),
         }
         covered = {id(param) for params, _, _ in groups.values() for param in params}
-        uncovered = [name for name, param in module.named_parameters() if param.requires_grad and id(param) not in covered]
+        uncovered = [
+            name for name, param in module.named_parameters() if param.requires_grad and id(param) not in covered
+        ]
         if uncovered:
             raise ValueError(
                 f"module {module_id!r}: SACLearner trains the actor (pi), the critics (qf, qf_twin) and log_alpha; "
@@ -436,7 +444,8 @@ class SACLearner(OffPolicyLearner):
         log((module_id, POLICY_LOSS_KEY), policy_loss)
         log((module_id, ALPHA_LOSS_KEY), alpha_loss)
         log((module_id, ALPHA_VALUE_KEY), alpha, reduce="last")
-        log((module_id, LOG_ALPHA_VALUE_KEY), log_alpha.detach().clone(), reduce="last")  # a copy: the step changes the parameter in place
+        # A copy: the optimizer step changes the parameter in place before the values are reduced.
+        log((module_id, LOG_ALPHA_VALUE_KEY), log_alpha.detach().clone(), reduce="last")
         log((module_id, TARGET_ENTROPY_KEY), target_entropy, reduce="last")
         with torch.no_grad():
             log((module_id, QF_MEAN_KEY), 0.5 * (fwd_out[QF_PREDS].mean() + fwd_out[QF_TWIN_PREDS].mean()))
