@@ -153,3 +153,24 @@ def test_orthogonal_init_gives_a_near_uniform_initial_policy():
     out = module.forward_inference({Columns.OBS: torch.randn(64, 4)})
     probs = torch.softmax(out[Columns.ACTION_DIST_INPUTS], -1)
     assert torch.allclose(probs, torch.full_like(probs, 0.5), atol=0.05)
+
+
+def test_a_ppo_learner_made_from_model_config_loads_from_its_lightning_checkpoint(tmp_path):
+    from lightning.pytorch import Trainer
+
+    from lightning_rl import Learner
+    from lightning_rl.data import EpisodeDataModule
+
+    learner = PPOLearner(model_config={"fcnet_hiddens": [8]}, num_epochs=1, minibatch_size=32)
+    data = EpisodeDataModule("CartPole-v1", rollout_fragment_length=32, rollouts_per_epoch=1, seed=0)
+    trainer = Trainer(
+        max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False, limit_val_batches=0
+    )
+    trainer.fit(learner, datamodule=data)
+    trainer.save_checkpoint(tmp_path / "ppo.ckpt")
+
+    loaded = Learner.from_checkpoint(str(tmp_path / "ppo.ckpt"))
+    assert isinstance(loaded, PPOLearner)
+    assert loaded.module_spec.rl_module_specs["default_policy"].model_config == {"fcnet_hiddens": [8]}
+    for name, value in learner.module.state_dict().items():
+        assert torch.equal(value, loaded.module.state_dict()[name]), name

@@ -1168,8 +1168,13 @@ class Learner(LightningModule):
         learner_class = import_class(payload["learner_class"], cls)
         state = payload["state"]
         try:
+            saved = dict(payload["hparams"])
+            if saved.get("model_config") is not None:
+                # Learners that build their default module from model_config save it as a
+                # hyperparameter too; the saved spec already holds it, so pass the spec alone.
+                saved["model_config"] = None
             hparams = {
-                **payload["hparams"],
+                **saved,
                 "config_overrides_per_module": state.get("config_overrides_per_module"),
                 **hparam_overrides,
             }
