@@ -79,7 +79,7 @@ def test_bad_config_values_fail_at_start_with_a_message_naming_them(tmp_path, fl
 
 
 def test_the_examples_are_valid_configs():
-    for path in (CARTPOLE, PENDULUM):
+    for path in sorted(str(path) for path in Path(CARTPOLE).parent.glob("*.yaml")):
         result = subprocess.run(
             [sys.executable, "-m", "lightning_rl", "fit", "--config", path, "--print_config"],
             capture_output=True, text=True, timeout=120,
