@@ -1,0 +1,345 @@
+"""Deep Q-Networks (Mnih et al., 2015) with double Q (van Hasselt et al., 2016) and dueling heads.
+
+The Q network regresses ``Q(s, a)`` of replayed transitions onto the bootstrapped target
+
+    y = r_n + gamma**n * (1 - terminated) * Q_target(s', a*)
+    a* = argmax_a Q(s', a)          (double Q: the online network chooses, the target values)
+    a* = argmax_a Q_target(s', a)   (vanilla DQN)
+
+where ``r_n`` is the n-step discounted reward sum the replay buffer computes and ``s'`` the
+observation after it. The loss is ``mean(w * L(Q(s, a) - y))`` with ``L`` the Huber loss
+(delta 1) or the squared error, and ``w`` the importance weights of prioritized replay
+(ones for uniform replay). ``Q_target`` is a frozen copy of the Q network that the
+``TargetNetworkUpdate`` callback syncs every ``target_network_update_freq`` gradient steps.
+
+Acting is epsilon-greedy: the module's ``epsilon`` buffer follows the Learner's schedule
+over sampled env steps and is saved with the weights, so a resumed run explores as the
+saved one did. Names follow RLlib's DQN config (``double_q``, ``dueling``,
+``td_error_loss_fn``, ``epsilon``, ``target_network_update_freq``, ``n_step``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import gymnasium as gym
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
+from lightning_rl.core.learner import LearnerConfig
+from lightning_rl.core.off_policy import WEIGHTS, OffPolicyLearner, bootstrap_discounts
+from lightning_rl.core.rl_module import (
+    DEFAULT_FCNET_HIDDENS,
+    MultiRLModuleSpec,
+    RLModule,
+    RLModuleSpec,
+    build_mlp,
+    flat_obs_dim,
+    flatten_obs,
+)
+from lightning_rl.core.schedules import Schedule, ScheduleSetting
+from lightning_rl.core.target_network import TargetNetworkAPI, make_target_network
+
+# Forward-pass outputs.
+Q_VALUES = "q_values"
+"""``Q(s, .)`` of ``obs``, ``[B, num_actions]`` (inference and train passes)."""
+Q_VALUES_NEXT = "q_values_next"
+"""The online network's ``Q(s', .)`` of ``new_obs`` (train pass; double Q's action choice)."""
+Q_TARGET_NEXT = "q_target_next"
+"""The target network's ``Q_target(s', .)`` of ``new_obs`` (``forward_target``)."""
+
+# Result keys (RLlib's names).
+QF_LOSS_KEY = "qf_loss"
+QF_MEAN_KEY = "qf_mean"
+TD_ERROR_MEAN_KEY = "td_error_mean"
+CURR_EPSILON_KEY = "curr_epsilon"
+
+DEFAULT_DQN_ACTIVATION = "relu"
+TD_ERROR_LOSS_FNS = ("huber", "mse")
+
+
+class DQNModule(RLModule, TargetNetworkAPI):
+    """A Q network for Discrete actions, its target copy, and epsilon-greedy acting.
+
+    ``model_config`` keys:
+        ``fcnet_hiddens``: hidden layer sizes (default ``[256, 256]``).
+        ``fcnet_activation``: their activation (default ``"relu"``, as DQN implementations use).
+        ``dueling``: split the network into a state-value stream ``V(s)`` and an advantage
+            stream ``A(s, a)``, combined as ``Q = V + A - mean_a A`` (Wang et al., 2016;
+            default ``False``). All hidden layers but the last are shared; each stream has
+            its own copy of the last one.
+
+    The ``epsilon`` buffer (a float32 scalar, saved in checkpoints) is the probability that
+    ``forward_exploration`` takes a uniformly random action; ``DQNLearner`` sets it from its
+    schedule. It starts at 1 (all random). ``inference_only`` modules build no target network.
+
+    Raises:
+        ValueError: If the action space is not ``Discrete``.
+    """
+
+    def setup(self) -> None:
+        if not isinstance(self.action_space, gym.spaces.Discrete):
+            raise ValueError(
+                f"DQNModule needs a Discrete action space (one Q value per action), got {self.action_space}"
+            )
+        config = self.model_config
+        self.num_actions = int(self.action_space.n)
+        self.action_start = int(self.action_space.start)
+        self.q_net = QNetwork(
+            flat_obs_dim(self.observation_space),
+            self.num_actions,
+            hiddens=list(config.get("fcnet_hiddens", DEFAULT_FCNET_HIDDENS)),
+            activation=config.get("fcnet_activation", DEFAULT_DQN_ACTIVATION),
+            dueling=bool(config.get("dueling", False)),
+        )
+        self.register_buffer("epsilon", torch.tensor(1.0, dtype=torch.float32))
+        self.target_q_net: nn.Module | None = None
+        if not self.inference_only:
+            self.make_target_networks()
+
+    def compute_q_values(self, obs: Tensor) -> Tensor:
+        """``Q(s, .)`` of a batch of observations from the online network, ``[B, num_actions]``."""
+        return self.q_net(flatten_obs(obs, self.observation_space))
+
+    def forward_inference(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """Greedy actions ``argmax_a Q(s, a)`` and the Q values."""
+        q_values = self.compute_q_values(batch[Columns.OBS])
+        return {Columns.ACTIONS: q_values.argmax(-1) + self.action_start, Q_VALUES: q_values}
+
+    def forward_exploration(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """Epsilon-greedy actions: uniformly random with probability ``epsilon``, else greedy.
+
+        Uses torch's global generator (seeded by ``seed_everything``). Only the actions are
+        returned: the env runner stores every per-row output of the acting pass, and replay
+        does not need the Q values.
+        """
+        greedy = self.compute_q_values(batch[Columns.OBS]).argmax(-1)
+        random_actions = torch.randint_like(greedy, self.num_actions)
+        explore = torch.rand(greedy.shape, device=greedy.device) < self.epsilon
+        return {Columns.ACTIONS: torch.where(explore, random_actions, greedy) + self.action_start}
+
+    def _forward_train(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """``Q(s, .)`` of ``obs`` and, if the batch has ``new_obs``, the online ``Q(s', .)`` too.
+
+        Both come from one pass over the concatenated observations (one matrix product per
+        layer instead of two); only the first half carries the loss's gradient.
+        """
+        obs = flatten_obs(batch[Columns.OBS], self.observation_space)
+        if Columns.NEXT_OBS not in batch:
+            return {Q_VALUES: self.q_net(obs)}
+        next_obs = flatten_obs(batch[Columns.NEXT_OBS], self.observation_space)
+        q_values, q_values_next = self.q_net(torch.cat([obs, next_obs])).split(len(obs))
+        return {Q_VALUES: q_values, Q_VALUES_NEXT: q_values_next}
+
+    def make_target_networks(self) -> None:
+        """The target Q network: a frozen copy of the online one."""
+        self.target_q_net = make_target_network(self.q_net)
+
+    def get_target_network_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
+        """``[(q_net, target_q_net)]``; empty for an ``inference_only`` module."""
+        return [] if self.target_q_net is None else [(self.q_net, self.target_q_net)]
+
+    def forward_target(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """``Q_target(s', .)`` of ``batch["new_obs"]`` from the target network.
+
+        Raises:
+            ValueError: For an ``inference_only`` module, which has no target network.
+        """
+        if self.target_q_net is None:
+            raise ValueError("this DQNModule was built with inference_only=True and has no target network")
+        return {Q_TARGET_NEXT: self.target_q_net(flatten_obs(batch[Columns.NEXT_OBS], self.observation_space))}
+
+
+class QNetwork(nn.Module):
+    """An MLP from flat observations to one Q value per action, optionally dueling.
+
+    Args:
+        obs_dim: Size of the flat observation.
+        num_actions: Number of actions (outputs).
+        hiddens: Hidden layer sizes.
+        activation: Their activation (see ``build_mlp``).
+        dueling: Whether to end in a value and an advantage stream (each with its own copy
+            of the last hidden layer) combined as ``V + A - mean(A)``.
+    """
+
+    def __init__(self, obs_dim: int, num_actions: int, *, hiddens: list[int], activation: str, dueling: bool) -> None:
+        super().__init__()
+        self.dueling = dueling
+        if not dueling:
+            self.q = build_mlp(obs_dim, hiddens, activation, num_actions)
+            return
+        shared, stream = hiddens[:-1], hiddens[-1:]
+        self.encoder = build_mlp(obs_dim, shared, activation)
+        features = shared[-1] if shared else obs_dim
+        self.value = build_mlp(features, stream, activation, 1)
+        self.advantage = build_mlp(features, stream, activation, num_actions)
+
+    def forward(self, obs: Tensor) -> Tensor:
+        if not self.dueling:
+            return self.q(obs)
+        features = self.encoder(obs)
+        advantages = self.advantage(features)
+        # Subtracting the mean advantage makes V and A identifiable (Wang et al., eq. 9).
+        return self.value(features) + advantages - advantages.mean(-1, keepdim=True)
+
+
+class DQNLearner(OffPolicyLearner):
+    """DQN's TD loss and epsilon schedule, on the off-policy update loop.
+
+    Each train item of an off-policy ``EpisodeDataModule`` brings the replay buffer; the
+    Learner takes ``gradient_steps`` steps on ``minibatch_size`` rows sampled from it, and
+    the target network is copied from the online one every ``target_network_update_freq``
+    gradient steps (``tau=1``; a smaller ``tau`` averages instead).
+
+    Args:
+        module_spec: What to build; ``None`` builds a :class:`DQNModule` from ``model_config``
+            with the spaces of the Trainer's data module.
+        model_config: The ``DQNModule``'s settings when ``module_spec`` is ``None``
+            (``fcnet_hiddens``, ``fcnet_activation``, ``dueling``).
+        lr: Learning rate of the Adam optimizer: a number or a schedule ``[[timestep, lr], ...]``.
+        double_q: Whether the online network chooses the bootstrap action (double DQN)
+            instead of the target network.
+        td_error_loss_fn: ``"huber"`` (delta 1) or ``"mse"`` (the squared TD error).
+        epsilon: Probability of a random action while sampling: a number or a schedule over
+            ``num_env_steps_sampled_lifetime``, in [0, 1].
+        gamma: Discount factor.
+        n_step: Rewards summed before bootstrapping.
+        gradient_steps: Gradient steps per train item.
+        minibatch_size: Replay rows per gradient step.
+        tau: Target update step: 1 copies, less averages (Polyak).
+        target_network_update_freq: Gradient steps between target-network updates.
+        grad_clip: Global-norm clip threshold of the gradients (Stable-Baselines3's
+            ``max_grad_norm``), or ``None``.
+        **kwargs: The other ``Learner`` arguments (``grad_clip_by``, ``config_overrides_per_module``, ...).
+    """
+
+    def __init__(
+        self,
+        module_spec: RLModuleSpec | MultiRLModuleSpec | None = None,
+        *,
+        model_config: dict[str, Any] | None = None,
+        lr: ScheduleSetting = 1e-3,
+        double_q: bool = True,
+        td_error_loss_fn: Literal["huber", "mse"] = "huber",
+        epsilon: ScheduleSetting = ((0, 1.0), (10000, 0.05)),
+        gamma: float = 0.99,
+        n_step: int = 1,
+        gradient_steps: int = 1,
+        minibatch_size: int = 32,
+        tau: float = 1.0,
+        target_network_update_freq: int = 500,
+        grad_clip: float | None = 10.0,
+        **kwargs: Any,
+    ) -> None:
+        if module_spec is None:
+            module_spec = RLModuleSpec(module_class=DQNModule, model_config=dict(model_config or {}))
+        elif model_config is not None:
+            raise ValueError("pass either module_spec or model_config, not both (the spec has its own model_config)")
+        super().__init__(
+            module_spec,
+            lr=lr,
+            gamma=gamma,
+            n_step=n_step,
+            gradient_steps=gradient_steps,
+            minibatch_size=minibatch_size,
+            tau=tau,
+            target_network_update_freq=target_network_update_freq,
+            grad_clip=grad_clip,
+            **kwargs,
+        )
+        self._epsilon_schedules: dict[str, Schedule] = {}
+
+    @staticmethod
+    def _check_config(config: Any, where: str) -> None:
+        OffPolicyLearner._check_config(config, where)
+        epsilon = config["epsilon"]
+        Schedule(epsilon, name=f"{where}: epsilon")  # a number or well-formed pairs, none below 0
+        values = [epsilon] if isinstance(epsilon, (int, float)) else [value for _, value in epsilon]
+        if any(value > 1 for value in values):
+            raise ValueError(f"{where}: epsilon must stay in [0, 1], got {epsilon!r}")
+        if not isinstance(config["double_q"], bool):
+            raise ValueError(f"{where}: double_q must be a bool, got {config['double_q']!r}")
+        if config["td_error_loss_fn"] not in TD_ERROR_LOSS_FNS:
+            raise ValueError(
+                f"{where}: td_error_loss_fn must be one of {TD_ERROR_LOSS_FNS}, got {config['td_error_loss_fn']!r}"
+            )
+
+    @classmethod
+    def rl_module_required_apis(cls) -> list[type]:
+        """DQN trains modules with target networks (``TargetNetworkAPI``)."""
+        return [TargetNetworkAPI]
+
+    def build(self) -> None:
+        """Build modules and optimizers, and set every module's epsilon for the current timestep.
+
+        So the first rollout, sampled before any update, already explores as scheduled.
+        """
+        super().build()
+        self._set_epsilons()
+
+    def add_module(self, *, module_id: str, module_spec: RLModuleSpec, **kwargs: Any) -> MultiRLModuleSpec:
+        """Add a module (see ``Learner.add_module``) and set its epsilon from the schedule."""
+        spec = super().add_module(module_id=module_id, module_spec=module_spec, **kwargs)
+        self._set_epsilons()
+        return spec
+
+    def remove_module(self, module_id: str, **kwargs: Any) -> MultiRLModuleSpec:
+        """Remove ``module_id`` and forget its epsilon schedule."""
+        spec = super().remove_module(module_id, **kwargs)
+        self._epsilon_schedules.pop(module_id, None)
+        return spec
+
+    def before_gradient_based_update(self, *, timesteps: dict[str, Any]) -> None:
+        """Set every module's exploration epsilon from the schedule at the current env step.
+
+        Runs on every train item, before learning starts too, so the epsilon the next
+        rollout uses always matches the timestep (also after resuming from a checkpoint).
+        """
+        super().before_gradient_based_update(timesteps=timesteps)
+        for module_id, epsilon in self._set_epsilons().items():
+            self.metrics.log_value((module_id, CURR_EPSILON_KEY), epsilon, reduce="last")
+
+    def _set_epsilons(self) -> dict[str, float]:
+        timestep = self._timesteps.get(NUM_ENV_STEPS_SAMPLED_LIFETIME, 0)
+        epsilons = {}
+        for module_id, module in self.module.items():
+            if module_id not in self._epsilon_schedules:
+                self._epsilon_schedules[module_id] = Schedule(
+                    self.config_for_module(module_id).epsilon, name=f"module {module_id!r}: epsilon"
+                )
+            epsilons[module_id] = self._epsilon_schedules[module_id].value(timestep)
+            if isinstance(getattr(module, "epsilon", None), Tensor):
+                module.epsilon.fill_(epsilons[module_id])
+        return epsilons
+
+    def compute_loss_for_module(
+        self, *, module_id: str, config: LearnerConfig, batch: dict[str, Tensor], fwd_out: dict[str, Any]
+    ) -> Tensor:
+        module = self.module[module_id]
+        actions = (batch[Columns.ACTIONS].long() - int(module.action_space.start)).unsqueeze(-1)
+        q_selected = fwd_out[Q_VALUES].gather(-1, actions).squeeze(-1)
+
+        with torch.no_grad():
+            q_target_next = module.forward_target(batch)[Q_TARGET_NEXT]
+            # Double Q: the online network picks the action, the target network values it,
+            # which removes max's upward bias on noisy estimates.
+            chooser = fwd_out[Q_VALUES_NEXT] if config.double_q else q_target_next
+            next_actions = chooser.argmax(-1, keepdim=True)
+            q_next = q_target_next.gather(-1, next_actions).squeeze(-1)
+            targets = batch[Columns.REWARDS] + bootstrap_discounts(batch, config.gamma) * q_next
+
+        td_errors = q_selected - targets
+        if config.td_error_loss_fn == "huber":
+            losses = F.huber_loss(q_selected, targets, reduction="none", delta=1.0)
+        else:
+            losses = td_errors.pow(2)
+        qf_loss = (batch[WEIGHTS] * losses).mean()
+
+        self.record_td_errors(module_id, td_errors)
+        log = self.metrics.log_value
+        log((module_id, QF_LOSS_KEY), qf_loss)
+        log((module_id, QF_MEAN_KEY), q_selected.detach().mean())
+        log((module_id, TD_ERROR_MEAN_KEY), td_errors.detach().abs().mean())
+        return qf_loss
