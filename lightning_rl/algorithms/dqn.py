@@ -38,6 +38,7 @@ from lightning_rl.core.rl_module import (
     build_mlp,
     flat_obs_dim,
     flatten_obs,
+    spec_or_default,
 )
 from lightning_rl.core.schedules import Schedule, ScheduleSetting
 from lightning_rl.core.target_network import TargetNetworkAPI, make_target_network
@@ -233,12 +234,8 @@ class DQNLearner(OffPolicyLearner):
         grad_clip: float | None = 10.0,
         **kwargs: Any,
     ) -> None:
-        if module_spec is None:
-            module_spec = RLModuleSpec(module_class=DQNModule, model_config=dict(model_config or {}))
-        elif model_config is not None:
-            raise ValueError("pass either module_spec or model_config, not both (the spec has its own model_config)")
         super().__init__(
-            module_spec,
+            spec_or_default(module_spec, model_config, DQNModule),
             lr=lr,
             gamma=gamma,
             n_step=n_step,

@@ -35,6 +35,7 @@ from lightning_rl.core.rl_module import (
     build_mlp,
     flat_obs_dim,
     flatten_obs,
+    spec_or_default,
 )
 from lightning_rl.core.schedules import Schedule, ScheduleSetting
 from lightning_rl.data.connectors import add_value_targets_and_advantages
@@ -186,12 +187,8 @@ class PPOLearner(Learner):
         normalize_advantages: bool = True,
         **kwargs: Any,
     ) -> None:
-        if module_spec is None:
-            module_spec = RLModuleSpec(module_class=PPOModule, model_config=dict(model_config or {}))
-        elif model_config is not None:
-            raise ValueError("pass either module_spec or model_config, not both (the spec has its own model_config)")
         super().__init__(
-            module_spec,
+            spec_or_default(module_spec, model_config, PPOModule),
             lr=lr,
             num_epochs=num_epochs,
             minibatch_size=minibatch_size,

@@ -42,6 +42,7 @@ from lightning_rl.core.rl_module import (
     build_mlp,
     flat_obs_dim,
     flatten_obs,
+    spec_or_default,
 )
 from lightning_rl.core.schedules import Schedule, ScheduleSetting
 from lightning_rl.core.target_network import TargetNetworkAPI, make_target_network
@@ -339,12 +340,8 @@ class SACLearner(OffPolicyLearner):
         target_network_update_freq: int = 1,
         **kwargs: Any,
     ) -> None:
-        if module_spec is None:
-            module_spec = RLModuleSpec(module_class=SACModule, model_config=dict(model_config or {}))
-        elif model_config is not None:
-            raise ValueError("pass either module_spec or model_config, not both (the spec has its own model_config)")
         super().__init__(
-            module_spec,
+            spec_or_default(module_spec, model_config, SACModule),
             gamma=gamma,
             n_step=n_step,
             gradient_steps=gradient_steps,

@@ -632,6 +632,26 @@ class MultiRLModuleSpec:
         )
 
 
+def spec_or_default(
+    module_spec: RLModuleSpec | MultiRLModuleSpec | None,
+    model_config: dict[str, Any] | None,
+    module_class: type[RLModule],
+) -> RLModuleSpec | MultiRLModuleSpec:
+    """An algorithm Learner's spec: the one given, or a ``module_class`` spec built from ``model_config``.
+
+    The default spec has no spaces yet; ``Trainer.fit`` fills them in from the data module.
+
+    Raises:
+        ValueError: If both are given (the spec has its own ``model_config``, and the other
+            would be silently ignored).
+    """
+    if module_spec is None:
+        return RLModuleSpec(module_class=module_class, model_config=dict(model_config or {}))
+    if model_config is not None:
+        raise ValueError("pass either module_spec or model_config, not both (the spec has its own model_config)")
+    return module_spec
+
+
 def _optional_space_to_dict(space: gym.Space | None) -> dict[str, Any] | None:
     return None if space is None else space_to_dict(space)
 
