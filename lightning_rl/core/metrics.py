@@ -127,21 +127,30 @@ class MetricsLogger:
         For a mean (and ``last``, over the newest value's elements) the value is the sum of
         the elements and the weight their number; otherwise the sum, minimum or maximum, weight 1.
         """
-        statistics: list[tuple[torch.Tensor, float]] = []
+        statistics: list[tuple[torch.Tensor | float, float]] = []
         for path in paths:
             reduce, _ = self._settings[path]
             values = self._pending[path]
-            values = _stack(values[-1:] if reduce == "last" else values)
+            if reduce == "last":
+                values = values[-1:]
+            if len(values) == 1 and not (isinstance(values[0], torch.Tensor) and values[0].dim() > 0):
+                # One scalar (an update of one step): its own statistic, no stacking.
+                value = values[0]
+                statistics.append((value if isinstance(value, torch.Tensor) else float(value), 1.0))
+                continue
+            values = _stack(values)
             if reduce in ("mean", "last", "sum"):
                 statistics.append((values.sum(), float(values.numel()) if reduce != "sum" else 1.0))
             else:
                 statistics.append((values.min() if reduce == "min" else values.max(), 1.0))
+        numbers = [value for value, _ in statistics]
         by_device: dict[torch.device, list[int]] = defaultdict(list)
-        for index, (value, _) in enumerate(statistics):
-            by_device[value.device].append(index)
-        numbers = [0.0] * len(statistics)
+        for index, value in enumerate(numbers):
+            if isinstance(value, torch.Tensor):
+                by_device[value.device].append(index)
         for indices in by_device.values():
-            for index, number in zip(indices, torch.stack([statistics[i][0] for i in indices]).tolist()):
+            stacked = torch.stack([numbers[i].float() for i in indices]).tolist()
+            for index, number in zip(indices, stacked):
                 numbers[index] = number
         return [(number, weight) for number, (_, weight) in zip(numbers, statistics)]
 
