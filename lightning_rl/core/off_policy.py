@@ -25,7 +25,7 @@ from torch import Tensor
 from lightning_rl.core.columns import Columns
 from lightning_rl.core.learner import Learner
 from lightning_rl.core.rl_module import MultiRLModuleSpec, RLModuleSpec
-from lightning_rl.data.replay_buffer import BATCH_INDEXES, N_STEP, WEIGHTS
+from lightning_rl.data.replay_buffer import BATCH_INDEXES, N_STEP, WEIGHTS, PrioritizedReplayBuffer, ReplayBuffer
 
 __all__ = ["BATCH_INDEXES", "N_STEP", "WEIGHTS", "OffPolicyLearner", "bootstrap_discounts"]
 
@@ -156,9 +156,14 @@ class OffPolicyLearner(Learner):
             self._td_errors.clear()
             self._update(self._prepare_batch({module_id: sample}), **update)
             td_errors = self._td_errors.pop(module_id, None)
-            if td_errors is not None:  # a uniform buffer ignores them
+            if td_errors is not None and _uses_priorities(replay):
                 replay.update_priorities(batch_indexes, td_errors.float().cpu().numpy())
         return self.metrics.reduce()
+
+
+def _uses_priorities(replay: Any) -> bool:
+    """Whether ``replay`` wants TD errors: a prioritized buffer, or a replay of the user's own kind."""
+    return isinstance(replay, PrioritizedReplayBuffer) or not isinstance(replay, ReplayBuffer)
 
 
 def bootstrap_discounts(batch: Mapping[str, Tensor], gamma: float) -> Tensor:

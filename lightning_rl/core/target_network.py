@@ -62,22 +62,20 @@ def update_target_network(online: nn.Module, target: nn.Module, tau: float) -> N
     """
     if not 0 < tau <= 1:
         raise ValueError(f"tau must be in (0, 1], got {tau!r}")
-    online_params = dict(online.named_parameters())
-    target_params = dict(target.named_parameters())
-    if online_params.keys() != target_params.keys():
+    # Plain parameter lists, not name dicts: this runs after every SAC gradient step.
+    online_params, target_params = list(online.parameters()), list(target.parameters())
+    if [p.shape for p in online_params] != [p.shape for p in target_params]:
         raise ValueError(
-            f"the target network's parameters {sorted(target_params)} differ from the online network's "
-            f"{sorted(online_params)}"
+            f"the target network's parameter shapes {[tuple(p.shape) for p in target_params]} differ from the "
+            f"online network's {[tuple(p.shape) for p in online_params]}"
         )
-    for name, param in online_params.items():
+    for param, target_param in zip(online_params, target_params):
         if tau == 1:
-            target_params[name].copy_(param)
+            target_param.copy_(param)
         else:
-            target_params[name].lerp_(param, tau)
-    target_buffers = dict(target.named_buffers())
-    for name, buffer in online.named_buffers():
-        if name in target_buffers:
-            target_buffers[name].copy_(buffer)
+            target_param.lerp_(param, tau)
+    for buffer, target_buffer in zip(online.buffers(), target.buffers()):
+        target_buffer.copy_(buffer)
 
 
 def update_target_networks(module: TargetNetworkAPI, tau: float) -> None:
