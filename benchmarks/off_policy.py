@@ -22,8 +22,9 @@ and the data module's effective init arguments, defaults included), so they cann
   ours         ``Trainer.fit`` of the example config through ``LightningRLCLI`` (this file,
                ``--child ours``); logger, checkpoints, progress bar and the config's callbacks
                off, the env seed set to the run's seed;
-  handwritten  ``benchmarks/handwritten_dqn.py`` / ``handwritten_sac.py``: single-file plain
-               torch + gymnasium loops of the same networks, replay (a uniform numpy ring
+  handwritten  ``benchmarks/handwritten_dqn.py`` / ``handwritten_sac.py``: plain torch +
+               gymnasium loops (their shared env loop and replay in
+               ``_handwritten_common.py``) of the same networks, replay (a uniform numpy ring
                buffer, n-step returns if configured), env stepping (a ``SyncVectorEnv`` of
                ``num_envs`` in SAME_STEP autoreset, true final observations stored),
                warm-up (uniform random actions until ``learning_starts``), losses, target
@@ -76,22 +77,28 @@ import time
 START_TIME = time.time()  # a child's clock (``--child ours``) starts with the script
 
 import argparse
-import importlib.metadata
-import importlib.util
 import json
 import math
-import os
 import resource
 import statistics
-import subprocess
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+
+# Siblings: this directory is on sys.path when a benchmark runs as a script.
+from _children import (
+    available_variants,
+    fmt,
+    follow_child,
+    parse_fields,
+    print_versions,
+    rotated,
+    write_json,
+)
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
@@ -393,54 +400,31 @@ def child_command(algo: str, variant: str, seed: int, budget: int, config: str, 
     return [sys.executable, str(BENCH_DIR / "_sb3_off_policy.py"), "--hparams", hparams, *common]
 
 
-def parse_fields(line: str) -> dict[str, str]:
-    """'EVAL env_steps=1 return_mean=2.5' -> {'env_steps': '1', 'return_mean': '2.5'}; 'reason=' takes the rest."""
-    rest = line.split(" ", 1)[1] if " " in line else ""
-    if rest.startswith("reason="):
-        return {"reason": rest[len("reason=") :]}
-    return dict(token.partition("=")[::2] for token in rest.split())
-
-
 def run_child(command: list[str], variant: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     """Launch one run, follow its protocol lines, and return its record."""
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads), PYTHONUNBUFFERED="1")
     record: dict[str, Any] = {"variant": variant, "seed": seed, "status": "ERROR", "env_steps": None, "setup_s": None,
                               "train_s": None, "eval_s": None, "threads": None, "peak_rss_mb": None, "evals": [],
                               "notes": []}  # fmt: skip
-    other_lines: list[str] = []
-    launch = time.time()
-    proc = subprocess.Popen(
-        command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+
+    def handle(head: str, line: str, launch: float) -> bool:
+        if head == "EVAL":
+            fields = parse_fields(line)
+            record["evals"].append((int(fields["env_steps"]), float(fields["return_mean"])))
+        elif head == "TRAINING_END":
+            fields = parse_fields(line)
+            record.update(status="DONE", env_steps=int(fields["env_steps"]), train_s=float(fields["train_s"]),
+                          eval_s=float(fields["eval_s"]), threads=int(fields["threads"]))  # fmt: skip
+        elif head == "UNAVAILABLE":
+            record.update(status="UNAVAILABLE", reason=parse_fields(line)["reason"])
+        elif head == "NOTE":
+            record["notes"].append(line[len("NOTE ") :])
+        else:
+            return False
+        return True
+
+    returncode, other_lines, _ = follow_child(
+        command, record, handle, threads=args.threads, timeout=args.timeout, show_output=args.show_output
     )
-    timer = threading.Timer(args.timeout, proc.kill)
-    timer.start()
-    try:
-        assert proc.stdout is not None
-        for raw in proc.stdout:
-            line = raw.rstrip("\n")
-            head = line.split(" ", 1)[0]
-            if head == "TRAINING_START":
-                record["setup_s"] = float(parse_fields(line)["time"]) - launch
-            elif head == "EVAL":
-                fields = parse_fields(line)
-                record["evals"].append((int(fields["env_steps"]), float(fields["return_mean"])))
-            elif head == "TRAINING_END":
-                fields = parse_fields(line)
-                record.update(status="DONE", env_steps=int(fields["env_steps"]), train_s=float(fields["train_s"]),
-                              eval_s=float(fields["eval_s"]), threads=int(fields["threads"]))  # fmt: skip
-            elif head == "UNAVAILABLE":
-                record.update(status="UNAVAILABLE", reason=parse_fields(line)["reason"])
-            elif head == "NOTE":
-                record["notes"].append(line[len("NOTE ") :])
-            elif line.startswith("PEAK_RSS_MB="):
-                record["peak_rss_mb"] = float(line.partition("=")[2])
-            else:
-                other_lines.append(line)
-                if args.show_output:
-                    print(f"    [{variant}] {line}", flush=True)
-        returncode = proc.wait()
-    finally:
-        timer.cancel()
     record["returncode"] = returncode
     if returncode != 0 and record["status"] != "UNAVAILABLE":
         record["status"] = "ERROR"
@@ -457,10 +441,6 @@ def steps_per_second(record: dict[str, Any]) -> float | None:
     if record["status"] != "DONE" or not record["train_s"]:
         return None
     return record["env_steps"] / record["train_s"]
-
-
-def fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
 
 
 def print_seed_table(algo: str, seed: int, records: list[dict[str, Any]], thresholds: list[tuple[float, int]]) -> None:
@@ -566,27 +546,6 @@ def print_summary(algo: str, summary: dict[str, Any], seeds: list[int], budget: 
     print(f"{algo} throughput verdict (median env steps/s): {verdict}: " + "; ".join(parts))
 
 
-def finite_or_none(value: Any) -> Any:
-    """JSON has no inf/nan: write them as null."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {key: finite_or_none(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite_or_none(item) for item in value]
-    return value
-
-
-def versions() -> dict[str, str | None]:
-    found: dict[str, str | None] = {"python": sys.version.split()[0]}
-    for dist in ("torch", "lightning", "gymnasium", "stable-baselines3", "lightning-rl"):
-        try:
-            found[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            found[dist] = None
-    return found
-
-
 def run_algo(algo: str, args: argparse.Namespace, variants: list[str]) -> dict[str, Any]:
     """All seeds and variants of one algorithm; prints the tables; returns runs and summary."""
     config = args.dqn_config if algo == "dqn" else args.sac_config
@@ -607,9 +566,8 @@ def run_algo(algo: str, args: argparse.Namespace, variants: list[str]) -> dict[s
     records: list[dict[str, Any]] = []
     noted: set[str] = set()
     for index, seed in enumerate(args.seeds):
-        order = variants[index % len(variants) :] + variants[: index % len(variants)]
         seed_records = []
-        for variant in order:
+        for variant in rotated(variants, index):
             if variant not in variants:  # became unavailable at an earlier seed
                 continue
             command = child_command(algo, variant, seed, budget, config, hparams_json, args.threads)
@@ -643,12 +601,8 @@ def main() -> None:
         print(json.dumps(effective_hparams(args.algo, REPO_ROOT / config, budget), separators=(",", ":")))
         return
 
-    variants = list(dict.fromkeys(args.variants))
-    if "sb3" in variants and importlib.util.find_spec("stable_baselines3") is None:
-        print("sb3: stable_baselines3 is not installed (pip install stable-baselines3); running without it")
-        variants.remove("sb3")
-    info = versions()
-    print(", ".join(f"{name} {version}" for name, version in info.items() if version))
+    variants = available_variants(args.variants)
+    info = print_versions()
     print(
         f"algos {algos}, variants {variants}, seeds {args.seeds}; threads: OMP_NUM_THREADS=MKL_NUM_THREADS="
         f"{args.threads}, torch.set_num_threads({args.threads}) in every run"
@@ -657,8 +611,7 @@ def main() -> None:
     if args.json:
         payload = {"args": {k: v for k, v in vars(args).items() if k not in ("child", "config", "seed")},
                    "versions": info, "algos": results}  # fmt: skip
-        Path(args.json).write_text(json.dumps(finite_or_none(payload), indent=2, default=str))
-        print(f"wrote {args.json}")
+        write_json(args.json, payload)
 
 
 if __name__ == "__main__":

@@ -68,18 +68,23 @@ import time
 START_TIME = time.time()  # a child's clock (``--child ours``) starts with the script
 
 import argparse
-import importlib.metadata
-import importlib.util
-import json
 import math
-import os
 import resource
 import statistics
-import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any
+
+# Siblings: this directory is on sys.path when a benchmark runs as a script.
+from _children import (
+    available_variants,
+    fmt,
+    follow_child,
+    parse_fields,
+    print_versions,
+    rotated,
+    write_json,
+)
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
@@ -243,62 +248,34 @@ def child_command(variant: str, seed: int, args: argparse.Namespace) -> list[str
     return [sys.executable, str(BENCH_DIR / script), *common]
 
 
-def parse_fields(line: str) -> dict[str, str]:
-    """'REACHED env_steps=1 time=2.5' -> {'env_steps': '1', 'time': '2.5'}; 'reason=' takes the rest."""
-    fields: dict[str, str] = {}
-    rest = line.split(" ", 1)[1] if " " in line else ""
-    if rest.startswith("reason="):
-        return {"reason": rest[len("reason=") :]}
-    for token in rest.split():
-        key, _, value = token.partition("=")
-        fields[key] = value
-    return fields
-
-
 def run_child(variant: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     """Launch one run, follow its protocol lines, and return its record."""
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads), PYTHONUNBUFFERED="1")
     record: dict[str, Any] = {"variant": variant, "seed": seed, "status": "ERROR", "env_steps": None, "wall_s": None,
                               "setup_s": None, "train_s": None, "child_s": None, "peak_rss_mb": None,
                               "threads": None, "return_mean": None}  # fmt: skip
-    other_lines: list[str] = []
-    launch = time.time()
-    proc = subprocess.Popen(
-        child_command(variant, seed, args), cwd=REPO_ROOT, env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+
+    def handle(head: str, line: str, launch: float) -> bool:
+        if head not in ("REACHED", "NOT_REACHED", "UNAVAILABLE"):
+            return False
+        fields = parse_fields(line)
+        record["status"] = head
+        if head == "UNAVAILABLE":
+            record["reason"] = fields.get("reason", "")
+            return True
+        record["env_steps"] = int(fields["env_steps"])
+        record["return_mean"] = float(fields.get("return_mean", "nan"))
+        if head == "REACHED":
+            record["wall_s"] = float(fields["time"]) - launch
+            record["child_s"] = float(fields["elapsed"])
+            if record["setup_s"] is not None:
+                record["train_s"] = record["wall_s"] - record["setup_s"]
+            record["threads"] = int(fields["threads"]) if "threads" in fields else None
+        return True
+
+    returncode, other_lines, launch = follow_child(
+        child_command(variant, seed, args), record, handle,
+        threads=args.threads, timeout=args.timeout, show_output=args.show_output,
     )  # fmt: skip
-    timer = threading.Timer(args.timeout, proc.kill)
-    timer.start()
-    try:
-        assert proc.stdout is not None
-        for raw in proc.stdout:
-            line = raw.rstrip("\n")
-            head = line.split(" ", 1)[0]
-            if head == "TRAINING_START":
-                record["setup_s"] = float(parse_fields(line)["time"]) - launch
-            elif head in ("REACHED", "NOT_REACHED", "UNAVAILABLE"):
-                fields = parse_fields(line)
-                record["status"] = head
-                if head == "UNAVAILABLE":
-                    record["reason"] = fields.get("reason", "")
-                    continue
-                record["env_steps"] = int(fields["env_steps"])
-                record["return_mean"] = float(fields.get("return_mean", "nan"))
-                if head == "REACHED":
-                    record["wall_s"] = float(fields["time"]) - launch
-                    record["child_s"] = float(fields["elapsed"])
-                    if record["setup_s"] is not None:
-                        record["train_s"] = record["wall_s"] - record["setup_s"]
-                    record["threads"] = int(fields["threads"]) if "threads" in fields else None
-            elif line.startswith("PEAK_RSS_MB="):
-                record["peak_rss_mb"] = float(line.partition("=")[2])
-            else:
-                other_lines.append(line)
-                if args.show_output:
-                    print(f"    [{variant}] {line}", flush=True)
-        returncode = proc.wait()
-    finally:
-        timer.cancel()
     record["process_s"] = time.time() - launch
     record["returncode"] = returncode
     if returncode != 0:  # a run that reached the threshold and then failed keeps its result
@@ -306,10 +283,6 @@ def run_child(variant: str, seed: int, args: argparse.Namespace) -> dict[str, An
             record["status"] = "ERROR"
         record["error_tail"] = other_lines[-15:]
     return record
-
-
-def fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
 
 
 def ms_per_step(record: dict[str, Any]) -> float | None:
@@ -411,39 +384,14 @@ def print_summary(summary: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"verdict: {verdict}: " + "; ".join(parts))
 
 
-def finite_or_none(value: Any) -> Any:
-    """JSON has no inf/nan: write them as null (``reached`` says which runs got there)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {key: finite_or_none(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [finite_or_none(item) for item in value]
-    return value
-
-
-def versions() -> dict[str, str | None]:
-    found: dict[str, str | None] = {"python": sys.version.split()[0]}
-    for dist in ("torch", "lightning", "gymnasium", "stable-baselines3", "lightning-rl"):
-        try:
-            found[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            found[dist] = None
-    return found
-
-
 def main() -> None:
     args = parse_args()
     if args.child == "ours":
         run_ours_child(args)
         return
 
-    variants = list(dict.fromkeys(args.variants))
-    if "sb3" in variants and importlib.util.find_spec("stable_baselines3") is None:
-        print("sb3: stable_baselines3 is not installed (pip install stable-baselines3); running without it")
-        variants.remove("sb3")
-    info = versions()
-    print(", ".join(f"{name} {version}" for name, version in info.items() if version))
+    variants = available_variants(args.variants)
+    info = print_versions()
     print(
         f"variants {variants}, seeds {args.seeds}, threshold {args.threshold:g}, max env steps {args.max_env_steps}; "
         f"threads: OMP_NUM_THREADS=MKL_NUM_THREADS={args.threads}, torch.set_num_threads({args.threads}) in every run"
@@ -451,9 +399,8 @@ def main() -> None:
 
     records: list[dict[str, Any]] = []
     for index, seed in enumerate(args.seeds):
-        order = variants[index % len(variants) :] + variants[: index % len(variants)]
         seed_records = []
-        for variant in order:
+        for variant in rotated(variants, index):
             if variant not in variants:  # became unavailable at an earlier seed
                 continue
             record = run_child(variant, seed, args)
@@ -470,8 +417,7 @@ def main() -> None:
     if args.json:
         payload = {"config": {k: v for k, v in vars(args).items() if k not in ("child", "seed")},
                    "versions": info, "runs": records, "summary": summary}  # fmt: skip
-        Path(args.json).write_text(json.dumps(finite_or_none(payload), indent=2, default=str))
-        print(f"wrote {args.json}")
+        write_json(args.json, payload)
 
 
 if __name__ == "__main__":
