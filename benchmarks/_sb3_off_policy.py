@@ -64,7 +64,7 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import DummyVecEnv
 
 # Siblings: this directory is on sys.path when a benchmark runs as a script.
-from handwritten_dqn import ACTIVATIONS
+from _handwritten_common import ACTIVATIONS
 from off_policy import ChildClock, GreedyEvaluation, child_parser, evaluation_due, unavailable
 
 

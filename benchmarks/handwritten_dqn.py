@@ -1,4 +1,4 @@
-"""A hand-written, single-file DQN (plain torch + gymnasium), CleanRL style.
+"""A hand-written DQN (plain torch + gymnasium), CleanRL style.
 
 It is the yardstick of ``benchmarks/off_policy.py``: the algorithm of our ``DQNLearner`` on an
 off-policy ``EpisodeDataModule``, at the sizes of the config the parent passes (``--hparams``,
@@ -23,7 +23,9 @@ from ``examples/dqn_cartpole.yaml``), in the fewest lines that do it right:
 
 Evaluation (greedy, timed apart) follows ``off_policy.GreedyEvaluation`` after every
 ``rollouts_per_epoch`` items and after the last. Output: the protocol lines of
-``off_policy.ChildClock``.
+``off_policy.ChildClock``. The env loop, replay buffer, MLP builder and target update are
+``_handwritten_common.py``'s, shared with ``handwritten_sac.py``; the Q network, acting and
+loss are here.
 
 Run alone::
 
@@ -38,45 +40,28 @@ import time
 START_TIME = time.time()  # before the heavy imports: the run's clock starts with the script
 
 import copy
-import json
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 # Siblings: this directory is on sys.path when a benchmark runs as a script.
-from off_policy import ChildClock, GreedyEvaluation, child_parser, evaluation_due, unavailable
-
-ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "silu": nn.SiLU, "swish": nn.SiLU, "elu": nn.ELU}
+from _handwritten_common import Act, ReplayBuffer, make_train_envs, mlp, start_run, train, unsupported_reason
+from off_policy import GreedyEvaluation
 
 
 def unsupported(model: dict[str, Any], data: dict[str, Any]) -> str | None:
     """What this loop does not implement of the config, or None."""
-    checks = [
-        (isinstance(model["lr"], (int, float)), f"lr schedule {model['lr']!r}"),
-        (model["grad_clip"] is None or model["grad_clip_by"] == "global_norm", f"grad_clip_by={model['grad_clip_by']!r}"),
-        (not data["prioritized_replay"], "prioritized_replay"),
-        (isinstance(data["env"], str) and not (data["wrappers"] or data["evaluation_wrappers"]), "env callables or wrappers"),
-        (data["random_actions_before_learning_starts"], "random_actions_before_learning_starts=False"),
-        (not data["evaluation_explore"], "evaluation_explore"),
-        (model["model_config"]["fcnet_activation"] in ACTIVATIONS, f"activation {model['model_config']['fcnet_activation']!r}"),
-        (not model.get("config_overrides_per_module"), "config_overrides_per_module"),
-    ]
-    missing = [what for ok, what in checks if not ok]
-    return ", ".join(missing) if missing else None
-
-
-def mlp(in_dim: int, hiddens: list[int], activation: str, out_dim: int | None) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for size in hiddens:
-        layers += [nn.Linear(in_dim, size), ACTIVATIONS[activation]()]
-        in_dim = size
-    if out_dim is not None:
-        layers.append(nn.Linear(in_dim, out_dim))
-    return nn.Sequential(*layers)
+    return unsupported_reason(
+        [
+            (isinstance(model["lr"], (int, float)), f"lr schedule {model['lr']!r}"),
+            (model["grad_clip"] is None or model["grad_clip_by"] == "global_norm", f"grad_clip_by={model['grad_clip_by']!r}"),
+        ],
+        model,
+        data,
+    )
 
 
 class QNetwork(nn.Module):
@@ -100,100 +85,17 @@ class QNetwork(nn.Module):
         return self.value(features) + advantages - advantages.mean(-1, keepdim=True)
 
 
-class ReplayBuffer:
-    """A numpy ring of ``capacity // num_envs`` vector steps; n-step returns at sample time.
-
-    Uniform replay with replacement over the stored env steps, as our ``ReplayBuffer``. One
-    row per vector step keeps each env's steps in order, so an n-step return walks down its
-    env's column. (``handwritten_sac.py`` uses it too, with float actions.)
-    """
-
-    def __init__(
-        self,
-        capacity: int,
-        num_envs: int,
-        obs_shape: tuple[int, ...],
-        *,
-        seed: int,
-        action_shape: tuple[int, ...] = (),
-        action_dtype: type = np.int64,
-    ) -> None:
-        self.rows, self.num_envs = capacity // num_envs, num_envs
-        self.obs = np.zeros((self.rows, num_envs, *obs_shape), dtype=np.float32)
-        self.next_obs = np.zeros_like(self.obs)
-        self.actions = np.zeros((self.rows, num_envs, *action_shape), dtype=action_dtype)
-        self.rewards = np.zeros((self.rows, num_envs), dtype=np.float32)
-        self.terminated = np.zeros((self.rows, num_envs), dtype=bool)
-        self.ended = np.zeros((self.rows, num_envs), dtype=bool)  # terminated or truncated
-        self.pos, self.full = 0, False
-        self.rng = np.random.default_rng(seed)
-
-    def __len__(self) -> int:
-        return (self.rows if self.full else self.pos) * self.num_envs
-
-    def add(self, obs: np.ndarray, next_obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray,
-            terminated: np.ndarray, truncated: np.ndarray) -> None:  # fmt: skip
-        row = self.pos
-        self.obs[row], self.next_obs[row], self.actions[row], self.rewards[row] = obs, next_obs, actions, rewards
-        self.terminated[row], self.ended[row] = terminated, terminated | truncated
-        self.pos = (row + 1) % self.rows
-        self.full = self.full or self.pos == 0
-
-    def sample(self, batch_size: int, n_step: int, gamma: float) -> dict[str, torch.Tensor]:
-        flat = self.rng.integers(0, len(self), size=batch_size)
-        rows, envs = flat // self.num_envs, flat % self.num_envs
-        last = rows.copy()
-        returns = self.rewards[rows, envs].astype(np.float64)
-        steps = np.ones(batch_size, dtype=np.int64)
-        for k in range(1, n_step):
-            # Walk on in the same env while the episode goes on and the next row is stored
-            # (the slot at pos is the next to be written: unwritten, or the oldest row).
-            following = (last + 1) % self.rows
-            walking = np.flatnonzero(~self.ended[last, envs] & (following != self.pos))
-            if not len(walking):
-                break
-            last[walking] = following[walking]
-            returns[walking] += gamma**k * self.rewards[last[walking], envs[walking]]
-            steps[walking] += 1
-        discounts = gamma**steps * ~self.terminated[last, envs]
-        return {
-            "obs": torch.from_numpy(self.obs[rows, envs]),
-            "actions": torch.from_numpy(self.actions[rows, envs]),
-            "returns": torch.from_numpy(returns.astype(np.float32)),
-            "next_obs": torch.from_numpy(self.next_obs[last, envs]),
-            "discounts": torch.from_numpy(discounts.astype(np.float32)),
-        }
-
-
-@torch.no_grad()
-def update_target(target: nn.Module, online: nn.Module, tau: float) -> None:
-    """``target <- tau * online + (1 - tau) * target``; an exact copy for ``tau == 1``."""
-    for target_param, online_param in zip(target.parameters(), online.parameters()):
-        if tau == 1:
-            target_param.copy_(online_param)
-        else:
-            target_param.lerp_(online_param, tau)
-
-
 def main() -> None:
-    args = child_parser(__doc__).parse_args()
-    torch.set_num_threads(args.threads)
-    hparams = json.loads(args.hparams)
-    model, data = hparams["model"], hparams["data"]
-    reason = unsupported(model, data)
-    if reason:
-        unavailable(f"the hand-written DQN does not implement {reason}")
+    started = start_run(__doc__, unsupported, "DQN")
+    if started is None:
         return
+    args, model, data = started
     net_config = model["model_config"]
-    gamma, n_step, tau = model["gamma"], model["n_step"], model["tau"]
-    num_envs, train_freq = data["num_envs"], data["train_freq"]
+    gamma, n_step, num_envs = model["gamma"], model["n_step"], data["num_envs"]
     np_rng = np.random.default_rng(args.seed)
     torch.manual_seed(args.seed)
 
-    env_id, env_kwargs = data["env"], dict(data["env_kwargs"] or {})
-    envs = gym.vector.SyncVectorEnv(
-        [lambda: gym.make(env_id, **env_kwargs)] * num_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
-    )
+    envs = make_train_envs(data)
     obs_shape = envs.single_observation_space.shape
     num_actions = int(envs.single_action_space.n)
     q_net = QNetwork(int(np.prod(obs_shape)), num_actions, list(net_config["fcnet_hiddens"]),
@@ -226,44 +128,22 @@ def main() -> None:
             nn.utils.clip_grad_norm_(q_net.parameters(), model["grad_clip"])
         optimizer.step()
 
-    # As ours: learning starts once the buffer holds learning_starts steps (or is full), never empty.
-    learning_starts = max(min(data["learning_starts"], len(buffer.obs) * num_envs), 1)
-    clock = ChildClock()
-    obs, _ = envs.reset(seed=args.seed)  # env i is seeded with seed + i
-    env_steps = items = gradient_steps = 0
-    clock.training_start()
-    while env_steps < args.max_env_steps:
-        # ---- one train item: train_freq env steps ----
-        random_item = len(buffer) < learning_starts
+    def item_policy(env_steps: int, random_item: bool) -> Act:
+        """Uniformly random actions until learning starts, then epsilon-greedy at the item's epsilon."""
         epsilon = float(np.interp(env_steps, eps_steps, eps_values))
-        for _ in range(train_freq // num_envs):
+
+        def act(obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             actions = np_rng.integers(num_actions, size=num_envs)
             if not random_item:
                 actions = np.where(np_rng.random(num_envs) < epsilon, actions, greedy(obs))
-            next_obs, rewards, terminated, truncated, infos = envs.step(actions)
-            stored_next = next_obs.copy()
-            for i in np.flatnonzero(terminated | truncated):
-                stored_next[i] = infos["final_obs"][i]  # next_obs[i] is already the next episode's reset
-            buffer.add(obs, stored_next, actions, rewards, terminated, truncated)
-            obs = next_obs
-        env_steps += train_freq
-        items += 1
+            return actions, actions
 
-        # ---- gradient steps, target updates ----
-        if len(buffer) >= learning_starts:
-            for _ in range(model["gradient_steps"]):
-                gradient_step()
-                gradient_steps += 1
-                if gradient_steps % model["target_network_update_freq"] == 0:
-                    update_target(target_net, q_net, tau)
+        return act
 
-        if evaluation_due(items, data) or env_steps >= args.max_env_steps:
-            clock.evaluation_started()
-            clock.evaluation_finished(env_steps, evaluation.run(greedy))
-    clock.training_end(env_steps, torch.get_num_threads())
-    envs.close()
-    evaluation.close()
-    clock.finish()
+    train(
+        envs, buffer, evaluation, model=model, data=data, seed=args.seed, max_env_steps=args.max_env_steps,
+        item_policy=item_policy, gradient_step=gradient_step, target=target_net, online=q_net, greedy=greedy,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

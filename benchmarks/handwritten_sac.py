@@ -11,11 +11,12 @@ from ``examples/sac_pendulum.yaml``), in the fewest lines that do it right:
   item acts uniformly at random in the action Box; after that it samples the policy.
 - After each item once the buffer holds ``learning_starts`` steps: ``gradient_steps`` steps,
   each on ``minibatch_size`` transitions drawn uniformly with replacement from a numpy ring
-  buffer of ``replay_buffer_capacity`` steps (``handwritten_dqn.py``'s, whose MLP builder and
-  target update this file shares too; n-step returns summed at sample time if
-  ``n_step > 1``, cut at episode ends). Per step, as our Learner does, all three losses are
-  computed from the same weights and backpropagated once, then each of the three Adams
-  (actor, both critics, ``log_alpha``) steps with its own learning rate and gradient clip:
+  buffer of ``replay_buffer_capacity`` steps (``_handwritten_common.py``'s, as are the env
+  loop, MLP builder and target update, shared with ``handwritten_dqn.py``; n-step returns
+  summed at sample time if ``n_step > 1``, cut at episode ends). Per step, as our Learner
+  does, all three losses are computed from the same weights and backpropagated once, then
+  each of the three Adams (actor, both critics, ``log_alpha``) steps with its own learning
+  rate and gradient clip:
 
       y            = r_n + gamma^n (1 - terminated) (min_i Q'_i(s', a') - alpha log pi(a'|s')),  a' ~ pi(s')
       critic loss  = 0.5 * (mean (Q_1(s, a) - y)^2 + mean (Q_2(s, a) - y)^2)
@@ -46,19 +47,17 @@ import time
 START_TIME = time.time()  # before the heavy imports: the run's clock starts with the script
 
 import copy
-import json
 import math
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 # Siblings: this directory is on sys.path when a benchmark runs as a script.
-from handwritten_dqn import ACTIVATIONS, ReplayBuffer, mlp, update_target
-from off_policy import ChildClock, GreedyEvaluation, child_parser, evaluation_due, unavailable
+from _handwritten_common import Act, ReplayBuffer, make_train_envs, mlp, start_run, train, unsupported_reason
+from off_policy import GreedyEvaluation
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
 
@@ -66,18 +65,14 @@ LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
 def unsupported(model: dict[str, Any], data: dict[str, Any]) -> str | None:
     """What this loop does not implement of the config, or None."""
     lrs = [model["lr"] if model[name] is None else model[name] for name in ("actor_lr", "critic_lr", "alpha_lr")]
-    checks = [
-        (all(isinstance(lr, (int, float)) for lr in lrs), f"learning-rate schedules {lrs!r}"),
-        (model["grad_clip_by"] == "global_norm", f"grad_clip_by={model['grad_clip_by']!r}"),
-        (not data["prioritized_replay"], "prioritized_replay"),
-        (isinstance(data["env"], str) and not (data["wrappers"] or data["evaluation_wrappers"]), "env callables or wrappers"),
-        (data["random_actions_before_learning_starts"], "random_actions_before_learning_starts=False"),
-        (not data["evaluation_explore"], "evaluation_explore"),
-        (model["model_config"]["fcnet_activation"] in ACTIVATIONS, f"activation {model['model_config']['fcnet_activation']!r}"),
-        (not model.get("config_overrides_per_module"), "config_overrides_per_module"),
-    ]
-    missing = [what for ok, what in checks if not ok]
-    return ", ".join(missing) if missing else None
+    return unsupported_reason(
+        [
+            (all(isinstance(lr, (int, float)) for lr in lrs), f"learning-rate schedules {lrs!r}"),
+            (model["grad_clip_by"] == "global_norm", f"grad_clip_by={model['grad_clip_by']!r}"),
+        ],
+        model,
+        data,
+    )
 
 
 class Actor(nn.Module):
@@ -111,25 +106,17 @@ class Critic(nn.Module):
 
 
 def main() -> None:
-    args = child_parser(__doc__).parse_args()
-    torch.set_num_threads(args.threads)
-    hparams = json.loads(args.hparams)
-    model, data = hparams["model"], hparams["data"]
-    reason = unsupported(model, data)
-    if reason:
-        unavailable(f"the hand-written SAC does not implement {reason}")
+    started = start_run(__doc__, unsupported, "SAC")
+    if started is None:
         return
+    args, model, data = started
     net_config = model["model_config"]
     hiddens, activation = list(net_config["fcnet_hiddens"]), net_config["fcnet_activation"]
-    gamma, n_step, tau = model["gamma"], model["n_step"], model["tau"]
-    num_envs, train_freq = data["num_envs"], data["train_freq"]
+    gamma, n_step, num_envs = model["gamma"], model["n_step"], data["num_envs"]
     np_rng = np.random.default_rng(args.seed)
     torch.manual_seed(args.seed)
 
-    env_id, env_kwargs = data["env"], dict(data["env_kwargs"] or {})
-    envs = gym.vector.SyncVectorEnv(
-        [lambda: gym.make(env_id, **env_kwargs)] * num_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
-    )
+    envs = make_train_envs(data)
     space = envs.single_action_space
     obs_dim, action_dim = int(np.prod(envs.single_observation_space.shape)), int(np.prod(space.shape))
     center, scale = (space.high + space.low) / 2, (space.high - space.low) / 2
@@ -184,48 +171,24 @@ def main() -> None:
                 nn.utils.clip_grad_norm_(params, clip)
             opt.step()
 
-    # As ours: learning starts once the buffer holds learning_starts steps (or is full), never empty.
-    learning_starts = max(min(data["learning_starts"], len(buffer.obs) * num_envs), 1)
-    clock = ChildClock()
-    obs, _ = envs.reset(seed=args.seed)  # env i is seeded with seed + i
-    obs = obs.reshape(num_envs, obs_dim)
-    env_steps = items = gradient_steps = 0
-    clock.training_start()
-    while env_steps < args.max_env_steps:
-        # ---- one train item: train_freq env steps ----
-        random_item = len(buffer) < learning_starts
-        for _ in range(train_freq // num_envs):
+    def item_policy(env_steps: int, random_item: bool) -> Act:
+        """Uniformly random actions in ``[-1, 1]^d`` until learning starts, then policy samples; rescaled for the env."""
+
+        def act(obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             if random_item:
                 actions = np_rng.uniform(-1.0, 1.0, size=(num_envs, action_dim)).astype(np.float32)
             else:
                 with torch.no_grad():
                     actions = actor.sample(torch.from_numpy(obs))[0].numpy()
-            env_actions = (center + scale * actions).reshape(num_envs, *space.shape)
-            next_obs, rewards, terminated, truncated, infos = envs.step(env_actions)
-            next_obs = next_obs.reshape(num_envs, obs_dim)
-            stored_next = next_obs.copy()
-            for i in np.flatnonzero(terminated | truncated):
-                stored_next[i] = infos["final_obs"][i].reshape(-1)  # next_obs[i] is already the next episode's reset
-            buffer.add(obs, stored_next, actions, rewards, terminated, truncated)
-            obs = next_obs
-        env_steps += train_freq
-        items += 1
+            return actions, (center + scale * actions).reshape(num_envs, *space.shape)
 
-        # ---- gradient steps, target updates ----
-        if len(buffer) >= learning_starts:
-            for _ in range(model["gradient_steps"]):
-                gradient_step()
-                gradient_steps += 1
-                if gradient_steps % model["target_network_update_freq"] == 0:
-                    update_target(target_critics, critics, tau)
+        return act
 
-        if evaluation_due(items, data) or env_steps >= args.max_env_steps:
-            clock.evaluation_started()
-            clock.evaluation_finished(env_steps, evaluation.run(greedy))
-    clock.training_end(env_steps, torch.get_num_threads())
-    envs.close()
-    evaluation.close()
-    clock.finish()
+    train(
+        envs, buffer, evaluation, model=model, data=data, seed=args.seed, max_env_steps=args.max_env_steps,
+        item_policy=item_policy, gradient_step=gradient_step, target=target_critics, online=critics, greedy=greedy,
+        flatten_obs=True,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":
