@@ -9,6 +9,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from conftest import make_trainer
 from lightning.pytorch import Callback, Trainer
 from torch import nn
 
@@ -293,18 +294,7 @@ def off_policy_datamodule(**kwargs: Any) -> EpisodeDataModule:
 def fit(
     learner: OffPolicyLearner, datamodule: EpisodeDataModule, tmp_path: Path, ckpt_path: str | None = None, **trainer_kwargs: Any
 ) -> Trainer:
-    settings = dict(
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-        default_root_dir=tmp_path,
-    )
-    settings.update(trainer_kwargs)
-    trainer = Trainer(**settings)
+    trainer = make_trainer(tmp_path, **{"num_sanity_val_steps": 0, "limit_val_batches": 0, **trainer_kwargs})
     trainer.fit(learner, datamodule=datamodule, ckpt_path=ckpt_path)
     return trainer
 

@@ -11,6 +11,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from conftest import make_trainer
 from lightning.pytorch import Callback, Trainer, seed_everything
 from torch.distributions import Independent, Normal, TanhTransform, TransformedDistribution
 
@@ -347,18 +348,7 @@ def pendulum_data(**kwargs: Any) -> EpisodeDataModule:
 
 
 def quiet_trainer(tmp_path: Path, **kwargs: Any) -> Trainer:
-    settings = dict(
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-        default_root_dir=tmp_path,
-    )
-    settings.update(kwargs)
-    return Trainer(**settings)
+    return make_trainer(tmp_path, **{"num_sanity_val_steps": 0, "limit_val_batches": 0, **kwargs})
 
 
 def training_state(learner: SACLearner) -> dict[str, Any]:
