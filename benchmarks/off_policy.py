@@ -331,7 +331,7 @@ def make_timing_callback(clock: ChildClock, threads: int) -> Any:
         def on_validation_batch_end(
             self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
         ) -> None:
-            self.returns += [float(episode.get_return()) for episode in batch["episodes"]]
+            self.returns += [float(episode.get_return()) for episode in batch.data.episodes]
 
         def on_validation_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
             clock.evaluation_finished(trainer.datamodule.num_env_steps_sampled_lifetime, self.returns)

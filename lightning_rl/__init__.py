@@ -1,9 +1,9 @@
 """lightning_rl: RLlib's Learner API on PyTorch Lightning."""
 
-from lightning_rl.callbacks import LearnerCallback
+from lightning_rl.learner.callback import LearnerCallback
 from lightning_rl.core.columns import ALL_MODULES, DEFAULT_MODULE_ID, Columns
-from lightning_rl.core.learner import DEFAULT_OPTIMIZER, Learner, LearnerConfig
-from lightning_rl.core.learner_group import LearnerGroup, LearnerGroupError
+from lightning_rl.learner.learner import DEFAULT_OPTIMIZER, Learner, LearnerConfig
+from lightning_rl.learner.learner_group import LearnerGroup, LearnerGroupError
 from lightning_rl.core.metrics import MetricsLogger
 from lightning_rl.core.rl_module import MultiRLModule, MultiRLModuleSpec, RLModule, RLModuleSpec
 from lightning_rl.core.schedules import Schedule

@@ -17,7 +17,7 @@ from typing import Any
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.cli import LightningCLI
 
-from lightning_rl.core.learner import Learner
+from lightning_rl.learner.learner import Learner
 from lightning_rl.data.episode_datamodule import EpisodeDataModule
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lightning_rl import Columns
-from lightning_rl.data.connectors import add_value_targets_and_advantages, episodes_to_batch, generalized_advantages
+from lightning_rl.connectors.episodes import add_value_targets_and_advantages, episodes_to_batch, generalized_advantages
 from lightning_rl.env.episode import SingleAgentEpisode
 
 CPU = torch.device("cpu")

@@ -62,8 +62,8 @@ def _fit_resume_on_rank(rank: int, world_size: int, root: str) -> dict[str, Any]
 
         def recording_eval():
             item = sample_eval()
-            seen["eval_first_obs"].append(np.array(item["episodes"][0].observations[0]))
-            seen["eval_episodes"].append([float(episode.get_return()) for episode in item["episodes"]])
+            seen["eval_first_obs"].append(np.array(item.data.episodes[0].observations[0]))
+            seen["eval_episodes"].append([float(episode.get_return()) for episode in item.data.episodes])
             return item
 
         learner.update_from_episodes, data.sample_eval_item = recording_update, recording_eval

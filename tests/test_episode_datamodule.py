@@ -16,6 +16,7 @@ from lightning_rl.algorithms.ppo import PPOLearner, PPOModule
 from lightning_rl.data import EpisodeDataModule
 from lightning_rl.data.episode_datamodule import combine_rank_stats, local_rank_stats
 from lightning_rl.env.env_runner import EnvRunner
+from lightning_rl.core.train_item import TrainingData, TrainItem
 
 
 def small_ppo(**kwargs: Any) -> PPOLearner:
@@ -183,7 +184,7 @@ def test_wrappers_with_arguments_apply_to_training_and_evaluation_can_do_without
 
 
 def test_the_kl_coefficient_adapts_under_trainer_fit_through_the_learners_own_callback(tmp_path):
-    from lightning_rl.callbacks import KLCoeffAdaptation
+    from lightning_rl.algorithms.ppo import KLCoeffAdaptation
 
     learner = small_ppo(use_kl_loss=True, kl_coeff=0.2, kl_target=1e-9)  # any KL is too large: x1.5 per update
     fit = trainer(tmp_path, limit_val_batches=0)
@@ -200,7 +201,7 @@ def test_a_minibatch_larger_than_the_rollout_fails_at_setup_naming_both(tmp_path
 def test_a_learner_without_spaces_and_without_data_module_says_what_to_do():
     learner = small_ppo()
     with pytest.raises(ValueError, match="no observation/action space"):
-        trainer(None).fit(learner, train_dataloaders=[{"batch": {}}])
+        trainer(None).fit(learner, train_dataloaders=[TrainItem(TrainingData(batch={}))])
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ fail the test at the timeout instead of hanging CI.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,7 @@ from ranks import run_on_ranks
 
 from lightning_rl import MultiRLModuleSpec
 from lightning_rl.algorithms.bc import BCLearner
+from lightning_rl.core.train_item import TrainingData, TrainItem
 
 
 class SGDBCLearner(BCLearner):
@@ -38,8 +40,8 @@ def _numpy_state(learner: BCLearner) -> dict[str, np.ndarray]:
     }
 
 
-def _item(seed: int, **rows: int) -> dict[str, Any]:
-    return {"batch": {module_id: random_batch(count, seed=seed + i) for i, (module_id, count) in enumerate(rows.items())}}
+def _item(seed: int, **rows: int) -> TrainItem:
+    return TrainItem(TrainingData(batch={module_id: random_batch(count, seed=seed + i) for i, (module_id, count) in enumerate(rows.items())}))
 
 
 # The same whole batch for both ranks' last step; each rank trains on its half.
@@ -69,11 +71,16 @@ def _uneven_shards_main(rank: int, world_size: int, tmp_path: str) -> dict[str, 
     )
     half = slice(0, 32) if rank == 0 else slice(32, 64)
     if rank == 0:
-        items = [_item(1, a=100, b=30), {"batch": {}}, {"batch": {"a": random_batch(3, seed=5)}}]
+        items = [_item(1, a=100, b=30), TrainItem(TrainingData(batch={})), TrainItem(TrainingData(batch={"a": random_batch(3, seed=5)}))]
     else:
-        items = [_item(2, a=40), _item(3, a=10, b=5), {"batch": {"a": random_batch(7, seed=6), "b": random_batch(2)}}]
+        items = [_item(2, a=40), _item(3, a=10, b=5), TrainItem(TrainingData(batch={"a": random_batch(7, seed=6), "b": random_batch(2)}))]
     # Last item: both ranks hold one half of WHOLE; one epoch, one step over the shard.
-    items.append({"batch": {"a": {k: v[half] for k, v in WHOLE.items()}}, "num_epochs": 1, "minibatch_size": None})
+    items.append(
+        TrainItem(
+            TrainingData(batch={"a": {k: v[half] for k, v in WHOLE.items()}}),
+            update_settings={"num_epochs": 1, "minibatch_size": None},
+        )
+    )
     snapshots = _Snapshots(last_batch_idx=len(items) - 1)
     trainer = make_trainer(
         tmp_path, strategy="ddp", devices=world_size, callbacks=[snapshots], use_distributed_sampler=False
@@ -138,7 +145,7 @@ def _add_remove_main(rank: int, world_size: int, tmp_path: str) -> dict[str, Any
     seed = 10 * rank
     items = [_item(seed, a=16), _item(seed + 1, a=16, new=16), _item(seed + 2, a=8, new=24), _item(seed + 3, new=16)]
     # A last item whose settings differ between the ranks: refused on both, not a hang.
-    items.append({**_item(seed + 4, new=16), "num_epochs": 1 + rank})
+    items.append(dataclasses.replace(_item(seed + 4, new=16), update_settings={"num_epochs": 1 + rank}))
     callback = _AddThenRemove()
     trainer = make_trainer(tmp_path, strategy="ddp", devices=world_size, callbacks=[callback], use_distributed_sampler=False)
     try:

@@ -14,13 +14,16 @@ from lightning.pytorch.loggers import CSVLogger
 
 from lightning_rl import ALL_MODULES, DEFAULT_MODULE_ID, Learner, LearnerCallback
 from lightning_rl.algorithms.bc import BCLearner
+from lightning_rl.core.train_item import TrainingData, TrainItem
 
 SETTINGS = dict(num_epochs=2, minibatch_size=16, lr=1e-2, grad_clip=0.5)
 
 
-def _items(count: int) -> list[dict[str, Any]]:
+def _items(count: int) -> list[TrainItem]:
     return [
-        {"batch": random_batch(48, seed=i), "timesteps": {"num_env_steps_sampled_lifetime": 48 * (i + 1)}}
+        TrainItem(
+            TrainingData(batch=random_batch(48, seed=i)), timesteps={"num_env_steps_sampled_lifetime": 48 * (i + 1)}
+        )
         for i in range(count)
     ]
 
@@ -37,7 +40,7 @@ def test_an_update_under_trainer_fit_equals_a_standalone_update(tmp_path: Path):
     assert_same_tensors(weights(standalone), weights(fitted))
     items = _items(3)
     for item in items:
-        standalone.update_from_batch(item["batch"], timesteps=item["timesteps"], num_epochs=2, minibatch_size=16)
+        standalone.update_from_batch(item.data.batch, timesteps=item.timesteps, num_epochs=2, minibatch_size=16)
     make_trainer(tmp_path).fit(fitted, loader_of(items))
     assert_same_tensors(weights(standalone), weights(fitted))
     assert_same_tensors(standalone.get_state()["optimizer"], fitted.get_state()["optimizer"])
@@ -178,7 +181,10 @@ def test_a_train_item_sets_its_own_update_settings_and_the_results_reach_callbac
             self.seen.append(outputs["results"])
 
     learner = BCLearner(module_spec=bc_spec(), num_epochs=1, minibatch_size=None)
-    item = {"batch": random_batch(64), "num_epochs": 3, "minibatch_size": 16, "shuffle_batch_per_epoch": True}
+    item = TrainItem(
+        TrainingData(batch=random_batch(64)),
+        update_settings={"num_epochs": 3, "minibatch_size": 16, "shuffle_batch_per_epoch": True},
+    )
     outputs = Outputs()
     make_trainer(tmp_path, callbacks=[outputs]).fit(learner, train_dataloaders=loader_of([item]))
     # 3 epochs of 4 minibatches: the item's settings, not the Learner's (1 epoch, whole batch).

@@ -16,8 +16,8 @@ from torch import nn
 from lightning_rl import Columns, RLModuleSpec
 from lightning_rl.algorithms.ppo import PPOLearner, PPOModule
 from lightning_rl.callbacks import TargetNetworkUpdate
-from lightning_rl.core.learner import LearnerConfig
-from lightning_rl.core.off_policy import BATCH_INDEXES, N_STEP, WEIGHTS, OffPolicyLearner, bootstrap_discounts
+from lightning_rl.learner.learner import LearnerConfig
+from lightning_rl.algorithms.off_policy import BATCH_INDEXES, N_STEP, WEIGHTS, OffPolicyLearner, bootstrap_discounts
 from lightning_rl.core.rl_module import MultiRLModuleSpec, RLModule
 from lightning_rl.data import EpisodeDataModule
 from lightning_rl.data.replay_buffer import PrioritizedReplayBuffer
@@ -27,6 +27,7 @@ from lightning_rl.core.target_network import (
     update_target_network,
     update_target_networks,
 )
+from lightning_rl.core.train_item import TrainingData, TrainItem
 
 OBS_SPACE = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
 ACT_SPACE = gym.spaces.Discrete(2)
@@ -259,7 +260,7 @@ def test_an_on_policy_learner_refuses_replay_items_with_a_clear_error():
     learner = PPOLearner(RLModuleSpec(module_class=PPOModule, observation_space=OBS_SPACE, action_space=ACT_SPACE))
     learner.build()
     with pytest.raises(NotImplementedError, match="on-policy"):
-        learner.training_step({"replay": FakeReplay(), "timesteps": {}})
+        learner.training_step(TrainItem(TrainingData(replay=FakeReplay())))
 
 
 @pytest.mark.parametrize(
@@ -301,7 +302,7 @@ def fit(
 
 class RecordItems(Callback):
     def __init__(self) -> None:
-        self.items: list[dict[str, Any]] = []
+        self.items: list[TrainItem] = []
         self.buffer_sizes: list[int] = []
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
@@ -316,9 +317,9 @@ def test_off_policy_items_add_train_freq_steps_and_hand_over_replay_once_learnin
     fit(learner, datamodule, tmp_path, callbacks=[record])
 
     assert record.buffer_sizes == [4 * i for i in range(1, 11)]
-    assert [item["replay"] is not None for item in record.items] == [False] * 4 + [True] * 6
-    assert all("episodes" not in item for item in record.items)
-    assert [item["timesteps"]["num_env_steps_sampled_lifetime"] for item in record.items] == [4 * i for i in range(1, 11)]
+    assert [item.data.replay is not None for item in record.items] == [False] * 4 + [True] * 6
+    assert all(item.data.episodes is None for item in record.items)
+    assert [item.timesteps["num_env_steps_sampled_lifetime"] for item in record.items] == [4 * i for i in range(1, 11)]
     assert learner.weights_seq_no == 6  # one gradient step per item once learning started
 
 
@@ -377,8 +378,8 @@ def test_resumed_run_without_the_buffer_refills_it_before_learning_again(tmp_pat
     learner = TinyQLearner(tiny_spec(None, None), minibatch_size=8)
     record = RecordItems()
     fit(learner, off_policy_datamodule(), tmp_path, callbacks=[record], max_epochs=2, ckpt_path=str(path))
-    assert [item["replay"] is not None for item in record.items] == [False] * 4 + [True] * 6
-    assert record.items[0]["timesteps"]["num_env_steps_sampled_lifetime"] == 44
+    assert [item.data.replay is not None for item in record.items] == [False] * 4 + [True] * 6
+    assert record.items[0].timesteps["num_env_steps_sampled_lifetime"] == 44
     assert learner.weights_seq_no == 6 + 6
 
 

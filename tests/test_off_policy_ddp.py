@@ -30,8 +30,8 @@ def _off_policy_fit_on_rank(rank: int, world_size: int, root: str) -> dict[str, 
             self.timesteps: list[float] = []
 
         def on_train_batch_start(self, trainer: Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
-            self.replay_given.append(batch["replay"] is not None)
-            self.timesteps.append(batch["timesteps"]["num_env_steps_sampled_lifetime"])
+            self.replay_given.append(batch.data.replay is not None)
+            self.timesteps.append(batch.timesteps["num_env_steps_sampled_lifetime"])
 
     seed_everything(0)
     learner = TinyQLearner(tiny_spec(None, None), minibatch_size=8, target_network_update_freq=2, tau=0.5)

@@ -25,7 +25,7 @@ from lightning_rl.algorithms.sac import (
     squashed_gaussian_logp,
 )
 from lightning_rl.cli import LightningRLCLI
-from lightning_rl.core.off_policy import N_STEP, WEIGHTS
+from lightning_rl.algorithms.off_policy import N_STEP, WEIGHTS
 from lightning_rl.data import EpisodeDataModule
 
 OBS = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)

@@ -8,7 +8,7 @@ import torch
 
 from lightning_rl.core.columns import Columns
 from lightning_rl.core.distributions import distribution_class_for_space
-from lightning_rl.core.learner import Learner, LearnerConfig
+from lightning_rl.learner.learner import Learner, LearnerConfig
 from lightning_rl.core.rl_module import RLModule, build_mlp_from_config, flat_obs_dim, flatten_obs
 
 

@@ -28,8 +28,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
-from lightning_rl.core.learner import LearnerConfig
-from lightning_rl.core.off_policy import WEIGHTS, OffPolicyLearner, bootstrap_discounts
+from lightning_rl.learner.learner import LearnerConfig
+from lightning_rl.algorithms.off_policy import WEIGHTS, OffPolicyLearner, bootstrap_discounts
 from lightning_rl.core.rl_module import (
     DEFAULT_FCNET_HIDDENS,
     MultiRLModuleSpec,

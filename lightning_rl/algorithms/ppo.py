@@ -20,12 +20,12 @@ from typing import Any
 
 import gymnasium as gym
 import torch
-from lightning.pytorch import Callback
+from lightning.pytorch import Callback, Trainer
 from torch import Tensor, nn
 
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
 from lightning_rl.core.distributions import distribution_class_for_space
-from lightning_rl.core.learner import Learner, LearnerConfig, default_adam
+from lightning_rl.learner.learner import Learner, LearnerConfig, default_adam
 from lightning_rl.core.rl_module import (
     DEFAULT_FCNET_ACTIVATION,
     DEFAULT_FCNET_HIDDENS,
@@ -38,8 +38,9 @@ from lightning_rl.core.rl_module import (
     spec_or_default,
 )
 from lightning_rl.core.schedules import Schedule, ScheduleSetting
-from lightning_rl.data.connectors import add_value_targets_and_advantages
+from lightning_rl.connectors.episodes import add_value_targets_and_advantages
 from lightning_rl.env.episode import SingleAgentEpisode
+from lightning_rl.learner.callback import LearnerCallback
 
 # Result keys (RLlib's names where RLlib has them).
 POLICY_LOSS_KEY = "policy_loss"
@@ -225,8 +226,6 @@ class PPOLearner(Learner):
 
     def configure_callbacks(self) -> list[Callback]:
         """Adds the KL coefficient's adaptation when the KL loss is on (a Trainer merges it in)."""
-        from lightning_rl.callbacks.kl_coeff import KLCoeffAdaptation
-
         return [KLCoeffAdaptation()] if self.hparams.use_kl_loss else []
 
     def required_batch_columns(self, module_id: str) -> list[str]:
@@ -358,3 +357,41 @@ def _linear_layers(part: nn.Module | None) -> list[nn.Linear]:
         return []
     return [layer for layer in part.modules() if isinstance(layer, nn.Linear)]
 
+
+class KLCoeffAdaptation(LearnerCallback):
+    """After each update, move every module's KL coefficient towards its ``kl_target``.
+
+    The rule of the PPO paper (and RLlib): if the update's mean KL divergence exceeded twice
+    the target, the coefficient grows by half; if it stayed under half the target, the
+    coefficient halves. ``PPOLearner(use_kl_loss=True)`` adds this callback itself, to a
+    Trainer and to standalone updates alike; the coefficients are part of the Learner's state.
+
+    Args:
+        increase: Factor applied when the KL divergence is too large.
+        decrease: Factor applied when it is too small.
+    """
+
+    def __init__(self, increase: float = 1.5, decrease: float = 0.5) -> None:
+        if not (increase >= 1 and 0 < decrease <= 1):
+            raise ValueError(f"need increase >= 1 and 0 < decrease <= 1, got increase={increase}, decrease={decrease}")
+        self.increase = increase
+        self.decrease = decrease
+
+    def on_after_gradient_based_update(self, trainer: Trainer, learner: PPOLearner, timesteps: dict[str, Any]) -> None:
+        """Adapt the coefficient of every module that trained with the KL loss in this update."""
+        for module_id in list(learner.module.keys()):
+            config = learner.config_for_module(module_id)
+            if not config.use_kl_loss:
+                continue
+            try:
+                # The KL over all ranks, so that every data-parallel rank keeps the same coefficient.
+                kl = learner.metrics.peek((module_id, MEAN_KL_KEY), across_ranks=True)
+            except KeyError:  # the module did not train in this update
+                continue
+            coeff = learner.curr_kl_coeff(module_id)
+            if kl > 2.0 * config.kl_target:
+                coeff *= self.increase
+            elif kl < 0.5 * config.kl_target:
+                coeff *= self.decrease
+            learner.set_curr_kl_coeff(module_id, coeff)
+            learner.metrics.log_value((module_id, CURR_KL_COEFF_KEY), coeff, reduce="last")

@@ -33,8 +33,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightning_rl.core.columns import Columns
-from lightning_rl.core.learner import LearnerConfig, default_adam
-from lightning_rl.core.off_policy import WEIGHTS, OffPolicyLearner, bootstrap_discounts
+from lightning_rl.learner.learner import LearnerConfig, default_adam
+from lightning_rl.algorithms.off_policy import WEIGHTS, OffPolicyLearner, bootstrap_discounts
 from lightning_rl.core.rl_module import (
     MultiRLModuleSpec,
     RLModule,

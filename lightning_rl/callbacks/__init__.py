@@ -1,7 +1,9 @@
-"""Lightning callbacks that hook into a Learner's updates."""
+"""Generic Lightning callbacks that hook into a Learner's updates.
 
-from lightning_rl.callbacks.kl_coeff import KLCoeffAdaptation
-from lightning_rl.callbacks.learner_callback import LearnerCallback
+Algorithm-specific callbacks live with their algorithm (``KLCoeffAdaptation`` in
+``lightning_rl.algorithms.ppo``); the ``LearnerCallback`` base class lives with the Learner.
+"""
+
 from lightning_rl.callbacks.target_network import TargetNetworkUpdate
 
-__all__ = ["KLCoeffAdaptation", "LearnerCallback", "TargetNetworkUpdate"]
+__all__ = ["TargetNetworkUpdate"]

@@ -6,11 +6,11 @@ from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch import Trainer
 
-from lightning_rl.callbacks.learner_callback import LearnerCallback
+from lightning_rl.learner.callback import LearnerCallback
 from lightning_rl.core.target_network import TargetNetworkAPI, update_target_networks
 
 if TYPE_CHECKING:
-    from lightning_rl.core.learner import Learner
+    from lightning_rl.learner.learner import Learner
 
 
 class TargetNetworkUpdate(LearnerCallback):

@@ -1,1 +1,2 @@
-"""The core of lightning_rl: RL modules, the Learner and what it is built from."""
+"""The vocabulary every layer shares: columns, spaces, distributions, schedules, batches,
+metrics, checkpoints, RL modules, the target-network API and the typed train item."""

@@ -39,6 +39,7 @@ from lightning.pytorch import LightningDataModule
 from lightning_rl.core.columns import DEFAULT_MODULE_ID, NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
 from lightning_rl.core.rl_module import RLModule
 from lightning_rl.core.schedules import Schedule, ScheduleSetting
+from lightning_rl.core.train_item import TrainingData, TrainItem
 from lightning_rl.data.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer
 from lightning_rl.env.env_runner import EnvRunner
 from lightning_rl.env.episode import SingleAgentEpisode
@@ -441,17 +442,17 @@ class EpisodeDataModule(LightningDataModule):
             )
         return learner.module[self.hparams.module_id]
 
-    def sample_train_item(self) -> dict[str, Any]:
+    def sample_train_item(self) -> TrainItem:
         """Sample one rollout with the current weights on this rank; return the train item.
 
         On several ranks this is a collective call (one ``all_gather`` of a small vector):
         every rank must call it the same number of times.
 
         Returns:
-            ``{"episodes": this rank's episodes, "timesteps": {"num_env_steps_sampled_lifetime":
-            sum over ranks}, "env_runners": statistics over all ranks}``; the statistics have
-            the keys of ``EnvRunner.get_metrics``. Off-policy, ``"replay"`` (the buffer the
-            episodes were added to, or ``None`` before learning starts) replaces ``"episodes"``.
+            A ``TrainItem``: this rank's episodes, ``{"num_env_steps_sampled_lifetime": sum over
+            ranks}`` as timesteps, and statistics over all ranks (the keys of
+            ``EnvRunner.get_metrics``) as ``env_runners``. Off-policy, the data is the replay
+            buffer the episodes were added to, or nothing before learning starts.
 
         Raises:
             RuntimeError: If the Trainer runs several processes without ``torch.distributed``.
@@ -468,18 +469,14 @@ class EpisodeDataModule(LightningDataModule):
         metrics = combine_rank_stats(self._gather(local_rank_stats(runner, runner.get_metrics())))
         self._global_env_steps = int(metrics[NUM_ENV_STEPS_SAMPLED_LIFETIME])
         self._global_episodes = int(metrics[_NUM_EPISODES_LIFETIME])
-        item: dict[str, Any] = {
-            "timesteps": {NUM_ENV_STEPS_SAMPLED_LIFETIME: metrics[NUM_ENV_STEPS_SAMPLED_LIFETIME]},
-            "env_runners": metrics,
-        }
+        timesteps = {NUM_ENV_STEPS_SAMPLED_LIFETIME: metrics[NUM_ENV_STEPS_SAMPLED_LIFETIME]}
         if not self.is_off_policy:
-            item["episodes"] = episodes
-            return item
+            return TrainItem(TrainingData(episodes=episodes), timesteps=timesteps, env_runners=metrics)
         buffer = self.replay_buffer
         if isinstance(buffer, PrioritizedReplayBuffer):
             buffer.beta = self._beta_schedule.value(self._global_env_steps)
-        item["replay"] = buffer if self._learning_started() else None
-        return item
+        replay = buffer if self._learning_started() else None
+        return TrainItem(TrainingData(replay=replay), timesteps=timesteps, env_runners=metrics)
 
     def _learning_started(self) -> bool:
         """Whether this rank's buffer holds its share of ``learning_starts`` (or is full).
@@ -514,12 +511,12 @@ class EpisodeDataModule(LightningDataModule):
         dist.all_gather(gathered, tensor)
         return torch.stack(gathered).cpu().numpy()
 
-    def sample_eval_item(self) -> dict[str, list[SingleAgentEpisode]]:
+    def sample_eval_item(self) -> TrainItem:
         """Play this rank's share of the evaluation episodes with the current weights."""
         episodes = self.eval_runner.sample_episodes(
             self.acting_module(), self.evaluation_episodes_per_rank, explore=self.hparams.evaluation_explore
         )
-        return {"episodes": episodes}
+        return TrainItem(TrainingData(episodes=episodes))
 
     def _rollouts_left(self) -> int:
         """Rollouts in the next epoch: ``rollouts_per_epoch``, fewer when ``max_env_steps`` nears.
@@ -544,7 +541,7 @@ class _Rollouts:
     def __len__(self) -> int:
         return self.length
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[TrainItem]:
         datamodule = self.datamodule
         for _ in range(self.length):
             item = datamodule.sample_train_item()

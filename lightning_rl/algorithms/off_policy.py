@@ -22,10 +22,11 @@ import torch
 from lightning.pytorch import Callback
 from torch import Tensor
 
+from lightning_rl.callbacks.target_network import TargetNetworkUpdate
 from lightning_rl.core.columns import Columns
-from lightning_rl.core.learner import Learner
 from lightning_rl.core.rl_module import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.data.replay_buffer import BATCH_INDEXES, N_STEP, WEIGHTS, PrioritizedReplayBuffer, ReplayBuffer
+from lightning_rl.learner.learner import Learner
 
 __all__ = ["BATCH_INDEXES", "N_STEP", "WEIGHTS", "OffPolicyLearner", "bootstrap_discounts"]
 
@@ -79,8 +80,6 @@ class OffPolicyLearner(Learner):
 
     def configure_callbacks(self) -> list[Callback]:
         """Adds ``TargetNetworkUpdate`` with this Learner's ``tau`` and update frequency."""
-        from lightning_rl.callbacks.target_network import TargetNetworkUpdate
-
         return [TargetNetworkUpdate(update_interval=self.hparams.target_network_update_freq, tau=self.hparams.tau)]
 
     def check_fits_data(self, datamodule: Any) -> None:

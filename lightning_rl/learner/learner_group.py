@@ -12,7 +12,7 @@ processes, and what joins them is Lightning's own ``DDPStrategy``:
   ``Trainer(strategy=DDPStrategy(...), devices=N).fit(learner, train_dataloaders=stream)``
   (a single learner process runs without DDP: it has nothing to synchronize),
   where ``stream`` is an iterable reading that process's command queue. An update command is
-  yielded as a train item (``{"batch": shard, "timesteps": ..., "num_epochs": ...}``), so
+  yielded as a ``TrainItem`` (the shard, with the call's timesteps and update settings), so
   ``Learner.training_step`` runs it with ``manual_backward`` and DDP averages the gradients of
   every minibatch step over all learners; a callback's ``on_train_batch_end`` sends the
   results back. Other commands (weights, state, checkpoints, adding modules) run inside the
@@ -51,8 +51,9 @@ import torch
 from lightning.pytorch import Callback
 
 from lightning_rl.core.columns import COMPONENT_RL_MODULE
-from lightning_rl.core.learner import Learner
+from lightning_rl.learner.learner import Learner
 from lightning_rl.core.rl_module import MultiRLModuleSpec, RLModuleSpec
+from lightning_rl.core.train_item import TrainingData, TrainItem
 
 if TYPE_CHECKING:
     from lightning_rl.env.episode import SingleAgentEpisode
@@ -1029,7 +1030,9 @@ class _CommandStream:
                 batch = self.learner._prepare_batch(self.learner.episodes_to_train_batch(data))
             else:
                 batch = self.learner._prepare_batch(data)
-            item = {"batch": batch, **args["settings"]}
+            settings = dict(args["settings"])
+            timesteps = settings.pop("timesteps") or {}
+            item = TrainItem(TrainingData(batch=batch), timesteps=timesteps, update_settings=settings)
         except Exception as caught:
             error = caught
         verdict = torch.tensor(0.0 if error is not None else 1.0, device=self.trainer.strategy.root_device)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from lightning.pytorch import Callback, Trainer
 
 if TYPE_CHECKING:
-    from lightning_rl.core.learner import Learner
+    from lightning_rl.learner.learner import Learner
 
 
 class LearnerCallback(Callback):

@@ -60,7 +60,9 @@ from lightning_rl.core.rl_module import (
     validate_module_id,
 )
 from lightning_rl.core.schedules import Schedule, ScheduleSetting
-from lightning_rl.data.connectors import episodes_to_batch
+from lightning_rl.core.train_item import TrainingData, TrainItem
+from lightning_rl.connectors.episodes import episodes_to_batch
+from lightning_rl.learner.callback import LearnerCallback
 
 if TYPE_CHECKING:
     from lightning_rl.env.episode import SingleAgentEpisode
@@ -81,8 +83,6 @@ EPISODE_RETURN_MEAN = "episode_return_mean"
 TRAIN_RETURN_KEY = f"env_runners/{EPISODE_RETURN_MEAN}"
 
 GRAD_CLIP_BY = ("value", "norm", "global_norm")
-# Update settings a train item may set for itself (see ``Learner.training_step``).
-_PER_ITEM_SETTINGS = ("num_epochs", "minibatch_size", "shuffle_batch_per_epoch")
 WHAT_TO_COMPILE = ("forward_train", "complete_update")
 
 ShouldModuleBeUpdated = Union[Collection[str], Callable[[str, Optional[MultiModuleBatch]], bool]]
@@ -759,40 +759,39 @@ class Learner(LightningModule):
             )
         return {module_ids[0]: episodes_to_batch(episodes, self.device)}
 
-    def training_step(self, train_item: Mapping[str, Any], batch_idx: int = 0) -> dict[str, Any]:
+    def training_step(self, train_item: TrainItem | Mapping[str, Any], batch_idx: int = 0) -> dict[str, Any]:
         """Lightning's hook: one update with the Learner's epoch and minibatch settings.
 
-        ``train_item`` is a batch, or a dict with ``"batch"``, ``"episodes"`` or ``"replay"``
-        (what ``EpisodeDataModule`` yields on- and off-policy; see ``update_from_replay``),
-        optional ``"timesteps"`` (lifetime counters) and
-        optional ``"env_runners"`` (sampling statistics, logged as ``env_runners/{key}``).
-        A dict item may also set ``"num_epochs"``, ``"minibatch_size"`` and
-        ``"shuffle_batch_per_epoch"`` for this update alone (``LearnerGroup`` does).
-        The results are logged (``"{module_id}/{key}"``) to the Trainer's logger.
+        ``train_item`` is a ``TrainItem`` (what every lightning_rl data module yields): its data
+        goes to ``update_from_batch``, ``update_from_episodes`` or ``update_from_replay``, its
+        ``timesteps`` drive the schedules, its ``env_runners`` statistics are logged as
+        ``env_runners/{key}`` and its ``update_settings`` replace the Learner's epoch and
+        minibatch settings for this update alone. A plain batch (a ``DataLoader`` of
+        ``{column: tensor}`` dicts) is trained on as it is. The results are logged
+        (``"{module_id}/{key}"``) to the Trainer's logger.
 
         Returns:
             ``{"results": ...}``, the update's results as ``update_from_batch`` returns them;
             Lightning hands this to ``Callback.on_train_batch_end`` as ``outputs``.
         """
-        is_item = "episodes" in train_item or "batch" in train_item or "replay" in train_item
+        item = _as_train_item(train_item)
         settings = dict(
-            timesteps=train_item.get("timesteps") if is_item else None,
             num_epochs=self.hparams.num_epochs,
             minibatch_size=self.hparams.minibatch_size,
             shuffle_batch_per_epoch=self.hparams.shuffle_batch_per_epoch,
         )
-        if is_item:
-            settings.update({key: train_item[key] for key in _PER_ITEM_SETTINGS if key in train_item})
-        if "replay" in train_item:
-            results = self.update_from_replay(train_item["replay"], timesteps=settings["timesteps"])
-        elif "episodes" in train_item:
-            results = self.update_from_episodes(train_item["episodes"], **settings)
-        elif "batch" in train_item:
-            results = self.update_from_batch(train_item["batch"], **settings)
+        settings.update(item.update_settings)
+        data, timesteps = item.data, dict(item.timesteps)
+        if data.source == "episodes":
+            results = self.update_from_episodes(data.episodes, timesteps=timesteps, **settings)
+        elif data.source == "batch":
+            results = self.update_from_batch(data.batch, timesteps=timesteps, **settings)
+        elif data.source in ("replay", None):
+            results = self.update_from_replay(data.replay, timesteps=timesteps)
         else:
-            results = self.update_from_batch(train_item, **settings)
+            raise ValueError(f"training_step cannot train on TrainingData.{data.source} yet")
         metrics = {f"{module_id}/{key}": value for module_id, values in results.items() for key, value in values.items()}
-        metrics.update({f"env_runners/{key}": value for key, value in train_item.get("env_runners", {}).items()})
+        metrics.update({f"env_runners/{key}": value for key, value in item.env_runners.items()})
         self._log_train_metrics(metrics, batch_idx)
         return {"results": results}
 
@@ -805,13 +804,13 @@ class Learner(LightningModule):
         """
         return batch
 
-    def validation_step(self, eval_item: Mapping[str, Any], batch_idx: int = 0) -> None:
+    def validation_step(self, eval_item: TrainItem, batch_idx: int = 0) -> None:
         """Lightning's hook: log the statistics of evaluation episodes as ``eval/{key}``.
 
-        ``eval_item`` is what ``EpisodeDataModule.val_dataloader()`` yields:
-        ``{"episodes": [...]}``, complete episodes played by ``forward_inference``.
+        ``eval_item`` is what ``EpisodeDataModule.val_dataloader()`` yields: a ``TrainItem``
+        whose data is complete episodes played by ``forward_inference``.
         """
-        episodes = eval_item["episodes"]
+        episodes = eval_item.data.episodes
         returns = [episode.get_return() for episode in episodes]
         lengths = [len(episode) for episode in episodes]
         # Reduced over ranks, each of which played an equal share of the episodes (see
@@ -1343,8 +1342,6 @@ class Learner(LightningModule):
         return trainer is not None and trainer.state.status == TrainerStatus.RUNNING
 
     def _learner_callbacks(self) -> list[Any]:
-        from lightning_rl.callbacks.learner_callback import LearnerCallback
-
         if self._trainer is None:
             # Standalone, the Learner's own callbacks (which a Trainer would add) still run.
             if self._own_callbacks is None:
@@ -1539,3 +1536,17 @@ def _clone_tensors(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(_clone_tensors(item) for item in value)
     return value
+
+
+def _as_train_item(train_item: TrainItem | Mapping[str, Any]) -> TrainItem:
+    """A ``TrainItem`` as it is; a plain batch wrapped in one; an untyped item refused by name."""
+    if isinstance(train_item, TrainItem):
+        return train_item
+    if isinstance(train_item, Mapping):
+        if {"episodes", "replay", "batch"} & set(train_item):
+            raise ValueError(
+                f"training_step got a dict train item with keys {sorted(train_item)}; train items are "
+                "lightning_rl.core.train_item.TrainItem(TrainingData(episodes=...), timesteps=..., env_runners=...)"
+            )
+        return TrainItem(TrainingData(batch=train_item))
+    raise ValueError(f"training_step takes a TrainItem or a batch dict, got {type(train_item).__name__}")

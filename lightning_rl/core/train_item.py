@@ -1,0 +1,82 @@
+"""The typed train item: what every data module yields and ``Learner.training_step`` takes.
+
+``TrainingData`` says what one update trains on (RLlib's type of that name, plus the replay
+source of off-policy learning); ``TrainItem`` adds what a data module knows about it: the
+lifetime counters that drive schedules and the sampling statistics to log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+# The update settings an item may set for its own update (``LearnerGroup`` does).
+UPDATE_SETTINGS = ("num_epochs", "minibatch_size", "shuffle_batch_per_epoch")
+
+
+@dataclasses.dataclass
+class TrainingData:
+    """What one update trains on: at most one of these sources.
+
+    With none of them set, the update takes no gradient step but still runs its hooks
+    (``before/after_gradient_based_update``), so schedules move: an off-policy data module
+    yields such items until its replay buffer holds ``learning_starts`` env steps.
+
+    Args:
+        batch: ``{column: array}`` for a single-module Learner, or ``{module_id: {column: array}}``.
+        batches: Several such batches, concatenated row-wise into one before the update.
+        episodes: Episodes (or chunks of them), which the Learner's connector pipeline turns
+            into a train batch.
+        data_iterators: Iterables of batches (a torch ``DataLoader``, a generator): one gradient
+            step per batch drawn (``Learner.update_from_iterator``). Only the first is used by a
+            single Learner; a ``LearnerGroup`` hands one to each of its learners.
+        replay: A replay buffer that off-policy Learners sample their minibatches from.
+    """
+
+    batch: Mapping[str, Any] | None = None
+    batches: Sequence[Mapping[str, Any]] | None = None
+    episodes: Sequence[Any] | None = None
+    data_iterators: Sequence[Iterable[Any]] | None = None
+    replay: Any | None = None
+
+    def __post_init__(self) -> None:
+        given = self.sources()
+        if len(given) > 1:
+            raise ValueError(f"TrainingData takes one source of data, got {given}")
+
+    def sources(self) -> list[str]:
+        """The names of the sources that are set (none or one)."""
+        return [field.name for field in dataclasses.fields(self) if getattr(self, field.name) is not None]
+
+    @property
+    def source(self) -> str | None:
+        """The name of the one source that is set, or ``None`` for an update without data."""
+        given = self.sources()
+        return given[0] if given else None
+
+
+@dataclasses.dataclass
+class TrainItem:
+    """One train step's worth of data, as a data module yields it to ``Learner.training_step``.
+
+    Args:
+        data: What the update trains on.
+        timesteps: Lifetime counters, e.g. ``{"num_env_steps_sampled_lifetime": 4000}``
+            (summed over all ranks); they drive the Learner's schedules.
+        env_runners: Sampling statistics, logged as ``env_runners/{key}``.
+        update_settings: ``num_epochs``, ``minibatch_size`` or ``shuffle_batch_per_epoch`` for
+            this update alone, instead of the Learner's own.
+    """
+
+    data: TrainingData = dataclasses.field(default_factory=TrainingData)
+    timesteps: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    env_runners: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    update_settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.data, TrainingData):
+            raise ValueError(f"TrainItem.data must be a TrainingData, got {type(self.data).__name__}")
+        unknown = sorted(set(self.update_settings) - set(UPDATE_SETTINGS))
+        if unknown:
+            raise ValueError(f"TrainItem.update_settings: unknown settings {unknown}; allowed: {list(UPDATE_SETTINGS)}")
