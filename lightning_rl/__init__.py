@@ -1,12 +1,13 @@
 """lightning_rl: RLlib's Learner API on PyTorch Lightning."""
 
-from lightning_rl.learner.callback import LearnerCallback
 from lightning_rl.core.columns import ALL_MODULES, DEFAULT_MODULE_ID, Columns
-from lightning_rl.learner.learner import DEFAULT_OPTIMIZER, Learner, LearnerConfig
-from lightning_rl.learner.learner_group import LearnerGroup, LearnerGroupError
 from lightning_rl.core.metrics import MetricsLogger
 from lightning_rl.core.rl_module import MultiRLModule, MultiRLModuleSpec, RLModule, RLModuleSpec
 from lightning_rl.core.schedules import Schedule
+from lightning_rl.core.train_item import TrainingData, TrainItem
+from lightning_rl.learner.callback import LearnerCallback
+from lightning_rl.learner.learner import DEFAULT_OPTIMIZER, Learner, LearnerConfig
+from lightning_rl.learner.learner_group import LearnerGroup, LearnerGroupError
 
 __all__ = [
     "ALL_MODULES",
@@ -24,5 +25,7 @@ __all__ = [
     "RLModule",
     "RLModuleSpec",
     "Schedule",
+    "TrainItem",
+    "TrainingData",
 ]
 __version__ = "0.1.0"
