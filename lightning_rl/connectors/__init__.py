@@ -1,1 +1,19 @@
-"""Learner connector pieces: episodes in, a train batch ``{module_id: {column: Tensor}}`` out."""
+"""Learner connector pieces: episodes in, a train batch ``{module_id: {column: Tensor}}`` out.
+
+A :class:`ConnectorPipeline` runs small pieces in order; the default one holds
+:class:`AddColumnsFromEpisodes`, PPO adds :class:`GeneralAdvantageEstimation` after it.
+"""
+
+from lightning_rl.connectors.add_columns import MODULE_EPISODES, AddColumnsFromEpisodes
+from lightning_rl.connectors.gae import GeneralAdvantageEstimation
+from lightning_rl.connectors.pipeline import ConnectorPiece, ConnectorPipeline, TrainBatch, piece_name
+
+__all__ = [
+    "MODULE_EPISODES",
+    "AddColumnsFromEpisodes",
+    "ConnectorPiece",
+    "ConnectorPipeline",
+    "GeneralAdvantageEstimation",
+    "TrainBatch",
+    "piece_name",
+]

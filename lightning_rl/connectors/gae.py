@@ -1,0 +1,113 @@
+"""Generalized advantage estimation as a Learner connector piece (PPO's)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Union
+
+from lightning_rl.connectors.add_columns import MODULE_EPISODES
+from lightning_rl.connectors.episodes import add_value_targets_and_advantages
+from lightning_rl.connectors.pipeline import ConnectorPiece, TrainBatch
+
+if TYPE_CHECKING:
+    from lightning_rl.core.metrics import MetricsLogger
+    from lightning_rl.core.rl_module import MultiRLModule
+
+PerModuleSetting = Union[float, Mapping[str, float], Callable[[str], float]]
+"""One number for every module, ``{module_id: number}``, or ``module_id -> number``."""
+
+
+class GeneralAdvantageEstimation(ConnectorPiece):
+    """Adds ``vf_preds``, ``advantages`` and ``value_targets`` to every module's rows.
+
+    Values come from the module's ``compute_values`` with its current weights, in one
+    forward pass per module over every step and every episode's last observation; the
+    advantages are GAE over each episode (see
+    :func:`~lightning_rl.connectors.episodes.add_value_targets_and_advantages`). Runs after
+    :class:`~lightning_rl.connectors.add_columns.AddColumnsFromEpisodes`, whose record of
+    which episodes became which module's rows it reads.
+
+    Args:
+        gamma: Discount factor in [0, 1]: a number, ``{module_id: number}``, or a callable
+            ``module_id -> number`` read at every call (e.g. one returning the Learner's
+            per-module config, so overrides and modules added later are honored). A
+            LearnerGroup pickles the Learner with its pipeline: pass a bound method or a
+            module-level function rather than a lambda.
+        gae_lambda: GAE's lambda in [0, 1] (RLlib's ``lambda_``), given the same ways.
+    """
+
+    def __init__(self, gamma: PerModuleSetting, gae_lambda: PerModuleSetting) -> None:
+        self.gamma = _PerModule("gamma", gamma)
+        self.gae_lambda = _PerModule("gae_lambda", gae_lambda)
+
+    def __call__(
+        self,
+        *,
+        rl_module: MultiRLModule,
+        batch: TrainBatch,
+        episodes: Sequence[Any],
+        shared_data: dict[str, Any],
+        metrics: MetricsLogger,
+    ) -> TrainBatch:
+        """Add the three columns for every module in ``shared_data[MODULE_EPISODES]``.
+
+        Raises:
+            ValueError: If no piece before this one recorded the module episodes.
+            TypeError: If a module has no ``compute_values``.
+        """
+        if MODULE_EPISODES not in shared_data:
+            raise ValueError(
+                f"GeneralAdvantageEstimation needs shared_data[{MODULE_EPISODES!r}] (which episodes became which "
+                "module's rows): put it after AddColumnsFromEpisodes in the pipeline"
+            )
+        for module_id, module_episodes in shared_data[MODULE_EPISODES].items():
+            module = rl_module[module_id]
+            if not callable(getattr(module, "compute_values", None)):
+                raise TypeError(
+                    f"module {module_id!r} ({type(module).__name__}) has no compute_values(batch) -> Tensor[N]; "
+                    "GeneralAdvantageEstimation needs a state-value function"
+                )
+            add_value_targets_and_advantages(
+                batch[module_id],
+                module_episodes,
+                module.compute_values,
+                gamma=self.gamma.for_module(module_id),
+                gae_lambda=self.gae_lambda.for_module(module_id),
+            )
+        return batch
+
+    def __repr__(self) -> str:
+        return f"GeneralAdvantageEstimation(gamma={self.gamma!r}, gae_lambda={self.gae_lambda!r})"
+
+
+class _PerModule:
+    """A setting in [0, 1] that may differ per module; numbers are checked once, up front."""
+
+    def __init__(self, name: str, setting: PerModuleSetting) -> None:
+        self.name = name
+        if isinstance(setting, Mapping):
+            setting = {module_id: self._checked(value, f"{name}[{module_id!r}]") for module_id, value in setting.items()}
+        elif not callable(setting):
+            setting = self._checked(setting, name)
+        self.setting = setting
+
+    def for_module(self, module_id: str) -> float:
+        if isinstance(self.setting, Mapping):
+            if module_id not in self.setting:
+                raise ValueError(
+                    f"GeneralAdvantageEstimation: {self.name} has no value for module {module_id!r}; "
+                    f"it has values for {sorted(self.setting)}"
+                )
+            return self.setting[module_id]
+        if callable(self.setting):
+            return self._checked(self.setting(module_id), f"{self.name}({module_id!r})")
+        return self.setting
+
+    @staticmethod
+    def _checked(value: Any, what: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+            raise ValueError(f"GeneralAdvantageEstimation: {what} must be a number in [0, 1], got {value!r}")
+        return float(value)
+
+    def __repr__(self) -> str:
+        return getattr(self.setting, "__qualname__", None) or repr(self.setting)
