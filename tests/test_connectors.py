@@ -1,4 +1,5 @@
-"""The Learner connector: episodes to train batches, and GAE against a hand computation."""
+"""The Learner connector: episodes to train batches, GAE against a hand computation, and the
+default pieces (AddColumnsFromEpisodes, GeneralAdvantageEstimation) against those functions."""
 
 from __future__ import annotations
 
@@ -6,8 +7,17 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_rl import Columns
+from torch import nn
+
+from lightning_rl import Columns, MultiRLModule, RLModule
+from lightning_rl.connectors import (
+    MODULE_EPISODES,
+    AddColumnsFromEpisodes,
+    ConnectorPipeline,
+    GeneralAdvantageEstimation,
+)
 from lightning_rl.connectors.episodes import add_value_targets_and_advantages, episodes_to_batch, generalized_advantages
+from lightning_rl.core.metrics import MetricsLogger
 from lightning_rl.env.episode import SingleAgentEpisode
 
 CPU = torch.device("cpu")
@@ -114,3 +124,142 @@ def test_episodes_to_batch_rejects_empty_input_and_mismatched_extra_outputs():
     other.extra_model_outputs = {}
     with pytest.raises(ValueError, match="different extra model outputs"):
         episodes_to_batch([make_episode([1.0]), other], CPU)
+
+
+class ScaledObsValue(RLModule):
+    """V(s) = scale * obs[0], through a Linear layer whose weight is scale (and requires grad)."""
+
+    def setup(self) -> None:
+        self.value = nn.Linear(1, 1, bias=False)
+        nn.init.constant_(self.value.weight, self.model_config.get("scale", 0.1))
+
+    def compute_values(self, batch):
+        return self.value(batch[Columns.OBS]).squeeze(-1)
+
+
+def value_modules(**scales: float) -> MultiRLModule:
+    return MultiRLModule({mid: ScaledObsValue(None, None, {"scale": scale}) for mid, scale in scales.items()})
+
+
+def hand_checkable_episodes() -> list[SingleAgentEpisode]:
+    return [
+        make_episode([1.0, 2.0, 3.0], terminated=True, first_obs=10.0),
+        make_episode([1.0, 1.0], truncated=True, first_obs=20.0),
+        make_episode([0.5, 0.5, 0.5, 0.5], first_obs=30.0),  # cut by the rollout length
+    ]
+
+
+def run(pipeline, rl_module, episodes, shared_data=None):
+    shared_data = {} if shared_data is None else shared_data
+    return pipeline(rl_module=rl_module, batch={}, episodes=episodes, shared_data=shared_data, metrics=MetricsLogger())
+
+
+def test_the_default_pipeline_builds_what_episodes_to_batch_builds_under_the_only_module_id():
+    episodes = hand_checkable_episodes()
+    shared: dict = {}
+    batch = run(ConnectorPipeline([AddColumnsFromEpisodes()]), value_modules(p0=0.1), episodes, shared)
+    expected = episodes_to_batch(episodes, CPU)
+    assert list(batch) == ["p0"]
+    assert batch["p0"].keys() == expected.keys()
+    for column, values in expected.items():
+        torch.testing.assert_close(batch["p0"][column], values)
+    assert shared[MODULE_EPISODES] == {"p0": episodes}
+
+
+def test_add_columns_puts_the_columns_where_the_modules_weights_are_unless_told():
+    # "meta" stands in for an accelerator: a device other than the episodes' CPU arrays.
+    modules = value_modules(p0=0.1).to("meta")
+    batch = run(ConnectorPipeline([AddColumnsFromEpisodes()]), modules, [make_episode([1.0])])
+    assert {tensor.device.type for tensor in batch["p0"].values()} == {"meta"}
+    batch = run(ConnectorPipeline([AddColumnsFromEpisodes(device="cpu")]), modules, [make_episode([1.0])])
+    assert {tensor.device.type for tensor in batch["p0"].values()} == {"cpu"}
+
+
+def test_add_columns_sends_single_agent_episodes_to_the_module_it_is_given():
+    modules = value_modules(a=0.1, b=0.1)
+    batch = run(ConnectorPipeline([AddColumnsFromEpisodes(module_id="b")]), modules, [make_episode([1.0])])
+    assert list(batch) == ["b"]
+    with pytest.raises(ValueError, match=r"has modules \['a', 'b'\]; pass AddColumnsFromEpisodes\(module_id=...\)"):
+        run(ConnectorPipeline([AddColumnsFromEpisodes()]), value_modules(a=0.1, b=0.1), [make_episode([1.0])])
+    with pytest.raises(ValueError, match=r"module_id='c'.*it has \['a', 'b'\]"):
+        run(ConnectorPipeline([AddColumnsFromEpisodes("c")]), value_modules(a=0.1, b=0.1), [make_episode([1.0])])
+    with pytest.raises(TypeError, match="episode 1 is a dict"):
+        run(ConnectorPipeline([AddColumnsFromEpisodes()]), value_modules(a=0.1), [make_episode([1.0]), {}])
+    with pytest.raises(TypeError, match="module_id must be a str"):
+        AddColumnsFromEpisodes(module_id=0)
+
+
+def test_the_gae_piece_equals_add_value_targets_and_advantages():
+    gamma, lam = 0.9, 0.7
+    episodes = hand_checkable_episodes()
+    pipeline = ConnectorPipeline([AddColumnsFromEpisodes(), GeneralAdvantageEstimation(gamma=gamma, gae_lambda=lam)])
+    batch = run(pipeline, value_modules(p0=0.1), episodes)["p0"]
+
+    expected = add_value_targets_and_advantages(
+        episodes_to_batch(episodes, CPU), episodes, lambda b: b[Columns.OBS][:, 0] * 0.1, gamma=gamma, gae_lambda=lam
+    )
+    for column in (Columns.VF_PREDS, Columns.ADVANTAGES, Columns.VALUE_TARGETS):
+        torch.testing.assert_close(batch[column], expected[column])
+    # By hand: the truncated episode's two deltas (V(s) = obs / 10, bootstrapped from V(22) = 2.2) ...
+    first_delta, last_delta = 1.0 + gamma * 2.1 - 2.0, 1.0 + gamma * 2.2 - 2.1
+    assert batch[Columns.ADVANTAGES][3].item() == pytest.approx(first_delta + gamma * lam * last_delta)
+    # ... and the terminated episode's last step ends at 0: r - V(12) = 3 - 1.2.
+    assert batch[Columns.ADVANTAGES][2].item() == pytest.approx(3.0 - 1.2)
+    assert not batch[Columns.VF_PREDS].requires_grad
+
+
+class SameEpisodesForTwoModules(AddColumnsFromEpisodes):
+    """The multi-agent seam: two modules' rows from the same episodes."""
+
+    def episodes_per_module(self, rl_module, episodes):
+        return {"a": list(episodes), "b": list(episodes[:1])}
+
+
+@pytest.mark.parametrize("as_callable", [False, True])
+def test_the_gae_piece_reads_each_modules_own_gamma_and_lambda(as_callable):
+    gammas, lambdas = {"a": 0.9, "b": 0.5}, {"a": 0.7, "b": 1.0}
+    gamma = gammas.get if as_callable else gammas
+    episodes = hand_checkable_episodes()
+    pipeline = ConnectorPipeline([SameEpisodesForTwoModules(), GeneralAdvantageEstimation(gamma, lambdas)])
+    batch = run(pipeline, value_modules(a=0.1, b=0.2), episodes)
+    for module_id, scale, module_episodes in (("a", 0.1, episodes), ("b", 0.2, episodes[:1])):
+        expected = add_value_targets_and_advantages(
+            episodes_to_batch(module_episodes, CPU),
+            module_episodes,
+            lambda b, scale=scale: b[Columns.OBS][:, 0] * scale,
+            gamma=gammas[module_id],
+            gae_lambda=lambdas[module_id],
+        )
+        torch.testing.assert_close(batch[module_id][Columns.ADVANTAGES], expected[Columns.ADVANTAGES])
+
+
+def test_the_gae_piece_names_what_is_missing_or_out_of_range():
+    episodes = [make_episode([1.0])]
+    with pytest.raises(ValueError, match="put it after AddColumnsFromEpisodes"):
+        run(ConnectorPipeline([GeneralAdvantageEstimation(0.99, 0.95)]), value_modules(p0=0.1), episodes)
+    no_values = MultiRLModule({"p0": RLModule(None, None)})
+    with pytest.raises(TypeError, match="module 'p0' \\(RLModule\\) has no compute_values"):
+        run(ConnectorPipeline([AddColumnsFromEpisodes(), GeneralAdvantageEstimation(0.99, 0.95)]), no_values, episodes)
+    wrong_mapping = ConnectorPipeline([AddColumnsFromEpisodes(), GeneralAdvantageEstimation({"p1": 0.9}, 0.95)])
+    with pytest.raises(ValueError, match=r"gamma has no value for module 'p0'; it has values for \['p1'\]"):
+        run(wrong_mapping, value_modules(p0=0.1), episodes)
+    out_of_range = ConnectorPipeline([AddColumnsFromEpisodes(), GeneralAdvantageEstimation(0.9, lambda m: 2)])
+    with pytest.raises(ValueError, match=r"gae_lambda\('p0'\) must be a number in \[0, 1\], got 2"):
+        run(out_of_range, value_modules(p0=0.1), episodes)
+    with pytest.raises(ValueError, match=r"gamma\['p0'\] must be a number in \[0, 1\], got -0.1"):
+        GeneralAdvantageEstimation({"p0": -0.1}, 0.95)
+    with pytest.raises(ValueError, match="gamma must be a number in"):
+        GeneralAdvantageEstimation("0.99", 0.95)
+
+
+def test_a_user_piece_adds_a_column_computed_from_the_columns_before_it():
+    def value_target_sign(rl_module, batch, episodes, shared_data, metrics):
+        for module_batch in batch.values():
+            module_batch["value_target_sign"] = torch.sign(module_batch[Columns.VALUE_TARGETS])
+        return batch
+
+    pipeline = ConnectorPipeline([AddColumnsFromEpisodes(), GeneralAdvantageEstimation(0.9, 0.7)])
+    pipeline.append(value_target_sign)
+    batch = run(pipeline, value_modules(p0=0.1), hand_checkable_episodes())["p0"]
+    torch.testing.assert_close(batch["value_target_sign"], torch.sign(batch[Columns.VALUE_TARGETS]))
+    assert len(batch["value_target_sign"]) == len(batch[Columns.OBS]) == 9
