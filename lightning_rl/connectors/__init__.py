@@ -6,7 +6,7 @@ A :class:`ConnectorPipeline` runs small pieces in order; the default one holds
 
 from lightning_rl.connectors.add_columns import MODULE_EPISODES, AddColumnsFromEpisodes
 from lightning_rl.connectors.gae import GeneralAdvantageEstimation
-from lightning_rl.connectors.pipeline import ConnectorPiece, ConnectorPipeline, TrainBatch, piece_name
+from lightning_rl.connectors.pipeline import ConnectorPiece, ConnectorPipeline, Piece, PieceSelector, TrainBatch, piece_name
 
 __all__ = [
     "MODULE_EPISODES",
@@ -14,6 +14,8 @@ __all__ = [
     "ConnectorPiece",
     "ConnectorPipeline",
     "GeneralAdvantageEstimation",
+    "Piece",
+    "PieceSelector",
     "TrainBatch",
     "piece_name",
 ]

@@ -1,4 +1,6 @@
-"""Learner connectors: turn episodes into train batches.
+"""The vectorized functions the Learner connector pieces are built from: episodes to
+columns (:class:`~lightning_rl.connectors.add_columns.AddColumnsFromEpisodes`), and values,
+GAE advantages and value targets (:class:`~lightning_rl.connectors.gae.GeneralAdvantageEstimation`).
 
 A connector runs on the Learner's device, once per update, over all episodes of the update
 together: columns are concatenated once and every computation is a tensor operation over

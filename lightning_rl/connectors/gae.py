@@ -86,7 +86,7 @@ class _PerModule:
     def __init__(self, name: str, setting: PerModuleSetting) -> None:
         self.name = name
         if isinstance(setting, Mapping):
-            setting = {module_id: self._checked(value, f"{name}[{module_id!r}]") for module_id, value in setting.items()}
+            setting = {mid: self._checked(value, f"{name}[{mid!r}]") for mid, value in setting.items()}
         elif not callable(setting):
             setting = self._checked(setting, name)
         self.setting = setting
