@@ -115,7 +115,9 @@ class RecordResults(Callback):
     def __init__(self) -> None:
         self.results: list[dict[str, Any]] = []
 
-    def on_train_batch_end(self, trainer: Trainer, pl_module: Learner, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: Learner, outputs: Any, batch: TrainItem, batch_idx: int
+    ) -> None:
         self.results.append(outputs["results"])
 
 
@@ -170,7 +172,7 @@ def test_save_to_path_then_from_checkpoint_gives_an_identical_learner(row: Algor
 
 
 def fit_from_the_command_line(row: AlgorithmRow, tmp_path: Path) -> tuple[Learner, Path]:
-    """``lightning-rl fit`` of two train items with ``ModelCheckpoint(save_last=True)``; its Learner and last.ckpt."""
+    """``lightning-rl fit`` of ``ITEMS_BEFORE`` train items, saving ``last.ckpt``; the fitted Learner and that file."""
     config = {
         "seed_everything": INIT_SEED,
         "trainer": {
@@ -189,7 +191,7 @@ def fit_from_the_command_line(row: AlgorithmRow, tmp_path: Path) -> tuple[Learne
             ],
         },
         "model": row.cli_model(),
-        "data": row.cli_data(rollouts_per_epoch=2, max_env_steps=2 * ITEM_ENV_STEPS),
+        "data": row.cli_data(rollouts_per_epoch=ITEMS_BEFORE, max_env_steps=ITEMS_BEFORE * ITEM_ENV_STEPS),
     }
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -199,20 +201,20 @@ def fit_from_the_command_line(row: AlgorithmRow, tmp_path: Path) -> tuple[Learne
 
 def test_a_checkpoint_written_by_the_command_line_loads_every_way(row: AlgorithmRow, tmp_path: Path):
     fitted, checkpoint = fit_from_the_command_line(row, tmp_path)
-    assert fitted.weights_seq_no == 2 * row.steps_per_item
+    assert fitted.weights_seq_no == ITEMS_BEFORE * row.steps_per_item
 
     content = torch.load(checkpoint, map_location="cpu", weights_only=True)  # plain data only
     assert "lightning_rl" in content and content["state_dict"]
 
-    for loader in (row.learner_class, Learner):
-        loaded = loader.from_checkpoint(str(checkpoint))
-        assert type(loaded) is row.learner_class
-        assert_same(learner_state(loaded), learner_state(fitted))
+    loaded = [loader.from_checkpoint(str(checkpoint)) for loader in (row.learner_class, Learner)]
+    for learner in loaded:
+        assert type(learner) is row.learner_class
+        assert_same(learner_state(learner), learner_state(fitted))
 
     restored = fresh_learner(row, seed=OTHER_SEED)
     restored.restore_from_path(str(checkpoint))
     assert_same(learner_state(restored), learner_state(fitted))
-    assert_same_next_update([loaded, restored, fitted], row.make_items(1)[0])
+    assert_same_next_update([*loaded, restored, fitted], row.make_items(1)[0])
 
 
 # ---- Resuming a fit ----------------------------------------------------------------------
