@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import threading
 import time
 from typing import Any
 
@@ -211,15 +212,26 @@ def test_invalid_arguments_are_named(kwargs, message):
         LearnerGroup(SGDLearner(module_spec=bc_spec()), **kwargs)
 
 
+class LockedRule:
+    """A policies_to_train rule no pickler can send to another process: it holds a lock."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+    def __call__(self, module_id: str, batch: Any) -> bool:
+        return True
+
+
 def test_invalid_learner_and_unpicklable_policies_to_train_are_named():
     with pytest.raises(ValueError, match="learner must be a lightning_rl Learner"):
         LearnerGroup(torch.nn.Linear(2, 2))  # type: ignore[arg-type]
-    learner = SGDLearner(module_spec=bc_spec(), policies_to_train=lambda module_id, batch: True)
+    # A lambda travels by value (cloudpickle); a rule holding a lock cannot travel at all.
+    learner = SGDLearner(module_spec=bc_spec(), policies_to_train=LockedRule())
     before = mp.active_children()
     with pytest.raises(ValueError, match="policies_to_train .* cannot be pickled"):
         LearnerGroup(learner, num_learners=2)
     assert mp.active_children() == before  # refused before any process started
-    with LearnerGroup(learner) as local:  # in this process a lambda is fine
+    with LearnerGroup(learner) as local:  # in this process any rule is fine
         local.update_from_batch(random_batch(8))
 
 

@@ -1,0 +1,196 @@
+"""The data of one LearnerGroup update: its one source, batches joined, shards for N learners.
+
+``LearnerGroup.update`` takes RLlib's data arguments; ``update_source`` reduces them to one
+batch or one list of episodes, and ``update_settings`` checks the epoch and minibatch settings. With N learner processes, ``split_batch`` cuts a batch into N
+contiguous near-equal shards of rows and ``split_episodes`` deals episodes out in N groups of
+about equal env steps (an episode is never split).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from lightning_rl.core.train_item import TrainingData
+from lightning_rl.learner._group_protocol import to_numpy
+
+_SOURCES = ("batch", "batches", "episodes", "data_iterators")
+
+
+def update_source(
+    *,
+    batch: Mapping[str, Any] | None,
+    batches: Sequence[Mapping[str, Any]] | None,
+    episodes: Sequence[Any] | None,
+    data_iterators: Sequence[Any] | None,
+    training_data: TrainingData | None,
+) -> tuple[str, Any]:
+    """The one data source of an update, as ``("batch", batch)`` or ``("episodes", list)``.
+
+    ``batches`` are concatenated row-wise into one batch; ``training_data`` is unpacked.
+
+    Raises:
+        ValueError: For no source or several, ``data_iterators`` or a replay source (not
+            supported by a LearnerGroup), an empty list of batches or episodes, or batches
+            that do not concatenate (different modules' layouts or columns).
+    """
+    given = {
+        name: value
+        for name, value in zip(_SOURCES, (batch, batches, episodes, data_iterators))
+        if value is not None
+    }
+    if training_data is not None:
+        if given:
+            raise ValueError(f"pass training_data alone or one of {list(_SOURCES)}, not both; got {sorted(given)} too")
+        if not isinstance(training_data, TrainingData):
+            raise ValueError(f"training_data must be a TrainingData, got {type(training_data).__name__}")
+        given = {name: getattr(training_data, name) for name in training_data.sources()}
+    if len(given) != 1:
+        raise ValueError(
+            f"an update takes exactly one source of data: batch=, batches=, episodes= or training_data= holding "
+            f"one of them; got {sorted(given) or 'none'}"
+        )
+    source, value = next(iter(given.items()))
+    if source in ("data_iterators", "replay"):
+        raise ValueError(
+            f"LearnerGroup cannot train from {source} (its learners would each need their own, in their own "
+            "process); it trains on batch=, batches= (concatenated) or episodes=. Draw the batches yourself and "
+            "pass them as batch= or batches="
+        )
+    if source == "episodes":
+        if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Sequence) or not value:
+            raise ValueError(f"episodes must be a non-empty list of episodes, got {type(value).__name__}")
+        return "episodes", list(value)
+    if source == "batches":
+        return "batch", concat_batches(value)
+    return "batch", value
+
+
+def update_settings(
+    timesteps: Mapping[str, float] | None, num_epochs: int, minibatch_size: int | None, shuffle_batch_per_epoch: bool
+) -> dict[str, Any]:
+    """The keyword arguments of ``Learner.update_from_*``, checked here so bad ones never reach a learner."""
+    if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
+        raise ValueError(f"num_epochs must be >= 1, got {num_epochs!r}")
+    if minibatch_size is not None and (
+        isinstance(minibatch_size, bool) or not isinstance(minibatch_size, int) or minibatch_size < 1
+    ):
+        raise ValueError(f"minibatch_size must be >= 1 or None, got {minibatch_size!r}")
+    if timesteps is not None and not isinstance(timesteps, Mapping):
+        raise ValueError(f"timesteps must be a dict of counters, got {type(timesteps).__name__}")
+    return dict(
+        timesteps=None if timesteps is None else {key: float(value) for key, value in timesteps.items()},
+        num_epochs=num_epochs,
+        minibatch_size=minibatch_size,
+        shuffle_batch_per_epoch=bool(shuffle_batch_per_epoch),
+    )
+
+
+def concat_batches(batches: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Join batches row-wise: all ``{column: array}`` or all ``{module_id: {column: array}}``.
+
+    In nested batches a module may be missing from some; its rows are those of the batches
+    that hold it. Tensors stay tensors when every part is one; anything else becomes numpy.
+
+    Raises:
+        ValueError: For an empty list, a batch that is not a dict, mixed layouts, or a module
+            whose batches have different columns.
+    """
+    if isinstance(batches, Mapping) or not isinstance(batches, Sequence) or not batches:
+        raise ValueError(f"batches must be a non-empty list of batches, got {type(batches).__name__}")
+    layouts = {_layout(batch, index) for index, batch in enumerate(batches)}
+    if len(layouts) > 1:
+        raise ValueError("batches must all map columns to arrays, or all map module ids to column dicts, not a mix")
+    if layouts == {"columns"}:
+        return _concat_columns(batches, "batches")
+    joined: dict[str, Any] = {}
+    for module_id in dict.fromkeys(module_id for batch in batches for module_id in batch):
+        parts = [batch[module_id] for batch in batches if module_id in batch]
+        joined[module_id] = _concat_columns(parts, f"module {module_id!r} of batches")
+    return joined
+
+
+def _layout(batch: Any, index: int) -> str:
+    if not isinstance(batch, Mapping) or not batch:
+        raise ValueError(f"batches[{index}] must be a non-empty dict, got {type(batch).__name__}")
+    nested = {isinstance(value, Mapping) for value in batch.values()}
+    if len(nested) > 1:
+        raise ValueError(f"batches[{index}] maps both columns to arrays and module ids to column dicts")
+    return "modules" if nested == {True} else "columns"
+
+
+def _concat_columns(parts: Sequence[Mapping[str, Any]], where: str) -> dict[str, Any]:
+    columns = list(parts[0])
+    for part in parts[1:]:
+        if set(part) != set(columns):
+            raise ValueError(f"{where}: every batch must have the same columns, got {sorted(columns)} and {sorted(part)}")
+    return {column: _concat([part[column] for part in parts]) for column in columns}
+
+
+def _concat(arrays: list[Any]) -> Any:
+    if all(isinstance(array, torch.Tensor) for array in arrays):
+        return torch.cat(arrays)
+    return np.concatenate([to_numpy(array) for array in arrays])
+
+
+def split_batch(batch: Any, n: int) -> list[dict[str, Any]]:
+    """Cut every module's rows into ``n`` contiguous near-equal shards (numpy); empty ones are left out."""
+    if not isinstance(batch, Mapping) or not batch:
+        raise ValueError(
+            f"a batch must be a non-empty dict of columns or of module batches, got {type(batch).__name__}"
+        )
+    nested = [isinstance(value, Mapping) for value in batch.values()]
+    if any(nested) and not all(nested):
+        raise ValueError("a batch must map either columns to arrays or module ids to column dicts, not both")
+    if not all(nested):
+        return [part or {} for part in _split_columns(batch, n, "the batch")]
+    shards: list[dict[str, Any]] = [{} for _ in range(n)]
+    for module_id, module_batch in batch.items():
+        for shard, part in zip(shards, _split_columns(module_batch, n, f"module {module_id!r}")):
+            if part:
+                shard[module_id] = part
+    return shards
+
+
+def _split_columns(columns: Mapping[str, Any], n: int, where: str) -> list[dict[str, np.ndarray] | None]:
+    if not columns:
+        raise ValueError(f"{where} has no columns")
+    arrays = {column: to_numpy(values) for column, values in columns.items()}
+    lengths = {column: (len(values) if values.ndim > 0 else 0) for column, values in arrays.items()}
+    if len(set(lengths.values())) != 1 or 0 in lengths.values():
+        raise ValueError(f"{where}: columns must have the same, non-zero number of rows; got {lengths}")
+    rows = next(iter(lengths.values()))
+    bounds = _bounds([1] * rows, n)
+    return [
+        {column: values[start:stop] for column, values in arrays.items()} if stop > start else None
+        for start, stop in itertools.pairwise(bounds)
+    ]
+
+
+def split_episodes(episodes: list[Any], n: int) -> list[list[Any]]:
+    """Deal ``episodes`` out in ``n`` contiguous groups of about equal env steps."""
+    lengths = [max(len(episode), 0) for episode in episodes]
+    bounds = _bounds(lengths if sum(lengths) > 0 else [1] * len(lengths), n)
+    return [episodes[start:stop] for start, stop in itertools.pairwise(bounds)]
+
+
+def _bounds(weights: list[int], n: int) -> list[int]:
+    """``n + 1`` cut points that split items of these weights into contiguous, near-equal parts.
+
+    For unit weights, the first ``len % n`` parts hold one item more (as ``np.array_split``).
+    Otherwise each item goes to the part that contains its middle.
+    """
+    count = len(weights)
+    if all(weight == 1 for weight in weights):
+        sizes = [count // n + (1 if part < count % n else 0) for part in range(n)]
+        return [0, *np.cumsum(sizes).tolist()]
+    total = float(sum(weights))
+    parts, before = [], 0.0
+    for weight in weights:
+        parts.append(min(n - 1, int(n * (before + weight / 2) / total)))
+        before += weight
+    return [0, *[int(np.searchsorted(parts, part, side="right")) for part in range(n)]]

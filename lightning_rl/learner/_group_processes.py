@@ -1,0 +1,322 @@
+"""The LearnerGroup backend for ``num_learners=N >= 1``: N learner processes joined by Lightning's DDP.
+
+The driver side: send the Learner by value (``pickle_learner``, cloudpickle), start the
+processes (``_group_worker.learner_process_main``), send every rank its command, and wait, bounded, for all ranks' replies. An update's batch is cut into N
+shards (``_group_data``). A learner that raises or dies breaks the group: the call names the
+rank and the cause, the other processes are killed, and every later call says the group is
+broken. The driver never waits unbounded.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import pickle
+import queue
+import time
+from typing import Any
+
+from lightning_rl.learner._group_data import split_batch, split_episodes
+from lightning_rl.learner._group_protocol import (
+    ERROR,
+    FATAL,
+    OK,
+    SHUTDOWN,
+    START,
+    UPDATE_KINDS,
+    LearnerGroupError,
+    RemoteTraceback,
+    dumps_by_value,
+    dumps_data,
+    free_local_port,
+    like,
+)
+from lightning_rl.learner._group_worker import learner_process_main
+from lightning_rl.learner.learner import Learner
+
+_POLL_S = 0.1  # how often a waiting driver checks that its learner processes are alive
+_JOIN_S = 10.0  # how long shutdown waits for a process to exit by itself before killing it
+# The Learner attributes a user sets under another name, for ``pickle_learner``'s error.
+_ATTRIBUTE_NAMES = {"_should_module_be_updated": "policies_to_train"}
+
+
+class ProcessBackend:
+    """Starts the learner processes, sends them commands and waits, bounded, for their replies.
+
+    Args:
+        learner_bytes: The cloudpickled Learner every process starts from.
+        num_learners: The number of processes (DDP ranks).
+        accelerator: Lightning's accelerator for the processes.
+        num_threads: torch intra-op threads per process.
+        timeout_s: The longest wait for one request's replies.
+        start_timeout_s: The longest wait for the processes to start and join DDP.
+        ddp_kwargs: Extra ``DDPStrategy`` arguments.
+    """
+
+    def __init__(
+        self,
+        learner_bytes: bytes,
+        *,
+        num_learners: int,
+        accelerator: str,
+        num_threads: int,
+        timeout_s: float,
+        start_timeout_s: float,
+        ddp_kwargs: dict[str, Any],
+    ) -> None:
+        self._n = num_learners
+        self._timeout_s = timeout_s
+        self._broken: str | None = None
+        self._next_id = 1  # request 0 is the start-up
+        self._what: dict[int, tuple[str, str]] = {0: (START, "the start-up")}  # id -> (kind, description)
+        self._received: dict[int, dict[int, tuple[str, Any]]] = {}
+        self._fatal: dict[int, tuple[int, str]] = {}  # rank -> (request id, traceback), in order of arrival
+        context = mp.get_context("spawn")
+        self._replies = context.Queue()
+        self._commands = [context.Queue() for _ in range(num_learners)]
+        port = free_local_port()
+        self._processes = [
+            context.Process(
+                target=learner_process_main,
+                args=(rank, num_learners, port, learner_bytes, self._commands[rank], self._replies),
+                kwargs={
+                    "accelerator": accelerator,
+                    "num_threads": num_threads,
+                    "timeout_s": timeout_s,
+                    "ddp_kwargs": ddp_kwargs,
+                },
+                name=f"LearnerGroup-rank{rank}",
+                daemon=True,
+            )
+            for rank in range(num_learners)
+        ]
+        try:
+            for process in self._processes:
+                process.start()
+        except BaseException:
+            self._broken = "it failed to start its learner processes"
+            self.kill()
+            raise
+        self.wait(0, timeout_s=start_timeout_s)
+
+    @property
+    def pids(self) -> list[int]:
+        """The learner processes' ids, by rank."""
+        return [process.pid for process in self._processes]
+
+    # -- requests --------------------------------------------------------------------------
+
+    def prepare_update(self, kind: str, data: Any) -> list[Any]:
+        """One shard of the data per rank (checked here, before anything is sent)."""
+        if kind == "update_from_episodes":
+            return split_episodes(data, self._n)
+        return split_batch(data, self._n)
+
+    def run_update(self, kind: str, shards: list[Any], settings: dict[str, Any], return_state: bool) -> Any:
+        """Train every rank on its shard and wait: rank 0's results, or ``(results, weights)``."""
+        return self.wait(self._submit_update(kind, shards, settings, return_state))
+
+    def submit_update(self, kind: str, shards: list[Any], settings: dict[str, Any], return_state: bool) -> Request:
+        """Send the update and return its handle without waiting."""
+        return Request(self, self._submit_update(kind, shards, settings, return_state))
+
+    def call(self, kind: str, args: dict[str, Any]) -> Any:
+        """Run a non-update command on every rank and wait (``foreach_learner``: all ranks' results)."""
+        payload = dumps_by_value(args, f"the arguments of {kind}")  # the same for every rank: pickled once
+        return self.wait(self._send(kind, [payload] * self._n))
+
+    def _submit_update(self, kind: str, shards: list[Any], settings: dict[str, Any], return_state: bool) -> int:
+        payloads = [
+            dumps_data({"data": shard, "settings": settings, "return_state": return_state}, f"the data of {kind}")
+            for shard in shards
+        ]
+        return self._send(kind, payloads)
+
+    def _send(self, kind: str, payloads: list[bytes]) -> int:
+        request_id = self._next_id
+        self._next_id += 1
+        self._what[request_id] = (kind, f"{kind} (request {request_id})")
+        for command_queue, payload in zip(self._commands, payloads):
+            command_queue.put((request_id, kind, payload))
+        return request_id
+
+    def done(self, request_id: int) -> bool:
+        """Whether every rank has answered ``request_id``."""
+        return len(self._received.get(request_id, {})) == self._n
+
+    def poll(self) -> None:
+        """Take every reply that has arrived, without waiting."""
+        while True:
+            try:
+                self._record(self._replies.get_nowait())
+            except queue.Empty:
+                break
+        if self._fatal:
+            raise self._failure("the async updates in flight")
+
+    def wait(self, request_id: int, timeout_s: float | None = None) -> Any:
+        """Wait (``timeout_s``, default the group's) for every rank's reply to ``request_id``; the combined answer."""
+        kind, what = self._what[request_id]
+        timeout_s = self._timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
+        while not self.done(request_id):
+            self.check_not_broken()
+            if self._fatal:
+                raise self._failure(what)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                missing = [rank for rank in range(self._n) if rank not in self._received.get(request_id, {})]
+                raise self._break(
+                    f"learner rank(s) {missing} did not answer {what} within {timeout_s:g} s (hung in a "
+                    "collective or a long computation?); raise timeout_s if the work needs longer"
+                )
+            try:
+                message = self._replies.get(timeout=min(_POLL_S, remaining))
+            except queue.Empty:
+                if not all(process.is_alive() for process in self._processes):
+                    raise self._failure(what) from None
+                continue
+            self._record(message)
+        replies = self._received.pop(request_id)
+        self._what.pop(request_id, None)
+        return self._combine(kind, what, replies)
+
+    def _record(self, message: tuple[int, int, str, Any]) -> None:
+        rank, request_id, status, payload = message
+        if status == FATAL:
+            self._fatal.setdefault(rank, (request_id, payload))
+        else:
+            self._received.setdefault(request_id, {})[rank] = (status, payload)
+
+    def _failure(self, waited_for: str) -> LearnerGroupError:
+        """Describe every learner that raised or died (the root cause may not be the first to report), then break."""
+        end = time.monotonic() + 1.0  # others' reports, and the exits of failing processes, arrive within moments
+        while time.monotonic() < end:
+            try:
+                self._record(self._replies.get(timeout=_POLL_S))
+            except queue.Empty:
+                if all(not p.is_alive() for rank, p in enumerate(self._processes) if rank in self._fatal):
+                    break
+        summary, tracebacks = [], []
+        for rank, process in enumerate(self._processes):
+            if rank not in self._fatal and not process.is_alive():
+                summary.append(
+                    f"learner rank {rank} (pid {process.pid}) died with exit code {process.exitcode} "
+                    f"while the group waited for {waited_for}"
+                )
+        for rank, (request_id, text) in self._fatal.items():
+            what = self._what.get(request_id, (None, f"request {request_id}"))[1]
+            last_line = text.strip().splitlines()[-1] if text.strip() else "no traceback"
+            summary.append(f"learner rank {rank} raised while running {what}: {last_line}")
+            tracebacks.append(f"--- traceback of learner rank {rank} ---\n{text.rstrip()}")
+        return self._break("; ".join(summary) + ("\n" + "\n".join(tracebacks) if tracebacks else ""))
+
+    def _combine(self, kind: str, what: str, replies: dict[int, tuple[str, Any]]) -> Any:
+        """Rank 0's answer (all ranks' for ``foreach_learner``), or the error the ranks agree on."""
+        if all(status == OK for status, _ in replies.values()):
+            if kind == "foreach_learner":
+                return [pickle.loads(replies[rank][1]) for rank in range(self._n)]
+            payload = replies[0][1]
+            return None if payload is None else pickle.loads(payload)
+        errors = {rank: pickle.loads(reply) for rank, (status, reply) in sorted(replies.items()) if status == ERROR}
+        succeeded = sorted(rank for rank, (status, _) in replies.items() if status == OK)
+        detail = "; ".join(f"rank {rank}: {type(error).__name__}: {error}" for rank, (error, _) in errors.items())
+        if succeeded:
+            raise self._break(
+                f"{what} succeeded on learner rank(s) {succeeded} but failed on rank(s) {sorted(errors)}, so the "
+                f"learners no longer hold the same state ({detail})"
+            )
+        if not errors:
+            raise self._break(f"{what}: every learner rank reports another rank's rejection, but none says why")
+        first_error, first_traceback = next(iter(errors.values()))
+        if kind in UPDATE_KINDS:
+            message = f"{what} was rejected by learner rank(s) {sorted(errors)}; no learner trained on it ({detail})"
+        else:
+            message = f"{what} failed on learner rank(s) {sorted(errors)} ({detail})"
+        raise like(first_error, message) from RemoteTraceback(first_traceback)
+
+    # -- failure and shutdown ----------------------------------------------------------------
+
+    def check_not_broken(self) -> None:
+        """Raise ``LearnerGroupError`` if a failure or a shutdown has stopped the processes."""
+        if self._broken is not None:
+            raise LearnerGroupError(
+                f"this LearnerGroup is broken and its learner processes are stopped: {self._broken}"
+            )
+
+    def _break(self, reason: str) -> LearnerGroupError:
+        """Mark the group broken, stop every learner process, and return the error to raise."""
+        self._broken = reason
+        self.kill()
+        return LearnerGroupError(reason)
+
+    def kill(self) -> None:
+        """Kill the learner processes that still run and reap all of them."""
+        started = [process for process in self._processes if process.pid is not None]
+        for process in started:
+            if process.is_alive():
+                process.kill()
+        for process in started:
+            process.join(timeout=_JOIN_S)
+        self._close_queues()
+
+    def shutdown(self) -> None:
+        """Ask every learner to finish (its ``fit`` returns), wait a bounded time, kill what remains."""
+        if self._broken is None:
+            request_id = self._send(SHUTDOWN, [dumps_data({}, SHUTDOWN)] * self._n)
+            end = time.monotonic() + min(self._timeout_s, 60.0)
+            while not self.done(request_id) and time.monotonic() < end and not self._fatal:
+                try:
+                    self._record(self._replies.get(timeout=_POLL_S))
+                except queue.Empty:
+                    if not all(process.is_alive() for process in self._processes):
+                        break
+            deadline = time.monotonic() + _JOIN_S
+            for process in self._processes:
+                process.join(timeout=max(0.0, deadline - time.monotonic()))
+            self._broken = "it was shut down"
+        self.kill()
+
+    def _close_queues(self) -> None:
+        for q in [*self._commands, self._replies]:
+            q.cancel_join_thread()  # never block this process's exit on commands nobody will read
+            q.close()
+
+
+class Request:
+    """The handle of one async update sent to the learner processes."""
+
+    def __init__(self, backend: ProcessBackend, request_id: int) -> None:
+        self._backend = backend
+        self._id = request_id
+
+    def done(self) -> bool:
+        """Whether every rank has answered."""
+        return self._backend.done(self._id)
+
+    def result(self) -> Any:
+        """Wait (bounded) for the update; its results, or raise what it raised."""
+        return self._backend.wait(self._id)
+
+
+def pickle_learner(learner: Learner, num_learners: int) -> bytes:
+    """The learner, cloudpickled for its processes; on failure, the error names what cannot travel."""
+    try:
+        return dumps_by_value(learner, f"the learner ({type(learner).__name__})")
+    except ValueError as error:
+        culprits = ", ".join(_unpicklable_attributes(learner)) or "an object it holds"
+        raise ValueError(
+            f"LearnerGroup(num_learners={num_learners}) sends the learner to its processes by pickling it "
+            f"(cloudpickle), but {culprits} cannot be pickled ({error.__cause__}); pass policies_to_train as a "
+            "list of module ids or a function, and keep locks, open files and sockets out of the Learner"
+        ) from error
+
+
+def _unpicklable_attributes(learner: Learner) -> list[str]:
+    """``"name value"`` for each of the learner's attributes that cannot be pickled."""
+    found = []
+    for name, value in vars(learner).items():
+        try:
+            dumps_by_value(value, name)
+        except ValueError:
+            found.append(f"its {_ATTRIBUTE_NAMES.get(name, name)} {value!r}")
+    return found

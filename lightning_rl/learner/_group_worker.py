@@ -1,0 +1,240 @@
+"""Inside a learner process: join the other learners under Lightning's DDP and run the driver's commands.
+
+Each learner process runs ``Trainer(strategy=DDPStrategy(...)).fit(learner,
+train_dataloaders=stream)``, where ``stream`` (a ``CommandStream``) reads the process's
+command queue. An update command is yielded as a ``TrainItem``, so ``Learner.training_step``
+runs it with ``manual_backward`` and DDP averages the gradients of every minibatch step;
+``ReplyCallback.on_train_batch_end`` sends the results back. Other commands run inside the
+stream between two train items, on every rank. A shutdown ends the stream, so ``fit`` returns
+and the process exits.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import pickle
+import queue
+import sys
+import traceback
+import warnings
+from collections.abc import Iterator, Mapping
+from datetime import timedelta
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback
+
+from lightning_rl.core.train_item import TrainingData, TrainItem
+from lightning_rl.learner._group_protocol import (
+    ERROR,
+    FATAL,
+    OK,
+    REJECTED,
+    SHUTDOWN,
+    UPDATE_KINDS,
+    error_payload,
+    local_rank_environment,
+    run_command,
+    weights_of,
+)
+
+# Lightning prefetches one item ahead from an iterable without a length (to know which item is
+# the last), which would wait for the next command before the current one is answered.
+_STREAM_LENGTH = 2**62
+# Learners' collectives time out this much after the driver stops waiting, so that the
+# driver's message (which ranks did not answer) is the one the user sees.
+COLLECTIVE_MARGIN_S = 30.0
+
+
+def learner_process_main(
+    rank: int,
+    world_size: int,
+    port: int,
+    learner_bytes: bytes,
+    commands: Any,
+    replies: Any,
+    *,
+    accelerator: str,
+    num_threads: int,
+    timeout_s: float,
+    ddp_kwargs: dict[str, Any],
+) -> None:
+    """The target of every learner process: train on the commands that arrive until shutdown.
+
+    Args:
+        rank: This learner's rank (and device index).
+        world_size: The number of learner processes.
+        port: The free port rank 0 listens on for the DDP rendezvous.
+        learner_bytes: The cloudpickled Learner (built or not).
+        commands: This rank's command queue.
+        replies: The reply queue all ranks share.
+        accelerator: Lightning's accelerator name.
+        num_threads: torch intra-op threads for this process.
+        timeout_s: The driver's wait per request; collectives wait ``COLLECTIVE_MARGIN_S`` longer.
+        ddp_kwargs: Extra ``DDPStrategy`` arguments.
+    """
+    torch.set_num_threads(num_threads)
+    os.environ.update(local_rank_environment(rank, world_size, port, num_threads=num_threads))
+    stream = CommandStream(rank, commands, replies)
+    try:
+        learner = pickle.loads(learner_bytes)  # cloudpickle's output loads with pickle
+        trainer = _make_trainer(stream, world_size, accelerator=accelerator, timeout_s=timeout_s, ddp_kwargs=ddp_kwargs)
+        stream.trainer, stream.learner = trainer, learner
+        trainer.fit(learner, train_dataloaders=stream)
+        exit_code = 0
+    except BaseException:
+        replies.put((rank, stream.current_request, FATAL, traceback.format_exc()))
+        exit_code = 1
+    # Everything this process owes the driver is in the reply queue: deliver it, then exit at
+    # once (tearing down torch, gloo and Lightning at interpreter exit takes seconds).
+    replies.close()
+    replies.join_thread()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)
+
+
+def _make_trainer(
+    stream: CommandStream, world_size: int, *, accelerator: str, timeout_s: float, ddp_kwargs: dict[str, Any]
+) -> Any:
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.plugins.environments import LightningEnvironment
+    from lightning.pytorch.strategies import DDPStrategy
+
+    # One banner per process would be noise; the driver reports what matters.
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=".*(validation_step|val_dataloader|does not have many workers|LeafSpec).*")
+    return Trainer(
+        accelerator=accelerator,
+        devices=world_size,
+        num_nodes=1,
+        # Explicit, so that a SLURM or torchelastic environment around the driver is not
+        # mistaken for this group's.
+        plugins=[LightningEnvironment()],
+        # One learner has nothing to synchronize: DDP would only add a gradient copy and a
+        # one-rank all-reduce to every backward pass.
+        strategy=(
+            DDPStrategy(timeout=timedelta(seconds=timeout_s + COLLECTIVE_MARGIN_S), **ddp_kwargs)
+            if world_size > 1
+            else "auto"
+        ),
+        callbacks=[ReplyCallback(stream)],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        max_epochs=1,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        use_distributed_sampler=False,
+    )
+
+
+class CommandStream:
+    """The train dataloader of a learner process: yields update commands, runs the others inline."""
+
+    def __init__(self, rank: int, commands: Any, replies: Any) -> None:
+        self.rank = rank
+        self.commands = commands
+        self.replies = replies
+        self.trainer: Any = None
+        self.learner: Any = None
+        self.current_request = 0  # the start-up until the first command
+        self.update_request: int | None = None
+        self.return_state = False  # whether the update being trained on sends its weights back
+
+    def __len__(self) -> int:
+        return _STREAM_LENGTH
+
+    def __iter__(self) -> Iterator[TrainItem]:
+        self.reply(0, OK, None)  # set up: modules built, DDP joined
+        while True:
+            request_id, kind, payload = self._receive()
+            self.current_request = request_id
+            if kind == SHUTDOWN:
+                self.reply(request_id, OK, None)
+                return
+            if kind in UPDATE_KINDS:
+                item = self._checked_update(request_id, kind, payload)
+                if item is not None:
+                    self.update_request = request_id
+                    yield item  # Learner.training_step runs it; ReplyCallback answers
+            else:
+                self._run_inline(request_id, kind, payload)
+
+    def _receive(self) -> tuple[int, str, bytes]:
+        parent = mp.parent_process()
+        while True:
+            try:
+                return self.commands.get(timeout=1.0)
+            except queue.Empty:
+                if parent is not None and not parent.is_alive():
+                    os._exit(0)  # the driver is gone: nobody will send a shutdown
+
+    def _checked_update(self, request_id: int, kind: str, payload: bytes) -> TrainItem | None:
+        """Check this rank's shard; all ranks agree to train on it, or none does (one collective)."""
+        error: Exception | None = None
+        item = None
+        try:
+            args = pickle.loads(payload)
+            item = self._train_item(kind, args)
+            self.return_state = bool(args["return_state"])
+        except Exception as caught:
+            error = caught
+        verdict = torch.tensor(0.0 if error is not None else 1.0, device=self.trainer.strategy.root_device)
+        verdict = self.trainer.strategy.reduce(verdict, reduce_op="min")
+        if float(verdict) < 1.0:
+            if error is not None:
+                self.reply(request_id, ERROR, error_payload(error))
+            else:
+                self.reply(request_id, REJECTED, None)
+            return None
+        return item
+
+    def _train_item(self, kind: str, args: Mapping[str, Any]) -> TrainItem:
+        data = args["data"]
+        if not data:
+            batch = {}  # fewer rows than learners: this rank still takes part in every step
+        elif kind == "update_from_episodes":
+            # The connector's batch is checked like any other before anyone trains on it.
+            batch = self.learner._prepare_batch(self.learner.episodes_to_train_batch(data))
+        else:
+            batch = self.learner._prepare_batch(data)
+        settings = dict(args["settings"])
+        timesteps = settings.pop("timesteps") or {}
+        return TrainItem(TrainingData(batch=batch), timesteps=timesteps, update_settings=settings)
+
+    def _run_inline(self, request_id: int, kind: str, payload: bytes) -> None:
+        try:
+            result = run_command(self.learner, kind, pickle.loads(payload), rank=self.rank)
+            send = self.rank == 0 or kind == "foreach_learner"
+            self.reply(request_id, OK, pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL) if send else None)
+        except Exception as error:
+            self.reply(request_id, ERROR, error_payload(error))
+
+    def reply_update(self, results: Any) -> None:
+        """Answer the update just trained on: rank 0 sends the results (and the weights if asked)."""
+        payload = None
+        if self.rank == 0:
+            answer = (results, weights_of(self.learner)) if self.return_state else results
+            payload = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
+        self.reply(self.update_request, OK, payload)
+
+    def reply(self, request_id: int | None, status: str, payload: Any) -> None:
+        """Put one reply on the shared queue."""
+        self.replies.put((self.rank, request_id, status, payload))
+
+
+class ReplyCallback(Callback):
+    """Sends each update's results (``training_step``'s output) back to the driver."""
+
+    def __init__(self, stream: CommandStream) -> None:
+        self.stream = stream
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """Called by Lightning after ``training_step``, once the optimizers have stepped."""
+        results = outputs.get("results") if isinstance(outputs, Mapping) else None
+        self.stream.reply_update(results)
