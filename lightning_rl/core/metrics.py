@@ -1,86 +1,153 @@
 """The Learner's metrics: values logged during an update, reduced to plain floats.
 
-Logging is cheap on the hot path: ``log_value`` only appends a detached tensor (or a number)
-to a list, so a minibatch step never waits on the device. ``reduce`` stacks each key's values
-once, reduces them on their device, and reads all keys back in one transfer into plain
-running aggregates (sum and weight, or the extreme) on this rank. These are plain floats, not
-torchmetrics objects: an off-policy Learner reduces after every env step, and torchmetrics'
-per-key update and reset bookkeeping cost as much as SAC's backward pass.
+``MetricsLogger.log_value`` keeps RLlib's meaning of its arguments:
 
-When a process group is running, ``reduce`` then folds every rank's aggregator states into
-one result with a fixed, small number of collective calls (the keys, then two packed
-tensors), whatever the number of keys. Ranks may have logged different keys (a rank with no
-rows of some module logs none of its losses): every key logged anywhere is reported
-everywhere, from the ranks that have it, so every rank returns the same numbers.
+=====================================  ===================================================
+``log_value(key, value, ...)``          what ``reduce()`` reports
+=====================================  ===================================================
+``reduce="mean"`` (no window, no EMA)   an exponential moving average, coefficient 0.01
+``reduce="mean", ema_coeff=c``          ``ema = (1 - c) * ema + c * value``; the first value
+                                        starts it
+``window=n``                            the reduce over the last ``n`` values, which may
+                                        span earlier reduces; RLlib's "last value" is
+                                        ``window=1``
+``window=math.inf``                     the reduce over every value since the last clear
+``reduce="sum" | "min" | "max"``        running over every value since the last clear:
+                                        lifetime counters keep counting
+``clear_on_reduce=True``                each ``reduce`` starts afresh: with
+                                        ``window=math.inf``, the mean of one update
+=====================================  ===================================================
+
+Logging is cheap on the hot path: ``log_value`` appends a detached tensor (or a number) to a
+list, so a minibatch step never waits on the device. ``reduce`` reads every pending value of
+every key back in one transfer and folds them into plain-float statistics on this rank.
+These are plain floats, not torchmetrics objects: an off-policy Learner reduces after every
+env step, and torchmetrics' per-key update and reset bookkeeping cost as much as SAC's
+backward pass.
+
+When a process group is running, ``reduce`` then folds every rank's statistics into one
+result with a fixed, small number of collective calls (the keys, then two packed tensors),
+whatever the number of keys: a mean pools the values of all ranks (an EMA counts each rank's
+average once), a sum adds, min and max take the extreme. Ranks may have logged different keys
+(a rank with no rows of some module logs none of its losses): every key logged anywhere is
+reported everywhere, from the ranks that have it, so every rank returns the same numbers.
+NaNs propagate instead of being skipped (RLlib skips them): a non-finite loss must show.
 """
 
 from __future__ import annotations
 
+import abc
 import math
-from collections import defaultdict
-from collections.abc import Mapping
-from typing import Any, Literal, Union
+from collections import defaultdict, deque
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, NamedTuple, Union
 
 import torch
 import torch.distributed as dist
 
-Reduce = Literal["mean", "sum", "min", "max", "last"]
+Reduce = Literal["mean", "sum", "min", "max"]
 MetricKey = Union[str, tuple[str, ...]]
 
-# "last" keeps only the newest value of a reduce period; a mean over ranks of that value is
-# what a multi-rank learner reports (the ranks agree on such values).
-_REDUCES = ("mean", "sum", "min", "max", "last")
+DEFAULT_EMA_COEFF = 0.01
+_REDUCES = ("mean", "sum", "min", "max")
 _SEPARATOR = "/"
 # Codes of the reduce kinds in the packed cross-rank fold (0: the rank never logged the key).
-_REDUCE_CODES: dict[str, int] = {"mean": 1, "last": 2, "sum": 3, "min": 4, "max": 5}
+_REDUCE_CODES: dict[str, int] = {"mean": 1, "sum": 2, "min": 3, "max": 4}
 _REDUCES_BY_CODE = {code: reduce for reduce, code in _REDUCE_CODES.items()}
+Path = tuple[str, ...]
+
+
+class _Settings(NamedTuple):
+    """How one key's values are reduced; ``ema_coeff`` is resolved (RLlib's 0.01 default)."""
+
+    reduce: str
+    window: float | None
+    ema_coeff: float | None
+    clear_on_reduce: bool
+
+    def describe(self) -> str:
+        return (
+            f"reduce={self.reduce!r}, window={self.window}, ema_coeff={self.ema_coeff}, "
+            f"clear_on_reduce={self.clear_on_reduce}"
+        )
+
+    @property
+    def adds_over_ranks(self) -> bool:
+        """Whether ranks' values add up (a sum, a pooled mean): a restored total goes to one rank."""
+        return self.reduce == "sum" or (self.reduce == "mean" and self.ema_coeff is None)
 
 
 class MetricsLogger:
     """Collects named values and reduces them to a nested dict of floats.
 
     Keys are strings or tuples of strings (``(module_id, "total_loss")``); tuple keys become
-    nested dicts in the results.
-
-    Args:
-        device: Where the aggregators keep their state. Collective backends such as NCCL
-            need it on the accelerator; CPU is right for gloo and single-process runs.
+    nested dicts in the results. See the module docstring for what each setting reports.
     """
 
-    def __init__(self, device: torch.device | str = "cpu") -> None:
-        self.device = torch.device(device)
-        self._pending: dict[tuple[str, ...], list[Any]] = {}
-        self._aggregators: dict[tuple[str, ...], _Aggregate] = {}
-        self._settings: dict[tuple[str, ...], tuple[Reduce, bool]] = {}
+    def __init__(self) -> None:
+        self._pending: dict[Path, list[Any]] = {}
+        self._stats: dict[Path, _Stat] = {}
+        # The arguments each key was last logged with, as given: the hot path compares these
+        # and only resolves and validates settings it has not seen.
+        self._logged_as: dict[Path, tuple[Any, ...]] = {}
 
     def log_value(
-        self, key: MetricKey, value: Any, *, reduce: Reduce = "mean", clear_on_reduce: bool = True
+        self,
+        key: MetricKey,
+        value: Any,
+        *,
+        reduce: Reduce = "mean",
+        window: float | None = None,
+        ema_coeff: float | None = None,
+        clear_on_reduce: bool = False,
     ) -> None:
-        """Record one value (a number or a tensor of any shape) under ``key``.
+        """Record one value (a number or a non-empty tensor) under ``key``.
 
-        Called from inside an update, this never synchronizes with the device.
+        Called from inside an update, this never synchronizes with the device. A tensor with
+        several elements is one value: its mean, sum, minimum or maximum (per ``reduce``),
+        computed on its device.
 
         Args:
             key: A string or a tuple of strings (a path in the nested results).
-            value: A Python number or a tensor; tensors are detached.
-            reduce: How the values of one reduce period combine: ``mean`` (over all
-                elements logged), ``sum``, ``min``, ``max`` or ``last``.
-            clear_on_reduce: Whether the value starts afresh after each ``reduce``.
-                Lifetime counters use ``reduce="sum", clear_on_reduce=False``.
+            value: A Python number, numpy value or tensor; tensors are detached.
+            reduce: How values combine: ``mean``, ``sum``, ``min`` or ``max``.
+            window: Reduce over the last ``window`` values only (an int >= 1), or over all
+                values since the last clear (``math.inf``).
+            ema_coeff: With ``reduce="mean"`` and no window, the EMA coefficient in (0, 1];
+                ``None`` means 0.01.
+            clear_on_reduce: Whether the values start afresh after each ``reduce``.
+
+        Raises:
+            ValueError: If a setting is invalid, the tensor is empty, or ``key`` was logged
+                before with other settings.
         """
-        if reduce not in _REDUCES:
-            raise ValueError(f"reduce must be one of {sorted(_REDUCES)}, got {reduce!r}")
-        path = _as_path(key)
-        settings = (reduce, clear_on_reduce)
-        known = self._settings.setdefault(path, settings)
-        if known != settings:
-            raise ValueError(
-                f"metric {_SEPARATOR.join(path)!r} was first logged with reduce={known[0]!r}, "
-                f"clear_on_reduce={known[1]}; cannot log it with reduce={reduce!r}, clear_on_reduce={clear_on_reduce}"
-            )
+        path = key if type(key) is tuple else _as_path(key)
+        if self._logged_as.get(path) != (reduce, window, ema_coeff, clear_on_reduce):
+            self._register(path, reduce, window, ema_coeff, clear_on_reduce)
         if isinstance(value, torch.Tensor):
             value = value.detach()
-        self._pending.setdefault(path, []).append(value)
+            if value.dim():
+                value = _tensor_statistic(path, reduce, value)
+        elif not isinstance(value, (int, float)):
+            value = _tensor_statistic(path, reduce, torch.as_tensor(value))  # numpy values
+        pending = self._pending.get(path)
+        if pending is None:
+            self._pending[path] = [value]
+        else:
+            pending.append(value)
+
+    def _register(self, path: Path, reduce: Any, window: Any, ema_coeff: Any, clear_on_reduce: Any) -> None:
+        """Validate new settings for ``path``; create its statistic or check they match the known ones."""
+        settings = _resolve_settings(reduce, window, ema_coeff, clear_on_reduce)
+        known = self._stats.get(path)
+        if known is None:
+            self._stats[path] = _make_stat(settings)
+        elif known.settings != settings:
+            raise ValueError(
+                f"metric {_SEPARATOR.join(path)!r} was first logged with {known.settings.describe()}; "
+                f"cannot log it with {settings.describe()}"
+            )
+        self._logged_as[path] = (reduce, window, ema_coeff, clear_on_reduce)
 
     def log_dict(self, values: Mapping[str, Any], *, key: MetricKey = (), **kwargs: Any) -> None:
         """Log every entry of a (nested) dict under the prefix ``key``; ``kwargs`` as in ``log_value``."""
@@ -92,70 +159,47 @@ class MetricsLogger:
                 self.log_value(prefix + (name,), value, **kwargs)
 
     def reduce(self) -> dict[str, Any]:
-        """Fold the values logged since the last call into the aggregators and report them.
+        """Fold the values logged since the last call into the statistics and report them.
 
         Returns:
-            A nested dict of Python floats. Keys logged with ``clear_on_reduce=True`` are
-            reported once and then forgotten; the others (lifetime counters) keep counting.
+            A nested dict of Python floats: every key logged since the last call, and every
+            key with ``clear_on_reduce=False`` that holds values. Keys with
+            ``clear_on_reduce=True`` then start afresh.
         """
         pending = sorted(self._pending)
-        for path, (value, weight) in zip(pending, self._reduce_pending(pending)):
-            reduce, _ = self._settings[path]
-            aggregator = self._aggregators.get(path)
-            if aggregator is None:
-                aggregator = self._aggregators[path] = _Aggregate(reduce)
-            if reduce == "last":
-                aggregator.reset()
-            aggregator.add(value, weight)
-        reported = set(self._pending) | {path for path in self._aggregators if not self._settings[path][1]}
+        for path, values in zip(pending, self._read_pending(pending)):
+            self._stats[path].add(values)
         self._pending.clear()
+        reported = set(pending)
+        reported.update(path for path, stat in self._stats.items() if not stat.settings.clear_on_reduce)
         if _is_distributed():
             reported = _union_over_ranks(reported)
-        values = self._fold(sorted(reported), self._aggregators)
+        values = self._fold(sorted(reported), self._stats)
+        for path in pending:
+            if self._stats[path].settings.clear_on_reduce:
+                self._stats[path].reset()
 
         results: dict[str, Any] = {}
-        for path, (_, value, _) in values.items():
+        for path, value in values.items():
             _set_nested(results, path, value)
-        for path in reported:
-            if path in self._aggregators and self._settings[path][1]:
-                self._aggregators[path].reset()
         return results
 
-    def _reduce_pending(self, paths: list[tuple[str, ...]]) -> list[tuple[float, float]]:
-        """``(value, weight)`` of each path's pending values, read from the device in one transfer per device.
-
-        For a mean (and ``last``, over the newest value's elements) the value is the sum of
-        the elements and the weight their number; otherwise the sum, minimum or maximum, weight 1.
-        """
-        statistics: list[tuple[torch.Tensor | float, float]] = []
+    def _read_pending(self, paths: list[Path]) -> list[list[float]]:
+        """Each path's pending values as Python numbers; the tensors are read back in one transfer."""
+        flat = [value for path in paths for value in self._pending[path]]
+        where = [index for index, value in enumerate(flat) if isinstance(value, torch.Tensor)]
+        if where:
+            for index, number in zip(where, _tensors_to_numbers([flat[i] for i in where])):
+                flat[index] = number
+        grouped, start = [], 0
         for path in paths:
-            reduce, _ = self._settings[path]
-            values = self._pending[path]
-            if reduce == "last":
-                values = values[-1:]
-            if len(values) == 1 and not (isinstance(values[0], torch.Tensor) and values[0].dim() > 0):
-                # One scalar (an update of one step): its own statistic, no stacking.
-                value = values[0]
-                statistics.append((value if isinstance(value, torch.Tensor) else float(value), 1.0))
-                continue
-            values = _stack(values)
-            if reduce in ("mean", "last", "sum"):
-                statistics.append((values.sum(), float(values.numel()) if reduce != "sum" else 1.0))
-            else:
-                statistics.append((values.min() if reduce == "min" else values.max(), 1.0))
-        numbers = [value for value, _ in statistics]
-        by_device: dict[torch.device, list[int]] = defaultdict(list)
-        for index, value in enumerate(numbers):
-            if isinstance(value, torch.Tensor):
-                by_device[value.device].append(index)
-        for indices in by_device.values():
-            stacked = torch.stack([numbers[i].float() for i in indices]).tolist()
-            for index, number in zip(indices, stacked):
-                numbers[index] = number
-        return [(number, weight) for number, (_, weight) in zip(numbers, statistics)]
+            end = start + len(self._pending[path])
+            grouped.append(flat[start:end])
+            start = end
+        return grouped
 
     def peek(self, key: MetricKey, *, across_ranks: bool = False) -> float:
-        """The value ``key`` would reduce to now, clearing nothing.
+        """The value ``key`` would reduce to now, changing nothing.
 
         Args:
             key: The metric.
@@ -164,64 +208,62 @@ class MetricsLogger:
                 single process, this rank's value alone.
 
         Raises:
-            KeyError: If no rank (or, without ``across_ranks``, not this one) logged ``key``
-                since the last ``reduce`` (or ever, for lasting metrics).
+            KeyError: If no rank (or, without ``across_ranks``, not this one) holds a value
+                of ``key``: none logged since the last ``reduce`` for a cleared key, or ever.
         """
         path = _as_path(key)
-        aggregator = self._current(path)
+        current = self._current(path)
         if across_ranks and _is_distributed():
-            folded = self._fold([path], {path: aggregator} if aggregator is not None else {})
-            if path in folded:
-                return folded[path][1]
-        elif aggregator is not None:
-            return aggregator.value
-        raise KeyError(f"no metric {_SEPARATOR.join(path)!r} has been logged since the last reduce")
+            folded = self._fold([path], {path: current} if current is not None else {})
+        else:
+            folded = {path: current.value} if current is not None else {}
+        if path not in folded:
+            raise KeyError(f"no metric {_SEPARATOR.join(path)!r} has been logged since the last reduce")
+        return folded[path]
 
-    def _current(self, path: tuple[str, ...]) -> _Aggregate | None:
-        """A copy of ``path``'s aggregate with the pending values folded in; ``None`` if there is none."""
-        if path not in self._settings or (self._settings[path][1] and path not in self._pending):
+    def _current(self, path: Path) -> _Stat | None:
+        """A copy of ``path``'s statistic with its pending values added; ``None`` if it holds none."""
+        stat = self._stats.get(path)
+        if stat is None:
             return None
-        reduce, _ = self._settings[path]
-        aggregator = _Aggregate(reduce)
-        if path in self._aggregators and not (reduce == "last" and path in self._pending):
-            aggregator.add(self._aggregators[path].total, self._aggregators[path].weight)
+        current = stat.copy()
         if path in self._pending:
-            aggregator.add(*self._reduce_pending([path])[0])
-        return aggregator
+            current.add(self._read_pending([path])[0])
+        return current if current.pooled()[1] else None
 
-    def _fold(
-        self, paths: list[tuple[str, ...]], aggregators: Mapping[tuple[str, ...], _Aggregate]
-    ) -> dict[tuple[str, ...], tuple[Reduce, float, float]]:
-        """``{path: (reduce, value, weight)}`` of ``aggregators`` over all ranks (this rank alone without a group).
+    def _fold(self, paths: list[Path], stats: Mapping[Path, _Stat]) -> dict[Path, float]:
+        """``{path: value}`` of ``stats`` over all ranks (this rank alone without a group).
 
-        The weight is that of a mean (values averaged so far), 1 otherwise. Every rank must
-        pass the same ``paths``; a rank may lack some of them in ``aggregators``.
+        Every rank must pass the same ``paths``; a rank may lack some of them in ``stats``,
+        or hold no values for them.
         """
         if not _is_distributed():
-            return {
-                path: (self._settings[path][0], aggregators[path].value, aggregators[path].weight)
-                for path in paths
-                if path in aggregators
-            }
-        # Two packed tensors, whatever the number of keys: [mean sum, mean weight, sum] added
-        # over ranks, and [reduce code, max, -min] maximized over ranks.
+            folded = {}
+            for path in paths:
+                total, weight = stats[path].pooled()
+                if weight:
+                    folded[path] = total / weight if stats[path].settings.reduce == "mean" else float(total)
+            return folded
+        # Two packed tensors, whatever the number of keys: [mean total, mean weight, sum]
+        # added over ranks, and [reduce code, max, -min] maximized over ranks.
         added = torch.zeros(len(paths), 3, dtype=torch.float64)
         maximized = torch.full((len(paths), 3), -math.inf, dtype=torch.float64)
         maximized[:, 0] = 0
         for row, path in enumerate(paths):
-            aggregator = aggregators.get(path)
-            if aggregator is None:
+            stat = stats.get(path)
+            total, weight = stat.pooled() if stat is not None else (0.0, 0.0)
+            if not weight:
                 continue
-            reduce = self._settings[path][0]
+            reduce = stat.settings.reduce
             maximized[row, 0] = _REDUCE_CODES[reduce]
-            if reduce in ("mean", "last"):
-                added[row, 0], added[row, 1] = aggregator.total, aggregator.weight
+            if reduce == "mean":
+                added[row, 0], added[row, 1] = total, weight
             elif reduce == "sum":
-                added[row, 2] = aggregator.total
+                added[row, 2] = total
             elif reduce == "max":
-                maximized[row, 1] = aggregator.total
+                maximized[row, 1] = total
             else:
-                maximized[row, 2] = -aggregator.total
+                maximized[row, 2] = -total
         device = _collective_device()
         added, maximized = added.to(device), maximized.to(device)
         dist.all_reduce(added, op=dist.ReduceOp.SUM)
@@ -231,104 +273,286 @@ class MetricsLogger:
             paths, added.tolist(), maximized.tolist()
         ):
             reduce = _REDUCES_BY_CODE.get(int(code))
-            if reduce in ("mean", "last"):
-                folded[path] = (reduce, total / weight if weight else math.nan, weight)
+            if reduce == "mean":
+                folded[path] = total / weight
             elif reduce == "sum":
-                folded[path] = (reduce, summed, 1.0)
+                folded[path] = summed
             elif reduce == "max":
-                folded[path] = (reduce, largest, 1.0)
+                folded[path] = largest
             elif reduce == "min":
-                folded[path] = (reduce, -negated_smallest, 1.0)
+                folded[path] = -negated_smallest
         return folded
 
     def delete(self, prefix: MetricKey) -> None:
         """Forget every metric whose key starts with ``prefix`` (e.g. a removed module's)."""
         prefix_path = _as_path(prefix)
-        for table in (self._pending, self._aggregators, self._settings):
+        for table in (self._pending, self._stats, self._logged_as):
             for path in [p for p in table if p[: len(prefix_path)] == prefix_path]:
                 del table[path]
 
     def get_state(self) -> dict[str, Any]:
-        """The lasting metrics (those logged with ``clear_on_reduce=False``), reduced to floats.
+        """The lasting metrics (``clear_on_reduce=False``), pending values included, as plain data.
 
-        On several ranks this is a collective call (like ``reduce``): the saved values are
-        the totals over all ranks.
+        Each entry holds the key's settings and either ``windows`` (a window's values, oldest
+        first, in a list per rank) or ``value`` and ``weight`` (a running value or an EMA, and
+        the number of values behind it). ``torch.load(weights_only=True)`` reads it.
+
+        On several ranks this is a collective call (like ``reduce``) and every rank returns
+        the same state: running values and EMAs combined over ranks as ``reduce`` combines
+        them, and every rank's window.
         """
-        lasting = {path for path, (_, clear_on_reduce) in self._settings.items() if not clear_on_reduce}
-        if _is_distributed():
-            lasting = _union_over_ranks(lasting)
-        paths = sorted(lasting)
-        current = {path: aggregator for path in paths if (aggregator := self._current(path)) is not None}
         state = {}
-        for path, (reduce, value, weight) in self._fold(paths, current).items():
-            entry = {"reduce": reduce, "value": value}
-            if reduce == "mean":
-                entry["weight"] = weight
-            state[_SEPARATOR.join(path)] = entry
+        for path, stat in self._stats.items():
+            current = self._current(path) if not stat.settings.clear_on_reduce else None
+            if current is not None:
+                state[_SEPARATOR.join(path)] = {**current.settings._asdict(), **current.entry()}
+        if _is_distributed():
+            gathered: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, state)
+            names = sorted({name for rank_state in gathered for name in rank_state})
+            state = {name: _merge_rank_entries([s[name] for s in gathered if name in s]) for name in names}
         return state
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        """Restore what ``get_state`` returned; values logged but not yet reduced are dropped.
+        """Restore what ``get_state`` returned (also in its format before windows and EMAs).
 
-        A sum or mean is restored on rank 0 only, so that the total (or the weight of the
-        mean) over ranks stays what was saved.
+        Values logged but not yet reduced are dropped. Every rank restores the state so that
+        ``reduce`` over the ranks reports what it reported when the state was saved: running
+        values that add over ranks (a sum or a non-EMA mean) go to rank 0 alone, extremes and
+        EMAs to every rank, and rank ``r`` of ``n`` takes the saved windows ``r, r + n, ...``
+        (its own window when the number of ranks is unchanged).
+
+        Raises:
+            ValueError: If an entry names an unknown reduce or invalid settings.
         """
-        first_rank = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+        rank, world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
         self._pending.clear()
-        self._aggregators.clear()
-        self._settings.clear()
+        self._stats.clear()
+        self._logged_as.clear()
         for name, entry in state.items():
-            path = tuple(name.split(_SEPARATOR))
-            reduce = entry["reduce"]
-            if reduce not in _REDUCES:
-                raise ValueError(f"metric {name!r}: unknown reduce {reduce!r} in the saved state")
-            aggregator = _Aggregate(reduce)
-            value = float(entry["value"])
-            if reduce == "mean":
-                if first_rank:
-                    weight = float(entry.get("weight", 1.0))
-                    aggregator.add(value * weight, weight)
-            elif reduce == "sum":
-                aggregator.add(value if first_rank else 0.0, 1.0)
-            else:
-                aggregator.add(value, 1.0)
-            self._aggregators[path] = aggregator
-            self._settings[path] = (reduce, False)
+            settings, entry = _upgrade_entry(name, entry)
+            stat = self._stats[tuple(name.split(_SEPARATOR))] = _make_stat(settings)
+            if "windows" in entry:
+                stat.load({"windows": entry["windows"][rank::world_size]})
+            elif rank == 0 or not settings.adds_over_ranks:
+                stat.load(entry)
 
 
-class _Aggregate:
-    """The running aggregate of one metric, in plain floats.
+class _Stat(abc.ABC):
+    """The plain-float statistic of one metric; each subclass keeps one kind of settings.
 
-    ``mean`` and ``last``: ``total`` is the sum of the values, ``weight`` their number (the
-    value is their ratio); ``sum``: ``total`` is the sum; ``min`` / ``max``: ``total`` is the
-    extreme so far. NaNs propagate: a non-finite loss must show in the results.
+    ``pooled()`` is ``(total, weight)``: the weight counts the values behind the statistic
+    (0: none); for a mean the value is ``total / weight`` and ranks pool by adding both,
+    otherwise the value is ``total``.
     """
 
-    __slots__ = ("reduce", "total", "weight")
+    __slots__ = ("settings",)
 
-    def __init__(self, reduce: Reduce) -> None:
-        self.reduce = reduce
+    def __init__(self, settings: _Settings) -> None:
+        self.settings = settings
         self.reset()
 
+    @abc.abstractmethod
     def reset(self) -> None:
-        self.total = {"min": math.inf, "max": -math.inf}.get(self.reduce, 0.0)
-        self.weight = 0.0
+        """Forget every value."""
 
-    def add(self, value: float, weight: float) -> None:
-        """Fold in a statistic of new values (as ``MetricsLogger._reduce_pending`` returns it)."""
-        if self.reduce == "min":
-            self.total = value if math.isnan(value) else min(self.total, value)
-        elif self.reduce == "max":
-            self.total = value if math.isnan(value) else max(self.total, value)
-        else:
-            self.total += value
-        self.weight += weight
+    @abc.abstractmethod
+    def add(self, values: Sequence[float]) -> None:
+        """Take in logged values, oldest first."""
+
+    @abc.abstractmethod
+    def pooled(self) -> tuple[float, float]:
+        """``(total, weight)`` as the class docstring describes."""
+
+    @abc.abstractmethod
+    def entry(self) -> dict[str, Any]:
+        """The values part of the saved state (``get_state``)."""
+
+    @abc.abstractmethod
+    def load(self, entry: Mapping[str, Any]) -> None:
+        """Restore what ``entry`` returned."""
+
+    def copy(self) -> _Stat:
+        copied = _make_stat(self.settings)
+        if self.pooled()[1]:
+            copied.load(self.entry())
+        return copied
 
     @property
     def value(self) -> float:
-        if self.reduce in ("mean", "last"):
-            return self.total / self.weight if self.weight else math.nan
-        return self.total
+        total, weight = self.pooled()
+        if self.settings.reduce == "mean":
+            return total / weight if weight else math.nan
+        return float(total)
+
+
+class _Running(_Stat):
+    """A sum, extreme or mean over every value since the last clear (no window, or an infinite one)."""
+
+    __slots__ = ("total", "weight")
+
+    def reset(self) -> None:
+        self.total = {"min": math.inf, "max": -math.inf}.get(self.settings.reduce, 0.0)
+        self.weight = 0.0
+
+    def add(self, values: Sequence[float]) -> None:
+        reduce = self.settings.reduce
+        if reduce in ("min", "max"):
+            self.total = _extreme(reduce, [self.total, *values])
+        else:
+            self.total += sum(values)
+        self.weight += len(values)
+
+    def pooled(self) -> tuple[float, float]:
+        return self.total, self.weight
+
+    def entry(self) -> dict[str, Any]:
+        return {"value": self.value, "weight": self.weight}
+
+    def load(self, entry: Mapping[str, Any]) -> None:
+        value, self.weight = float(entry["value"]), float(entry["weight"])
+        self.total = value * self.weight if self.settings.reduce == "mean" else value
+
+
+class _Window(_Stat):
+    """The last ``window`` values."""
+
+    __slots__ = ("values",)
+
+    def reset(self) -> None:
+        self.values: deque[float] = deque(maxlen=int(self.settings.window))
+
+    def add(self, values: Sequence[float]) -> None:
+        self.values.extend(values)
+
+    def pooled(self) -> tuple[float, float]:
+        if not self.values:
+            return 0.0, 0.0
+        reduce = self.settings.reduce
+        total = sum(self.values) if reduce in ("mean", "sum") else _extreme(reduce, self.values)
+        return total, float(len(self.values))
+
+    def entry(self) -> dict[str, Any]:
+        return {"windows": [[float(value) for value in self.values]]}
+
+    def load(self, entry: Mapping[str, Any]) -> None:
+        for window in entry["windows"]:  # the deque keeps the newest values of the last window
+            self.values.extend(float(value) for value in window)
+
+
+class _Ema(_Stat):
+    """An exponential moving average; the first value starts it."""
+
+    __slots__ = ("ema",)
+
+    def reset(self) -> None:
+        self.ema: float | None = None
+
+    def add(self, values: Sequence[float]) -> None:
+        coeff, ema = self.settings.ema_coeff, self.ema
+        for value in values:
+            ema = float(value) if ema is None else (1.0 - coeff) * ema + coeff * value
+        self.ema = ema
+
+    def pooled(self) -> tuple[float, float]:
+        return (0.0, 0.0) if self.ema is None else (self.ema, 1.0)
+
+    def entry(self) -> dict[str, Any]:
+        return {"value": self.ema, "weight": 1.0}
+
+    def load(self, entry: Mapping[str, Any]) -> None:
+        self.ema = float(entry["value"])
+
+
+def _make_stat(settings: _Settings) -> _Stat:
+    if settings.ema_coeff is not None:
+        return _Ema(settings)
+    if settings.window is None or settings.window == math.inf:
+        return _Running(settings)
+    return _Window(settings)
+
+
+def _resolve_settings(reduce: Any, window: Any, ema_coeff: Any, clear_on_reduce: Any) -> _Settings:
+    """Validate ``log_value``'s settings and fill in RLlib's default EMA for a plain mean."""
+    if reduce not in _REDUCES:
+        hint = " (RLlib's 'last' value is reduce='mean', window=1)" if reduce == "last" else ""
+        raise ValueError(f"reduce must be one of {list(_REDUCES)}, got {reduce!r}{hint}")
+    valid_window = window is None or window == math.inf or (type(window) is int and window >= 1)
+    if not valid_window:
+        raise ValueError(f"window must be None, an int >= 1 or math.inf, got {window!r}")
+    if ema_coeff is not None:
+        if isinstance(ema_coeff, bool) or not isinstance(ema_coeff, (int, float)) or not 0 < ema_coeff <= 1:
+            raise ValueError(f"ema_coeff must be a number in (0, 1], got {ema_coeff!r}")
+        if reduce != "mean":
+            raise ValueError(f"ema_coeff is only allowed with reduce='mean', got reduce={reduce!r}")
+        if window is not None:
+            raise ValueError(f"give either window or ema_coeff, not both (got window={window}, ema_coeff={ema_coeff})")
+    if not isinstance(clear_on_reduce, bool):
+        raise ValueError(f"clear_on_reduce must be a bool, got {clear_on_reduce!r}")
+    if reduce == "mean" and window is None and ema_coeff is None:
+        ema_coeff = DEFAULT_EMA_COEFF
+    return _Settings(reduce, window, None if ema_coeff is None else float(ema_coeff), clear_on_reduce)
+
+
+def _upgrade_entry(name: str, entry: Mapping[str, Any]) -> tuple[_Settings, Mapping[str, Any]]:
+    """The settings and values part of one saved metric, in this format or the one before windows and EMAs."""
+    reduce = entry.get("reduce")
+    if "clear_on_reduce" in entry:
+        try:
+            return _resolve_settings(reduce, entry["window"], entry["ema_coeff"], entry["clear_on_reduce"]), entry
+        except ValueError as error:
+            raise ValueError(f"metric {name!r} in the saved state: {error}") from None
+    # Before: {"reduce", "value"[, "weight"]} of a metric logged with clear_on_reduce=False,
+    # a mean over every value ever logged, or the last one.
+    if reduce == "last":
+        return _Settings("mean", 1, None, False), {"windows": [[entry["value"]]]}
+    if reduce not in _REDUCES:
+        raise ValueError(f"metric {name!r}: unknown reduce {reduce!r} in the saved state")
+    window = math.inf if reduce == "mean" else None
+    return _Settings(reduce, window, None, False), {"value": entry["value"], "weight": entry.get("weight", 1.0)}
+
+
+def _merge_rank_entries(entries: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """One saved entry from every rank's entry of a key, combined as ``reduce`` combines ranks."""
+    if "windows" in entries[0]:
+        return {**entries[0], "windows": [window for entry in entries for window in entry["windows"]]}
+    reduce = entries[0]["reduce"]
+    values, weights = [entry["value"] for entry in entries], [entry["weight"] for entry in entries]
+    if reduce == "mean":  # pooled; each rank's EMA has weight 1
+        value = sum(v * w for v, w in zip(values, weights)) / sum(weights)
+    else:
+        value = sum(values) if reduce == "sum" else _extreme(reduce, values)
+    return {**entries[0], "value": value, "weight": sum(weights)}
+
+
+def _tensor_statistic(path: Path, reduce: str, value: torch.Tensor) -> torch.Tensor:
+    """A tensor with several elements as one value (a 0-d tensor on its device); no device sync."""
+    if value.numel() == 0:
+        raise ValueError(f"metric {_SEPARATOR.join(path)!r}: cannot log an empty tensor")
+    if reduce == "mean":
+        return value.float().mean() if not value.is_floating_point() else value.mean()
+    return getattr(value, reduce)()
+
+
+def _tensors_to_numbers(tensors: list[torch.Tensor]) -> list[float]:
+    """0-d tensors as Python numbers: one ``torch.stack`` and one read-back per device."""
+    by_device: dict[torch.device, list[int]] = defaultdict(list)
+    for index, tensor in enumerate(tensors):
+        by_device[tensor.device].append(index)
+    numbers: list[Any] = [None] * len(tensors)
+    for indices in by_device.values():
+        # torch.stack promotes mixed dtypes; .tolist() is the device sync.
+        for index, number in zip(indices, torch.stack([tensors[i] for i in indices]).tolist()):
+            numbers[index] = number
+    return numbers
+
+
+def _extreme(reduce: str, values: Any) -> float:
+    """``min`` or ``max`` of ``values``; NaN if any is NaN (Python's min and max would depend on the order)."""
+    values = list(values)
+    if any(math.isnan(v) for v in values):
+        return math.nan
+    return float(min(values) if reduce == "min" else max(values))
 
 
 def _is_distributed() -> bool:
@@ -342,25 +566,17 @@ def _collective_device() -> torch.device:
     return torch.device("cpu")
 
 
-def _union_over_ranks(paths: set[tuple[str, ...]]) -> set[tuple[str, ...]]:
+def _union_over_ranks(paths: set[Path]) -> set[Path]:
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, sorted(paths))
     return {tuple(path) for rank_paths in gathered for path in rank_paths}
 
 
-def _as_path(key: MetricKey) -> tuple[str, ...]:
+def _as_path(key: MetricKey) -> Path:
     return (key,) if isinstance(key, str) else tuple(key)
 
 
-def _stack(values: list[Any]) -> torch.Tensor:
-    if all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in values):
-        return torch.stack(values).float()  # the common case (one scalar per step): one op
-    device = next((v.device for v in values if isinstance(v, torch.Tensor)), None)
-    tensors = [torch.as_tensor(v, dtype=torch.float32, device=device).reshape(-1) for v in values]
-    return torch.cat(tensors) if len(tensors) > 1 else tensors[0]
-
-
-def _set_nested(results: dict[str, Any], path: tuple[str, ...], value: float) -> None:
+def _set_nested(results: dict[str, Any], path: Path, value: float) -> None:
     node = results
     for part in path[:-1]:
         node = node.setdefault(part, {})
