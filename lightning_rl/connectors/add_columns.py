@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -110,5 +109,7 @@ class AddColumnsFromEpisodes(ConnectorPiece):
 def _weights_device(rl_module: MultiRLModule, module_id: str) -> torch.device:
     # A module without parameters or buffers (a fixed policy) has no device of its own.
     module = rl_module[module_id]
-    tensor = next(itertools.chain(module.parameters(), module.buffers()), None)
+    tensor = next(module.parameters(), None)
+    if tensor is None:
+        tensor = next(module.buffers(), None)
     return torch.device("cpu") if tensor is None else tensor.device
