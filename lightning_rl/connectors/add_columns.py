@@ -56,7 +56,7 @@ class AddColumnsFromEpisodes(ConnectorPiece):
         module_episodes = self.episodes_per_module(rl_module, episodes)
         shared_data[MODULE_EPISODES] = module_episodes
         for module_id, its_episodes in module_episodes.items():
-            device = self.device or _weights_device(rl_module, module_id)
+            device = self.device if self.device is not None else _weights_device(rl_module, module_id)
             batch.setdefault(module_id, {}).update(episodes_to_batch(its_episodes, device))
         return batch
 
