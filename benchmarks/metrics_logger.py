@@ -5,7 +5,7 @@ What it measures: the time to log and reduce the metrics of one realistic PPO-li
 logs 8 values per minibatch step (losses, KL, entropy, clip fraction, gradient norm) and once
 per update 4 current hyperparameters, 2 step counts, a lifetime count and the batch size;
 the ``__all_modules__`` entry logs a total loss per step and 6 counters and timesteps per
-update (3 modules: 54 keys, 138 values). Values logged per step are scalar tensors that
+update (3 modules: 55 keys, 130 values). Values logged per step are scalar tensors that
 carry autograd history (as losses do); the others are Python numbers. ``reduce`` runs once
 at the end, as ``Learner.update`` does.
 
@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import math
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -150,8 +151,8 @@ def main() -> None:
     labels = {"before": f"(a) before ({args.before})", "now": "(b) now, same numbers", "now_ema": "(c) now, EMA means"}
     paired = print_paired_table(seconds, labels, baseline="before", work=logged, unit="values/s")
     for name, times in seconds.items():
-        per_value = sorted(times)[len(times) // 2] / logged * 1e6
-        print(f"{labels[name]:<30} {per_value:6.2f} us per value  (paired ratio before/this: {paired[name]:.2f})")
+        per_value = statistics.median(times) / logged * 1e6
+        print(f"{labels[name]:<30} {per_value:6.2f} us per value (median), paired ratio before/this {paired[name]:.2f}")
 
 
 if __name__ == "__main__":
