@@ -1,6 +1,16 @@
-"""Data: the environment data module, replay buffers and the Learner connectors."""
+"""Data: the environment data modules (on-policy rollouts, off-policy replay) and replay buffers."""
 
+from lightning_rl.data.env_datamodule import EnvDataModule
 from lightning_rl.data.episode_datamodule import EpisodeDataModule
+from lightning_rl.data.off_policy import OffPolicyDataModule
+from lightning_rl.data.on_policy import OnPolicyDataModule
 from lightning_rl.data.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer
 
-__all__ = ["EpisodeDataModule", "PrioritizedReplayBuffer", "ReplayBuffer"]
+__all__ = [
+    "EnvDataModule",
+    "EpisodeDataModule",
+    "OffPolicyDataModule",
+    "OnPolicyDataModule",
+    "PrioritizedReplayBuffer",
+    "ReplayBuffer",
+]

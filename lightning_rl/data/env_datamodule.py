@@ -1,0 +1,411 @@
+"""``EnvDataModule``: what the on- and off-policy data modules share, around one ``EnvSampling``.
+
+A train item is sampled with the Learner's *current* weights, in the Learner's own process,
+when Lightning asks for it. That needs care with Lightning's fit loop, which fetches the next
+item *before* running the current training step unless the train iterable has a length: the
+iterable here always has one (``rollouts_per_epoch``), so Lightning never prefetches, and
+on-policy data is never one update behind.
+
+Under a data-parallel strategy (``Trainer(strategy="ddp", devices=N)``, ``torchrun``, SLURM)
+every rank samples envs of its own, seeded apart from the other ranks', and trains on its own
+items (the gradients are averaged by the strategy). After each rollout the ranks exchange one
+small vector of counters and episode sums (``rank_stats``), so every rank reports the same
+global numbers and ``max_env_steps`` stops every rank on the same rollout.
+
+The subclasses say what a rollout becomes (``sample_train_item``) and how many env steps it
+holds (``train_batch_size``); everything else here delegates to ``self.sampling``.
+"""
+
+from __future__ import annotations
+
+import abc
+import functools
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, ClassVar, Literal
+
+import gymnasium as gym
+import numpy as np
+from lightning.fabric.utilities.cloud_io import get_filesystem
+from lightning.pytorch import LightningDataModule
+
+from lightning_rl.core.columns import DEFAULT_MODULE_ID
+from lightning_rl.core.rl_module import RLModule
+from lightning_rl.core.train_item import TrainingData, TrainItem
+from lightning_rl.data.env_sampling import EnvSampling
+from lightning_rl.data.rank_stats import all_gather_rows
+from lightning_rl.env.env_runner import EnvRunner
+
+# Each class's own constructor arguments, so that one used on the other class gets an error
+# naming the class it belongs to (tests check these against the signatures).
+ON_POLICY_ARGUMENTS = ("rollout_fragment_length",)
+OFF_POLICY_ARGUMENTS = (
+    "replay_buffer_capacity",
+    "prioritized_replay",
+    "prioritized_replay_alpha",
+    "prioritized_replay_beta",
+    "prioritized_replay_eps",
+    "train_freq",
+    "learning_starts",
+    "random_actions_before_learning_starts",
+    "checkpoint_replay_buffer",
+)
+# Both data modules were one, ``EpisodeDataModule``, which saved its state in checkpoints
+# under this name (Lightning keys a data module's state by its class name).
+FORMER_STATE_KEY = "EpisodeDataModule"
+
+WrapperSpec = str | dict[str, Any] | Callable[[gym.Env], gym.Env]
+
+
+class EnvDataModule(LightningDataModule, abc.ABC):
+    """Samples a gymnasium environment with the Learner's module, for ``Trainer.fit`` and ``validate``.
+
+    Use ``OnPolicyDataModule`` or ``OffPolicyDataModule``; these are the arguments both take.
+    On several ranks (any data-parallel strategy) each rank samples its own envs and every
+    size below is per rank, except ``max_env_steps`` and ``evaluation_num_episodes``, which
+    count over all ranks.
+
+    Args:
+        env: A registered gymnasium id (``"CartPole-v1"``), or a zero-argument callable
+            that returns a ``gym.Env``.
+        env_kwargs: Keyword arguments for ``gym.make`` (ids only).
+        wrappers: Wrappers applied to each env, in order: import paths of wrapper classes
+            (``"gymnasium.wrappers.NormalizeObservation"``), ``{"class_path": ..., "init_args":
+            {...}}`` for wrappers that take arguments, or callables ``env -> env``.
+        evaluation_wrappers: The evaluation envs' wrappers; ``None`` uses ``wrappers``. Set it
+            when a training wrapper changes rewards (``NormalizeReward``, ``ClipReward``),
+            so that ``eval/episode_return_mean`` stays in the env's own units.
+        num_envs: Environments stepped together (one vector env) per rollout, per rank.
+        vectorize_mode: ``"sync"`` (envs stepped in this process) or ``"async"`` (one
+            subprocess per env, worth it for slow environments).
+        seed: Base seed of the envs. Rank ``r``'s training env ``i`` first resets with
+            ``seed + r * 10_000_000 + i`` and its evaluation env ``i`` with ``seed + 1_000_003
+            + r * 10_000_000 + i``; later resets move on by ``num_envs`` seeds each. So rank 0
+            (and a single-process run) uses ``seed`` itself, and a run is reproducible for a
+            given seed and number of ranks. ``None`` draws the base seed from numpy's global
+            generator: ``seed_everything`` seeds that alike on every rank, and the rank offset
+            still keeps the ranks apart.
+        rollouts_per_epoch: Train items per Lightning epoch. Validation, checkpoints and
+            epoch-level logging happen at epoch ends.
+        max_env_steps: Stop training once this many env steps were sampled, summed over all
+            ranks and over the whole run (resumed runs included); every rank stops after the
+            same rollout. ``None`` for no limit (use the Trainer's).
+        evaluation_num_episodes: Complete episodes per evaluation (``val_dataloader``), over
+            all ranks: each of N ranks plays ``ceil(evaluation_num_episodes / N)`` of them (an
+            equal share, so a plain mean over ranks is the mean over all episodes).
+        evaluation_num_envs: Environments stepped together during evaluation; defaults to
+            ``min(num_envs, episodes this rank plays)``.
+        evaluation_explore: Whether evaluation samples actions (``forward_exploration``)
+            instead of acting greedily (``forward_inference``).
+        episode_stats_window: Completed episodes per rank averaged into
+            ``episode_return_mean`` (on N ranks the statistics cover the union of the N
+            windows, each episode weighing the same).
+        module_id: The Learner's module that acts in the env.
+
+    Raises:
+        ValueError: Naming the argument, for an unknown env id, invalid sizes or a negative seed.
+    """
+
+    #: Whether train items hand the Learner a replay buffer instead of episodes.
+    is_off_policy: ClassVar[bool]
+
+    def __init__(
+        self,
+        env: str | Callable[[], gym.Env] = "CartPole-v1",
+        *,
+        env_kwargs: dict[str, Any] | None = None,
+        wrappers: Sequence[WrapperSpec] | None = None,
+        evaluation_wrappers: Sequence[WrapperSpec] | None = None,
+        num_envs: int = 1,
+        vectorize_mode: Literal["sync", "async"] = "sync",
+        seed: int | None = None,
+        rollouts_per_epoch: int = 10,
+        max_env_steps: int | None = None,
+        evaluation_num_episodes: int = 10,
+        evaluation_num_envs: int | None = None,
+        evaluation_explore: bool = False,
+        episode_stats_window: int = 100,
+        module_id: str = DEFAULT_MODULE_ID,
+    ) -> None:
+        super().__init__()
+        if isinstance(env, str) and env not in gym.registry:
+            raise ValueError(f"env={env!r} is not a registered gymnasium environment id")
+        if not isinstance(env, str) and not callable(env):
+            raise ValueError(f"env must be a gymnasium id or a callable that makes an env, got {env!r}")
+        for name, value in (
+            ("num_envs", num_envs),
+            ("rollouts_per_epoch", rollouts_per_epoch),
+            ("evaluation_num_episodes", evaluation_num_episodes),
+            ("episode_stats_window", episode_stats_window),
+        ):
+            check_positive_int(name, value)
+        for name, value in (("max_env_steps", max_env_steps), ("evaluation_num_envs", evaluation_num_envs)):
+            if value is not None:
+                check_positive_int(name, value)
+        if vectorize_mode not in ("sync", "async"):
+            raise ValueError(f"vectorize_mode must be 'sync' or 'async', got {vectorize_mode!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise ValueError(f"seed must be an int >= 0 or None, got {seed!r}")
+        # Callables (env factories, wrapper functions) are not plain data: keep them out of
+        # the hyperparameters that go into checkpoints. The subclass's arguments are saved too.
+        callables = (("env", env), ("wrappers", wrappers), ("evaluation_wrappers", evaluation_wrappers))
+        self.save_hyperparameters(ignore=[name for name, value in callables if _has_callable(value)])
+        self.env = env
+        self.wrappers = list(wrappers or [])
+        self.evaluation_wrappers = self.wrappers if evaluation_wrappers is None else list(evaluation_wrappers)
+        # The checkpoint whose state this data module holds, so it is read once (see
+        # ``_restore_state_saved_by_episode_datamodule``).
+        self._restored_from: Any = None
+
+    @functools.cached_property
+    def sampling(self) -> EnvSampling:
+        """This rank's runners, seeds and counters (built on first use, after ``__init__`` checked every argument)."""
+        hparams = self.hparams
+        return EnvSampling(
+            self.env,
+            env_kwargs=hparams.env_kwargs,
+            wrappers=self.wrappers,
+            evaluation_wrappers=self.evaluation_wrappers,
+            num_envs=hparams.num_envs,
+            steps_per_env=self.train_batch_size // hparams.num_envs,
+            vectorize_mode=hparams.vectorize_mode,
+            seed=hparams.seed,
+            evaluation_num_episodes=hparams.evaluation_num_episodes,
+            evaluation_num_envs=hparams.evaluation_num_envs,
+            evaluation_explore=hparams.evaluation_explore,
+            episode_stats_window=hparams.episode_stats_window,
+            placement=self._placement,
+        )
+
+    # ------------------------------------------------------------------------------------
+    # What a subclass defines
+    # ------------------------------------------------------------------------------------
+
+    @property
+    @abc.abstractmethod
+    def train_batch_size(self) -> int:
+        """Env steps per train item on one rank (a multiple of ``num_envs``)."""
+
+    @abc.abstractmethod
+    def sample_train_item(self) -> TrainItem:
+        """Sample one rollout with the current weights on this rank; return the train item.
+
+        Called by the train iterable each time Lightning asks for an item. On several ranks
+        this is a collective call (``self.sampling.sample`` gathers the ranks' statistics):
+        every rank must call it the same number of times.
+        """
+
+    # ------------------------------------------------------------------------------------
+    # Spaces, sizes and runners (the Learner reads the spaces at setup)
+    # ------------------------------------------------------------------------------------
+
+    @property
+    def observation_space(self) -> gym.Space:
+        """The single-env observation space."""
+        return self.sampling.train_runner.observation_space
+
+    @property
+    def action_space(self) -> gym.Space:
+        """The single-env action space."""
+        return self.sampling.train_runner.action_space
+
+    @property
+    def num_env_steps_sampled_lifetime(self) -> int:
+        """Env steps sampled for training so far, summed over all ranks, resumed runs included.
+
+        Every rank holds the same number: the sum as of the last rollout.
+        """
+        return self.sampling.num_env_steps_sampled_lifetime
+
+    @property
+    def evaluation_episodes_per_rank(self) -> int:
+        """Evaluation episodes this rank plays: ``ceil(evaluation_num_episodes / world_size)``."""
+        return self.sampling.evaluation_episodes_per_rank
+
+    @property
+    def train_runner(self) -> EnvRunner:
+        """This rank's training ``EnvRunner`` (built on first use)."""
+        return self.sampling.train_runner
+
+    @property
+    def eval_runner(self) -> EnvRunner:
+        """This rank's evaluation ``EnvRunner`` (built on first use; its own envs and seeds)."""
+        return self.sampling.eval_runner
+
+    def acting_module(self) -> RLModule:
+        """The Learner's module that acts in the environment.
+
+        Raises:
+            ValueError: If the Learner is not built or has no module ``module_id``.
+        """
+        learner = self.trainer.lightning_module
+        if learner.module is None:
+            raise ValueError(f"{type(learner).__name__} is not built; the data module needs its module to sample")
+        if self.hparams.module_id not in learner.module:
+            raise ValueError(
+                f"the Learner has no module {self.hparams.module_id!r} to sample with (module_id of the data "
+                f"module); it has {sorted(learner.module.keys())}"
+            )
+        return learner.module[self.hparams.module_id]
+
+    def sample_eval_item(self) -> TrainItem:
+        """Play this rank's share of the evaluation episodes with the current weights."""
+        return TrainItem(TrainingData(episodes=self.sampling.evaluate(self.acting_module())))
+
+    # ------------------------------------------------------------------------------------
+    # Lightning hooks
+    # ------------------------------------------------------------------------------------
+
+    def setup(self, stage: str) -> None:
+        """Rebuild runners made before the Trainer said which rank this is (they would share rank 0's seeds).
+
+        That happens when a script reads ``observation_space`` before ``fit`` on every rank.
+        The counters and statistics carry over.
+        """
+        self.sampling.close_runners_built_elsewhere()
+
+    def train_dataloader(self) -> Iterable[TrainItem]:
+        """One epoch of train items, each sampled when Lightning asks for it (a sized iterable: no prefetch)."""
+        self._restore_state_saved_by_episode_datamodule()
+        return _Rollouts(self)
+
+    def val_dataloader(self) -> Iterable[TrainItem]:
+        """One evaluation item: this rank's share of ``evaluation_num_episodes`` complete episodes."""
+        return _Evaluation(self)
+
+    def teardown(self, stage: str) -> None:
+        """Close the environments (they are rebuilt, with the counters kept, if the data module is used again)."""
+        self.sampling.close()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The sampling counters and episode statistics, saved in Lightning checkpoints.
+
+        Returns:
+            ``{"train_runner": this rank's EnvRunner state, "rank": this rank,
+            "num_env_steps_sampled_lifetime": sum over ranks, "num_episodes_lifetime": sum
+            over ranks}``. Lightning writes rank 0's into a checkpoint; the sums are the same
+            on every rank.
+        """
+        return self.sampling.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore ``state_dict()``: a resumed run continues the counters and statistics, on any number of ranks.
+
+        See ``EnvSampling.load_state_dict`` for what each rank restores.
+        """
+        self.sampling.load_state_dict(state_dict)
+        self._restored_from = getattr(self.trainer, "ckpt_path", None)
+
+    # ------------------------------------------------------------------------------------
+    # Helpers
+    # ------------------------------------------------------------------------------------
+
+    def _placement(self) -> tuple[int, int]:
+        """(global rank, world size) of the attached Trainer; (0, 1) without one."""
+        trainer = self.trainer
+        if trainer is None:
+            return 0, 1
+        return int(trainer.global_rank), int(trainer.world_size)
+
+    def _gather(self, local: np.ndarray) -> np.ndarray:
+        """Every rank's ``local`` vector, ``[world_size, len(local)]``, in rank order."""
+        world_size = self._placement()[1]
+        device = self.trainer.strategy.root_device if world_size > 1 else "cpu"
+        return all_gather_rows(local, world_size, device)
+
+    def _rollouts_left(self) -> int:
+        """Rollouts in the next epoch: ``rollouts_per_epoch``, fewer when ``max_env_steps`` nears.
+
+        The same on every rank: the budget and the counter are global, and each rollout
+        samples ``world_size * train_batch_size`` env steps over all ranks.
+        """
+        if self.hparams.max_env_steps is None:
+            return self.hparams.rollouts_per_epoch
+        remaining = self.hparams.max_env_steps - self.num_env_steps_sampled_lifetime
+        per_rollout = self.train_batch_size * self._placement()[1]
+        return max(0, min(self.hparams.rollouts_per_epoch, math.ceil(remaining / per_rollout)))
+
+    def _restore_state_saved_by_episode_datamodule(self) -> None:
+        """Resume from a checkpoint that ``EpisodeDataModule`` wrote before it became two classes.
+
+        Lightning restores a data module's state from the checkpoint entry named after its
+        class, so an ``OffPolicyDataModule`` (or ``OnPolicyDataModule``) fitting from such a
+        checkpoint finds none. The state format is the same: read the old entry here, once
+        per checkpoint, after Lightning's restore and before the first rollout is counted.
+        Sharded checkpoints (a directory) are left to Lightning.
+        """
+        path = getattr(self.trainer, "ckpt_path", None)
+        if path is None or path == self._restored_from:
+            return
+        self._restored_from = path
+        if get_filesystem(path).isdir(str(path)):
+            return
+        checkpoint = self.trainer.strategy.checkpoint_io.load_checkpoint(path, map_location="cpu", weights_only=True)
+        if FORMER_STATE_KEY in checkpoint:
+            self.load_state_dict(checkpoint[FORMER_STATE_KEY])
+
+
+class _Rollouts:
+    """A sized iterable of train items (sized, so Lightning does not prefetch one)."""
+
+    def __init__(self, datamodule: EnvDataModule) -> None:
+        self.datamodule = datamodule
+        self.length = datamodule._rollouts_left()
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __iter__(self) -> Iterator[TrainItem]:
+        datamodule = self.datamodule
+        for _ in range(self.length):
+            item = datamodule.sample_train_item()
+            budget = datamodule.hparams.max_env_steps
+            # The counter is the global one, equal on every rank: all ranks stop together.
+            if budget is not None and datamodule.num_env_steps_sampled_lifetime >= budget:
+                # The update on this last item still runs; then the fit ends.
+                datamodule.trainer.should_stop = True
+            yield item
+
+
+class _Evaluation:
+    """A one-item iterable: the evaluation episodes, played when it is iterated."""
+
+    def __init__(self, datamodule: EnvDataModule) -> None:
+        self.datamodule = datamodule
+
+    def __len__(self) -> int:
+        return 1
+
+    def __iter__(self) -> Iterator[TrainItem]:
+        yield self.datamodule.sample_eval_item()
+
+
+def refuse_arguments_of(other_class: str, own_arguments: Sequence[str], given: Mapping[str, Any]) -> None:
+    """Raise if ``given`` holds arguments that belong to ``other_class``, naming it.
+
+    Args:
+        other_class: ``"OnPolicyDataModule"`` or ``"OffPolicyDataModule"``.
+        own_arguments: That class's own constructor arguments.
+        given: The keyword arguments a data module was called with.
+
+    Raises:
+        ValueError: ``"replay_buffer_capacity is an OffPolicyDataModule argument: use
+            lightning_rl.data.OffPolicyDataModule"``.
+    """
+    misplaced = [name for name in given if name in own_arguments]
+    if misplaced:
+        names = ", ".join(misplaced)
+        kind = f"is an {other_class} argument" if len(misplaced) == 1 else f"are {other_class} arguments"
+        raise ValueError(f"{names} {kind}: use lightning_rl.data.{other_class}")
+
+
+def check_positive_int(name: str, value: Any) -> None:
+    """Raise a ``ValueError`` naming ``name`` unless ``value`` is an int >= 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+
+def _has_callable(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return any(_has_callable(item) for item in value)
+    return callable(value) and not isinstance(value, str)

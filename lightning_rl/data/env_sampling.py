@@ -1,0 +1,255 @@
+"""``EnvSampling``: one rank's env runners, seeds, counters and their checkpoint state.
+
+Both environment data modules (``OnPolicyDataModule``, ``OffPolicyDataModule``) hold one.
+It builds this rank's training and evaluation ``EnvRunner`` on first use, seeded apart from
+the other ranks', samples rollouts and evaluation episodes with the module it is given,
+keeps the lifetime counters summed over all ranks (one ``all_gather`` per rollout, see
+``rank_stats``) and saves and restores them. It knows nothing of replay buffers or train
+items: what a rollout becomes is the data module's business.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+import gymnasium as gym
+import numpy as np
+
+from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME
+from lightning_rl.core.rl_module import RLModule
+from lightning_rl.data.rank_stats import (
+    NUM_EPISODES_LIFETIME,
+    combine_rank_stats,
+    local_rank_stats,
+    saved_global_counts,
+)
+from lightning_rl.env.env_runner import EnvRunner
+from lightning_rl.env.episode import SingleAgentEpisode
+
+# Evaluation envs are seeded apart from the training envs, so evaluation never replays the
+# exact episodes the policy trained on.
+EVALUATION_SEED_OFFSET = 1_000_003
+# Rank r adds r * this to its training and evaluation seeds. A runner's later resets move on
+# by num_envs seeds each, so ranks would meet only after ~10M / num_envs resets.
+RANK_SEED_STRIDE = 10_000_000
+# The keys of ``EnvSampling.state_dict``; a data module adds its own beside them.
+STATE_KEYS = ("train_runner", "rank", NUM_ENV_STEPS_SAMPLED_LIFETIME, NUM_EPISODES_LIFETIME)
+
+Placement = Callable[[], tuple[int, int]]
+Gather = Callable[[np.ndarray], np.ndarray]
+
+
+class EnvSampling:
+    """This rank's environment sampling: runners built on first use, global counters, state.
+
+    Args:
+        env: A registered gymnasium id, or a zero-argument callable that returns a ``gym.Env``.
+        env_kwargs: Keyword arguments for ``gym.make`` (ids only).
+        wrappers: The training envs' wrappers (see ``EnvRunner``).
+        evaluation_wrappers: The evaluation envs' wrappers.
+        num_envs: Training envs stepped together.
+        steps_per_env: Vector steps per rollout (``EnvRunner.rollout_fragment_length``).
+        vectorize_mode: ``"sync"`` or ``"async"``.
+        seed: The base seed; ``None`` draws one from numpy's global generator on first use.
+        evaluation_num_episodes: Evaluation episodes over all ranks.
+        evaluation_num_envs: Evaluation envs; ``None`` for ``min(num_envs, this rank's episodes)``.
+        evaluation_explore: Whether evaluation samples actions instead of acting greedily.
+        episode_stats_window: Completed episodes in each runner's statistics window.
+        placement: Returns ``(global rank, world size)`` of the attached Trainer, ``(0, 1)``
+            without one; asked whenever a runner is built, since the Trainer may attach late.
+    """
+
+    def __init__(
+        self,
+        env: str | Callable[[], gym.Env],
+        *,
+        env_kwargs: dict[str, Any] | None,
+        wrappers: list[Any],
+        evaluation_wrappers: list[Any],
+        num_envs: int,
+        steps_per_env: int,
+        vectorize_mode: Literal["sync", "async"],
+        seed: int | None,
+        evaluation_num_episodes: int,
+        evaluation_num_envs: int | None,
+        evaluation_explore: bool,
+        episode_stats_window: int,
+        placement: Placement,
+    ) -> None:
+        self.env = env
+        self.env_kwargs = env_kwargs
+        self.wrappers = wrappers
+        self.evaluation_wrappers = evaluation_wrappers
+        self.num_envs = num_envs
+        self.steps_per_env = steps_per_env
+        self.vectorize_mode = vectorize_mode
+        self.evaluation_num_episodes = evaluation_num_episodes
+        self.evaluation_num_envs = evaluation_num_envs
+        self.evaluation_explore = evaluation_explore
+        self.episode_stats_window = episode_stats_window
+        self.placement = placement
+        self._base_seed = seed
+        self._train_runner: EnvRunner | None = None
+        self._eval_runner: EnvRunner | None = None
+        # The (rank, world size) each runner was built for: seeds and the evaluation share
+        # depend on them, and a runner built before the Trainer attached may need rebuilding.
+        self._runner_placement: dict[str, tuple[int, int]] = {}
+        # A restored state not yet applied to a runner (the runner is built later).
+        self._pending_state: dict[str, Any] | None = None
+        # Counters summed over all ranks, as of the last rollout (or the restored state).
+        self._global_env_steps = 0
+        self._global_episodes = 0
+
+    # ------------------------------------------------------------------------------------
+    # Runners and seeds
+    # ------------------------------------------------------------------------------------
+
+    @property
+    def train_runner(self) -> EnvRunner:
+        """This rank's training ``EnvRunner`` (built on first use)."""
+        if self._train_runner is None:
+            rank, world_size = self.placement()
+            runner = self._make_runner(self.num_envs, self.rank_seed(0), self.wrappers)
+            self._train_runner = runner
+            self._runner_placement["train"] = (rank, world_size)
+            if self._pending_state is not None and "train_runner" in self._pending_state:
+                runner.set_state(self._runner_state_for_this_rank(self._pending_state))
+        return self._train_runner
+
+    @property
+    def eval_runner(self) -> EnvRunner:
+        """This rank's evaluation ``EnvRunner`` (built on first use; its own envs and seeds)."""
+        if self._eval_runner is None:
+            rank, world_size = self.placement()
+            num_envs = self.evaluation_num_envs or min(self.num_envs, self.evaluation_episodes_per_rank)
+            seed = self.rank_seed(EVALUATION_SEED_OFFSET)
+            self._eval_runner = self._make_runner(num_envs, seed, self.evaluation_wrappers)
+            self._runner_placement["eval"] = (rank, world_size)
+        return self._eval_runner
+
+    @property
+    def evaluation_episodes_per_rank(self) -> int:
+        """Evaluation episodes this rank plays: ``ceil(evaluation_num_episodes / world_size)``."""
+        return -(-self.evaluation_num_episodes // self.placement()[1])
+
+    def rank_seed(self, offset: int) -> int:
+        """``base seed + offset + rank * 10_000_000``: a seed of this rank's own for one purpose.
+
+        Args:
+            offset: Keeps purposes apart (0 for the training envs, ``EVALUATION_SEED_OFFSET``
+                for the evaluation envs; data modules pick their own for what they seed).
+        """
+        if self._base_seed is None:
+            self._base_seed = int(np.random.randint(0, 2**31 - 1 - EVALUATION_SEED_OFFSET))
+        return self._base_seed + offset + self.placement()[0] * RANK_SEED_STRIDE
+
+    def close_runners_built_elsewhere(self) -> None:
+        """Close runners built for another (rank, world size) than the current one.
+
+        That happens when a script reads the spaces before ``fit`` on every rank: they were
+        built as rank 0 and would share rank 0's seeds. The counters and statistics carry
+        over to the runners built next.
+        """
+        placement = self.placement()
+        if any(built_for != placement for built_for in self._runner_placement.values()):
+            self.close()
+
+    def close(self) -> None:
+        """Close both runners; they are rebuilt on next use, continuing the counters."""
+        for runner in (self._train_runner, self._eval_runner):
+            if runner is not None:
+                runner.close()
+        if self._train_runner is not None:
+            self._pending_state = self.state_dict()
+        self._train_runner = self._eval_runner = None
+        self._runner_placement.clear()
+
+    def _make_runner(self, num_envs: int, seed: int, wrappers: list[Any]) -> EnvRunner:
+        return EnvRunner(
+            self.env,
+            env_kwargs=self.env_kwargs,
+            wrappers=wrappers,
+            num_envs=num_envs,
+            vectorize_mode=self.vectorize_mode,
+            rollout_fragment_length=self.steps_per_env,
+            seed=seed,
+            episode_stats_window=self.episode_stats_window,
+        )
+
+    # ------------------------------------------------------------------------------------
+    # Sampling
+    # ------------------------------------------------------------------------------------
+
+    @property
+    def num_env_steps_sampled_lifetime(self) -> int:
+        """Env steps sampled for training, summed over all ranks as of the last rollout."""
+        return self._global_env_steps
+
+    def sample(self, module: RLModule, gather: Gather) -> tuple[list[SingleAgentEpisode], dict[str, float]]:
+        """Sample one rollout on this rank and update the global counters.
+
+        Args:
+            module: Acts in the envs (``forward_exploration``).
+            gather: Every rank's statistics vector from this rank's (see
+                ``rank_stats.all_gather_rows``); a collective call on several ranks.
+
+        Returns:
+            This rank's episodes and the statistics over all ranks (the keys of
+            ``EnvRunner.get_metrics``).
+        """
+        runner = self.train_runner
+        episodes = runner.sample(module, explore=True)
+        metrics = combine_rank_stats(gather(local_rank_stats(runner, runner.get_metrics())))
+        self._global_env_steps = int(metrics[NUM_ENV_STEPS_SAMPLED_LIFETIME])
+        self._global_episodes = int(metrics[NUM_EPISODES_LIFETIME])
+        return episodes, metrics
+
+    def evaluate(self, module: RLModule) -> list[SingleAgentEpisode]:
+        """Play this rank's share of the evaluation episodes, complete, with ``module``."""
+        return self.eval_runner.sample_episodes(
+            module, self.evaluation_episodes_per_rank, explore=self.evaluation_explore
+        )
+
+    # ------------------------------------------------------------------------------------
+    # State
+    # ------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"train_runner": this rank's EnvRunner state, "rank": this rank, and the two lifetime sums}``.
+
+        The sums (``num_env_steps_sampled_lifetime``, ``num_episodes_lifetime``) are over all
+        ranks, the same on every rank. Before the runner is built: the restored state, if any.
+        """
+        if self._train_runner is None:
+            return dict(self._pending_state or {})
+        return {
+            "train_runner": self._train_runner.get_state(),
+            "rank": self._runner_placement["train"][0],
+            NUM_ENV_STEPS_SAMPLED_LIFETIME: self._global_env_steps,
+            NUM_EPISODES_LIFETIME: self._global_episodes,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore ``state_dict()`` (its ``STATE_KEYS``; other keys are the data module's).
+
+        Works on any number of ranks, whatever number wrote the state: the global counters
+        continue from the saved sums (rank 0 carries them, the other ranks count from 0, so
+        the sum over ranks is right); the rank that saved the state (in a checkpoint, rank
+        0) restores its episode-statistics window, the others start theirs empty; every rank
+        restores the reset count, so no rank replays the episodes it started with.
+        """
+        self._pending_state = {key: state_dict[key] for key in STATE_KEYS if key in state_dict}
+        self._global_env_steps, self._global_episodes = saved_global_counts(self._pending_state)
+        if self._train_runner is not None and "train_runner" in self._pending_state:
+            self._train_runner.set_state(self._runner_state_for_this_rank(self._pending_state))
+
+    def _runner_state_for_this_rank(self, state: dict[str, Any]) -> dict[str, Any]:
+        rank = self.placement()[0]
+        runner_state = dict(state["train_runner"])
+        env_steps, episodes = saved_global_counts(state)
+        runner_state[NUM_ENV_STEPS_SAMPLED_LIFETIME] = env_steps if rank == 0 else 0
+        runner_state[NUM_EPISODES_LIFETIME] = episodes if rank == 0 else 0
+        if int(state.get("rank", 0)) != rank:
+            runner_state["episode_returns"], runner_state["episode_lens"] = [], []
+        return runner_state

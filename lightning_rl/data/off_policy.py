@@ -1,0 +1,238 @@
+"""``OffPolicyDataModule``: env steps added to a replay buffer that off-policy Learners sample.
+
+Each train item adds ``train_freq`` new env steps (per rank) to this rank's replay buffer and
+hands the buffer to the Learner, which samples its minibatches from it:
+``TrainItem(TrainingData(replay=buffer), timesteps={...}, env_runners={...})``, with
+``replay=None`` until the buffers hold ``learning_starts`` env steps (the Learner then takes
+no gradient step, but its schedules still move). Sampling, evaluation, counters and
+checkpoints work as for ``OnPolicyDataModule``; the buffer's contents go into checkpoints
+only with ``checkpoint_replay_buffer``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
+from lightning_rl.core.rl_module import RLModule
+from lightning_rl.core.schedules import Schedule, ScheduleSetting
+from lightning_rl.core.train_item import TrainingData, TrainItem
+from lightning_rl.data.env_datamodule import (
+    ON_POLICY_ARGUMENTS,
+    EnvDataModule,
+    check_positive_int,
+    refuse_arguments_of,
+)
+from lightning_rl.data.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer
+
+# The replay buffer's and the warm-up actions' random generators, apart from the envs' seeds.
+_REPLAY_SEED_OFFSET = 2_000_003
+
+
+class OffPolicyDataModule(EnvDataModule):
+    """Fills a replay buffer from a gymnasium environment for off-policy Learners (DQN, SAC).
+
+    Args:
+        env: A registered gymnasium id (``"CartPole-v1"``), or a zero-argument callable
+            that returns a ``gym.Env``.
+        replay_buffer_capacity: The replay buffer's size in env steps (per rank).
+        prioritized_replay: Sample rows in proportion to their TD errors (proportional
+            prioritized replay) instead of uniformly.
+        prioritized_replay_alpha: How strongly priorities shape sampling (0 is uniform).
+        prioritized_replay_beta: The importance-weight exponent: a number or a schedule over
+            env steps (usually annealed to 1).
+        prioritized_replay_eps: Added to each ``|td_error|`` so no row's priority is zero.
+        train_freq: Env steps added to the buffer per train item (per rank; a multiple of
+            ``num_envs``).
+        learning_starts: Env steps (over all ranks) in the buffers before the Learner gets
+            replay; until then items carry ``replay=None``.
+        random_actions_before_learning_starts: Act uniformly at random until learning starts
+            (as Stable-Baselines3 does) instead of with the module.
+        checkpoint_replay_buffer: Save the buffer's contents in checkpoints, so a resumed run
+            replays what it had (checkpoints grow by the buffer's size). Without it a resumed
+            run refills the buffer up to ``learning_starts`` before learning on.
+        **kwargs: The arguments every environment data module takes (``num_envs``, ``seed``,
+            ``rollouts_per_epoch``, ``max_env_steps``, ``evaluation_num_episodes``, ...): see
+            ``EnvDataModule``.
+
+    Raises:
+        ValueError: Naming the argument, for invalid values, and naming ``OnPolicyDataModule``
+            for its arguments (``rollout_fragment_length``).
+    """
+
+    is_off_policy = True
+
+    def __init__(
+        self,
+        env: str | Callable[[], gym.Env] = "CartPole-v1",
+        *,
+        replay_buffer_capacity: int = 1_000_000,
+        prioritized_replay: bool = False,
+        prioritized_replay_alpha: float = 0.6,
+        prioritized_replay_beta: ScheduleSetting = 0.4,
+        prioritized_replay_eps: float = 1e-6,
+        train_freq: int = 1,
+        learning_starts: int = 1000,
+        random_actions_before_learning_starts: bool = True,
+        checkpoint_replay_buffer: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        refuse_arguments_of("OnPolicyDataModule", ON_POLICY_ARGUMENTS, kwargs)
+        check_positive_int("replay_buffer_capacity", replay_buffer_capacity)
+        check_positive_int("train_freq", train_freq)
+        if isinstance(learning_starts, bool) or not isinstance(learning_starts, int) or learning_starts < 0:
+            raise ValueError(f"learning_starts must be an int >= 0, got {learning_starts!r}")
+        beta_schedule = Schedule(prioritized_replay_beta, name="prioritized_replay_beta")
+        # The buffer checks alpha and eps; build one now so bad values fail at construction.
+        if prioritized_replay:
+            PrioritizedReplayBuffer(1, alpha=prioritized_replay_alpha, epsilon=prioritized_replay_eps)
+        super().__init__(env, **kwargs)
+        if train_freq % self.hparams.num_envs:
+            raise ValueError(
+                f"train_freq ({train_freq}) must be a multiple of num_envs ({self.hparams.num_envs}): every env "
+                "steps the same number of times per train item"
+            )
+        self._beta_schedule = beta_schedule
+        self._replay_buffer: ReplayBuffer | None = None
+        # Restored buffer contents (tensors), loaded into the buffer when it is built.
+        self._saved_replay_buffer: dict[str, Any] | None = None
+        self._random_module: _UniformRandomModule | None = None
+
+    @property
+    def train_batch_size(self) -> int:
+        """Env steps per train item on one rank: ``train_freq``."""
+        return self.hparams.train_freq
+
+    @property
+    def replay_buffer(self) -> ReplayBuffer:
+        """This rank's replay buffer (built on first use, from restored contents if there are any)."""
+        if self._replay_buffer is None:
+            hparams = self.hparams
+            seed = self.sampling.rank_seed(_REPLAY_SEED_OFFSET)
+            if hparams.prioritized_replay:
+                self._replay_buffer = PrioritizedReplayBuffer(
+                    hparams.replay_buffer_capacity,
+                    alpha=hparams.prioritized_replay_alpha,
+                    beta=self._beta_schedule.value(self.num_env_steps_sampled_lifetime),
+                    epsilon=hparams.prioritized_replay_eps,
+                    seed=seed,
+                )
+            else:
+                self._replay_buffer = ReplayBuffer(hparams.replay_buffer_capacity, seed=seed)
+            if self._saved_replay_buffer is not None:
+                self._replay_buffer.load_state_dict(_to_numpy(self._saved_replay_buffer))
+                self._saved_replay_buffer = None
+        return self._replay_buffer
+
+    def sample_train_item(self) -> TrainItem:
+        """Add ``train_freq`` env steps to this rank's buffer; return the item that hands it over.
+
+        On several ranks this is a collective call (one ``all_gather`` of a small vector):
+        every rank must call it the same number of times.
+
+        Returns:
+            A ``TrainItem``: the replay buffer once learning started (``None`` before),
+            ``{"num_env_steps_sampled_lifetime": sum over ranks}`` as timesteps, and
+            statistics over all ranks as ``env_runners``.
+
+        Raises:
+            RuntimeError: If the Trainer runs several processes without ``torch.distributed``.
+        """
+        acting = self.acting_module()  # checked even while random actions stand in for it
+        if self.hparams.random_actions_before_learning_starts and not self._learning_started():
+            acting = self._uniform_random_module()
+        episodes, metrics = self.sampling.sample(acting, self._gather)
+        buffer = self.replay_buffer
+        buffer.add_episodes(episodes)
+        if isinstance(buffer, PrioritizedReplayBuffer):
+            buffer.beta = self._beta_schedule.value(self.num_env_steps_sampled_lifetime)
+        replay = buffer if self._learning_started() else None
+        timesteps = {NUM_ENV_STEPS_SAMPLED_LIFETIME: metrics[NUM_ENV_STEPS_SAMPLED_LIFETIME]}
+        return TrainItem(TrainingData(replay=replay), timesteps=timesteps, env_runners=metrics)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The sampling state (see ``EnvDataModule.state_dict``), plus ``"replay_buffer"``.
+
+        The buffer (this rank's, as tensors, so checkpoints load with
+        ``torch.load(weights_only=True)``) is saved only with ``checkpoint_replay_buffer``.
+        """
+        state = super().state_dict()
+        if self.hparams.checkpoint_replay_buffer:
+            if self._replay_buffer is not None:
+                state["replay_buffer"] = _to_tensors(self._replay_buffer.state_dict())
+            elif self._saved_replay_buffer is not None:
+                state["replay_buffer"] = self._saved_replay_buffer
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore ``state_dict()``; the buffer is rebuilt on first use, from the saved contents if any.
+
+        A saved buffer is restored on every rank (each then adds its own new steps), so all
+        ranks start learning again together.
+        """
+        super().load_state_dict(state_dict)
+        self._saved_replay_buffer = state_dict.get("replay_buffer")
+        self._replay_buffer = None
+
+    def _learning_started(self) -> bool:
+        """Whether this rank's buffer holds its share of ``learning_starts`` (or is full).
+
+        Every rank adds the same number of steps per item, so all ranks agree. A run resumed
+        without the buffer's contents refills its share first.
+        """
+        world_size = self._placement()[1]
+        share = min(-(-self.hparams.learning_starts // world_size), self.hparams.replay_buffer_capacity)
+        return len(self.replay_buffer) >= max(share, 1)
+
+    def _uniform_random_module(self) -> _UniformRandomModule:
+        if self._random_module is None:
+            seed = self.sampling.rank_seed(_REPLAY_SEED_OFFSET + 1)
+            self._random_module = _UniformRandomModule(self.observation_space, self.action_space, seed=seed)
+        return self._random_module
+
+
+class _UniformRandomModule(RLModule):
+    """Acts uniformly at random in the action space: off-policy warm-up before learning starts."""
+
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space, *, seed: int) -> None:
+        super().__init__(observation_space, action_space)
+        self._rng = np.random.default_rng(seed)
+
+    def _forward(self, batch: dict[str, Any]) -> dict[str, Any]:
+        num_rows = len(batch[Columns.OBS])
+        space = self.action_space
+        if isinstance(space, gym.spaces.Discrete):
+            actions = space.start + self._rng.integers(0, space.n, size=num_rows)
+        elif isinstance(space, gym.spaces.Box) and space.is_bounded():
+            actions = self._rng.uniform(space.low, space.high, size=(num_rows, *space.shape)).astype(space.dtype)
+        else:  # unbounded boxes and the other spaces: the space's own sampler, seeded alike
+            space.seed(int(self._rng.integers(2**31)))
+            actions = np.stack([space.sample() for _ in range(num_rows)])
+        return {Columns.ACTIONS: torch.from_numpy(np.asarray(actions))}
+
+
+def _to_tensors(value: Any) -> Any:
+    """numpy arrays in a nested state become tensors (plain data for ``weights_only`` loading)."""
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(value))
+    if isinstance(value, dict):
+        return {key: _to_tensors(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_tensors(item) for item in value)
+    return value
+
+
+def _to_numpy(value: Any) -> Any:
+    """The inverse of ``_to_tensors``."""
+    if isinstance(value, torch.Tensor):
+        return value.numpy()
+    if isinstance(value, dict):
+        return {key: _to_numpy(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_numpy(item) for item in value)
+    return value
