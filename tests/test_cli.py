@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lightning_rl.cli import LightningRLCLI
+from lightning_rl.cli import LightningRLCLI, misplaced_data_argument_hint
 
 REPO = Path(__file__).resolve().parents[1]
 CARTPOLE = str(REPO / "examples" / "ppo_cartpole.yaml")
@@ -85,3 +85,48 @@ def test_the_examples_are_valid_configs():
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(
+    "example,data_class,message",
+    [
+        ("dqn_cartpole.yaml", "lightning_rl.data.EpisodeDataModule",
+         "replay_buffer_capacity is an OffPolicyDataModule argument: use lightning_rl.data.OffPolicyDataModule"),
+        ("ppo_cartpole.yaml", "lightning_rl.data.OffPolicyDataModule",
+         "rollout_fragment_length is an OnPolicyDataModule argument: use lightning_rl.data.OnPolicyDataModule"),
+    ],
+)  # fmt: skip
+def test_a_config_with_the_wrong_data_module_says_which_one_takes_its_arguments(
+    tmp_path, example, data_class, message, capsys
+):
+    config = yaml.safe_load((REPO / "examples" / example).read_text())
+    config["data"]["class_path"] = data_class
+    path = tmp_path / "wrong_data_module.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    with pytest.raises(SystemExit) as exit_info:
+        LightningRLCLI(args=["fit", "--config", str(path), "--trainer.default_root_dir", str(tmp_path)])
+    assert exit_info.value.code != 0
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "lightning_logs").exists()  # nothing ran
+
+
+def test_the_examples_use_the_on_policy_or_off_policy_data_module_their_algorithm_needs():
+    for name, data_class in [
+        ("ppo_cartpole.yaml", "OnPolicyDataModule"), ("ppo_pendulum.yaml", "OnPolicyDataModule"),
+        ("dqn_cartpole.yaml", "OffPolicyDataModule"), ("sac_pendulum.yaml", "OffPolicyDataModule"),
+    ]:  # fmt: skip
+        config = yaml.safe_load((REPO / "examples" / name).read_text())
+        assert config["data"]["class_path"] == f"lightning_rl.data.{data_class}", name
+
+
+def test_the_hint_is_only_for_data_module_arguments_the_chosen_class_does_not_take():
+    rejected = (
+        'Parser key "data":\n  Problem with given class_path \'x.OnPolicyDataModule\':\n'
+        "    Option 'train_freq' is not accepted"
+    )
+    assert misplaced_data_argument_hint(rejected) == (
+        "train_freq is an OffPolicyDataModule argument: use lightning_rl.data.OffPolicyDataModule"
+    )
+    assert misplaced_data_argument_hint(rejected.replace('"data"', '"model"')) is None
+    assert misplaced_data_argument_hint(rejected.replace("train_freq", "some_other_option")) is None
+    assert misplaced_data_argument_hint('Parser key "data":\n  train_freq must be an int >= 1') is None
