@@ -1,7 +1,7 @@
 """A hand-written SAC (plain torch + gymnasium), CleanRL style.
 
 It is the yardstick of ``benchmarks/off_policy.py``: the algorithm of our ``SACLearner`` on an
-off-policy ``EpisodeDataModule``, at the sizes of the config the parent passes (``--hparams``,
+``OffPolicyDataModule``, at the sizes of the config the parent passes (``--hparams``,
 from ``examples/sac_pendulum.yaml``), in the fewest lines that do it right:
 
 - ``num_envs`` envs in a ``SyncVectorEnv`` with SAME_STEP autoreset; a transition that ends an

@@ -118,7 +118,7 @@ ALGOS: dict[str, dict[str, Any]] = {
     },
 }
 TARGETS = {"handwritten": 0.85, "sb3": 1.00}  # ours' env steps/s / the variant's, at least
-# EpisodeDataModule seeds its evaluation envs this far from the training envs.
+# The data modules seed their evaluation envs this far from the training envs.
 EVALUATION_SEED_OFFSET = 1_000_003
 
 
@@ -185,7 +185,7 @@ def unavailable(reason: str) -> None:
 
 
 class GreedyEvaluation:
-    """Plays complete greedy episodes as ``EpisodeDataModule``'s evaluation does.
+    """Plays complete greedy episodes as ``OffPolicyDataModule``'s evaluation does.
 
     ``evaluation_num_episodes`` episodes on ``evaluation_num_envs`` (default ``min(num_envs,
     episodes)``) envs of their own in SAME_STEP autoreset, reset at the start of every

@@ -117,7 +117,7 @@ def _fit_rank(rank: int, world_size: int, port: int, args: argparse.Namespace, r
     from lightning.pytorch import Callback, Trainer
 
     from lightning_rl.algorithms.ppo import PPOLearner
-    from lightning_rl.data import EpisodeDataModule
+    from lightning_rl.data import OnPolicyDataModule
 
     # Lightning joins these processes as the ranks of one group (as under torchrun).
     os.environ.update(local_rank_environment(rank, world_size, port, num_threads=args.threads))
@@ -141,7 +141,7 @@ def _fit_rank(rank: int, world_size: int, port: int, args: argparse.Namespace, r
 
     clock = Clock()
     learner = PPOLearner(num_epochs=4, minibatch_size=128)
-    data = EpisodeDataModule(
+    data = OnPolicyDataModule(
         "CartPole-v1", num_envs=args.num_envs, rollout_fragment_length=args.rollout, rollouts_per_epoch=args.rollouts, seed=0
     )
     trainer = Trainer(

@@ -41,14 +41,14 @@ def _fit_resume_on_rank(rank: int, world_size: int, root: str) -> dict[str, Any]
     from lightning.pytorch import Callback, Trainer, seed_everything
 
     from lightning_rl.algorithms.ppo import PPOLearner
-    from lightning_rl.data import EpisodeDataModule
+    from lightning_rl.data import OnPolicyDataModule
 
-    def parts(budget: int) -> tuple[PPOLearner, EpisodeDataModule, dict[str, list]]:
+    def parts(budget: int) -> tuple[PPOLearner, OnPolicyDataModule, dict[str, list]]:
         seed_everything(0)
         learner = PPOLearner(
             model_config={"fcnet_hiddens": [16]}, num_epochs=2, minibatch_size=32, lr=[[0, 1e-3], [1024, 0.0]]
         )
-        data = EpisodeDataModule(
+        data = OnPolicyDataModule(
             "CartPole-v1", num_envs=2, rollout_fragment_length=32, seed=0, rollouts_per_epoch=2,
             max_env_steps=budget, evaluation_num_episodes=2,
         )
@@ -189,7 +189,7 @@ def test_the_command_line_runs_ddp_on_two_cpu_ranks_through_lightnings_relaunch(
     assert result.returncode == 0, result.stderr[-4000:]
     assert "All distributed processes registered. Starting with 2 processes" in result.stderr + result.stdout
     checkpoint = torch.load(tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt", weights_only=True)
-    state = checkpoint["EpisodeDataModule"]
+    state = checkpoint["OnPolicyDataModule"]
     # One rollout of 8 envs x 32 steps on each of 2 ranks: 512 env steps, half of them rank 0's.
     assert state["num_env_steps_sampled_lifetime"] == 512
     assert state["train_runner"]["num_env_steps_sampled_lifetime"] == 256

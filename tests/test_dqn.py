@@ -18,7 +18,7 @@ from lightning_rl import Columns, RLModuleSpec
 from lightning_rl.algorithms.dqn import Q_TARGET_NEXT, Q_VALUES, Q_VALUES_NEXT, DQNLearner, DQNModule
 from lightning_rl.cli import LightningRLCLI
 from lightning_rl.algorithms.off_policy import BATCH_INDEXES, N_STEP, WEIGHTS
-from lightning_rl.data import EpisodeDataModule
+from lightning_rl.data import OffPolicyDataModule
 from lightning_rl.data.replay_buffer import ReplayBuffer
 from lightning_rl.env import EnvRunner
 
@@ -344,7 +344,7 @@ def cartpole_learner(**kwargs: Any) -> DQNLearner:
     return DQNLearner(**settings)
 
 
-def cartpole_data(**kwargs: Any) -> EpisodeDataModule:
+def cartpole_data(**kwargs: Any) -> OffPolicyDataModule:
     settings = dict(
         env="CartPole-v1",
         seed=0,
@@ -356,7 +356,7 @@ def cartpole_data(**kwargs: Any) -> EpisodeDataModule:
         evaluation_num_episodes=1,
     )
     settings.update(kwargs)
-    return EpisodeDataModule(**settings)
+    return OffPolicyDataModule(**settings)
 
 
 class CaptureAtStart(Callback):
@@ -442,7 +442,7 @@ def test_dqn_learns_cartpole():
         minibatch_size=64,
         target_network_update_freq=64,
     )
-    data = EpisodeDataModule(
+    data = OffPolicyDataModule(
         "CartPole-v1",
         seed=0,
         replay_buffer_capacity=20000,

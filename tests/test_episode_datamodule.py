@@ -1,4 +1,4 @@
-"""EpisodeDataModule under Trainer.fit/validate: on-policy items, budgets, resume, evaluation, logs."""
+"""OnPolicyDataModule under Trainer.fit/validate: on-policy items, budgets, resume, evaluation, logs."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from lightning_rl import RLModuleSpec
 from lightning_rl.algorithms.ppo import PPOLearner, PPOModule
-from lightning_rl.data import EpisodeDataModule
-from lightning_rl.data.episode_datamodule import combine_rank_stats, local_rank_stats
+from lightning_rl.data import OnPolicyDataModule
+from lightning_rl.data.rank_stats import combine_rank_stats, local_rank_stats
 from lightning_rl.env.env_runner import EnvRunner
 from lightning_rl.core.train_item import TrainingData, TrainItem
 
@@ -25,10 +25,10 @@ def small_ppo(**kwargs: Any) -> PPOLearner:
     return PPOLearner(**options)
 
 
-def small_data(**kwargs: Any) -> EpisodeDataModule:
+def small_data(**kwargs: Any) -> OnPolicyDataModule:
     options = dict(env="CartPole-v1", num_envs=2, rollout_fragment_length=32, seed=0, rollouts_per_epoch=4)
     options.update(kwargs)
-    return EpisodeDataModule(**options)
+    return OnPolicyDataModule(**options)
 
 
 def trainer(tmp_path: Any, **kwargs: Any) -> Trainer:
@@ -232,7 +232,7 @@ def test_trainer_fit_learns_cartpole():
         minibatch_size=256,
         vf_clip_param=None,
     )
-    data = EpisodeDataModule(
+    data = OnPolicyDataModule(
         "CartPole-v1", num_envs=8, rollout_fragment_length=32, rollouts_per_epoch=20,
         max_env_steps=30_720, evaluation_num_episodes=10,
     )
@@ -250,7 +250,7 @@ def test_trainer_fit_learns_cartpole():
 # ----------------------------------------------------------------------------------------
 
 
-def on_rank(data: EpisodeDataModule, rank: int, world_size: int) -> EpisodeDataModule:
+def on_rank(data: OnPolicyDataModule, rank: int, world_size: int) -> OnPolicyDataModule:
     """Attach a stand-in for the Trainer of rank ``rank`` (all the data module reads of it here)."""
     from types import SimpleNamespace
 

@@ -19,7 +19,7 @@ from lightning_rl.callbacks import TargetNetworkUpdate
 from lightning_rl.learner.learner import LearnerConfig
 from lightning_rl.algorithms.off_policy import BATCH_INDEXES, N_STEP, WEIGHTS, OffPolicyLearner, bootstrap_discounts
 from lightning_rl.core.rl_module import MultiRLModuleSpec, RLModule
-from lightning_rl.data import EpisodeDataModule
+from lightning_rl.data import EpisodeDataModule, OffPolicyDataModule
 from lightning_rl.data.replay_buffer import PrioritizedReplayBuffer
 from lightning_rl.core.target_network import (
     TargetNetworkAPI,
@@ -274,11 +274,11 @@ def test_off_policy_settings_are_validated(name: str, value: Any):
 
 
 # ----------------------------------------------------------------------------------------
-# EpisodeDataModule in off-policy mode
+# OffPolicyDataModule
 # ----------------------------------------------------------------------------------------
 
 
-def off_policy_datamodule(**kwargs: Any) -> EpisodeDataModule:
+def off_policy_datamodule(**kwargs: Any) -> OffPolicyDataModule:
     settings = dict(
         env="CartPole-v1",
         seed=0,
@@ -289,11 +289,11 @@ def off_policy_datamodule(**kwargs: Any) -> EpisodeDataModule:
         evaluation_num_episodes=1,
     )
     settings.update(kwargs)
-    return EpisodeDataModule(**settings)
+    return OffPolicyDataModule(**settings)
 
 
 def fit(
-    learner: OffPolicyLearner, datamodule: EpisodeDataModule, tmp_path: Path, ckpt_path: str | None = None, **trainer_kwargs: Any
+    learner: OffPolicyLearner, datamodule: OffPolicyDataModule, tmp_path: Path, ckpt_path: str | None = None, **trainer_kwargs: Any
 ) -> Trainer:
     trainer = make_trainer(tmp_path, **{"num_sanity_val_steps": 0, "limit_val_batches": 0, **trainer_kwargs})
     trainer.fit(learner, datamodule=datamodule, ckpt_path=ckpt_path)
@@ -363,7 +363,7 @@ def test_the_replay_buffer_is_checkpointed_only_when_asked_and_then_restored_exa
     expected = datamodule.replay_buffer.sample(32)
 
     restored = off_policy_datamodule(checkpoint_replay_buffer=True)
-    restored.load_state_dict(checkpoint["EpisodeDataModule"])
+    restored.load_state_dict(checkpoint["OffPolicyDataModule"])
     assert len(restored.replay_buffer) == 40
     for column, values in restored.replay_buffer.sample(32).items():
         np.testing.assert_array_equal(values, expected[column])

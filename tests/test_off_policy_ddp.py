@@ -21,7 +21,7 @@ def _off_policy_fit_on_rank(rank: int, world_size: int, root: str) -> dict[str, 
     from lightning.pytorch import Callback, Trainer, seed_everything
 
     from lightning_rl.core.columns import Columns
-    from lightning_rl.data import EpisodeDataModule
+    from lightning_rl.data import OffPolicyDataModule
     from test_off_policy import TinyQLearner, tiny_spec
 
     class RecordItems(Callback):
@@ -35,7 +35,7 @@ def _off_policy_fit_on_rank(rank: int, world_size: int, root: str) -> dict[str, 
 
     seed_everything(0)
     learner = TinyQLearner(tiny_spec(None, None), minibatch_size=8, target_network_update_freq=2, tau=0.5)
-    data = EpisodeDataModule(
+    data = OffPolicyDataModule(
         "CartPole-v1", seed=0, replay_buffer_capacity=100, train_freq=TRAIN_FREQ, learning_starts=LEARNING_STARTS,
         prioritized_replay=True, rollouts_per_epoch=6, evaluation_num_episodes=2,
     )  # fmt: skip

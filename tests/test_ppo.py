@@ -159,10 +159,10 @@ def test_a_ppo_learner_made_from_model_config_loads_from_its_lightning_checkpoin
     from lightning.pytorch import Trainer
 
     from lightning_rl import Learner
-    from lightning_rl.data import EpisodeDataModule
+    from lightning_rl.data import OnPolicyDataModule
 
     learner = PPOLearner(model_config={"fcnet_hiddens": [8]}, num_epochs=1, minibatch_size=32)
-    data = EpisodeDataModule("CartPole-v1", rollout_fragment_length=32, rollouts_per_epoch=1, seed=0)
+    data = OnPolicyDataModule("CartPole-v1", rollout_fragment_length=32, rollouts_per_epoch=1, seed=0)
     trainer = Trainer(
         max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False, limit_val_batches=0
     )

@@ -26,7 +26,7 @@ from lightning_rl.algorithms.sac import (
 )
 from lightning_rl.cli import LightningRLCLI
 from lightning_rl.algorithms.off_policy import N_STEP, WEIGHTS
-from lightning_rl.data import EpisodeDataModule
+from lightning_rl.data import OffPolicyDataModule
 
 OBS = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
 BOX = gym.spaces.Box(np.array([-2.0, 0.0], np.float32), np.array([2.0, 5.0], np.float32))
@@ -333,7 +333,7 @@ def test_a_module_that_is_not_a_sac_module_is_refused():
 # ---- Training runs -----------------------------------------------------------------------
 
 
-def pendulum_data(**kwargs: Any) -> EpisodeDataModule:
+def pendulum_data(**kwargs: Any) -> OffPolicyDataModule:
     settings = dict(
         env="Pendulum-v1",
         seed=0,
@@ -344,7 +344,7 @@ def pendulum_data(**kwargs: Any) -> EpisodeDataModule:
         evaluation_num_episodes=1,
     )
     settings.update(kwargs)
-    return EpisodeDataModule(**settings)
+    return OffPolicyDataModule(**settings)
 
 
 def quiet_trainer(tmp_path: Path, **kwargs: Any) -> Trainer:
