@@ -22,13 +22,13 @@ from lightning_rl.algorithms.ppo import PPOLearner, PPOModule
 from lightning_rl.algorithms.sac import SACLearner, SACModule
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME
 from lightning_rl.core.train_item import TrainingData, TrainItem
-from lightning_rl.data import EpisodeDataModule
+from lightning_rl.data import OffPolicyDataModule, OnPolicyDataModule
 from lightning_rl.data.replay_buffer import ReplayBuffer
 from lightning_rl.env import EnvRunner
 
 # The data module classes every row uses: the one place to change when they are renamed or split.
-ON_POLICY_DATA: type[LightningDataModule] = EpisodeDataModule
-OFF_POLICY_DATA: type[LightningDataModule] = EpisodeDataModule
+ON_POLICY_DATA: type[LightningDataModule] = OnPolicyDataModule
+OFF_POLICY_DATA: type[LightningDataModule] = OffPolicyDataModule
 
 MODEL_CONFIG = {"fcnet_hiddens": [8]}
 NUM_ENVS = 2
