@@ -20,6 +20,7 @@ saved one did. Names follow RLlib's DQN config (``double_q``, ``dueling``,
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import gymnasium as gym
@@ -296,7 +297,7 @@ class DQNLearner(OffPolicyLearner):
         """
         super().before_gradient_based_update(timesteps=timesteps)
         for module_id, epsilon in self._set_epsilons().items():
-            self.metrics.log_value((module_id, CURR_EPSILON_KEY), epsilon, reduce="last")
+            self.metrics.log_value((module_id, CURR_EPSILON_KEY), epsilon, window=1, clear_on_reduce=True)
 
     def _set_epsilons(self) -> dict[str, float]:
         timestep = self._timesteps.get(NUM_ENV_STEPS_SAMPLED_LIFETIME, 0)
@@ -336,7 +337,7 @@ class DQNLearner(OffPolicyLearner):
 
         self.record_td_errors(module_id, td_errors)
         log = self.metrics.log_value
-        log((module_id, QF_LOSS_KEY), qf_loss)
-        log((module_id, QF_MEAN_KEY), q_selected.detach().mean())
-        log((module_id, TD_ERROR_MEAN_KEY), td_errors.detach().abs().mean())
+        log((module_id, QF_LOSS_KEY), qf_loss, window=math.inf, clear_on_reduce=True)
+        log((module_id, QF_MEAN_KEY), q_selected.detach().mean(), window=math.inf, clear_on_reduce=True)
+        log((module_id, TD_ERROR_MEAN_KEY), td_errors.detach().abs().mean(), window=math.inf, clear_on_reduce=True)
         return qf_loss

@@ -250,6 +250,8 @@ class PPOLearner(Learner):
             self.metrics.log_value(
                 (module_id, VF_EXPLAINED_VAR_KEY),
                 _explained_variance(module_batch[Columns.VF_PREDS], module_batch[Columns.VALUE_TARGETS]),
+                window=math.inf,
+                clear_on_reduce=True,
             )
         return batch
 
@@ -266,7 +268,7 @@ class PPOLearner(Learner):
             }
             self._current[module_id] = current
             for key, value in current.items():
-                self.metrics.log_value((module_id, key), value, reduce="last")
+                self.metrics.log_value((module_id, key), value, window=1, clear_on_reduce=True)
 
     def _schedule(self, module_id: str, name: str, config: LearnerConfig) -> Schedule:
         key = (module_id, name)
@@ -314,13 +316,13 @@ class PPOLearner(Learner):
                 mean_kl = ((logp_ratio - 1) - torch.log(logp_ratio)).mean()
 
         log = self.metrics.log_value
-        log((module_id, POLICY_LOSS_KEY), policy_loss)
-        log((module_id, VF_LOSS_KEY), vf_loss)
-        log((module_id, VF_LOSS_UNCLIPPED_KEY), vf_loss_unclipped.mean())
-        log((module_id, ENTROPY_KEY), entropy)
-        log((module_id, MEAN_KL_KEY), mean_kl)
+        log((module_id, POLICY_LOSS_KEY), policy_loss, window=math.inf, clear_on_reduce=True)
+        log((module_id, VF_LOSS_KEY), vf_loss, window=math.inf, clear_on_reduce=True)
+        log((module_id, VF_LOSS_UNCLIPPED_KEY), vf_loss_unclipped.mean(), window=math.inf, clear_on_reduce=True)
+        log((module_id, ENTROPY_KEY), entropy, window=math.inf, clear_on_reduce=True)
+        log((module_id, MEAN_KL_KEY), mean_kl, window=math.inf, clear_on_reduce=True)
         with torch.no_grad():
-            log((module_id, CLIP_FRACTION_KEY), ((logp_ratio - 1).abs() > clip).float().mean())
+            log((module_id, CLIP_FRACTION_KEY), ((logp_ratio - 1).abs() > clip).float().mean(), window=math.inf, clear_on_reduce=True)
         return total_loss
 
     def get_state(self, components: Any = None, *, not_components: Any = None) -> dict[str, Any]:
@@ -394,4 +396,4 @@ class KLCoeffAdaptation(LearnerCallback):
             elif kl < 0.5 * config.kl_target:
                 coeff *= self.decrease
             learner.set_curr_kl_coeff(module_id, coeff)
-            learner.metrics.log_value((module_id, CURR_KL_COEFF_KEY), coeff, reduce="last")
+            learner.metrics.log_value((module_id, CURR_KL_COEFF_KEY), coeff, window=1, clear_on_reduce=True)

@@ -445,14 +445,14 @@ class SACLearner(OffPolicyLearner):
 
         self.record_td_errors(module_id, 0.5 * (td_error.abs() + td_error_twin.abs()))
         log = self.metrics.log_value
-        log((module_id, QF_LOSS_KEY), qf_loss)
-        log((module_id, POLICY_LOSS_KEY), policy_loss)
-        log((module_id, ALPHA_LOSS_KEY), alpha_loss)
-        log((module_id, ALPHA_VALUE_KEY), alpha, reduce="last")
+        log((module_id, QF_LOSS_KEY), qf_loss, window=math.inf, clear_on_reduce=True)
+        log((module_id, POLICY_LOSS_KEY), policy_loss, window=math.inf, clear_on_reduce=True)
+        log((module_id, ALPHA_LOSS_KEY), alpha_loss, window=math.inf, clear_on_reduce=True)
+        log((module_id, ALPHA_VALUE_KEY), alpha, window=1, clear_on_reduce=True)
         # A copy: the optimizer step changes the parameter in place before the values are reduced.
-        log((module_id, LOG_ALPHA_VALUE_KEY), log_alpha.detach().clone(), reduce="last")
-        log((module_id, TARGET_ENTROPY_KEY), target_entropy, reduce="last")
+        log((module_id, LOG_ALPHA_VALUE_KEY), log_alpha.detach().clone(), window=1, clear_on_reduce=True)
+        log((module_id, TARGET_ENTROPY_KEY), target_entropy, window=1, clear_on_reduce=True)
         with torch.no_grad():
-            log((module_id, QF_MEAN_KEY), 0.5 * (fwd_out[QF_PREDS].mean() + fwd_out[QF_TWIN_PREDS].mean()))
-            log((module_id, LOGP_MEAN_KEY), logp.mean())
+            log((module_id, QF_MEAN_KEY), 0.5 * (fwd_out[QF_PREDS].mean() + fwd_out[QF_TWIN_PREDS].mean()), window=math.inf, clear_on_reduce=True)
+            log((module_id, LOGP_MEAN_KEY), logp.mean(), window=math.inf, clear_on_reduce=True)
         return qf_loss + policy_loss + alpha_loss
