@@ -1,0 +1,126 @@
+"""What a Learner accepts to train on, checked at the boundary.
+
+``prepare_batch`` turns a user's batch (flat ``{column: array}`` for a one-module Learner,
+or ``{module_id: {column: array}}``) into tensors on the Learner's device, checking module
+ids, required columns, row counts and observation/action shapes before anything trains.
+``as_train_item`` turns what a data loader yields into the typed ``TrainItem``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from lightning_rl.core.batch import MultiModuleBatch, to_tensor
+from lightning_rl.core.columns import Columns
+from lightning_rl.core.rl_module import MultiRLModule
+from lightning_rl.core.train_item import TrainingData, TrainItem
+
+
+def prepare_batch(
+    batch: Mapping[str, Any],
+    module: MultiRLModule,
+    *,
+    device: torch.device,
+    required_columns: Callable[[str], list[str]],
+    data_parallel: bool,
+) -> MultiModuleBatch:
+    """Convert a user batch to ``{module_id: {column: Tensor}}`` on ``device``, checked.
+
+    Args:
+        batch: ``{column: array}`` (one-module Learners) or ``{module_id: {column: array}}``;
+            numpy arrays or tensors.
+        module: The Learner's modules, for their ids and spaces.
+        device: Where the tensors go.
+        required_columns: ``Learner.required_batch_columns``, asked per module.
+        data_parallel: Whether this is one of several DDP ranks; such a rank may hold no
+            rows (``{}``) or none of some module, and still takes part in the update.
+
+    Raises:
+        ValueError: For anything but a non-empty dict, unknown module ids, a mix of columns
+            and module batches, a flat batch for several modules, missing columns, columns
+            of unequal or zero length, and observations or actions of the wrong shape.
+    """
+    if not isinstance(batch, Mapping) or (not batch and not data_parallel):
+        raise ValueError(
+            f"a batch must be a non-empty dict of columns or of module batches, got {type(batch).__name__}"
+        )
+    if not batch:
+        return {}  # this data-parallel rank has no rows this time; it still takes its steps
+    prepared: MultiModuleBatch = {}
+    for module_id, module_batch in _module_batches(batch, module).items():
+        missing = [c for c in required_columns(module_id) if c not in module_batch]
+        if missing:
+            raise ValueError(
+                f"module {module_id!r}: the batch lacks column(s) {missing}; it has {sorted(module_batch)}"
+            )
+        columns = {column: to_tensor(values, device) for column, values in module_batch.items()}
+        lengths = {column: (len(values) if values.dim() > 0 else 0) for column, values in columns.items()}
+        if data_parallel and set(lengths.values()) == {0}:
+            continue  # no rows of this module on this rank
+        if len(set(lengths.values())) != 1 or 0 in lengths.values():
+            raise ValueError(
+                f"module {module_id!r}: columns must have the same, non-zero number of rows; got {lengths}"
+            )
+        rl_module = module[module_id]
+        check_column_shape(module_id, Columns.OBS, columns.get(Columns.OBS), rl_module.observation_space, "observation")
+        check_column_shape(module_id, Columns.ACTIONS, columns.get(Columns.ACTIONS), rl_module.action_space, "action")
+        prepared[module_id] = columns
+    return prepared
+
+
+def _module_batches(batch: Mapping[str, Any], module: MultiRLModule) -> dict[str, Mapping[str, Any]]:
+    """``batch`` as ``{module_id: module_batch}``; a flat batch goes to the only module."""
+    nested = [isinstance(value, Mapping) for value in batch.values()]
+    if all(nested):
+        unknown = sorted(set(batch) - set(module.keys()))
+        if unknown:
+            raise ValueError(
+                f"the batch holds module ids {unknown} that this Learner does not have; "
+                f"its modules are {sorted(module.keys())}"
+            )
+        return dict(batch)
+    if any(nested):
+        raise ValueError("a batch must map either columns to arrays or module ids to column dicts, not both")
+    if len(module) == 1:
+        return {next(iter(module.keys())): batch}
+    raise ValueError(
+        f"a flat {{column: array}} batch is ambiguous for a Learner with modules {sorted(module.keys())}: "
+        "pass {module_id: {column: array}}"
+    )
+
+
+def check_column_shape(module_id: str, column: str, values: torch.Tensor | None, space: Any, kind: str) -> None:
+    """Raise if a column's per-row shape does not match its gymnasium space.
+
+    Args:
+        module_id: The module the column belongs to (named in the error).
+        column: The column's name.
+        values: The column, ``[B, ...]``; ``None`` when the batch does not hold it.
+        space: The module's space for the column; one without a flat shape (Dict, Tuple) is not checked.
+        kind: ``"observation"`` or ``"action"``, for the error message.
+    """
+    expected = getattr(space, "shape", None)
+    if values is None or expected is None:
+        return
+    if tuple(values.shape[1:]) != tuple(expected):
+        raise ValueError(
+            f"module {module_id!r}: column {column!r} has shape {tuple(values.shape)}, but the {kind} space "
+            f"{space} expects [batch, {', '.join(map(str, expected))}]".replace("[batch, ]", "[batch]")
+        )
+
+
+def as_train_item(train_item: TrainItem | Mapping[str, Any]) -> TrainItem:
+    """A ``TrainItem`` as it is; a plain batch wrapped in one; an untyped item refused by name."""
+    if isinstance(train_item, TrainItem):
+        return train_item
+    if isinstance(train_item, Mapping):
+        if {"episodes", "replay", "batch"} & set(train_item):
+            raise ValueError(
+                f"training_step got a dict train item with keys {sorted(train_item)}; train items are "
+                "lightning_rl.core.train_item.TrainItem(TrainingData(episodes=...), timesteps=..., env_runners=...)"
+            )
+        return TrainItem(TrainingData(batch=train_item))
+    raise ValueError(f"training_step takes a TrainItem or a batch dict, got {type(train_item).__name__}")

@@ -1,0 +1,211 @@
+"""The Lightning hooks of a Learner: what a ``Trainer`` calls, and what it does with it.
+
+``LightningHooksMixin`` is one part of ``Learner``, which inherits it. Under
+``Trainer.fit`` Lightning calls ``setup`` (build the modules, check the Trainer's settings
+and data module), then ``training_step`` for every train item the data module yields (one
+update each, see ``Learner.update_from_batch``) and ``validation_step`` for every evaluation
+item, and ``on_save_checkpoint`` / ``on_load_checkpoint`` around checkpoints. The
+optimizers Lightning steps and saves are the Learner's own (``configure_optimizers``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from lightning.pytorch.strategies import FSDPStrategy
+
+from lightning_rl.core.columns import ALL_MODULES
+from lightning_rl.core.rl_module import MultiRLModuleSpec
+from lightning_rl.core.train_item import TrainItem
+from lightning_rl.learner import state as learner_state
+from lightning_rl.learner._lightning_private import attached_trainer, trainer_writes_logs_now
+from lightning_rl.learner.batches import as_train_item
+from lightning_rl.learner.result_keys import EPISODE_RETURN_MEAN, TOTAL_LOSS_KEY, TRAIN_RETURN_KEY
+
+
+class LightningHooksMixin:
+    """The hooks a Lightning ``Trainer`` calls on a Learner (a part of ``Learner``)."""
+
+    def setup(self, stage: str) -> None:
+        """Lightning's hook: build the Learner if it has not been built.
+
+        Modules whose spec leaves out the observation or action space take it from the
+        Trainer's data module (``datamodule.observation_space`` / ``.action_space``).
+
+        Raises:
+            ValueError: under ``strategy="fsdp"`` (not supported yet, see below); under
+                ``precision="16-mixed"``, whose gradient scaling would hand
+                scaled gradients to the Learner's clipping and non-finite checks; when a space
+                is missing and no data module provides it; and when ``minibatch_size`` is
+                larger than the data module's train batch.
+        """
+        if isinstance(getattr(self.trainer, "strategy", None), FSDPStrategy):
+            # Sharding needs optimizers built on the wrapped parameters, every minibatch's
+            # forward pass to go through the FSDP wrapper (the Learner runs all its steps
+            # inside one training_step) and gradient norms reduced over shards for clipping.
+            raise ValueError(
+                f"{type(self).__name__} does not support strategy='fsdp' yet: it builds its optimizers before the "
+                "strategy wraps the model and takes all minibatch steps inside one training_step, which FSDP's "
+                "parameter sharding does not allow. Use strategy='ddp' (every rank holds the whole model)."
+            )
+        if getattr(self.trainer.precision_plugin, "scaler", None) is not None:
+            raise ValueError(
+                f"{type(self).__name__} does not support precision='16-mixed' (gradient scaling) yet: it clips and "
+                "checks gradients itself. Use precision='bf16-mixed' or '32-true'."
+            )
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if self._module is None and self._module_spec is not None:
+            self._module_spec = _with_spaces_from(self._module_spec, datamodule)
+        if stage == "fit":
+            self.check_fits_data(datamodule)
+        self.build()
+
+    def check_fits_data(self, datamodule: Any) -> None:
+        """Check that ``minibatch_size`` fits into one train item of ``datamodule``.
+
+        Data modules that know their train batch size expose it as ``train_batch_size``
+        (``EpisodeDataModule``: ``num_envs * rollout_fragment_length``); others are not checked.
+
+        Raises:
+            ValueError: Naming both sizes, if the minibatch is larger.
+        """
+        train_batch_size = getattr(datamodule, "train_batch_size", None)
+        minibatch_size = self.hparams.minibatch_size
+        if train_batch_size is not None and minibatch_size is not None and minibatch_size > train_batch_size:
+            raise ValueError(
+                f"minibatch_size={minibatch_size} is larger than the data module's train batch of {train_batch_size} "
+                "env steps (num_envs * rollout_fragment_length); lower minibatch_size or sample more steps"
+            )
+
+    def training_step(self, train_item: TrainItem | Mapping[str, Any], batch_idx: int = 0) -> dict[str, Any]:
+        """Lightning's hook: one update with the Learner's epoch and minibatch settings.
+
+        ``train_item`` is a ``TrainItem`` (what every lightning_rl data module yields): its data
+        goes to ``update_from_batch``, ``update_from_episodes`` or ``update_from_replay``, its
+        ``timesteps`` drive the schedules, its ``env_runners`` statistics are logged as
+        ``env_runners/{key}`` and its ``update_settings`` replace the Learner's epoch and
+        minibatch settings for this update alone. A plain batch (a ``DataLoader`` of
+        ``{column: tensor}`` dicts) is trained on as it is. The results are logged
+        (``"{module_id}/{key}"``) to the Trainer's logger.
+
+        Returns:
+            ``{"results": ...}``, the update's results as ``update_from_batch`` returns them;
+            Lightning hands this to ``Callback.on_train_batch_end`` as ``outputs``.
+        """
+        item = as_train_item(train_item)
+        settings = dict(
+            num_epochs=self.hparams.num_epochs,
+            minibatch_size=self.hparams.minibatch_size,
+            shuffle_batch_per_epoch=self.hparams.shuffle_batch_per_epoch,
+        )
+        settings.update(item.update_settings)
+        data, timesteps = item.data, dict(item.timesteps)
+        if data.source == "episodes":
+            results = self.update_from_episodes(data.episodes, timesteps=timesteps, **settings)
+        elif data.source == "batch":
+            results = self.update_from_batch(data.batch, timesteps=timesteps, **settings)
+        elif data.source in ("replay", None):
+            results = self.update_from_replay(data.replay, timesteps=timesteps)
+        else:
+            raise ValueError(f"training_step cannot train on TrainingData.{data.source} yet")
+        metrics = {f"{mid}/{key}": value for mid, values in results.items() for key, value in values.items()}
+        metrics.update({f"env_runners/{key}": value for key, value in item.env_runners.items()})
+        self._log_train_metrics(metrics, batch_idx)
+        return {"results": results}
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """Lightning's hook: leave train items where they are.
+
+        The Learner moves what it trains on to its device itself (``_prepare_batch``), so
+        Lightning's recursive walk over each item (episodes, a replay buffer, counters) is
+        skipped; it cost about as much as a small network's gradient step per item.
+        """
+        return batch
+
+    def validation_step(self, eval_item: TrainItem, batch_idx: int = 0) -> None:
+        """Lightning's hook: log the statistics of evaluation episodes as ``eval/{key}``.
+
+        ``eval_item`` is what ``EpisodeDataModule.val_dataloader()`` yields: a ``TrainItem``
+        whose data is complete episodes played by ``forward_inference``.
+        """
+        episodes = eval_item.data.episodes
+        returns = [episode.get_return() for episode in episodes]
+        lengths = [len(episode) for episode in episodes]
+        # Reduced over ranks, each of which played an equal share of the episodes (see
+        # EpisodeDataModule), so a mean of the ranks' means is the mean over all episodes.
+        stats = (
+            (EPISODE_RETURN_MEAN, np.mean(returns), "mean"),
+            ("episode_return_min", np.min(returns), "min"),
+            ("episode_return_max", np.max(returns), "max"),
+            ("episode_len_mean", np.mean(lengths), "mean"),
+            ("num_episodes", len(episodes), "sum"),
+        )
+        for key, value, reduce_fx in stats:
+            self.log(f"eval/{key}", float(value), batch_size=1, sync_dist=True, reduce_fx=reduce_fx)
+        self.log("eval_return", float(np.mean(returns)), prog_bar=True, logger=False, batch_size=1, sync_dist=True)
+
+    def _log_train_metrics(self, metrics: dict[str, float], batch_idx: int) -> None:
+        """Log one train item's metrics, on the items whose logs Lightning writes, and on the epoch's last.
+
+        Each ``self.log`` call costs Lightning about 0.1 ms (more on a busy machine) and an
+        update reports ~50 values; an off-policy item (one env step and one gradient step)
+        costs only a few ms, so logging even a handful of values after every item would slow
+        training by a quarter. Lightning writes to the loggers only every
+        ``log_every_n_steps`` train items, so the metrics are logged on those items, and on
+        the last item of an epoch or of the run, so that epoch-end callbacks
+        (``EarlyStopping``, ``ModelCheckpoint``) see the current values. In between,
+        ``trainer.callback_metrics`` and the progress bar keep the last logged values.
+        """
+        trainer = attached_trainer(self)
+        last_item = trainer is not None and (batch_idx + 1 >= trainer.num_training_batches or trainer.should_stop)
+        if not (last_item or trainer_writes_logs_now(trainer)):
+            return
+        # The values are already reduced over ranks by the metrics logger.
+        self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1, sync_dist=False)
+        for name, key in (("return", TRAIN_RETURN_KEY), ("loss", f"{ALL_MODULES}/{TOTAL_LOSS_KEY}")):
+            if key in metrics:
+                self.log(name, metrics[key], prog_bar=True, logger=False, on_step=True, batch_size=1)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Lightning's hook: add what rebuilds this Learner to a Lightning checkpoint.
+
+        Weights and optimizer states are in the checkpoint already (``state_dict``,
+        ``optimizer_states``); this adds the module spec, hyperparameters, optimizer names
+        (in Lightning's order), schedules, metrics and counters.
+        """
+        learner_state.add_to_lightning_checkpoint(self, checkpoint)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Lightning's hook: rebuild the modules the checkpoint holds, then restore state.
+
+        Lightning then loads the weights and, when resuming a fit, the optimizer states.
+        """
+        learner_state.restore_from_lightning_checkpoint(self, checkpoint)
+
+
+def _with_spaces_from(spec: MultiRLModuleSpec, datamodule: Any) -> MultiRLModuleSpec:
+    """``spec`` with every missing observation/action space taken from ``datamodule``."""
+    missing = [
+        module_id
+        for module_id, module_spec in spec.rl_module_specs.items()
+        if module_spec.observation_space is None or module_spec.action_space is None
+    ]
+    if not missing:
+        return spec
+    if getattr(datamodule, "observation_space", None) is None or getattr(datamodule, "action_space", None) is None:
+        raise ValueError(
+            f"the specs of modules {missing} have no observation/action space, and the Trainer has no data module "
+            "that provides them: pass the spaces in the module spec, or fit with datamodule=EpisodeDataModule(...)"
+        )
+    specs = dict(spec.rl_module_specs)
+    for module_id in missing:
+        specs[module_id] = dataclasses.replace(
+            specs[module_id],
+            observation_space=specs[module_id].observation_space or datamodule.observation_space,
+            action_space=specs[module_id].action_space or datamodule.action_space,
+        )
+    return dataclasses.replace(spec, rl_module_specs=specs)

@@ -1,0 +1,114 @@
+"""Which RL modules a Learner trains, and adding or removing them while it trains.
+
+``MultiModuleMixin`` is one part of ``Learner``, which inherits it. ``add_module`` and
+``remove_module`` change the ``MultiRLModule`` mid-training (e.g. league play adds frozen
+opponents), with the optimizers, overrides and metrics that go with a module; under a
+running Trainer they hand the new optimizers to it and, under DDP, rebuild the wrapper.
+``should_module_be_updated`` answers ``policies_to_train``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Collection
+from typing import Any, Optional, Union
+
+from lightning_rl.core.batch import MultiModuleBatch
+from lightning_rl.core.rl_module import MultiRLModuleSpec, RLModuleSpec, validate_module_id
+from lightning_rl.learner.data_parallel import rewrap_data_parallel
+
+ShouldModuleBeUpdated = Union[Collection[str], Callable[[str, Optional[MultiModuleBatch]], bool]]
+
+
+class MultiModuleMixin:
+    """Adding, removing and choosing the modules to train (a part of ``Learner``)."""
+
+    def should_module_be_updated(self, module_id: str, batch: MultiModuleBatch | None = None) -> bool:
+        """Whether ``module_id`` is trained, per ``policies_to_train``."""
+        rule = self._should_module_be_updated
+        if rule is None:
+            return True
+        if callable(rule):
+            return bool(rule(module_id, batch))
+        return module_id in rule
+
+    def add_module(
+        self,
+        *,
+        module_id: str,
+        module_spec: RLModuleSpec,
+        config_overrides: dict[str, Any] | None = None,
+        new_should_module_be_updated: ShouldModuleBeUpdated | None = None,
+    ) -> MultiRLModuleSpec:
+        """Add and train a new module (e.g. a league opponent), also while ``Trainer.fit`` runs.
+
+        Its optimizers are registered through ``configure_optimizers_for_module`` and, under
+        a Trainer, handed to it, so they are stepped and checkpointed from then on. Under
+        DDP this is a collective call: every rank adds the module at the same point, and the
+        DDP wrapper is rebuilt so that its gradients are averaged too.
+
+        Args:
+            module_id: The new module's id.
+            module_spec: How to build it (always built for training, not inference only).
+            config_overrides: Hyperparameters of this module that differ from the Learner's.
+            new_should_module_be_updated: A new ``policies_to_train``; ``None`` keeps the current one.
+
+        Returns:
+            The spec of all modules after adding.
+        """
+        self._check_is_built()
+        validate_module_id(module_id)
+        if module_id in self._module:
+            raise ValueError(f"module {module_id!r} already exists; remove it first or pick another id")
+        overrides = self._checked_overrides(module_id, config_overrides or {})
+        spec = copy.copy(module_spec)
+        spec.inference_only = False
+        module = spec.build().to(self.device)
+
+        self._module.add_module(module_id, module)
+        if overrides:
+            self._config_overrides[module_id] = overrides
+        if new_should_module_be_updated is not None:
+            self._set_should_module_be_updated(new_should_module_be_updated)
+        if self.rl_module_is_compatible(module):
+            self.configure_optimizers_for_module(module_id=module_id, config=self.config_for_module(module_id))
+        self._compile()
+        self._rewrap_data_parallel()
+        return self.module_spec
+
+    def remove_module(
+        self, module_id: str, *, new_should_module_be_updated: ShouldModuleBeUpdated | None = None
+    ) -> MultiRLModuleSpec:
+        """Remove a module with its optimizers, schedules, overrides and metrics.
+
+        Under DDP this is a collective call, like ``add_module``.
+
+        Args:
+            module_id: The module to remove.
+            new_should_module_be_updated: A new ``policies_to_train``; ``None`` keeps the current one.
+
+        Returns:
+            The spec of the remaining modules.
+        """
+        self._check_is_built()
+        if module_id not in self._module:
+            raise ValueError(f"no module {module_id!r} to remove; modules are {sorted(self._module.keys())}")
+        self._optimizer_registry.remove_module(module_id)
+        self._module.remove_module(module_id)
+        self._config_overrides.pop(module_id, None)
+        self.metrics.delete(module_id)
+        if new_should_module_be_updated is not None:
+            self._set_should_module_be_updated(new_should_module_be_updated)
+        self._sync_trainer_optimizers()
+        self._compile()
+        self._rewrap_data_parallel()
+        return self.module_spec
+
+    def _set_should_module_be_updated(self, rule: ShouldModuleBeUpdated) -> None:
+        self._should_module_be_updated = rule
+        self.hparams.policies_to_train = None if callable(rule) else sorted(rule)
+
+    def _rewrap_data_parallel(self) -> None:
+        trainer = self._running_trainer()
+        if trainer is not None:
+            rewrap_data_parallel(trainer.strategy, self)

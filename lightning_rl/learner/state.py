@@ -1,0 +1,355 @@
+"""The Learner's state plumbing: which components a state holds, and checkpoints in and out.
+
+A Learner's state (``Learner.get_state``) is a dict of plain data and tensors: the
+components ``"rl_module"`` (weights, ``{module_id: {name: tensor}}``), ``"optimizer"`` and
+``"metrics_logger"``, plus the bookkeeping that rebuilds the Learner (module spec, per-module
+overrides, ``policies_to_train``, ``weights_seq_no``, timesteps). This module chooses the
+components (``select_components``), writes the payload a checkpoint carries, matches a
+Learner's modules to a checkpoint's and restores one, checked before anything changes.
+The functions work on a Learner through its own methods and its optimizer registry.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from lightning_rl.core.checkpoint import (
+    CHECKPOINT_KEY,
+    FORMAT_VERSION,
+    check_plain_data,
+    class_path,
+    import_class,
+    read_learner_payload,
+    write_learner_dir,
+)
+from lightning_rl.core.columns import COMPONENT_METRICS_LOGGER, COMPONENT_OPTIMIZER, COMPONENT_RL_MODULE
+from lightning_rl.core.rl_module import MultiRLModuleSpec, check_state_matches
+from lightning_rl.learner._lightning_private import attached_trainer
+from lightning_rl.learner.result_keys import WEIGHTS_SEQ_NO
+
+if TYPE_CHECKING:
+    from lightning_rl.learner.learner import Learner
+
+COMPONENTS = (COMPONENT_RL_MODULE, COMPONENT_OPTIMIZER, COMPONENT_METRICS_LOGGER)
+
+
+@dataclasses.dataclass(frozen=True)
+class ComponentSelection:
+    """The components a ``get_state`` call returns.
+
+    Attributes:
+        module_ids: The modules whose weights go under ``"rl_module"``; ``None`` for no
+            ``"rl_module"`` entry at all.
+        optimizer: Whether the optimizer states go in.
+        metrics_logger: Whether the metrics logger's state goes in.
+    """
+
+    module_ids: list[str] | None
+    optimizer: bool
+    metrics_logger: bool
+
+
+def select_components(
+    components: str | Collection[str] | None,
+    not_components: str | Collection[str] | None,
+    module_ids: Sequence[str],
+) -> ComponentSelection:
+    """Resolve RLlib's ``components`` / ``not_components`` arguments against a Learner's modules.
+
+    A name is a component (``"rl_module"``, ``"optimizer"``, ``"metrics_logger"``) or one
+    module's weights, ``"rl_module/<module_id>"``.
+
+    Args:
+        components: What to include (a name or several); ``None`` for everything.
+        not_components: What to leave out of that.
+        module_ids: The Learner's module ids, in order.
+
+    Raises:
+        ValueError: For a name that is neither a component nor ``"rl_module/<id>"`` of a
+            module the Learner has, listing the valid names.
+    """
+    included, excluded = _as_names(components), _as_names(not_components) or set()
+    valid = [*COMPONENTS, *(f"{COMPONENT_RL_MODULE}/{module_id}" for module_id in module_ids)]
+    unknown = sorted((included or set()) - set(valid)) + sorted(excluded - set(valid))
+    if unknown:
+        raise ValueError(f"unknown state component(s) {unknown}; valid names are {valid}")
+
+    def wanted(name: str) -> bool:
+        return (included is None or name in included) and name not in excluded
+
+    selected = None
+    if wanted(COMPONENT_RL_MODULE):
+        selected = [m for m in module_ids if f"{COMPONENT_RL_MODULE}/{m}" not in excluded]
+    elif COMPONENT_RL_MODULE not in excluded and included:
+        # Only some modules were asked for, by "rl_module/<id>".
+        selected = [m for m in module_ids if wanted(f"{COMPONENT_RL_MODULE}/{m}")] or None
+    return ComponentSelection(selected, wanted(COMPONENT_OPTIMIZER), wanted(COMPONENT_METRICS_LOGGER))
+
+
+def _as_names(value: str | Collection[str] | None) -> set[str] | None:
+    if value is None:
+        return None
+    return {value} if isinstance(value, str) else set(value)
+
+
+# ----------------------------------------------------------------------------------------
+# Checkpoints (``save_to_path`` directories and Lightning checkpoints)
+# ----------------------------------------------------------------------------------------
+
+
+def checkpoint_payload(learner: Learner) -> dict[str, Any]:
+    """What every checkpoint carries besides the state: the format, the Learner's class and hyperparameters.
+
+    Raises:
+        ValueError: If a hyperparameter is not plain data (checkpoints load with ``weights_only``).
+    """
+    hparams = dict(learner.hparams)
+    check_plain_data(hparams, "hyperparameters")
+    return {"format_version": FORMAT_VERSION, "learner_class": class_path(type(learner)), "hparams": hparams}
+
+
+def match_modules(learner: Learner, spec_dict: Mapping[str, Any], overrides: Mapping[str, dict[str, Any]]) -> None:
+    """Add and remove modules so that ``learner`` holds those of ``spec_dict`` (a ``MultiRLModuleSpec.to_dict``)."""
+    spec = MultiRLModuleSpec.from_dict(spec_dict)
+    for module_id in [m for m in learner.module.keys() if m not in spec.rl_module_specs]:
+        learner.remove_module(module_id)
+    for module_id, module_spec in spec.rl_module_specs.items():
+        if module_id not in learner.module:
+            learner.add_module(module_id=module_id, module_spec=module_spec, config_overrides=overrides.get(module_id))
+
+
+def apply_payload(learner: Learner, payload: Mapping[str, Any]) -> None:
+    """Match modules to the payload, then restore its weights and state (checked first)."""
+    state = dict(payload["state"])
+    match_modules(learner, state["module_spec"], state.get("config_overrides_per_module", {}))
+    weights = payload.get("lightning_state_dict")
+    if weights is not None:
+        check_state_matches(learner, weights)
+        learner._optimizer_registry.check_state(state.get(COMPONENT_OPTIMIZER, {}))
+        learner.load_state_dict(weights)
+    learner.set_state(state)
+
+
+def restore_learner(learner: Learner, path: str) -> None:
+    """Restore ``learner`` from ``save_to_path`` output or a Lightning checkpoint; on error, undo and raise.
+
+    Raises:
+        ValueError: Naming the file and the mismatch; ``learner`` is as it was.
+    """
+    file, payload = read_learner_payload(path)
+    snapshot = learner.get_state()
+    try:
+        apply_payload(learner, payload)
+    except Exception as error:
+        match_modules(learner, snapshot["module_spec"], snapshot["config_overrides_per_module"])
+        learner.set_state(snapshot)
+        raise ValueError(f"cannot restore from {str(file)!r}: {error}") from error
+
+
+def learner_from_checkpoint(cls: type[Learner], path: str, **hparam_overrides: Any) -> Learner:
+    """Build the Learner a checkpoint describes (its own class, a subclass of ``cls``) and restore it.
+
+    Raises:
+        ValueError: Naming the file, if the checkpoint cannot be read or does not fit.
+    """
+    file, payload = read_learner_payload(path)
+    learner_class = import_class(payload["learner_class"], cls)
+    state = payload["state"]
+    try:
+        saved = dict(payload["hparams"])
+        if saved.get("model_config") is not None:
+            # Learners that build their default module from model_config save it as a
+            # hyperparameter too; the saved spec already holds it, so pass the spec alone.
+            saved["model_config"] = None
+        hparams = {**saved, "config_overrides_per_module": state.get("config_overrides_per_module"), **hparam_overrides}
+        learner = learner_class(module_spec=MultiRLModuleSpec.from_dict(state["module_spec"]), **hparams)
+        learner.build()
+        apply_payload(learner, payload)
+    except ValueError as error:
+        raise ValueError(f"cannot load a Learner from {str(file)!r}: {error}") from error
+    return learner
+
+
+def add_to_lightning_checkpoint(learner: Learner, checkpoint: dict[str, Any]) -> None:
+    """Put what rebuilds ``learner`` into a Lightning checkpoint, beside the weights and optimizer states it has."""
+    payload = checkpoint_payload(learner)
+    state = learner.get_state(not_components=[COMPONENT_RL_MODULE, COMPONENT_OPTIMIZER])
+    state[COMPONENT_OPTIMIZER] = learner._optimizer_registry.get_state(include_optimizers=False)
+    payload["state"] = state
+    payload["optimizer_order"] = list(learner._optimizer_registry.named)
+    checkpoint[CHECKPOINT_KEY] = payload
+
+
+def restore_from_lightning_checkpoint(learner: Learner, checkpoint: dict[str, Any]) -> None:
+    """Rebuild the modules a Lightning checkpoint holds and restore the Learner's state from it.
+
+    Lightning loads the weights (and, when resuming a fit, the optimizer states) afterwards;
+    they are checked here first, so that a mismatch names the keys.
+
+    Raises:
+        ValueError: For a checkpoint not written by a Learner, or one whose optimizers or
+            weights do not fit.
+    """
+    if CHECKPOINT_KEY not in checkpoint:
+        raise ValueError("this checkpoint was not written by a lightning_rl Learner (no 'lightning_rl' entry)")
+    payload = checkpoint[CHECKPOINT_KEY]
+    state = payload["state"]
+    overrides = state.get("config_overrides_per_module", {})
+    if learner.module is None:
+        learner._module_spec = MultiRLModuleSpec.from_dict(state["module_spec"])
+        for module_id, module_overrides in overrides.items():
+            learner._config_overrides[module_id] = dict(module_overrides)
+        learner.build()
+    match_modules(learner, state["module_spec"], overrides)
+    trainer = attached_trainer(learner)
+    source = f" {str(trainer.ckpt_path)!r}" if trainer is not None and trainer.ckpt_path else ""
+    optimizer_order = list(learner._optimizer_registry.named)
+    if optimizer_order != list(payload["optimizer_order"]):
+        raise ValueError(
+            f"checkpoint{source}: its optimizers {payload['optimizer_order']} do not match this Learner's "
+            f"{optimizer_order}"
+        )
+    try:
+        check_state_matches(learner, checkpoint["state_dict"])
+    except ValueError as error:
+        raise ValueError(f"checkpoint{source}: {error}") from error
+    learner.set_state(state)
+
+
+class StateMixin:
+    """The Learner's state API, RLlib's names (a part of ``Learner``, which inherits it)."""
+
+    def get_state(
+        self,
+        components: str | Collection[str] | None = None,
+        *,
+        not_components: str | Collection[str] | None = None,
+    ) -> dict[str, Any]:
+        """A snapshot of the Learner (copies, unaffected by later updates).
+
+        Args:
+            components: ``"rl_module"`` (all modules' weights), ``"rl_module/<module_id>"``
+                (one module's), ``"optimizer"``, ``"metrics_logger"``, or a list of them;
+                ``None`` for all.
+            not_components: Components (or ``"rl_module/<module_id>"``) to leave out.
+
+        Returns:
+            The chosen components plus the bookkeeping that rebuilds the Learner: the module
+            spec, per-module overrides, ``policies_to_train``, ``weights_seq_no`` and the last
+            timesteps (which position the schedules).
+
+        Raises:
+            ValueError: For an unknown component or module id, naming the valid ones.
+        """
+        self._check_is_built()
+        selected = select_components(components, not_components, list(self._module.keys()))
+        state: dict[str, Any] = {
+            "module_spec": self.module_spec.to_dict(),
+            "config_overrides_per_module": copy.deepcopy(self._config_overrides),
+            WEIGHTS_SEQ_NO: self._weights_seq_no,
+            "timesteps": dict(self._timesteps),
+        }
+        if not callable(self._should_module_be_updated):
+            rule = self._should_module_be_updated
+            state["should_module_be_updated"] = None if rule is None else sorted(rule)
+        if selected.module_ids is not None:
+            state[COMPONENT_RL_MODULE] = self._module.get_state(selected.module_ids)
+        if selected.optimizer:
+            state[COMPONENT_OPTIMIZER] = self._optimizer_registry.get_state(include_optimizers=True)
+        if selected.metrics_logger:
+            state[COMPONENT_METRICS_LOGGER] = self.metrics.get_state()
+        return state
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Restore (part of) what ``get_state`` returned, for the modules this Learner has.
+
+        Everything is checked before anything changes: unknown module or optimizer names,
+        missing or unexpected weights and shape mismatches raise ``ValueError`` naming them.
+        To restore a checkpoint whose modules differ, use ``restore_from_path`` or
+        ``from_checkpoint``, which add and remove modules to match.
+        """
+        self._check_is_built()
+        if COMPONENT_RL_MODULE in state:
+            self._module.check_state(state[COMPONENT_RL_MODULE])
+        if COMPONENT_OPTIMIZER in state:
+            self._optimizer_registry.check_state(state[COMPONENT_OPTIMIZER])
+
+        if COMPONENT_RL_MODULE in state:
+            self._module.set_state(state[COMPONENT_RL_MODULE])
+        if COMPONENT_OPTIMIZER in state:
+            self._optimizer_registry.set_state(state[COMPONENT_OPTIMIZER])
+        if COMPONENT_METRICS_LOGGER in state:
+            self.metrics.set_state(state[COMPONENT_METRICS_LOGGER])
+        for module_id, overrides in state.get("config_overrides_per_module", {}).items():
+            if module_id in self._module:
+                self._config_overrides[module_id] = dict(overrides)
+        if state.get("should_module_be_updated", False) is not False:
+            rule = state["should_module_be_updated"]
+            self._should_module_be_updated = rule
+            self.hparams.policies_to_train = rule
+        self._weights_seq_no = int(state.get(WEIGHTS_SEQ_NO, self._weights_seq_no))
+        self._timesteps.update(state.get("timesteps", {}))
+
+    def get_module_state(self, module_ids: str | Collection[str] | None = None) -> dict[str, dict[str, torch.Tensor]]:
+        """The weights of the modules, ``{module_id: {name: tensor}}`` (copies).
+
+        Args:
+            module_ids: A module id or several; ``None`` for all modules.
+
+        Raises:
+            ValueError: For an unknown module id, naming the known ones.
+        """
+        self._check_is_built()
+        if isinstance(module_ids, str):
+            module_ids = [module_ids]
+        return self._module.get_state(None if module_ids is None else list(module_ids))
+
+    def set_module_state(self, state: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
+        """Load module weights as ``get_module_state`` returns them; modules not named stay as they are.
+
+        Every module's weights are checked before any is loaded, so an error changes nothing.
+
+        Raises:
+            ValueError: For an unknown module id, or weights with missing or unexpected
+                names or wrong shapes, naming them.
+        """
+        self._check_is_built()
+        if not isinstance(state, Mapping) or not all(isinstance(value, Mapping) for value in state.values()):
+            raise ValueError("set_module_state takes {module_id: {name: tensor}}, as get_module_state returns it")
+        self._module.set_state(state)
+
+    def save_to_path(self, path: str) -> str:
+        """Save the complete Learner to the directory ``path`` (written atomically).
+
+        Returns:
+            ``path``; ``restore_from_path(path)`` or ``from_checkpoint(path)`` reads it back.
+        """
+        payload = checkpoint_payload(self)
+        payload["state"] = self.get_state()
+        write_learner_dir(path, payload)
+        return path
+
+    def restore_from_path(self, path: str) -> None:
+        """Restore this Learner from ``save_to_path`` output or a Lightning checkpoint.
+
+        Modules are added or removed to match the checkpoint. If anything does not fit,
+        the error names the file and the mismatch, and the Learner is left as it was.
+        """
+        self._check_is_built()
+        restore_learner(self, path)
+
+    @classmethod
+    def from_checkpoint(cls, path: str, **hparam_overrides: Any) -> Learner:
+        """Build a new Learner from a checkpoint alone, added modules included.
+
+        Args:
+            path: A ``save_to_path`` directory or a Lightning checkpoint file.
+            **hparam_overrides: Hyperparameters to change, or to supply what a checkpoint
+                cannot hold (a callable ``policies_to_train``).
+        """
+        return learner_from_checkpoint(cls, path, **hparam_overrides)
