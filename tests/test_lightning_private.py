@@ -1,0 +1,77 @@
+"""One test per private Lightning API the Learner uses (lightning_rl/learner/_lightning_private.py).
+
+Each fails, naming the function, if Lightning renames or changes what it relies on.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from conftest import bc_spec, loader_of, make_trainer, random_batch
+from lightning.fabric.plugins.environments import LightningEnvironment
+from lightning.pytorch import Callback, LightningModule
+from lightning.pytorch.strategies import DDPStrategy
+from torch.nn.parallel import DistributedDataParallel
+
+from lightning_rl.algorithms.bc import BCLearner
+from lightning_rl.learner._lightning_private import attached_trainer, trainer_writes_logs_now, wrap_model_for_strategy
+
+
+class _Record(Callback):
+    """Calls ``probe(trainer, module)`` before every train item and keeps the answers."""
+
+    def __init__(self, probe: Any) -> None:
+        self.probe = probe
+        self.seen: list[Any] = []
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self.seen.append(self.probe(trainer, pl_module))
+
+
+def test_attached_trainer_is_the_fitting_trainer_and_none_standalone(tmp_path):
+    learner = BCLearner(module_spec=bc_spec())
+    assert attached_trainer(learner) is None
+    with pytest.raises(RuntimeError):  # why the public property cannot answer it
+        learner.trainer
+    record = _Record(lambda trainer, module: attached_trainer(module) is trainer)
+    make_trainer(tmp_path, callbacks=[record]).fit(learner, loader_of([random_batch()] * 2))
+    assert record.seen == [True, True]
+
+
+def test_trainer_writes_logs_now_follows_log_every_n_steps(tmp_path):
+    record = _Record(lambda trainer, module: trainer_writes_logs_now(trainer))
+    trainer = make_trainer(tmp_path, callbacks=[record], log_every_n_steps=2)
+    trainer.fit(BCLearner(module_spec=bc_spec()), loader_of([random_batch()] * 4))
+    # Lightning writes logs after every second item; had the private property moved, the
+    # fallback would answer True every time.
+    assert record.seen == [False, True, False, True]
+    assert isinstance(type(trainer._logger_connector).should_update_logs, property)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_wrap_model_for_strategy_builds_a_new_ddp_wrapper_with_the_strategys_settings():
+    strategy = DDPStrategy(
+        parallel_devices=[torch.device("cpu")],
+        cluster_environment=LightningEnvironment(),
+        process_group_backend="gloo",
+        find_unused_parameters=True,
+    )
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    try:
+        model = LightningModule()
+        model.layer = torch.nn.Linear(3, 2)
+        wrapped = wrap_model_for_strategy(strategy, model)
+        assert isinstance(wrapped, DistributedDataParallel)
+        assert wrapped.module is model
+        assert wrapped.find_unused_parameters is True  # the strategy's own DDP settings
+    finally:
+        dist.destroy_process_group()
