@@ -159,9 +159,9 @@ class GradientStepMixin:
     def _step(self, optimizer: Optimizer, under_trainer: bool) -> None:
         if under_trainer:
             # Lightning's wrapper runs the strategy's and precision plugin's step logic.
-            if optimizer not in self._lightning_optimizers:  # apply_gradients called outside an update
-                self._lightning_optimizers = self._lightning_optimizer_map()
-            self._lightning_optimizers[optimizer].step()
+            if optimizer not in self._optimizer_wrappers:  # apply_gradients called outside an update
+                self._optimizer_wrappers = self._lightning_optimizer_map()
+            self._optimizer_wrappers[optimizer].step()
         else:
             optimizer.step()
 

@@ -199,7 +199,7 @@ class Learner(OptimizersMixin, GradientStepMixin, MultiModuleMixin, StateMixin, 
 
         self._forward_train_fn: Callable[[MultiModuleBatch], dict[str, Any]] | None = None
         self._minibatch_step_fn: Callable[[MultiModuleBatch], None] | None = None
-        self._lightning_optimizers: dict[Optimizer, Any] = {}
+        self._optimizer_wrappers: dict[Optimizer, Any] = {}
         self._own_callbacks: list[Callback] | None = None
         # The modules the current update trains (agreed over all ranks); None outside updates.
         self._modules_in_update: set[str] | None = None
@@ -399,7 +399,7 @@ class Learner(OptimizersMixin, GradientStepMixin, MultiModuleMixin, StateMixin, 
         several of these (one per gradient step) and reduces once.
         """
         self.before_gradient_based_update(timesteps=timesteps)
-        self._lightning_optimizers = self._lightning_optimizer_map()
+        self._optimizer_wrappers = self._lightning_optimizer_map()
         # Modules frozen by policies_to_train sit out; so does one a before-update hook removed.
         batch = {
             mid: b for mid, b in batch.items() if mid in self._module and self.should_module_be_updated(mid, batch)
@@ -531,7 +531,7 @@ class Learner(OptimizersMixin, GradientStepMixin, MultiModuleMixin, StateMixin, 
         trainer = attached_trainer(self)
         if trainer is not None:
             trainer.strategy.optimizers = list(self._optimizer_registry.named.values())
-            self._lightning_optimizers = self._lightning_optimizer_map()
+            self._optimizer_wrappers = self._lightning_optimizer_map()
 
     def _checked_overrides(self, module_id: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
         unknown = sorted(set(overrides) - set(self.hparams))
