@@ -29,6 +29,7 @@ from lightning_rl.learner.learner import Learner, LearnerConfig, default_adam
 from lightning_rl.core.rl_module import (
     DEFAULT_FCNET_ACTIVATION,
     DEFAULT_FCNET_HIDDENS,
+    MultiRLModule,
     MultiRLModuleSpec,
     RLModule,
     RLModuleSpec,
@@ -38,7 +39,8 @@ from lightning_rl.core.rl_module import (
     spec_or_default,
 )
 from lightning_rl.core.schedules import Schedule, ScheduleSetting
-from lightning_rl.connectors.episodes import add_value_targets_and_advantages
+from lightning_rl.connectors import ConnectorPipeline, GeneralAdvantageEstimation, TrainBatch
+from lightning_rl.core.metrics import MetricsLogger
 from lightning_rl.env.episode import SingleAgentEpisode
 from lightning_rl.learner.callback import LearnerCallback
 
@@ -234,26 +236,22 @@ class PPOLearner(Learner):
             columns.append(Columns.ACTION_DIST_INPUTS)
         return columns
 
-    def episodes_to_train_batch(self, episodes: Sequence[SingleAgentEpisode]) -> dict[str, dict[str, Tensor]]:
-        """Concatenate the episodes, then add values, GAE advantages and value targets."""
-        batch = super().episodes_to_train_batch(episodes)
-        for module_id, module_batch in batch.items():
-            config = self.config_for_module(module_id)
-            add_value_targets_and_advantages(
-                module_batch,
-                episodes,
-                self.module[module_id].compute_values,
-                gamma=config.gamma,
-                gae_lambda=config.gae_lambda,
-            )
-            # How well the values before this update predicted the targets (once per update, as SB3 does).
-            self.metrics.log_value(
-                (module_id, VF_EXPLAINED_VAR_KEY),
-                _explained_variance(module_batch[Columns.VF_PREDS], module_batch[Columns.VALUE_TARGETS]),
-                window=math.inf,
-                clear_on_reduce=True,
-            )
-        return batch
+    def build_learner_connector(self) -> ConnectorPipeline:
+        """The base pipeline, then GAE (values, advantages, value targets) and the values' explained variance.
+
+        GAE reads ``gamma`` and ``gae_lambda`` from each module's config at every call, so
+        per-module overrides and modules added later are honored.
+        """
+        pipeline = super().build_learner_connector()
+        pipeline.append(GeneralAdvantageEstimation(gamma=self._gamma_for_module, gae_lambda=self._gae_lambda_for_module))
+        pipeline.append(log_vf_explained_var)
+        return pipeline
+
+    def _gamma_for_module(self, module_id: str) -> float:
+        return self.config_for_module(module_id).gamma
+
+    def _gae_lambda_for_module(self, module_id: str) -> float:
+        return self.config_for_module(module_id).gae_lambda
 
     def before_gradient_based_update(self, *, timesteps: dict[str, Any]) -> None:
         """Sets this update's clip range and entropy coefficient from their schedules."""
@@ -346,6 +344,29 @@ class PPOLearner(Learner):
         for key in [key for key in self._schedules if key[0] == module_id]:
             del self._schedules[key]
         return result
+
+
+def log_vf_explained_var(
+    *,
+    rl_module: MultiRLModule,
+    batch: TrainBatch,
+    episodes: Sequence[SingleAgentEpisode],
+    shared_data: dict[str, Any],
+    metrics: MetricsLogger,
+) -> TrainBatch:
+    """Connector piece: how well the values before this update predicted the targets.
+
+    Logged once per update (as SB3 does) for every module, from the ``vf_preds`` and
+    ``value_targets`` that ``GeneralAdvantageEstimation`` added before it.
+    """
+    for module_id, module_batch in batch.items():
+        metrics.log_value(
+            (module_id, VF_EXPLAINED_VAR_KEY),
+            _explained_variance(module_batch[Columns.VF_PREDS], module_batch[Columns.VALUE_TARGETS]),
+            window=math.inf,
+            clear_on_reduce=True,
+        )
+    return batch
 
 
 def _explained_variance(predictions: Tensor, targets: Tensor) -> Tensor:

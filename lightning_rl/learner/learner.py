@@ -41,7 +41,7 @@ from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
 from lightning_rl.core.metrics import MetricsLogger
 from lightning_rl.core.rl_module import MultiRLModule, MultiRLModuleSpec, RLModule, RLModuleSpec
 from lightning_rl.core.schedules import Schedule, ScheduleSetting
-from lightning_rl.connectors.episodes import episodes_to_batch
+from lightning_rl.connectors import AddColumnsFromEpisodes, ConnectorPipeline, Piece
 from lightning_rl.learner._lightning_private import attached_trainer
 from lightning_rl.learner.batches import prepare_batch
 from lightning_rl.learner.callback import LearnerCallback
@@ -129,6 +129,10 @@ class Learner(OptimizersMixin, GradientStepMixin, MultiModuleMixin, StateMixin, 
         torch_compile: Whether to compile with ``torch.compile``.
         torch_compile_what_to_compile: ``"forward_train"`` (each module's training forward
             pass) or ``"complete_update"`` (the whole minibatch step).
+        learner_connector_pieces: Connector pieces appended to the pipeline that
+            ``build_learner_connector`` returns, e.g. one adding a column the loss reads.
+            Objects, not hyperparameters: they are not saved with the checkpoint, so pass
+            them again when loading one (overriding ``build_learner_connector`` saves that).
 
     Raises:
         ValueError: For both ``module_spec`` and ``module``, a ``module`` that is not an
@@ -161,6 +165,7 @@ class Learner(OptimizersMixin, GradientStepMixin, MultiModuleMixin, StateMixin, 
         config_overrides_per_module: dict[str, dict[str, Any]] | None = None,
         torch_compile: bool = False,
         torch_compile_what_to_compile: Literal["forward_train", "complete_update"] = "forward_train",
+        learner_connector_pieces: Sequence[Piece] = (),
     ) -> None:
         super().__init__()
         self.automatic_optimization = False
@@ -174,7 +179,9 @@ class Learner(OptimizersMixin, GradientStepMixin, MultiModuleMixin, StateMixin, 
         # The spec and module hold classes, spaces and tensors, which must not enter the
         # hyperparameters: those stay plain data so checkpoints load with weights_only. The
         # spec travels as plain data of its own (``get_state()["module_spec"]``).
-        ignore = ["module_spec", "module"] + (["policies_to_train"] if callable(policies_to_train) else [])
+        # The connector pieces are objects (functions, pieces holding settings) for the same reason.
+        ignore = ["module_spec", "module", "learner_connector_pieces"]
+        ignore += ["policies_to_train"] if callable(policies_to_train) else []
         self.save_hyperparameters(ignore=ignore)
         if not callable(policies_to_train) and policies_to_train is not None:
             self.hparams.policies_to_train = sorted(policies_to_train)
@@ -196,6 +203,9 @@ class Learner(OptimizersMixin, GradientStepMixin, MultiModuleMixin, StateMixin, 
         self._timesteps: dict[str, float] = {}
         self.metrics = MetricsLogger()
         self._optimizer_registry = OptimizerRegistry(self.get_param_ref)
+        # Checked now (a ConnectorPipeline refuses what is not a piece); joined to the pipeline in build().
+        self._user_connector_pieces: list[Piece] = list(ConnectorPipeline(learner_connector_pieces))
+        self._learner_connector: ConnectorPipeline | None = None
 
         self._forward_train_fn: Callable[[MultiModuleBatch], dict[str, Any]] | None = None
         self._minibatch_step_fn: Callable[[MultiModuleBatch], None] | None = None
@@ -225,6 +235,25 @@ class Learner(OptimizersMixin, GradientStepMixin, MultiModuleMixin, StateMixin, 
         self._module = module.to(self.device)
         self.configure_optimizers()
         self._compile()
+        self._learner_connector = self.build_learner_connector()
+        for piece in self._user_connector_pieces:
+            self._learner_connector.append(piece)
+
+    def build_learner_connector(self) -> ConnectorPipeline:
+        """The Learner connector: the pipeline that turns episodes into a train batch.
+
+        Called once by ``build``, after the modules and optimizers exist; the pieces given as
+        ``learner_connector_pieces`` are appended to what it returns. The base pipeline
+        holds ``AddColumnsFromEpisodes`` (the episodes' steps as columns, keyed by module
+        id). Override to add pieces anywhere (``insert_after``, ``prepend``, ...); call
+        ``super()`` first, as ``PPOLearner`` does to append GAE.
+        """
+        return ConnectorPipeline([AddColumnsFromEpisodes()])
+
+    @property
+    def learner_connector(self) -> ConnectorPipeline | None:
+        """The pipeline ``episodes_to_train_batch`` runs; ``None`` until ``build``."""
+        return self._learner_connector
 
     @property
     def module(self) -> MultiRLModule | None:
@@ -372,16 +401,16 @@ class Learner(OptimizersMixin, GradientStepMixin, MultiModuleMixin, StateMixin, 
     ) -> dict[str, dict[str, float]]:
         """Train on minibatches sampled from a replay buffer (off-policy Learners implement it).
 
-        ``EpisodeDataModule`` in off-policy mode hands the Learner its replay buffer with
-        every train item (``None`` until learning starts). See ``OffPolicyLearner``.
+        ``OffPolicyDataModule`` hands the Learner its replay buffer with every train item
+        (``None`` until learning starts). See ``OffPolicyLearner``.
 
         Raises:
             NotImplementedError: This Learner learns on-policy, from episodes or batches.
         """
         raise NotImplementedError(
             f"{type(self).__name__} learns on-policy and cannot train from a replay buffer; use an off-policy "
-            "Learner (DQNLearner, SACLearner) with an off-policy EpisodeDataModule, or leave "
-            "EpisodeDataModule's replay_buffer_capacity unset for on-policy rollouts"
+            "Learner (DQNLearner, SACLearner) with lightning_rl.data.OffPolicyDataModule; on-policy Learners use "
+            "OnPolicyDataModule"
         )
 
     def _update(
@@ -437,18 +466,15 @@ class Learner(OptimizersMixin, GradientStepMixin, MultiModuleMixin, StateMixin, 
         return self._weights_seq_no
 
     def episodes_to_train_batch(self, episodes: Sequence[SingleAgentEpisode]) -> dict[str, dict[str, torch.Tensor]]:
-        """The Learner connector: build ``{module_id: {column: Tensor}}`` from ``episodes``.
+        """Run the Learner connector (``learner_connector``) on ``episodes``: ``{module_id: {column: Tensor}}``.
 
-        The base concatenates the episodes' steps (``episodes_to_batch``). Override to add
-        columns computed with the current module, e.g. PPO's advantages; call ``super()``.
+        To add columns, add connector pieces (``learner_connector_pieces`` or an override of
+        ``build_learner_connector``) rather than overriding this.
         """
-        module_ids = list(self._module.keys())
-        if len(module_ids) != 1:
-            raise ValueError(
-                f"update_from_episodes takes single-agent episodes, which need a Learner with one module; "
-                f"this one has {sorted(module_ids)}"
-            )
-        return {module_ids[0]: episodes_to_batch(episodes, self.device)}
+        self._check_is_built()
+        return self._learner_connector(
+            rl_module=self._module, batch={}, episodes=list(episodes), shared_data={}, metrics=self.metrics
+        )
 
     def required_batch_columns(self, module_id: str) -> list[str]:
         """Columns a batch must hold for ``module_id``; checked before any update."""
