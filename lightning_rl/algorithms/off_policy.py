@@ -143,11 +143,10 @@ class OffPolicyLearner(Learner):
                 f"update_from_replay samples single-agent transitions, which need a Learner with one module; "
                 f"this one has {sorted(module_ids)}"
             )
+        if replay is None:
+            return self.update(timesteps=timesteps)  # an update without data: hooks and schedules only
         module_id = module_ids[0]
         update = dict(timesteps=timesteps, num_epochs=1, minibatch_size=None, shuffle_batch_per_epoch=False)
-        if replay is None:
-            self._update({}, **update)
-            return self.metrics.reduce()
         config = self.config_for_module(module_id)
         for _ in range(config.gradient_steps):
             sample = dict(replay.sample(config.minibatch_size, n_step=config.n_step, gamma=config.gamma))

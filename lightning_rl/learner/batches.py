@@ -3,14 +3,16 @@
 ``prepare_batch`` turns a user's batch (flat ``{column: array}`` for a one-module Learner,
 or ``{module_id: {column: array}}``) into tensors on the Learner's device, checking module
 ids, required columns, row counts and observation/action shapes before anything trains.
+``concat_batches`` joins several batches row-wise (``update(batches=...)``);
 ``as_train_item`` turns what a data loader yields into the typed ``TrainItem``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from lightning_rl.core.batch import MultiModuleBatch, to_tensor
@@ -69,6 +71,53 @@ def prepare_batch(
         check_column_shape(module_id, Columns.ACTIONS, columns.get(Columns.ACTIONS), rl_module.action_space, "action")
         prepared[module_id] = columns
     return prepared
+
+
+def concat_batches(batches: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Join batches row-wise: all ``{column: array}`` or all ``{module_id: {column: array}}``.
+
+    In nested batches a module may be missing from some; its rows are those of the batches
+    that hold it. Tensors stay tensors when every part is one; anything else becomes numpy.
+
+    Raises:
+        ValueError: For an empty list, a batch that is not a dict, mixed layouts, or a module
+            whose batches have different columns.
+    """
+    if isinstance(batches, Mapping) or not isinstance(batches, Sequence) or not batches:
+        raise ValueError(f"batches must be a non-empty list of batches, got {type(batches).__name__}")
+    layouts = {_layout(batch, index) for index, batch in enumerate(batches)}
+    if len(layouts) > 1:
+        raise ValueError("batches must all map columns to arrays, or all map module ids to column dicts, not a mix")
+    if layouts == {"columns"}:
+        return _concat_columns(batches, "batches")
+    joined: dict[str, Any] = {}
+    for module_id in dict.fromkeys(module_id for batch in batches for module_id in batch):
+        parts = [batch[module_id] for batch in batches if module_id in batch]
+        joined[module_id] = _concat_columns(parts, f"module {module_id!r} of batches")
+    return joined
+
+
+def _layout(batch: Any, index: int) -> str:
+    if not isinstance(batch, Mapping) or not batch:
+        raise ValueError(f"batches[{index}] must be a non-empty dict, got {type(batch).__name__}")
+    nested = {isinstance(value, Mapping) for value in batch.values()}
+    if len(nested) > 1:
+        raise ValueError(f"batches[{index}] maps both columns to arrays and module ids to column dicts")
+    return "modules" if nested == {True} else "columns"
+
+
+def _concat_columns(parts: Sequence[Mapping[str, Any]], where: str) -> dict[str, Any]:
+    columns = list(parts[0])
+    for part in parts[1:]:
+        if set(part) != set(columns):
+            raise ValueError(f"{where}: every batch must have the same columns, got {sorted(columns)} and {sorted(part)}")
+    return {column: _concat([part[column] for part in parts]) for column in columns}
+
+
+def _concat(arrays: list[Any]) -> Any:
+    if all(isinstance(array, torch.Tensor) for array in arrays):
+        return torch.cat(arrays)
+    return np.concatenate([array.detach().cpu().numpy() if isinstance(array, torch.Tensor) else np.asarray(array) for array in arrays])
 
 
 def _module_batches(batch: Mapping[str, Any], module: MultiRLModule) -> dict[str, Mapping[str, Any]]:

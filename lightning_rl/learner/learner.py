@@ -14,7 +14,8 @@ plugins and checkpoints see every step.
 The Learner's surface (RLlib's method names) is assembled from parts, each in its own
 file and readable on its own, as Lightning assembles ``LightningModule`` from hook mixins:
 
-- here: construction, ``build``, hyperparameters and the update API (``update_from_*``);
+- here: construction, ``build``, hyperparameters and the seed update API (``update_from_*``);
+- ``update_api``: RLlib's current ``update(...)`` and ``update_from_iterator``;
 - ``optimizers``: the optimizer API and the ``OptimizerRegistry`` behind it;
 - ``gradient_step``: losses, backward pass, clipping and optimizer steps of one minibatch;
 - ``update_loop``: epochs of minibatches and the steps-trained results;
@@ -73,6 +74,7 @@ from lightning_rl.learner.result_keys import (  # noqa: F401
     WEIGHTS_SEQ_NO,
 )
 from lightning_rl.learner.state import StateMixin
+from lightning_rl.learner.update_api import UpdateApiMixin
 from lightning_rl.learner.update_loop import StepsTrained, log_steps_trained, run_minibatch_steps
 
 if TYPE_CHECKING:
@@ -101,7 +103,9 @@ class LearnerConfig(dict):
         return LearnerConfig({**self, **self._overrides_per_module.get(module_id, {})})
 
 
-class Learner(OptimizersMixin, GradientStepMixin, MultiModuleMixin, StateMixin, LightningHooksMixin, LightningModule):
+class Learner(
+    UpdateApiMixin, OptimizersMixin, GradientStepMixin, MultiModuleMixin, StateMixin, LightningHooksMixin, LightningModule
+):
     """Base class of all Learners: trains the RL modules of a ``MultiRLModule``.
 
     Subclasses implement ``compute_loss_for_module`` (or ``compute_losses`` for losses that
@@ -425,10 +429,25 @@ class Learner(OptimizersMixin, GradientStepMixin, MultiModuleMixin, StateMixin, 
         """One update on a prepared batch, hooks included; the results stay in ``self.metrics``.
 
         ``update_from_batch`` reduces them after each call; an update from replay takes
-        several of these (one per gradient step) and reduces once.
+        several of these (one per gradient step) and reduces once. An empty batch (``{}``)
+        takes no gradient step but runs the hooks and logs the counters (an update
+        without data, see ``update``).
         """
         self.before_gradient_based_update(timesteps=timesteps)
         self._optimizer_wrappers = self._lightning_optimizer_map()
+        trained = self._gradient_steps(
+            batch, num_epochs=num_epochs, minibatch_size=minibatch_size, shuffle_batch_per_epoch=shuffle_batch_per_epoch
+        )
+        self._log_steps_trained(trained)
+        self.after_gradient_based_update(timesteps=timesteps)
+
+    def _gradient_steps(
+        self, batch: MultiModuleBatch, *, num_epochs: int, minibatch_size: int | None, shuffle_batch_per_epoch: bool
+    ) -> StepsTrained:
+        """The minibatch steps of ``num_epochs`` passes over ``batch``, in step with the other DDP ranks.
+
+        Called between the before/after hooks of an update, with the optimizer wrappers set.
+        """
         # Modules frozen by policies_to_train sit out; so does one a before-update hook removed.
         batch = {
             mid: b for mid, b in batch.items() if mid in self._module and self.should_module_be_updated(mid, batch)
@@ -456,9 +475,12 @@ class Learner(OptimizersMixin, GradientStepMixin, MultiModuleMixin, StateMixin, 
                 )
         finally:
             self._modules_in_update = None
+        return trained
+
+    def _log_steps_trained(self, trained: StepsTrained) -> None:
+        """Count an update's steps into ``weights_seq_no`` and log them (``update_loop.log_steps_trained``)."""
         self._weights_seq_no += trained.num_steps  # one per minibatch step; counted here to keep the step lean
         log_steps_trained(self.metrics, trained, self._weights_seq_no, self._timesteps)
-        self.after_gradient_based_update(timesteps=timesteps)
 
     @property
     def weights_seq_no(self) -> int:

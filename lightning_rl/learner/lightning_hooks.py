@@ -85,7 +85,7 @@ class LightningHooksMixin:
         """Lightning's hook: one update with the Learner's epoch and minibatch settings.
 
         ``train_item`` is a ``TrainItem`` (what every lightning_rl data module yields): its data
-        goes to ``update_from_batch``, ``update_from_episodes`` or ``update_from_replay``, its
+        goes to ``update(training_data=...)``, which trains on it as its source requires, its
         ``timesteps`` drive the schedules, its ``env_runners`` statistics are logged as
         ``env_runners/{key}`` and its ``update_settings`` replace the Learner's epoch and
         minibatch settings for this update alone. A plain batch (a ``DataLoader`` of
@@ -97,25 +97,28 @@ class LightningHooksMixin:
             Lightning hands this to ``Callback.on_train_batch_end`` as ``outputs``.
         """
         item = as_train_item(train_item)
-        settings = dict(
-            num_epochs=self.hparams.num_epochs,
-            minibatch_size=self.hparams.minibatch_size,
-            shuffle_batch_per_epoch=self.hparams.shuffle_batch_per_epoch,
-        )
-        settings.update(item.update_settings)
-        data, timesteps = item.data, dict(item.timesteps)
-        if data.source == "episodes":
-            results = self.update_from_episodes(data.episodes, timesteps=timesteps, **settings)
-        elif data.source == "batch":
-            results = self.update_from_batch(data.batch, timesteps=timesteps, **settings)
-        elif data.source in ("replay", None):
-            results = self.update_from_replay(data.replay, timesteps=timesteps)
-        else:
-            raise ValueError(f"training_step cannot train on TrainingData.{data.source} yet")
+        results = self.update(training_data=item.data, timesteps=dict(item.timesteps), **self._update_settings_for(item))
         metrics = {f"{mid}/{key}": value for mid, values in results.items() for key, value in values.items()}
         metrics.update({f"env_runners/{key}": value for key, value in item.env_runners.items()})
         self._log_train_metrics(metrics, batch_idx)
         return {"results": results}
+
+    def _update_settings_for(self, item: TrainItem) -> dict[str, Any]:
+        """The epoch and minibatch settings of ``item``'s update: the Learner's, replaced by the item's own.
+
+        A replay source, or no data, trains with the Learner's own settings (``update`` takes
+        none for it); an iterator takes only ``minibatch_size`` (``num_epochs`` only when the item sets it).
+        """
+        source = item.data.source
+        if source in ("replay", None):
+            return {}
+        settings = {"minibatch_size": self.hparams.minibatch_size}
+        if source != "data_iterators":
+            settings.update(
+                num_epochs=self.hparams.num_epochs, shuffle_batch_per_epoch=self.hparams.shuffle_batch_per_epoch
+            )
+        settings.update(item.update_settings)
+        return settings
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         """Lightning's hook: leave train items where they are.
