@@ -161,13 +161,19 @@ def learner_from_checkpoint(cls: type[Learner], path: str, **hparam_overrides: A
     learner_class = import_class(payload["learner_class"], cls)
     state = payload["state"]
     try:
-        saved = dict(payload["hparams"])
+        # Lightning's private keys (LightningCLI saves ``_class_path`` and ``_instantiator``) are
+        # no constructor arguments.
+        saved = {key: value for key, value in dict(payload["hparams"]).items() if not key.startswith("_")}
         if saved.get("model_config") is not None:
             # Learners that build their default module from model_config save it as a
             # hyperparameter too; the saved spec already holds it, so pass the spec alone.
             saved["model_config"] = None
         hparams = {**saved, "config_overrides_per_module": state.get("config_overrides_per_module"), **hparam_overrides}
-        learner = learner_class(module_spec=MultiRLModuleSpec.from_dict(state["module_spec"]), **hparams)
+        try:
+            learner = learner_class(module_spec=MultiRLModuleSpec.from_dict(state["module_spec"]), **hparams)
+        except TypeError as error:
+            # A saved hyperparameter this class does not take (a checkpoint of another version of it).
+            raise ValueError(f"{learner_class.__name__} does not take its saved hyperparameters: {error}") from error
         learner.build()
         apply_payload(learner, payload)
     except ValueError as error:
