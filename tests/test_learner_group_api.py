@@ -28,6 +28,7 @@ from test_learner_group import (
 
 from lightning_rl import ALL_MODULES, DEFAULT_MODULE_ID, LearnerConfig
 from lightning_rl.core.train_item import TrainingData
+from lightning_rl.learner._group_data import update_source
 from lightning_rl.learner.learner_group import LearnerGroup
 
 
@@ -98,7 +99,7 @@ def test_update_takes_exactly_one_supported_source_and_says_which():
             group.update(batch=batch, batches=[batch])
         with pytest.raises(ValueError, match="training_data alone"):
             group.update(batch=batch, training_data=TrainingData(batch=batch))
-        with pytest.raises(ValueError, match="cannot train from data_iterators.*batch=, batches="):
+        with pytest.raises(ValueError, match="one data iterator, got 2.*batch= or batches="):
             group.update(data_iterators=[[batch], [batch]])
         with pytest.raises(ValueError, match="cannot train from replay"):
             group.update(training_data=TrainingData(replay=object()))
@@ -152,3 +153,19 @@ def test_from_checkpoint_continues_in_this_process_and_in_a_learner_process(tmp_
             assert results[DEFAULT_MODULE_ID]["total_loss"] == pytest.approx(expected[DEFAULT_MODULE_ID]["total_loss"])
             assert results[ALL_MODULES]["weights_seq_no"] == expected[ALL_MODULES]["weights_seq_no"]
             assert_close_arrays(group.get_weights(), expected_weights)
+
+
+def test_a_local_group_trains_its_learner_on_one_data_iterator():
+    with LearnerGroup(SGDLearner(module_spec=bc_spec())) as group:
+        results = group.update(data_iterators=[[random_batch(8, seed=s) for s in range(3)]], minibatch_size=4)
+        assert results[ALL_MODULES]["dataset_num_iters_trained"] == 3
+        assert results[ALL_MODULES]["weights_seq_no"] == 6
+        with pytest.raises(ValueError, match="num_epochs=2 cannot be used with data_iterators"):
+            group.update(data_iterators=[[random_batch(8)]], num_epochs=2)
+
+
+def test_learner_processes_refuse_data_iterators_naming_what_they_take():
+    with pytest.raises(ValueError, match="cannot train from data_iterators.*batch=, batches="):
+        update_source(
+            batch=None, batches=None, episodes=None, data_iterators=[[random_batch(8)]], training_data=None, num_learners=2
+        )

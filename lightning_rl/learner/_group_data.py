@@ -1,7 +1,8 @@
 """The data of one LearnerGroup update: its one source, batches joined, shards for N learners.
 
 ``LearnerGroup.update`` takes RLlib's data arguments; ``update_source`` reduces them to one
-batch or one list of episodes, and ``update_settings`` checks the epoch and minibatch settings. With N learner processes, ``split_batch`` cuts a batch into N
+batch, one list of episodes or (for a local learner) one iterator, and ``update_settings``
+checks the epoch and minibatch settings. With N learner processes, ``split_batch`` cuts a batch into N
 contiguous near-equal shards of rows and ``split_episodes`` deals episodes out in N groups of
 about equal env steps (an episode is never split).
 """
@@ -28,15 +29,19 @@ def update_source(
     episodes: Sequence[Any] | None,
     data_iterators: Sequence[Any] | None,
     training_data: TrainingData | None,
+    num_learners: int,
 ) -> tuple[str, Any]:
-    """The one data source of an update, as ``("batch", batch)`` or ``("episodes", list)``.
+    """The one data source of an update, as ``("batch", batch)``, ``("episodes", list)`` or ``("iterator", it)``.
 
     ``batches`` are concatenated row-wise into one batch; ``training_data`` is unpacked.
+    ``num_learners`` is the group's (0: one learner in this process, the only one that can
+    draw from an iterator the caller holds).
 
     Raises:
-        ValueError: For no source or several, ``data_iterators`` or a replay source (not
-            supported by a LearnerGroup), an empty list of batches or episodes, or batches
-            that do not concatenate (different modules' layouts or columns).
+        ValueError: For no source or several, a replay source (not supported by a
+            LearnerGroup), ``data_iterators`` for learner processes or other than one of
+            them for a local learner, an empty list of batches or episodes, or batches that
+            do not concatenate (different modules' layouts or columns).
     """
     given = {
         name: value
@@ -55,6 +60,8 @@ def update_source(
             f"one of them; got {sorted(given) or 'none'}"
         )
     source, value = next(iter(given.items()))
+    if source == "data_iterators" and num_learners == 0:
+        return "iterator", _the_local_iterator(value)
     if source in ("data_iterators", "replay"):
         raise ValueError(
             f"LearnerGroup cannot train from {source} (its learners would each need their own, in their own "
@@ -68,6 +75,19 @@ def update_source(
     if source == "batches":
         return "batch", concat_batches(value)
     return "batch", value
+
+
+def _the_local_iterator(data_iterators: Any) -> Any:
+    """The one iterator a group's local learner (``num_learners=0``) trains on."""
+    if isinstance(data_iterators, (Mapping, str, bytes)) or not isinstance(data_iterators, Sequence):
+        raise ValueError(f"data_iterators must be a list of iterables, got {type(data_iterators).__name__}")
+    if len(data_iterators) != 1:
+        raise ValueError(
+            f"a LearnerGroup with num_learners=0 trains its one learner on one data iterator, got "
+            f"{len(data_iterators)}; pass data_iterators=[iterator], or draw the batches yourself and pass "
+            "them as batch= or batches="
+        )
+    return data_iterators[0]
 
 
 def update_settings(
@@ -88,6 +108,16 @@ def update_settings(
         minibatch_size=minibatch_size,
         shuffle_batch_per_epoch=bool(shuffle_batch_per_epoch),
     )
+
+
+def iterator_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """``update_settings`` as ``Learner.update_from_iterator`` takes them: no epochs (RLlib refuses them too)."""
+    if settings["num_epochs"] != 1:
+        raise ValueError(
+            f"num_epochs={settings['num_epochs']} cannot be used with data_iterators (as in RLlib): an iterator is "
+            "trained on by steps, one per batch drawn"
+        )
+    return dict(timesteps=settings["timesteps"], minibatch_size=settings["minibatch_size"])
 
 
 def split_batch(batch: Any, n: int) -> list[dict[str, Any]]:

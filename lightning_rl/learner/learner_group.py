@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 from lightning_rl.core.rl_module import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.train_item import TrainingData
-from lightning_rl.learner._group_data import update_settings, update_source
+from lightning_rl.learner._group_data import iterator_settings, update_settings, update_source
 from lightning_rl.learner._group_local import LocalBackend
 from lightning_rl.learner._group_processes import ProcessBackend, pickle_learner
 from lightning_rl.learner._group_protocol import (
@@ -229,8 +229,11 @@ class LearnerGroup:
             episodes: Single-agent episodes for the Learner's one module. With N learners they
                 are dealt out in N contiguous groups of about equal env steps (an episode is
                 never split); each learner runs the Learner connector on its group.
-            data_iterators: Not supported by a LearnerGroup (refused with a ``ValueError``):
-                draw the batches yourself and pass them as ``batch`` or ``batches``.
+            data_iterators: One iterable of batches (a ``DataLoader``, a generator) for a group
+                with ``num_learners=0``, whose learner runs ``update_from_iterator`` on it
+                (``num_epochs`` must be 1). Learner processes refuse it with a ``ValueError``
+                (each would need its own iterator in its own process): draw the batches
+                yourself and pass them as ``batch`` or ``batches``.
             training_data: A ``TrainingData`` holding one of the sources above, instead of them.
             timesteps: Lifetime counters such as ``{"num_env_steps_sampled_lifetime": 4000}``
                 (they drive the schedules); sent to every learner.
@@ -259,9 +262,16 @@ class LearnerGroup:
             LearnerGroupError: If a learner process failed, died or timed out (the group is broken).
         """
         source, data = update_source(
-            batch=batch, batches=batches, episodes=episodes, data_iterators=data_iterators, training_data=training_data
+            batch=batch,
+            batches=batches,
+            episodes=episodes,
+            data_iterators=data_iterators,
+            training_data=training_data,
+            num_learners=self._num_learners,
         )
         settings = update_settings(timesteps, num_epochs, minibatch_size, shuffle_batch_per_epoch)
+        if source == "iterator":
+            settings = iterator_settings(settings)
         return self._update(
             f"update_from_{source}", data, async_update=async_update, return_state=bool(return_state), settings=settings
         )
