@@ -243,7 +243,8 @@ class PPOLearner(Learner):
         per-module overrides and modules added later are honored.
         """
         pipeline = super().build_learner_connector()
-        pipeline.append(GeneralAdvantageEstimation(gamma=self._gamma_for_module, gae_lambda=self._gae_lambda_for_module))
+        gae = GeneralAdvantageEstimation(gamma=self._gamma_for_module, gae_lambda=self._gae_lambda_for_module)
+        pipeline.append(gae)
         pipeline.append(log_vf_explained_var)
         return pipeline
 

@@ -47,6 +47,7 @@ from lightning_rl.learner._lightning_private import attached_trainer
 from lightning_rl.learner.batches import prepare_batch
 from lightning_rl.learner.callback import LearnerCallback
 from lightning_rl.learner.data_parallel import agree_with_other_ranks
+from lightning_rl.learner.evaluation import EvaluationMetrics
 from lightning_rl.learner.gradient_step import GradientStepMixin
 from lightning_rl.learner.lightning_hooks import LightningHooksMixin
 from lightning_rl.learner.multi_module import MultiModuleMixin, ShouldModuleBeUpdated
@@ -210,6 +211,7 @@ class Learner(
         # Checked now (a ConnectorPipeline refuses what is not a piece); joined to the pipeline in build().
         self._user_connector_pieces: list[Piece] = list(ConnectorPipeline(learner_connector_pieces))
         self._learner_connector: ConnectorPipeline | None = None
+        self.eval_metrics = EvaluationMetrics()
 
         self._forward_train_fn: Callable[[MultiModuleBatch], dict[str, Any]] | None = None
         self._minibatch_step_fn: Callable[[MultiModuleBatch], None] | None = None

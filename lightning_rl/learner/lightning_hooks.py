@@ -14,7 +14,6 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import torch
 from lightning.pytorch.strategies import FSDPStrategy
 
@@ -24,7 +23,7 @@ from lightning_rl.core.train_item import TrainItem
 from lightning_rl.learner import state as learner_state
 from lightning_rl.learner._lightning_private import attached_trainer, trainer_writes_logs_now
 from lightning_rl.learner.batches import as_train_item
-from lightning_rl.learner.result_keys import EPISODE_RETURN_MEAN, TOTAL_LOSS_KEY, TRAIN_RETURN_KEY
+from lightning_rl.learner.result_keys import TOTAL_LOSS_KEY, TRAIN_RETURN_KEY
 
 
 class LightningHooksMixin:
@@ -68,7 +67,7 @@ class LightningHooksMixin:
         """Check that ``minibatch_size`` fits into one train item of ``datamodule``.
 
         Data modules that know their train batch size expose it as ``train_batch_size``
-        (``EpisodeDataModule``: ``num_envs * rollout_fragment_length``); others are not checked.
+        (``OnPolicyDataModule``: ``num_envs * rollout_fragment_length``); others are not checked.
 
         Raises:
             ValueError: Naming both sizes, if the minibatch is larger.
@@ -130,26 +129,19 @@ class LightningHooksMixin:
         return batch
 
     def validation_step(self, eval_item: TrainItem, batch_idx: int = 0) -> None:
-        """Lightning's hook: log the statistics of evaluation episodes as ``eval/{key}``.
+        """Lightning's hook: add evaluation episodes to the epoch's statistics, logged as ``eval/{key}``.
 
-        ``eval_item`` is what ``EpisodeDataModule.val_dataloader()`` yields: a ``TrainItem``
-        whose data is complete episodes played by ``forward_inference``.
+        ``eval_item`` is what ``EnvDataModule.val_dataloader()`` yields: a ``TrainItem`` whose
+        data is complete episodes played by ``forward_inference``. The statistics are torchmetrics
+        aggregators (``learner.eval_metrics``, see ``EvaluationMetrics``) logged as objects, so
+        Lightning computes them over the whole epoch and all ranks, then resets them; the return
+        mean is also on the progress bar as ``eval_return``.
         """
-        episodes = eval_item.data.episodes
-        returns = [episode.get_return() for episode in episodes]
-        lengths = [len(episode) for episode in episodes]
-        # Reduced over ranks, each of which played an equal share of the episodes (see
-        # EpisodeDataModule), so a mean of the ranks' means is the mean over all episodes.
-        stats = (
-            (EPISODE_RETURN_MEAN, np.mean(returns), "mean"),
-            ("episode_return_min", np.min(returns), "min"),
-            ("episode_return_max", np.max(returns), "max"),
-            ("episode_len_mean", np.mean(lengths), "mean"),
-            ("num_episodes", len(episodes), "sum"),
-        )
-        for key, value, reduce_fx in stats:
-            self.log(f"eval/{key}", float(value), batch_size=1, sync_dist=True, reduce_fx=reduce_fx)
-        self.log("eval_return", float(np.mean(returns)), prog_bar=True, logger=False, batch_size=1, sync_dist=True)
+        self.eval_metrics.update(eval_item.data.episodes)
+        for key, metric in self.eval_metrics.items():
+            self.log(f"eval/{key}", metric, on_step=False, on_epoch=True)
+        return_mean = self.eval_metrics.return_mean
+        self.log("eval_return", return_mean, prog_bar=True, logger=False, on_step=False, on_epoch=True)
 
     def _log_train_metrics(self, metrics: dict[str, float], batch_idx: int) -> None:
         """Log one train item's metrics, on the items whose logs Lightning writes, and on the epoch's last.
@@ -202,7 +194,8 @@ def _with_spaces_from(spec: MultiRLModuleSpec, datamodule: Any) -> MultiRLModule
     if getattr(datamodule, "observation_space", None) is None or getattr(datamodule, "action_space", None) is None:
         raise ValueError(
             f"the specs of modules {missing} have no observation/action space, and the Trainer has no data module "
-            "that provides them: pass the spaces in the module spec, or fit with datamodule=EpisodeDataModule(...)"
+            "that provides them: pass the spaces in the module spec, or fit with "
+            "datamodule=lightning_rl.data.OnPolicyDataModule(...)"
         )
     specs = dict(spec.rl_module_specs)
     for module_id in missing:
