@@ -7,7 +7,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import assert_same_tensors, bc_spec, random_batch, weights
+from conftest import assert_same_tensors, bc_spec, loader_of, make_trainer, random_batch, weights
+from ranks import run_on_ranks
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_rl import ALL_MODULES, Columns, TrainingData, TrainItem
@@ -197,3 +198,22 @@ def test_update_from_iterator_refuses_bad_arguments_naming_them(iterator, kwargs
     learner = _learner()
     with pytest.raises(ValueError, match=message):
         learner.update_from_iterator(iterator, **kwargs)
+
+
+def _uneven_iterators_main(rank: int, world_size: int, tmp_path: str) -> dict[str, Any]:
+    learner = BCLearner(bc_spec())
+    # One pass over each rank's own iterator: rank 0 has 3 batches, rank 1 only 1.
+    iterator = (batch for batch in _batches(3 if rank == 0 else 1, rows=8))
+    item = TrainItem(TrainingData(data_iterators=[iterator]))
+    trainer = make_trainer(tmp_path, strategy="ddp", devices=world_size, use_distributed_sampler=False)
+    trainer.fit(learner, train_dataloaders=loader_of([item]))
+    state = {name: value.detach().numpy().copy() for name, value in learner.module.state_dict().items()}
+    return {"weights": state, "seq_no": learner.weights_seq_no}
+
+
+def test_ddp_ranks_with_iterators_of_different_lengths_take_the_same_steps_and_stay_in_sync(tmp_path):
+    rank0, rank1 = run_on_ranks(_uneven_iterators_main, str(tmp_path), timeout=60)
+    # Rank 1 runs dry after one batch and takes part in rank 0's other two steps with zero gradients.
+    assert rank0["seq_no"] == rank1["seq_no"] == 3
+    for name in rank0["weights"]:
+        np.testing.assert_array_equal(rank0["weights"][name], rank1["weights"][name], err_msg=name)
