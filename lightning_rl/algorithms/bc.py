@@ -8,8 +8,15 @@ import torch
 
 from lightning_rl.core.columns import Columns
 from lightning_rl.core.distributions import distribution_class_for_space
-from lightning_rl.learner.learner import Learner, LearnerConfig
-from lightning_rl.core.rl_module import RLModule, build_mlp_from_config, flat_obs_dim, flatten_obs
+from lightning_rl.learner.learner import Learner, LearnerConfig, algorithm_module_spec
+from lightning_rl.core.rl_module import (
+    MultiRLModuleSpec,
+    RLModule,
+    RLModuleSpec,
+    build_mlp_from_config,
+    flat_obs_dim,
+    flatten_obs,
+)
 
 
 class BCModule(RLModule):
@@ -29,7 +36,28 @@ class BCModule(RLModule):
 
 
 class BCLearner(Learner):
-    """Minimizes the negative log-likelihood of the batch's actions under the policy."""
+    """Minimizes the negative log-likelihood of the batch's actions under the policy.
+
+    Args:
+        module_spec: What to build. May be left out when ``model_config`` or ``module`` is
+            given, or a checkpoint provides it.
+        model_config: Instead of ``module_spec``, the settings of a :class:`BCModule`
+            (``fcnet_hiddens``, ``fcnet_activation``) built with the spaces of the Trainer's
+            data module. Unlike the other algorithms, leaving out both builds no default
+            module: behaviour cloning has no standard network to assume.
+        **kwargs: The ``Learner`` arguments (``module``, ``lr``, ``num_epochs``, ...).
+    """
+
+    def __init__(
+        self,
+        module_spec: RLModuleSpec | MultiRLModuleSpec | None = None,
+        *,
+        model_config: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if model_config is not None:
+            module_spec = algorithm_module_spec(module_spec, model_config, BCModule, kwargs.get("module"))
+        super().__init__(module_spec, **kwargs)
 
     def required_batch_columns(self, module_id: str) -> list[str]:
         return [Columns.OBS, Columns.ACTIONS]

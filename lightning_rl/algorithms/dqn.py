@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
-from lightning_rl.learner.learner import LearnerConfig
+from lightning_rl.learner.learner import LearnerConfig, algorithm_module_spec
 from lightning_rl.algorithms.off_policy import WEIGHTS, OffPolicyLearner, bootstrap_discounts
 from lightning_rl.core.rl_module import (
     DEFAULT_FCNET_HIDDENS,
@@ -39,7 +39,6 @@ from lightning_rl.core.rl_module import (
     build_mlp,
     flat_obs_dim,
     flatten_obs,
-    spec_or_default,
 )
 from lightning_rl.core.schedules import Schedule, ScheduleSetting
 from lightning_rl.core.target_network import TargetNetworkAPI, make_target_network
@@ -190,7 +189,7 @@ class QNetwork(nn.Module):
 class DQNLearner(OffPolicyLearner):
     """DQN's TD loss and epsilon schedule, on the off-policy update loop.
 
-    Each train item of an off-policy ``EpisodeDataModule`` brings the replay buffer; the
+    Each train item of an ``OffPolicyDataModule`` brings the replay buffer; the
     Learner takes ``gradient_steps`` steps on ``minibatch_size`` rows sampled from it, and
     the target network is copied from the online one every ``target_network_update_freq``
     gradient steps (``tau=1``; a smaller ``tau`` averages instead).
@@ -236,7 +235,7 @@ class DQNLearner(OffPolicyLearner):
         **kwargs: Any,
     ) -> None:
         super().__init__(
-            spec_or_default(module_spec, model_config, DQNModule),
+            algorithm_module_spec(module_spec, model_config, DQNModule, kwargs.get("module")),
             lr=lr,
             gamma=gamma,
             n_step=n_step,

@@ -1,7 +1,7 @@
 """``OffPolicyLearner``: the update loop of Learners that train from a replay buffer.
 
-An off-policy ``EpisodeDataModule`` adds ``train_freq`` new env steps to its replay buffer
-per train item and hands the buffer to the Learner (``{"replay": buffer, ...}``). The
+``lightning_rl.data.OffPolicyDataModule`` adds ``train_freq`` new env steps to its replay
+buffer per train item and hands the buffer to the Learner (``TrainingData(replay=buffer)``). The
 Learner then takes ``gradient_steps`` gradient steps, each on a minibatch sampled fresh from
 the buffer, as RLlib's DQN and SAC do: every step is one update (``before`` / ``after``
 ``gradient_based_update`` hooks included), so target networks move and priorities change
@@ -83,7 +83,7 @@ class OffPolicyLearner(Learner):
         return [TargetNetworkUpdate(update_interval=self.hparams.target_network_update_freq, tau=self.hparams.tau)]
 
     def check_fits_data(self, datamodule: Any) -> None:
-        """Check that ``datamodule`` replays (an off-policy ``EpisodeDataModule``).
+        """Check that ``datamodule`` replays (an ``OffPolicyDataModule``).
 
         The minibatches come from the replay buffer, so they need not fit into a train item.
 
@@ -93,7 +93,7 @@ class OffPolicyLearner(Learner):
         if getattr(datamodule, "is_off_policy", None) is False:
             raise ValueError(
                 f"{type(self).__name__} trains from a replay buffer, but the data module samples on-policy rollouts: "
-                "set its replay_buffer_capacity (and train_freq, learning_starts)"
+                "use lightning_rl.data.OffPolicyDataModule"
             )
 
     def required_batch_columns(self, module_id: str) -> list[str]:

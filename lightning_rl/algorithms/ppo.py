@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
 from lightning_rl.core.distributions import distribution_class_for_space
-from lightning_rl.learner.learner import Learner, LearnerConfig, default_adam
+from lightning_rl.learner.learner import Learner, LearnerConfig, algorithm_module_spec, default_adam
 from lightning_rl.core.rl_module import (
     DEFAULT_FCNET_ACTIVATION,
     DEFAULT_FCNET_HIDDENS,
@@ -36,7 +36,6 @@ from lightning_rl.core.rl_module import (
     build_mlp,
     flat_obs_dim,
     flatten_obs,
-    spec_or_default,
 )
 from lightning_rl.core.schedules import Schedule, ScheduleSetting
 from lightning_rl.connectors import ConnectorPipeline, GeneralAdvantageEstimation, TrainBatch
@@ -191,7 +190,7 @@ class PPOLearner(Learner):
         **kwargs: Any,
     ) -> None:
         super().__init__(
-            spec_or_default(module_spec, model_config, PPOModule),
+            algorithm_module_spec(module_spec, model_config, PPOModule, kwargs.get("module")),
             lr=lr,
             num_epochs=num_epochs,
             minibatch_size=minibatch_size,

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightning_rl.core.columns import Columns
-from lightning_rl.learner.learner import LearnerConfig, default_adam
+from lightning_rl.learner.learner import LearnerConfig, algorithm_module_spec, default_adam
 from lightning_rl.algorithms.off_policy import WEIGHTS, OffPolicyLearner, bootstrap_discounts
 from lightning_rl.core.rl_module import (
     MultiRLModuleSpec,
@@ -42,7 +42,6 @@ from lightning_rl.core.rl_module import (
     build_mlp,
     flat_obs_dim,
     flatten_obs,
-    spec_or_default,
 )
 from lightning_rl.core.schedules import Schedule, ScheduleSetting
 from lightning_rl.core.target_network import TargetNetworkAPI, make_target_network
@@ -339,7 +338,7 @@ class SACLearner(OffPolicyLearner):
         **kwargs: Any,
     ) -> None:
         super().__init__(
-            spec_or_default(module_spec, model_config, SACModule),
+            algorithm_module_spec(module_spec, model_config, SACModule, kwargs.get("module")),
             gamma=gamma,
             n_step=n_step,
             gradient_steps=gradient_steps,

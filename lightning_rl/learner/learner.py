@@ -40,7 +40,7 @@ from torch.optim import Optimizer
 from lightning_rl.core.batch import MultiModuleBatch
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
 from lightning_rl.core.metrics import MetricsLogger
-from lightning_rl.core.rl_module import MultiRLModule, MultiRLModuleSpec, RLModule, RLModuleSpec
+from lightning_rl.core.rl_module import MultiRLModule, MultiRLModuleSpec, RLModule, RLModuleSpec, spec_or_default
 from lightning_rl.core.schedules import Schedule, ScheduleSetting
 from lightning_rl.connectors import AddColumnsFromEpisodes, ConnectorPipeline, Piece
 from lightning_rl.learner._lightning_private import attached_trainer
@@ -102,6 +102,30 @@ class LearnerConfig(dict):
     def get_config_for_module(self, module_id: str) -> LearnerConfig:
         """These hyperparameters with ``module_id``'s overrides applied."""
         return LearnerConfig({**self, **self._overrides_per_module.get(module_id, {})})
+
+
+def algorithm_module_spec(
+    module_spec: RLModuleSpec | MultiRLModuleSpec | None,
+    model_config: dict[str, Any] | None,
+    module_class: type[RLModule],
+    module: RLModule | None,
+) -> RLModuleSpec | MultiRLModuleSpec | None:
+    """The spec an algorithm's Learner hands to ``Learner``: none when a built ``module`` is given.
+
+    Without ``module``, ``spec_or_default``: the given spec, or a ``module_class`` spec built
+    from ``model_config``. With it, ``module_spec`` as given, which ``Learner`` refuses
+    beside ``module`` with its "not both" error.
+
+    Raises:
+        ValueError: For ``model_config`` beside ``module`` (the module is built already).
+    """
+    if module is None:
+        return spec_or_default(module_spec, model_config, module_class)
+    if model_config is not None:
+        raise ValueError(
+            "pass model_config or module, not both: model_config builds a new module, module is one already built"
+        )
+    return module_spec
 
 
 class Learner(
