@@ -15,7 +15,8 @@ The Learner's surface (RLlib's method names) is assembled from parts, each in it
 file and readable on its own, as Lightning assembles ``LightningModule`` from hook mixins:
 
 - here: construction, ``build``, hyperparameters and the seed update API (``update_from_*``);
-- ``update_api``: RLlib's current ``update(...)`` and ``update_from_iterator``;
+- ``update_api``: RLlib's current ``update(...)``, ``update_from_iterator`` and the update
+  every ``update_from_*`` runs (hooks around the gradient steps, in step with DDP ranks);
 - ``optimizers``: the optimizer API and the ``OptimizerRegistry`` behind it;
 - ``gradient_step``: losses, backward pass, clipping and optimizer steps of one minibatch;
 - ``update_loop``: epochs of minibatches and the steps-trained results;
@@ -46,7 +47,6 @@ from lightning_rl.connectors import AddColumnsFromEpisodes, ConnectorPipeline, P
 from lightning_rl.learner._lightning_private import attached_trainer
 from lightning_rl.learner.batches import prepare_batch
 from lightning_rl.learner.callback import LearnerCallback
-from lightning_rl.learner.data_parallel import agree_with_other_ranks
 from lightning_rl.learner.evaluation import EvaluationMetrics
 from lightning_rl.learner.gradient_step import GradientStepMixin
 from lightning_rl.learner.lightning_hooks import LightningHooksMixin
@@ -76,7 +76,6 @@ from lightning_rl.learner.result_keys import (  # noqa: F401
 )
 from lightning_rl.learner.state import StateMixin
 from lightning_rl.learner.update_api import UpdateApiMixin
-from lightning_rl.learner.update_loop import StepsTrained, log_steps_trained, run_minibatch_steps
 
 if TYPE_CHECKING:
     from lightning_rl.env.episode import SingleAgentEpisode
@@ -442,71 +441,6 @@ class Learner(
             "Learner (DQNLearner, SACLearner) with lightning_rl.data.OffPolicyDataModule; on-policy Learners use "
             "OnPolicyDataModule"
         )
-
-    def _update(
-        self,
-        batch: MultiModuleBatch,
-        *,
-        timesteps: dict[str, Any],
-        num_epochs: int,
-        minibatch_size: int | None,
-        shuffle_batch_per_epoch: bool,
-    ) -> None:
-        """One update on a prepared batch, hooks included; the results stay in ``self.metrics``.
-
-        ``update_from_batch`` reduces them after each call; an update from replay takes
-        several of these (one per gradient step) and reduces once. An empty batch (``{}``)
-        takes no gradient step but runs the hooks and logs the counters (an update
-        without data, see ``update``).
-        """
-        self.before_gradient_based_update(timesteps=timesteps)
-        self._optimizer_wrappers = self._lightning_optimizer_map()
-        trained = self._gradient_steps(
-            batch, num_epochs=num_epochs, minibatch_size=minibatch_size, shuffle_batch_per_epoch=shuffle_batch_per_epoch
-        )
-        self._log_steps_trained(trained)
-        self.after_gradient_based_update(timesteps=timesteps)
-
-    def _gradient_steps(
-        self, batch: MultiModuleBatch, *, num_epochs: int, minibatch_size: int | None, shuffle_batch_per_epoch: bool
-    ) -> StepsTrained:
-        """The minibatch steps of ``num_epochs`` passes over ``batch``, in step with the other DDP ranks.
-
-        Called between the before/after hooks of an update, with the optimizer wrappers set.
-        """
-        # Modules frozen by policies_to_train sit out; so does one a before-update hook removed.
-        batch = {
-            mid: b for mid, b in batch.items() if mid in self._module and self.should_module_be_updated(mid, batch)
-        }
-        self._modules_in_update, num_rows_per_pass = None, None
-        if self._is_data_parallel():
-            self._modules_in_update, num_rows_per_pass = agree_with_other_ranks(
-                attached_trainer(self).strategy,
-                list(self._module.keys()),
-                batch,
-                num_epochs=num_epochs,
-                minibatch_size=minibatch_size,
-                device=self.device,
-            )
-        trained = StepsTrained({}, 0, 0)
-        try:
-            if batch or self._modules_in_update:
-                trained = run_minibatch_steps(
-                    self._minibatch_step_fn,
-                    batch,
-                    num_epochs=num_epochs,
-                    minibatch_size=minibatch_size,
-                    shuffle=shuffle_batch_per_epoch,
-                    num_rows_per_pass=num_rows_per_pass,
-                )
-        finally:
-            self._modules_in_update = None
-        return trained
-
-    def _log_steps_trained(self, trained: StepsTrained) -> None:
-        """Count an update's steps into ``weights_seq_no`` and log them (``update_loop.log_steps_trained``)."""
-        self._weights_seq_no += trained.num_steps  # one per minibatch step; counted here to keep the step lean
-        log_steps_trained(self.metrics, trained, self._weights_seq_no, self._timesteps)
 
     @property
     def weights_seq_no(self) -> int:
