@@ -435,9 +435,9 @@ class LearnerGroup:
         """The Learner's state, as ``Learner.get_state`` returns it (tensors on the CPU for N >= 1).
 
         Args:
-            components: ``"rl_module"``, ``"optimizer"``, ``"metrics_logger"`` or a list of
-                them; ``None`` for all.
-            not_components: Components to leave out.
+            components: ``"rl_module"``, ``"rl_module/<module_id>"``, ``"optimizer"``,
+                ``"metrics_logger"`` or a list of them; ``None`` for all.
+            not_components: Components (or ``"rl_module/<module_id>"``) to leave out.
 
         Returns:
             The state of the first learner (all hold the same; metrics are totals over all).
