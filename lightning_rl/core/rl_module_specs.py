@@ -1,0 +1,240 @@
+"""RLModuleSpec and MultiRLModuleSpec: how to build RL modules, as plain data.
+
+A spec names the module class, its spaces, ``model_config`` and ``inference_only`` flag.
+:meth:`RLModuleSpec.to_dict` turns it into plain data that survives checkpoints
+(``torch.load(weights_only=True)``) and config files, storing the class as its import path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium as gym
+
+from lightning_rl.core.checkpoint import class_path, import_class
+from lightning_rl.core.columns import DEFAULT_MODULE_ID
+from lightning_rl.core.module_checks import validate_module_id
+from lightning_rl.core.rl_modules import MultiRLModule, RLModule
+from lightning_rl.core.spaces import space_from_dict, space_to_dict
+
+@dataclasses.dataclass
+class RLModuleSpec:
+    """How to build one :class:`RLModule`.
+
+    Args:
+        module_class: The RLModule subclass to build.
+        observation_space: Passed to the module.
+        action_space: Passed to the module.
+        model_config: Passed to the module; keep it plain data so :meth:`to_dict` can store it.
+        inference_only: Passed to the module.
+    """
+
+    module_class: type[RLModule] | None = None
+    observation_space: gym.Space | None = None
+    action_space: gym.Space | None = None
+    model_config: dict[str, Any] | None = None
+    inference_only: bool = False
+
+    def build(self) -> RLModule:
+        """Build the module.
+
+        Raises:
+            ValueError: Naming the first field that is not set.
+        """
+        for name in ("module_class", "observation_space", "action_space"):
+            if getattr(self, name) is None:
+                raise ValueError(f"Cannot build RLModule: {name} is not set.")
+        return self.module_class(
+            observation_space=self.observation_space,
+            action_space=self.action_space,
+            model_config=self.model_config,
+            inference_only=self.inference_only,
+        )
+
+    def as_multi_rl_module_spec(self) -> MultiRLModuleSpec:
+        """Return a :class:`MultiRLModuleSpec` holding this spec under ``DEFAULT_MODULE_ID``."""
+        return MultiRLModuleSpec({DEFAULT_MODULE_ID: self})
+
+    def to_dict(self) -> dict[str, Any]:
+        """Describe the spec as plain data (see :mod:`lightning_rl.core.spaces`).
+
+        The class is stored as its import path ``"package.module.ClassName"``.
+
+        Raises:
+            ValueError: If the class is defined inside a function (it cannot be imported
+                back), or ``model_config`` holds anything but plain data.
+        """
+        return {
+            "module_class": None if self.module_class is None else class_path(self.module_class),
+            "observation_space": _optional_space_to_dict(self.observation_space),
+            "action_space": _optional_space_to_dict(self.action_space),
+            "model_config": _to_plain_data(self.model_config, "model_config"),
+            "inference_only": self.inference_only,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RLModuleSpec:
+        """Rebuild a spec from :meth:`to_dict`'s output, importing the module class.
+
+        Args:
+            data: A dict made by :meth:`to_dict`.
+
+        Raises:
+            ValueError: For unknown keys, a class path that cannot be imported, or a class
+                that is not an RLModule subclass.
+        """
+        unknown = sorted(data.keys() - {field.name for field in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"Unknown RLModuleSpec keys {unknown}.")
+        module_class = data.get("module_class")
+        return cls(
+            module_class=None if module_class is None else import_class(module_class, RLModule),
+            observation_space=_optional_space_from_dict(data.get("observation_space")),
+            action_space=_optional_space_from_dict(data.get("action_space")),
+            model_config=data.get("model_config"),
+            inference_only=data.get("inference_only", False),
+        )
+
+
+@dataclasses.dataclass
+class MultiRLModuleSpec:
+    """How to build a :class:`MultiRLModule`: one :class:`RLModuleSpec` per module id.
+
+    Args:
+        rl_module_specs: ``{module_id: spec}``.
+    """
+
+    rl_module_specs: dict[str, RLModuleSpec] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for module_id in self.rl_module_specs:
+            validate_module_id(module_id)
+
+    def build(self) -> MultiRLModule:
+        """Build every module and return them in a :class:`MultiRLModule`."""
+        return MultiRLModule({module_id: spec.build() for module_id, spec in self.rl_module_specs.items()})
+
+    def add_module_spec(self, module_id: str, spec: RLModuleSpec, *, override: bool = False) -> None:
+        """Add ``spec`` under ``module_id``.
+
+        Args:
+            module_id: The new id; see :func:`validate_module_id`.
+            spec: The spec of the module.
+            override: Whether to replace a spec already under ``module_id``.
+
+        Raises:
+            ValueError: If the id is invalid, or taken and ``override`` is False.
+        """
+        validate_module_id(module_id)
+        if module_id in self.rl_module_specs and not override:
+            raise ValueError(f"Module id {module_id!r} already has a spec; pass override=True to replace it.")
+        self.rl_module_specs[module_id] = spec
+
+    def remove_module_spec(self, module_id: str) -> None:
+        """Remove the spec under ``module_id``.
+
+        Args:
+            module_id: The id to remove.
+
+        Raises:
+            ValueError: If no spec has that id.
+        """
+        if module_id not in self.rl_module_specs:
+            raise ValueError(f"Unknown module id {module_id!r}; known ids: {sorted(self.rl_module_specs)}.")
+        del self.rl_module_specs[module_id]
+
+    def as_multi_rl_module_spec(self) -> MultiRLModuleSpec:
+        """Return ``self``."""
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        """Describe the spec as plain data; see :meth:`RLModuleSpec.to_dict`."""
+        return {
+            "rl_module_specs": {module_id: spec.to_dict() for module_id, spec in self.rl_module_specs.items()}
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> MultiRLModuleSpec:
+        """Rebuild a spec from :meth:`to_dict`'s output.
+
+        Args:
+            data: A dict made by :meth:`to_dict`.
+        """
+        return cls(
+            {module_id: RLModuleSpec.from_dict(spec) for module_id, spec in data["rl_module_specs"].items()}
+        )
+
+    @classmethod
+    def from_module(cls, multi_module: MultiRLModule) -> MultiRLModuleSpec:
+        """Describe live modules: their classes, spaces, model configs and inference flags.
+
+        Args:
+            multi_module: The modules to describe.
+        """
+        return cls(
+            {
+                module_id: RLModuleSpec(
+                    module_class=type(module),
+                    observation_space=module.observation_space,
+                    action_space=module.action_space,
+                    model_config=dict(module.model_config),
+                    inference_only=module.inference_only,
+                )
+                for module_id, module in multi_module.items()
+            }
+        )
+
+
+def spec_or_default(
+    module_spec: RLModuleSpec | MultiRLModuleSpec | None,
+    model_config: dict[str, Any] | None,
+    module_class: type[RLModule],
+) -> RLModuleSpec | MultiRLModuleSpec:
+    """An algorithm Learner's spec: the one given, or a ``module_class`` spec built from ``model_config``.
+
+    The default spec has no spaces yet; ``Trainer.fit`` fills them in from the data module.
+
+    Raises:
+        ValueError: If both are given (the spec has its own ``model_config``, and the other
+            would be silently ignored).
+    """
+    if module_spec is None:
+        return RLModuleSpec(module_class=module_class, model_config=dict(model_config or {}))
+    if model_config is not None:
+        raise ValueError("pass either module_spec or model_config, not both (the spec has its own model_config)")
+    return module_spec
+
+
+def _optional_space_to_dict(space: gym.Space | None) -> dict[str, Any] | None:
+    return None if space is None else space_to_dict(space)
+
+
+def _optional_space_from_dict(data: dict[str, Any] | None) -> gym.Space | None:
+    return None if data is None else space_from_dict(data)
+
+
+def _to_plain_data(value: Any, path: str) -> Any:
+    # A deep copy in plain types only, so the result loads with torch.load(weights_only=True)
+    # and writes to JSON/YAML; tuples become lists, which JSON would do anyway.
+    # Subclasses such as numpy.float64 become the builtin type, which torch's weights_only
+    # loader accepts.
+    if value is None or isinstance(value, bool):
+        return value
+    for plain_type in (str, int, float):
+        if isinstance(value, plain_type):
+            return plain_type(value)
+    if isinstance(value, (list, tuple)):
+        return [_to_plain_data(item, f"{path}[{index}]") for index, item in enumerate(value)]
+    if isinstance(value, dict):
+        plain = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ValueError(f"{path} keys must be str to be stored, got {key!r}.")
+            plain[key] = _to_plain_data(item, f"{path}[{key!r}]")
+        return plain
+    raise ValueError(
+        f"{path} is a {type(value).__name__}; only str, int, float, bool, None, list, tuple "
+        "and dict can be stored."
+    )

@@ -1,0 +1,309 @@
+"""RLModule and MultiRLModule: the torch modules that map observations to action-distribution inputs.
+
+An :class:`RLModule` owns the networks of one policy and exposes RLlib's three forward
+passes (inference, exploration, train). A :class:`MultiRLModule` holds several of them under
+module ids. Both live here because each converts to the other
+(:meth:`RLModule.as_multi_rl_module`); how to build them is in :mod:`lightning_rl.core.rl_module_specs`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import ItemsView, Iterator, KeysView, Mapping, Sequence
+from typing import Any
+
+import gymnasium as gym
+from torch import Tensor, nn
+
+from lightning_rl.core.columns import DEFAULT_MODULE_ID
+from lightning_rl.core.distributions import Distribution, distribution_class_for_space
+from lightning_rl.core.module_checks import check_state_matches, validate_module_id
+
+class RLModule(nn.Module):
+    """The networks of one policy, with RLlib's forward passes.
+
+    Subclasses build their layers in :meth:`setup` and implement :meth:`_forward` (used by
+    all three passes) or override the passes one by one. Batches are ``{column: Tensor}``
+    dicts keyed by :class:`~lightning_rl.core.columns.Columns`; the output of each pass
+    should hold ``Columns.ACTION_DIST_INPUTS``.
+
+    Args:
+        observation_space: The space observations come from. ``None`` only for containers
+            such as :class:`MultiRLModule`.
+        action_space: The space actions go to. ``None`` only for containers.
+        model_config: Free-form settings for :meth:`setup` (e.g. ``fcnet_hiddens``); copied.
+        inference_only: Whether to build only what acting needs (a subclass may then skip
+            e.g. its value head), as for modules on environment runners.
+    """
+
+    def __init__(
+        self,
+        observation_space: gym.Space | None,
+        action_space: gym.Space | None,
+        model_config: dict[str, Any] | None = None,
+        inference_only: bool = False,
+    ) -> None:
+        super().__init__()
+        self.observation_space = observation_space
+        self.action_space = action_space
+        # A copy, so that a config dict shared between modules cannot change this one later.
+        self.model_config = dict(model_config or {})
+        self.inference_only = inference_only
+        self.setup()
+
+    def setup(self) -> None:
+        """Build the layers; called at the end of ``__init__``. The base builds nothing."""
+
+    def forward_inference(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """Compute outputs for greedy acting (evaluation, deployment).
+
+        Args:
+            batch: ``{column: Tensor}``, at least ``Columns.OBS``.
+        """
+        return self._forward(batch)
+
+    def forward_exploration(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """Compute outputs for exploratory acting (collecting training data).
+
+        Args:
+            batch: ``{column: Tensor}``, at least ``Columns.OBS``.
+        """
+        return self._forward(batch)
+
+    def forward_train(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """Compute outputs the loss needs (e.g. value predictions besides action inputs).
+
+        Args:
+            batch: A train batch ``{column: Tensor}``.
+        """
+        return self._forward_train(batch)
+
+    def forward(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """Run :meth:`forward_train`, so ``module(batch)`` is the training pass.
+
+        Args:
+            batch: A train batch ``{column: Tensor}``.
+        """
+        return self.forward_train(batch)
+
+    def _forward_train(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """Override for a train pass that differs from :meth:`_forward`; the base calls it.
+
+        Args:
+            batch: A train batch ``{column: Tensor}``.
+        """
+        return self._forward(batch)
+
+    def _forward(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """Override with the pass the three public passes share by default.
+
+        Args:
+            batch: ``{column: Tensor}``.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement _forward, or override forward_inference, "
+            "forward_exploration and forward_train."
+        )
+
+    def get_inference_action_dist_cls(self) -> type[Distribution]:
+        """Return the distribution class for :meth:`forward_inference`'s outputs."""
+        return distribution_class_for_space(self.action_space)
+
+    def get_exploration_action_dist_cls(self) -> type[Distribution]:
+        """Return the distribution class for :meth:`forward_exploration`'s outputs."""
+        return distribution_class_for_space(self.action_space)
+
+    def get_train_action_dist_cls(self) -> type[Distribution]:
+        """Return the distribution class for :meth:`forward_train`'s outputs."""
+        return distribution_class_for_space(self.action_space)
+
+    def is_stateful(self) -> bool:
+        """Return whether the module carries a recurrent state between steps."""
+        return False
+
+    def get_state(self) -> dict[str, Tensor]:
+        """Return a detached copy of the ``state_dict`` that later updates do not change."""
+        return {name: tensor.detach().clone() for name, tensor in self.state_dict().items()}
+
+    def set_state(self, state: Mapping[str, Tensor]) -> None:
+        """Load a state from :meth:`get_state`, after checking it fits.
+
+        Args:
+            state: ``{name: tensor}`` with exactly this module's keys and shapes.
+
+        Raises:
+            ValueError: From :func:`check_state_matches`; nothing is loaded then.
+        """
+        check_state_matches(self, state)
+        self.load_state_dict(state)
+
+    def as_multi_rl_module(self) -> MultiRLModule:
+        """Return a :class:`MultiRLModule` holding this module under ``DEFAULT_MODULE_ID``."""
+        return MultiRLModule({DEFAULT_MODULE_ID: self})
+
+    def unwrapped(self) -> RLModule:
+        """Return the module itself (wrappers such as DDP return what they wrap)."""
+        return self
+
+
+class MultiRLModule(RLModule):
+    """Several RLModules under module ids, with a dict-like API.
+
+    The modules live in an ``nn.ModuleDict`` attribute ``_rl_modules``, so this module's
+    ``state_dict()`` keys read ``"_rl_modules.{module_id}.{param}"``; :meth:`get_state` and
+    :meth:`set_state` use ``{module_id: {param: tensor}}`` instead.
+
+    :meth:`add_module` takes RLModules as modules under an id. Given any other
+    ``nn.Module`` it keeps ``nn.Module.add_module``'s meaning (register a plain child), which
+    torch utilities rely on, e.g. ``register_module`` or ``SyncBatchNorm.convert_sync_batchnorm``.
+
+    Args:
+        rl_modules: The modules to start with, ``{module_id: module}``.
+    """
+
+    def __init__(self, rl_modules: Mapping[str, RLModule] | None = None) -> None:
+        super().__init__(observation_space=None, action_space=None)
+        self._rl_modules = nn.ModuleDict()
+        for module_id, module in (rl_modules or {}).items():
+            if not isinstance(module, RLModule):
+                raise TypeError(f"Module {module_id!r} is a {type(module).__name__}, not an RLModule.")
+            self.add_module(module_id, module)
+
+    def keys(self) -> KeysView[str]:
+        """Return the module ids."""
+        return self._rl_modules.keys()
+
+    def items(self) -> ItemsView[str, RLModule]:
+        """Return ``(module_id, module)`` pairs."""
+        return self._rl_modules.items()
+
+    def __getitem__(self, module_id: str) -> RLModule:
+        if module_id not in self._rl_modules:
+            raise KeyError(self._unknown_ids_message([module_id]))
+        return self._rl_modules[module_id]
+
+    def __contains__(self, module_id: object) -> bool:
+        return module_id in self._rl_modules
+
+    def __len__(self) -> int:
+        return len(self._rl_modules)
+
+    def __iter__(self) -> Iterator[str]:
+        # Without this, iteration would fall back to __getitem__(0), __getitem__(1), ...
+        return iter(self._rl_modules)
+
+    def add_module(self, module_id: str, module: nn.Module | None, *, override: bool = False) -> None:
+        """Add ``module`` under ``module_id``.
+
+        Args:
+            module_id: The new id; see :func:`validate_module_id`.
+            module: The RLModule to add. Anything else is registered as a plain child,
+                like ``nn.Module.add_module`` does.
+            override: Whether to replace a module already under ``module_id``.
+
+        Raises:
+            ValueError: If the id is invalid, or taken and ``override`` is False.
+        """
+        if not isinstance(module, RLModule):
+            nn.Module.add_module(self, module_id, module)
+            return
+        validate_module_id(module_id)
+        if module_id in self._rl_modules and not override:
+            raise ValueError(f"Module id {module_id!r} already exists; pass override=True to replace it.")
+        self._rl_modules[module_id] = module
+
+    def remove_module(self, module_id: str, *, raise_err_if_not_found: bool = True) -> None:
+        """Remove the module under ``module_id``.
+
+        Args:
+            module_id: The id to remove.
+            raise_err_if_not_found: Whether an unknown id raises, or is ignored.
+
+        Raises:
+            ValueError: If the id is unknown and ``raise_err_if_not_found`` is True.
+        """
+        if module_id not in self._rl_modules:
+            if raise_err_if_not_found:
+                self._check_known(module_id)
+            return
+        del self._rl_modules[module_id]
+
+    def forward_train(self, batch: Mapping[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """Run each module's train pass on its own batch.
+
+        Args:
+            batch: ``{module_id: {column: Tensor}}``; modules without a batch do not run.
+        """
+        self._check_known(*batch)
+        return {module_id: self._rl_modules[module_id].forward_train(b) for module_id, b in batch.items()}
+
+    def forward_inference(self, batch: Mapping[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """Run each module's inference pass on its own batch.
+
+        Args:
+            batch: ``{module_id: {column: Tensor}}``; modules without a batch do not run.
+        """
+        self._check_known(*batch)
+        return {module_id: self._rl_modules[module_id].forward_inference(b) for module_id, b in batch.items()}
+
+    def forward_exploration(self, batch: Mapping[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """Run each module's exploration pass on its own batch.
+
+        Args:
+            batch: ``{module_id: {column: Tensor}}``; modules without a batch do not run.
+        """
+        self._check_known(*batch)
+        return {module_id: self._rl_modules[module_id].forward_exploration(b) for module_id, b in batch.items()}
+
+    def is_stateful(self) -> bool:
+        """Return whether any module is stateful."""
+        return any(module.is_stateful() for module in self._rl_modules.values())
+
+    def get_state(self, module_ids: Sequence[str] | None = None) -> dict[str, dict[str, Tensor]]:
+        """Return ``{module_id: module.get_state()}``.
+
+        Args:
+            module_ids: The modules to include; all when ``None``.
+        """
+        module_ids = list(self._rl_modules) if module_ids is None else list(module_ids)
+        self._check_known(*module_ids)
+        return {module_id: self._rl_modules[module_id].get_state() for module_id in module_ids}
+
+    def set_state(self, state: Mapping[str, Mapping[str, Tensor]]) -> None:
+        """Load the states of the modules named in ``state``; others stay as they are.
+
+        Every state is checked before any is loaded, so an error changes nothing.
+
+        Args:
+            state: ``{module_id: {name: tensor}}``.
+
+        Raises:
+            ValueError: For an unknown module id, or a state that does not fit its module.
+        """
+        self.check_state(state)
+        for module_id, module_state in state.items():
+            self._rl_modules[module_id].set_state(module_state)
+
+    def check_state(self, state: Mapping[str, Mapping[str, Tensor]]) -> None:
+        """Raise ``ValueError`` if :meth:`set_state` would reject ``state``; change nothing.
+
+        Args:
+            state: ``{module_id: {name: tensor}}``.
+        """
+        self._check_known(*state)
+        for module_id, module_state in state.items():
+            try:
+                check_state_matches(self._rl_modules[module_id], module_state)
+            except ValueError as err:
+                raise ValueError(f"Module {module_id!r}: {err}") from err
+
+    def as_multi_rl_module(self) -> MultiRLModule:
+        """Return ``self``."""
+        return self
+
+    def _check_known(self, *module_ids: str) -> None:
+        unknown = [module_id for module_id in module_ids if module_id not in self._rl_modules]
+        if unknown:
+            raise ValueError(self._unknown_ids_message(unknown))
+
+    def _unknown_ids_message(self, unknown: list[str]) -> str:
+        return f"Unknown module id(s) {unknown}; known ids: {sorted(self._rl_modules)}."
