@@ -4,7 +4,8 @@ from lightning_rl.data.env_datamodule import EnvDataModule
 from lightning_rl.data.episode_datamodule import EpisodeDataModule
 from lightning_rl.data.off_policy import OffPolicyDataModule
 from lightning_rl.data.on_policy import OnPolicyDataModule
-from lightning_rl.data.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer
+from lightning_rl.data.prioritized_replay import PrioritizedReplayBuffer
+from lightning_rl.data.uniform_replay import ReplayBuffer
 
 __all__ = [
     "EnvDataModule",
