@@ -28,7 +28,8 @@ from lightning_rl.data.env_datamodule import (
     check_positive_int,
     refuse_arguments_of,
 )
-from lightning_rl.data.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer
+from lightning_rl.data.prioritized_replay import PrioritizedReplayBuffer
+from lightning_rl.data.uniform_replay import ReplayBuffer
 
 # The replay buffer's and the warm-up actions' random generators, apart from the envs' seeds.
 _REPLAY_SEED_OFFSET = 2_000_003
