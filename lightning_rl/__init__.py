@@ -2,7 +2,8 @@
 
 from lightning_rl.core.columns import ALL_MODULES, DEFAULT_MODULE_ID, Columns
 from lightning_rl.core.metrics import MetricsLogger
-from lightning_rl.core.rl_module import MultiRLModule, MultiRLModuleSpec, RLModule, RLModuleSpec
+from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
+from lightning_rl.core.rl_modules import MultiRLModule, RLModule
 from lightning_rl.core.schedules import Schedule
 from lightning_rl.core.train_item import TrainingData, TrainItem
 from lightning_rl.learner.callback import LearnerCallback

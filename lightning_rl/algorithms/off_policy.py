@@ -24,7 +24,7 @@ from torch import Tensor
 
 from lightning_rl.callbacks.target_network import TargetNetworkUpdate
 from lightning_rl.core.columns import Columns
-from lightning_rl.core.rl_module import MultiRLModuleSpec, RLModuleSpec
+from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.data.prioritized_replay import PrioritizedReplayBuffer
 from lightning_rl.data.replay_n_step import BATCH_INDEXES, N_STEP, WEIGHTS
 from lightning_rl.data.uniform_replay import ReplayBuffer

@@ -26,17 +26,15 @@ from torch import Tensor, nn
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
 from lightning_rl.core.distributions import distribution_class_for_space
 from lightning_rl.learner.learner import Learner, LearnerConfig, algorithm_module_spec, default_adam
-from lightning_rl.core.rl_module import (
+from lightning_rl.core.mlp import (
     DEFAULT_FCNET_ACTIVATION,
     DEFAULT_FCNET_HIDDENS,
-    MultiRLModule,
-    MultiRLModuleSpec,
-    RLModule,
-    RLModuleSpec,
     build_mlp,
     flat_obs_dim,
     flatten_obs,
 )
+from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
+from lightning_rl.core.rl_modules import MultiRLModule, RLModule
 from lightning_rl.core.schedules import Schedule, ScheduleSetting
 from lightning_rl.connectors import ConnectorPipeline, GeneralAdvantageEstimation, TrainBatch
 from lightning_rl.core.metrics import MetricsLogger

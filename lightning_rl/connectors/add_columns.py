@@ -13,7 +13,7 @@ from lightning_rl.env.episode import SingleAgentEpisode
 
 if TYPE_CHECKING:
     from lightning_rl.core.metrics import MetricsLogger
-    from lightning_rl.core.rl_module import MultiRLModule
+    from lightning_rl.core.rl_modules import MultiRLModule
 
 MODULE_EPISODES = "module_episodes"
 """``shared_data`` key: ``{module_id: [episodes]}``, the episodes whose steps are that

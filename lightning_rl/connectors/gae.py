@@ -11,7 +11,7 @@ from lightning_rl.connectors.pipeline import ConnectorPiece, TrainBatch
 
 if TYPE_CHECKING:
     from lightning_rl.core.metrics import MetricsLogger
-    from lightning_rl.core.rl_module import MultiRLModule
+    from lightning_rl.core.rl_modules import MultiRLModule
 
 PerModuleSetting = Union[float, Mapping[str, float], Callable[[str], float]]
 """One number for every module, ``{module_id: number}``, or ``module_id -> number``."""

@@ -21,7 +21,7 @@ from torch import Tensor
 
 if TYPE_CHECKING:
     from lightning_rl.core.metrics import MetricsLogger
-    from lightning_rl.core.rl_module import MultiRLModule
+    from lightning_rl.core.rl_modules import MultiRLModule
 
 TrainBatch = dict[str, dict[str, Tensor]]
 """A train batch: ``{module_id: {column: Tensor[rows, ...]}}``."""

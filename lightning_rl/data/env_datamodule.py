@@ -30,7 +30,7 @@ from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch import LightningDataModule
 
 from lightning_rl.core.columns import DEFAULT_MODULE_ID
-from lightning_rl.core.rl_module import RLModule
+from lightning_rl.core.rl_modules import RLModule
 from lightning_rl.core.train_item import TrainingData, TrainItem
 from lightning_rl.data.env_sampling import EnvSampling
 from lightning_rl.data.rank_stats import all_gather_rows

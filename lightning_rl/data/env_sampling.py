@@ -17,7 +17,7 @@ import gymnasium as gym
 import numpy as np
 
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME
-from lightning_rl.core.rl_module import RLModule
+from lightning_rl.core.rl_modules import RLModule
 from lightning_rl.data.rank_stats import (
     NUM_EPISODES_LIFETIME,
     combine_rank_stats,

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
-from lightning_rl.core.rl_module import RLModule
+from lightning_rl.core.rl_modules import RLModule
 from lightning_rl.core.schedules import Schedule, ScheduleSetting
 from lightning_rl.core.train_item import TrainingData, TrainItem
 from lightning_rl.data.env_datamodule import (

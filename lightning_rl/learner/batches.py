@@ -17,7 +17,7 @@ import torch
 
 from lightning_rl.core.batch import MultiModuleBatch, to_tensor
 from lightning_rl.core.columns import Columns
-from lightning_rl.core.rl_module import MultiRLModule
+from lightning_rl.core.rl_modules import MultiRLModule
 from lightning_rl.core.train_item import TrainingData, TrainItem
 
 

@@ -41,7 +41,8 @@ from torch.optim import Optimizer
 from lightning_rl.core.batch import MultiModuleBatch
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
 from lightning_rl.core.metrics import MetricsLogger
-from lightning_rl.core.rl_module import MultiRLModule, MultiRLModuleSpec, RLModule, RLModuleSpec, spec_or_default
+from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec, spec_or_default
+from lightning_rl.core.rl_modules import MultiRLModule, RLModule
 from lightning_rl.core.schedules import Schedule, ScheduleSetting
 from lightning_rl.connectors import AddColumnsFromEpisodes, ConnectorPipeline, Piece
 from lightning_rl.learner._lightning_private import attached_trainer

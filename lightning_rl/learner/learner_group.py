@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
-from lightning_rl.core.rl_module import MultiRLModuleSpec, RLModuleSpec
+from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.train_item import TrainingData
 from lightning_rl.learner._group_data import iterator_settings, update_settings, update_source
 from lightning_rl.learner._group_local import LocalBackend

@@ -18,7 +18,7 @@ import torch
 from lightning.pytorch.strategies import FSDPStrategy
 
 from lightning_rl.core.columns import ALL_MODULES
-from lightning_rl.core.rl_module import MultiRLModuleSpec
+from lightning_rl.core.rl_module_specs import MultiRLModuleSpec
 from lightning_rl.core.train_item import TrainItem
 from lightning_rl.learner import state as learner_state
 from lightning_rl.learner._lightning_private import attached_trainer, trainer_writes_logs_now

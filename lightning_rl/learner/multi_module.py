@@ -14,7 +14,8 @@ from collections.abc import Callable, Collection
 from typing import Any, Optional, Union
 
 from lightning_rl.core.batch import MultiModuleBatch
-from lightning_rl.core.rl_module import MultiRLModuleSpec, RLModuleSpec, validate_module_id
+from lightning_rl.core.module_checks import validate_module_id
+from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.learner.data_parallel import rewrap_data_parallel
 
 ShouldModuleBeUpdated = Union[Collection[str], Callable[[str, Optional[MultiModuleBatch]], bool]]

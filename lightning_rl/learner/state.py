@@ -28,7 +28,8 @@ from lightning_rl.core.checkpoint import (
     write_learner_dir,
 )
 from lightning_rl.core.columns import COMPONENT_METRICS_LOGGER, COMPONENT_OPTIMIZER, COMPONENT_RL_MODULE
-from lightning_rl.core.rl_module import MultiRLModuleSpec, check_state_matches
+from lightning_rl.core.module_checks import check_state_matches
+from lightning_rl.core.rl_module_specs import MultiRLModuleSpec
 from lightning_rl.learner._lightning_private import attached_trainer
 from lightning_rl.learner.result_keys import WEIGHTS_SEQ_NO
 
