@@ -1,0 +1,163 @@
+"""Building the EnvRunner's vector env from an env id or callable and a list of wrapper specs.
+
+An env is given as a registered gymnasium id (``"CartPole-v1"``, or ``"module:Id"`` whose module
+registers it) or as a callable returning a ``gym.Env``; wrappers as classes, callables
+``env -> env``, import paths, or ``{"class_path": ..., "init_args": {...}}`` dicts (the form
+config files use). Everything is checked here, before any env is built, so a typo fails with
+a message that names it rather than deep inside a vector env's worker.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
+
+import gymnasium as gym
+
+from lightning_rl.core.checkpoint import import_class
+
+try:  # gymnasium >= 1.1
+    from gymnasium.vector import AutoresetMode
+except ImportError:  # pragma: no cover - depends on the installed gymnasium
+    AutoresetMode = None  # type: ignore[assignment,misc]
+
+EnvCreator = Callable[..., gym.Env]
+WrapperSpec = str | Mapping[str, Any] | Callable[[gym.Env], gym.Env]
+
+# The spaces the runner's numpy buffers can hold as one array per step.
+_ARRAY_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
+
+
+def check_autoreset_support() -> None:
+    """Refuse a gymnasium without ``AutoresetMode.SAME_STEP`` (older than 1.1).
+
+    Raises:
+        RuntimeError: Naming the installed version.
+    """
+    if AutoresetMode is None:
+        raise RuntimeError(f"EnvRunner needs gymnasium >= 1.1 (AutoresetMode.SAME_STEP); found {gym.__version__}")
+
+
+def check_env_id(env_id: str) -> None:
+    """Check that ``env_id`` is in gymnasium's registry, importing ``module`` of ``"module:Id"`` first.
+
+    Args:
+        env_id: A registered env id, or ``"module:Id"`` (``gym.make``'s form).
+
+    Raises:
+        ValueError: For a module that cannot be imported, or an id that is not registered
+            (with the closest registered ids as a hint).
+    """
+    name = env_id
+    if ":" in env_id:
+        # gym.make's "module:EnvId" form: importing the module registers the env.
+        module_name, name = env_id.split(":", 1)
+        try:
+            importlib.import_module(module_name)
+        except ImportError as error:
+            raise ValueError(f"Unknown env id {env_id!r}: cannot import module {module_name!r} ({error})") from error
+    if name not in gym.registry:
+        close = difflib.get_close_matches(name, list(gym.registry), n=3)
+        hint = f"; did you mean {close}?" if close else ""
+        raise ValueError(f"Unknown env id {env_id!r}: it is not in gymnasium's registry{hint}")
+
+
+def resolve_wrappers(wrappers: Sequence[WrapperSpec]) -> list[Callable[[gym.Env], gym.Env]]:
+    """Turn wrapper specs into callables ``env -> env``, in the same order.
+
+    Args:
+        wrappers: Wrapper classes or callables (kept as they are), import paths of
+            ``gym.Wrapper`` subclasses, or ``{"class_path": ..., "init_args": {...}}`` dicts.
+
+    Raises:
+        ValueError: Naming the index, for a path that is not a ``gym.Wrapper`` or a dict
+            without ``class_path`` or with other keys.
+        TypeError: Naming the index, for a spec that is none of the above.
+    """
+    resolved = []
+    for index, wrapper in enumerate(wrappers):
+        if isinstance(wrapper, Mapping):
+            unknown = sorted(set(wrapper) - {"class_path", "init_args"})
+            if "class_path" not in wrapper or unknown:
+                raise ValueError(
+                    f"wrappers[{index}]: a wrapper given as a dict needs 'class_path' and optional 'init_args', "
+                    f"got keys {sorted(wrapper)}"
+                )
+            try:
+                wrapper_class = import_class(wrapper["class_path"], gym.Wrapper)
+            except ValueError as error:
+                raise ValueError(f"wrappers[{index}]: {error}") from error
+            wrapper = functools.partial(wrapper_class, **dict(wrapper.get("init_args") or {}))
+        elif isinstance(wrapper, str):
+            try:
+                wrapper = import_class(wrapper, gym.Wrapper)
+            except ValueError as error:
+                raise ValueError(f"wrappers[{index}]: {error}") from error
+        elif not callable(wrapper):
+            raise TypeError(
+                f"wrappers[{index}] must be an import path, a {{class_path, init_args}} dict or a callable "
+                f"env -> env, got {wrapper!r}"
+            )
+        resolved.append(wrapper)
+    return resolved
+
+
+def make_env(
+    env: str | EnvCreator, env_kwargs: dict[str, Any], wrappers: Sequence[Callable[[gym.Env], gym.Env]]
+) -> gym.Env:
+    """Build one env copy: ``gym.make`` or the creator, then each wrapper in order.
+
+    Module level (not a closure), so that async workers can unpickle it.
+
+    Args:
+        env: A checked env id or a callable returning a ``gym.Env``.
+        env_kwargs: Passed to ``gym.make`` or the creator (a creator is called without
+            arguments when empty).
+        wrappers: What :func:`resolve_wrappers` returned.
+
+    Raises:
+        TypeError: If the result is not a ``gym.Env``.
+    """
+    instance = gym.make(env, **env_kwargs) if isinstance(env, str) else (env(**env_kwargs) if env_kwargs else env())
+    for wrapper in wrappers:
+        instance = wrapper(instance)
+    if not isinstance(instance, gym.Env):
+        raise TypeError(f"the env creator returned a {type(instance).__name__}, not a gym.Env")
+    return instance
+
+
+def make_vector_env(
+    env: str | EnvCreator,
+    env_kwargs: dict[str, Any],
+    wrappers: Sequence[Callable[[gym.Env], gym.Env]],
+    num_envs: int,
+    vectorize_mode: Literal["sync", "async"],
+) -> gym.vector.VectorEnv:
+    """Build ``num_envs`` copies as one vector env in ``AutoresetMode.SAME_STEP``.
+
+    Args:
+        env, env_kwargs, wrappers: As for :func:`make_env`.
+        num_envs: How many copies.
+        vectorize_mode: ``"sync"`` (``SyncVectorEnv``) or ``"async"`` (``AsyncVectorEnv``).
+
+    Raises:
+        ValueError: If the observation or action space is not an array space (Box,
+            Discrete, MultiDiscrete, MultiBinary); the vector env is closed first.
+    """
+    make_one = functools.partial(make_env, env, env_kwargs, wrappers)
+    vector_cls = gym.vector.SyncVectorEnv if vectorize_mode == "sync" else gym.vector.AsyncVectorEnv
+    # copy=False: the runner copies every observation into its buffers right away.
+    vector_env = vector_cls([make_one] * num_envs, copy=False, autoreset_mode=AutoresetMode.SAME_STEP)
+    for name, space in (
+        ("observation", vector_env.single_observation_space),
+        ("action", vector_env.single_action_space),
+    ):
+        if not isinstance(space, _ARRAY_SPACES):
+            vector_env.close()
+            raise ValueError(
+                f"EnvRunner supports Box, Discrete, MultiDiscrete and MultiBinary {name} spaces; the env has {space}"
+            )
+    return vector_env
