@@ -8,8 +8,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
-
 from conftest import bc_spec
+
 from lightning_rl import RLModuleSpec
 from lightning_rl.algorithms.bc import BCLearner, BCModule
 from lightning_rl.algorithms.dqn import DQNLearner, DQNModule

@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from torch import nn
 
 from lightning_rl import Columns, MultiRLModule, RLModule

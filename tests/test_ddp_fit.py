@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from ranks import run_on_ranks
 
 # Per rank: 2 envs x 32 steps = 64 env steps per rollout, 128 over both ranks.

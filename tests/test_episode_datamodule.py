@@ -13,10 +13,10 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from lightning_rl import RLModuleSpec
 from lightning_rl.algorithms.ppo import PPOLearner, PPOModule
+from lightning_rl.core.train_item import TrainingData, TrainItem
 from lightning_rl.data import OnPolicyDataModule
 from lightning_rl.data.rank_stats import combine_rank_stats, local_rank_stats
 from lightning_rl.env.env_runner import EnvRunner
-from lightning_rl.core.train_item import TrainingData, TrainItem
 
 
 def small_ppo(**kwargs: Any) -> PPOLearner:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import bc_spec, make_trainer
 from torchmetrics import Metric
 
-from conftest import bc_spec, make_trainer
 from lightning_rl.algorithms.bc import BCLearner
 from lightning_rl.core.train_item import TrainingData, TrainItem
 from lightning_rl.env.episode import SingleAgentEpisode

@@ -14,13 +14,10 @@ from lightning.pytorch import Callback, Trainer
 from torch import nn
 
 from lightning_rl import Columns, RLModuleSpec
+from lightning_rl.algorithms.off_policy import BATCH_INDEXES, N_STEP, WEIGHTS, OffPolicyLearner, bootstrap_discounts
 from lightning_rl.algorithms.ppo import PPOLearner, PPOModule
 from lightning_rl.callbacks import TargetNetworkUpdate
-from lightning_rl.learner.learner import LearnerConfig
-from lightning_rl.algorithms.off_policy import BATCH_INDEXES, N_STEP, WEIGHTS, OffPolicyLearner, bootstrap_discounts
 from lightning_rl.core.rl_module import MultiRLModuleSpec, RLModule
-from lightning_rl.data import EpisodeDataModule, OffPolicyDataModule
-from lightning_rl.data.replay_buffer import PrioritizedReplayBuffer
 from lightning_rl.core.target_network import (
     TargetNetworkAPI,
     make_target_network,
@@ -28,6 +25,9 @@ from lightning_rl.core.target_network import (
     update_target_networks,
 )
 from lightning_rl.core.train_item import TrainingData, TrainItem
+from lightning_rl.data import EpisodeDataModule, OffPolicyDataModule
+from lightning_rl.data.replay_buffer import PrioritizedReplayBuffer
+from lightning_rl.learner.learner import LearnerConfig
 
 OBS_SPACE = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
 ACT_SPACE = gym.spaces.Discrete(2)

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-
 from ranks import run_on_ranks
 
 TRAIN_FREQ = 4  # per rank
@@ -19,10 +18,10 @@ LEARNING_STARTS = 16  # over both ranks: 8 steps per rank, the second item
 
 def _off_policy_fit_on_rank(rank: int, world_size: int, root: str) -> dict[str, Any]:
     from lightning.pytorch import Callback, Trainer, seed_everything
+    from test_off_policy import TinyQLearner, tiny_spec
 
     from lightning_rl.core.columns import Columns
     from lightning_rl.data import OffPolicyDataModule
-    from test_off_policy import TinyQLearner, tiny_spec
 
     class RecordItems(Callback):
         def __init__(self) -> None:

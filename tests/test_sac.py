@@ -16,6 +16,7 @@ from lightning.pytorch import Callback, Trainer, seed_everything
 from torch.distributions import Independent, Normal, TanhTransform, TransformedDistribution
 
 from lightning_rl import Columns, RLModuleSpec
+from lightning_rl.algorithms.off_policy import N_STEP, WEIGHTS
 from lightning_rl.algorithms.ppo import PPOModule
 from lightning_rl.algorithms.sac import (
     ACTION_LOGP_NEXT,
@@ -25,7 +26,6 @@ from lightning_rl.algorithms.sac import (
     squashed_gaussian_logp,
 )
 from lightning_rl.cli import LightningRLCLI
-from lightning_rl.algorithms.off_policy import N_STEP, WEIGHTS
 from lightning_rl.data import OffPolicyDataModule
 
 OBS = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)

@@ -8,10 +8,10 @@ import torch
 
 from lightning_rl.core.columns import Columns
 from lightning_rl.core.distributions import distribution_class_for_space
-from lightning_rl.learner.learner import Learner, LearnerConfig, algorithm_module_spec
 from lightning_rl.core.mlp import build_mlp_from_config, flat_obs_dim, flatten_obs
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.rl_modules import RLModule
+from lightning_rl.learner.learner import Learner, LearnerConfig, algorithm_module_spec
 
 
 class BCModule(RLModule):

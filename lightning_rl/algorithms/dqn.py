@@ -28,14 +28,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
-from lightning_rl.learner.learner import LearnerConfig, algorithm_module_spec
 from lightning_rl.algorithms.off_policy import WEIGHTS, OffPolicyLearner, bootstrap_discounts
+from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
 from lightning_rl.core.mlp import DEFAULT_FCNET_HIDDENS, build_mlp, flat_obs_dim, flatten_obs
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.rl_modules import RLModule
 from lightning_rl.core.schedules import Schedule, ScheduleSetting
 from lightning_rl.core.target_network import TargetNetworkAPI, make_target_network
+from lightning_rl.learner.learner import LearnerConfig, algorithm_module_spec
 
 # Forward-pass outputs.
 Q_VALUES = "q_values"

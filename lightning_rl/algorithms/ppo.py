@@ -23,9 +23,10 @@ import torch
 from lightning.pytorch import Callback, Trainer
 from torch import Tensor, nn
 
+from lightning_rl.connectors import ConnectorPipeline, GeneralAdvantageEstimation, TrainBatch
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
 from lightning_rl.core.distributions import distribution_class_for_space
-from lightning_rl.learner.learner import Learner, LearnerConfig, algorithm_module_spec, default_adam
+from lightning_rl.core.metrics import MetricsLogger
 from lightning_rl.core.mlp import (
     DEFAULT_FCNET_ACTIVATION,
     DEFAULT_FCNET_HIDDENS,
@@ -36,10 +37,9 @@ from lightning_rl.core.mlp import (
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.rl_modules import MultiRLModule, RLModule
 from lightning_rl.core.schedules import Schedule, ScheduleSetting
-from lightning_rl.connectors import ConnectorPipeline, GeneralAdvantageEstimation, TrainBatch
-from lightning_rl.core.metrics import MetricsLogger
 from lightning_rl.env.episode import SingleAgentEpisode
 from lightning_rl.learner.callback import LearnerCallback
+from lightning_rl.learner.learner import Learner, LearnerConfig, algorithm_module_spec, default_adam
 
 # Result keys (RLlib's names where RLlib has them).
 POLICY_LOSS_KEY = "policy_loss"

@@ -32,14 +32,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lightning_rl.core.columns import Columns
-from lightning_rl.learner.learner import LearnerConfig, algorithm_module_spec, default_adam
 from lightning_rl.algorithms.off_policy import WEIGHTS, OffPolicyLearner, bootstrap_discounts
+from lightning_rl.core.columns import Columns
 from lightning_rl.core.mlp import build_mlp, flat_obs_dim, flatten_obs
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.rl_modules import RLModule
 from lightning_rl.core.schedules import Schedule, ScheduleSetting
 from lightning_rl.core.target_network import TargetNetworkAPI, make_target_network
+from lightning_rl.learner.learner import LearnerConfig, algorithm_module_spec, default_adam
 
 # SAC's defaults differ from the other modules' (tanh): ReLU MLPs as in the SAC paper and SB3.
 SAC_FCNET_HIDDENS: tuple[int, ...] = (256, 256)

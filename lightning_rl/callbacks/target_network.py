@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch import Trainer
 
-from lightning_rl.learner.callback import LearnerCallback
 from lightning_rl.core.target_network import TargetNetworkAPI, update_target_networks
+from lightning_rl.learner.callback import LearnerCallback
 
 if TYPE_CHECKING:
     from lightning_rl.learner.learner import Learner

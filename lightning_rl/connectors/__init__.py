@@ -6,7 +6,14 @@ A :class:`ConnectorPipeline` runs small pieces in order; the default one holds
 
 from lightning_rl.connectors.add_columns import MODULE_EPISODES, AddColumnsFromEpisodes
 from lightning_rl.connectors.gae import GeneralAdvantageEstimation
-from lightning_rl.connectors.pipeline import ConnectorPiece, ConnectorPipeline, Piece, PieceSelector, TrainBatch, piece_name
+from lightning_rl.connectors.pipeline import (
+    ConnectorPiece,
+    ConnectorPipeline,
+    Piece,
+    PieceSelector,
+    TrainBatch,
+    piece_name,
+)
 
 __all__ = [
     "MODULE_EPISODES",

@@ -19,6 +19,7 @@ from lightning_rl.core.module_checks import validate_module_id
 from lightning_rl.core.rl_modules import MultiRLModule, RLModule
 from lightning_rl.core.spaces import space_from_dict, space_to_dict
 
+
 @dataclasses.dataclass
 class RLModuleSpec:
     """How to build one :class:`RLModule`.

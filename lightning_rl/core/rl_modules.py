@@ -18,6 +18,7 @@ from lightning_rl.core.columns import DEFAULT_MODULE_ID
 from lightning_rl.core.distributions import Distribution, distribution_class_for_space
 from lightning_rl.core.module_checks import check_state_matches, validate_module_id
 
+
 class RLModule(nn.Module):
     """The networks of one policy, with RLlib's forward passes.
 

@@ -38,13 +38,13 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerStatus
 from torch.optim import Optimizer
 
+from lightning_rl.connectors import AddColumnsFromEpisodes, ConnectorPipeline, Piece
 from lightning_rl.core.batch import MultiModuleBatch
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
 from lightning_rl.core.metrics import MetricsLogger
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec, spec_or_default
 from lightning_rl.core.rl_modules import MultiRLModule, RLModule
 from lightning_rl.core.schedules import Schedule, ScheduleSetting
-from lightning_rl.connectors import AddColumnsFromEpisodes, ConnectorPipeline, Piece
 from lightning_rl.learner._lightning_private import attached_trainer
 from lightning_rl.learner.batches import prepare_batch
 from lightning_rl.learner.callback import LearnerCallback
@@ -52,6 +52,7 @@ from lightning_rl.learner.evaluation import EvaluationMetrics
 from lightning_rl.learner.gradient_step import GradientStepMixin
 from lightning_rl.learner.lightning_hooks import LightningHooksMixin
 from lightning_rl.learner.multi_module import MultiModuleMixin, ShouldModuleBeUpdated
+
 # DEFAULT_OPTIMIZER, clip_gradients, default_adam, EPISODE_RETURN_MEAN and TRAIN_RETURN_KEY are
 # re-exported: code imports them from lightning_rl.learner.learner.
 from lightning_rl.learner.optimizers import (  # noqa: F401
