@@ -144,7 +144,7 @@ def make_stop_callback(threshold: float, max_env_steps: int) -> Any:
             print(f"TRAINING_START time={time.time():.6f}", flush=True)  # set-up done, first rollout next
 
         def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
-            stats = batch.get("env_runners") if isinstance(batch, dict) else None
+            stats = getattr(batch, "env_runners", None)  # a TrainItem's sampling statistics
             self.item_has_stats = bool(stats) and all(
                 key in stats for key in ("episode_return_mean", "num_env_steps_sampled_lifetime")
             )
