@@ -56,6 +56,52 @@ class TrainingData:
         return given[0] if given else None
 
 
+def given_sources(
+    batch: Any = None,
+    batches: Any = None,
+    episodes: Any = None,
+    data_iterators: Any = None,
+    training_data: TrainingData | None = None,
+) -> dict[str, Any]:
+    """The data sources among RLlib's ``update(...)`` arguments, by name (``training_data`` unpacked).
+
+    ``Learner.update`` and ``LearnerGroup.update`` take the same arguments and each then says
+    how many sources it accepts.
+
+    Raises:
+        ValueError: For ``training_data`` beside another source, or one that is not a ``TrainingData``.
+    """
+    given = dict(batch=batch, batches=batches, episodes=episodes, data_iterators=data_iterators)
+    given = {name: value for name, value in given.items() if value is not None}
+    if training_data is None:
+        return given
+    if given:
+        raise ValueError(
+            f"pass training_data alone or one of batch/batches/episodes/data_iterators, not both; got {sorted(given)} too"
+        )
+    if not isinstance(training_data, TrainingData):
+        raise ValueError(f"training_data must be a TrainingData, got {type(training_data).__name__}")
+    return {name: getattr(training_data, name) for name in training_data.sources()}
+
+
+def only_iterator(data_iterators: Any, *, who: str, hint: str) -> Iterable[Any]:
+    """The single iterable of ``data_iterators`` (a list of one), for one learner to draw from.
+
+    Args:
+        data_iterators: The ``data_iterators`` argument of an update.
+        who: Who trains, for the error (``"a single Learner trains"``).
+        hint: What to do instead, appended to the error.
+
+    Raises:
+        ValueError: If it is not a list, or holds other than one iterable.
+    """
+    if isinstance(data_iterators, (Mapping, str, bytes)) or not isinstance(data_iterators, Sequence):
+        raise ValueError(f"data_iterators must be a list of iterables, got {type(data_iterators).__name__}")
+    if len(data_iterators) != 1:
+        raise ValueError(f"{who} on one data iterator, got {len(data_iterators)}{hint}")
+    return data_iterators[0]
+
+
 @dataclasses.dataclass
 class TrainItem:
     """One train step's worth of data, as a data module yields it to ``Learner.training_step``.

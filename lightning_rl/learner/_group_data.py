@@ -15,11 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from lightning_rl.core.train_item import TrainingData
+from lightning_rl.core.train_item import TrainingData, given_sources, only_iterator
 from lightning_rl.learner._group_protocol import to_numpy
 from lightning_rl.learner.batches import concat_batches
-
-_SOURCES = ("batch", "batches", "episodes", "data_iterators")
 
 
 def update_source(
@@ -43,17 +41,7 @@ def update_source(
             them for a local learner, an empty list of batches or episodes, or batches that
             do not concatenate (different modules' layouts or columns).
     """
-    given = {
-        name: value
-        for name, value in zip(_SOURCES, (batch, batches, episodes, data_iterators))
-        if value is not None
-    }
-    if training_data is not None:
-        if given:
-            raise ValueError(f"pass training_data alone or one of {list(_SOURCES)}, not both; got {sorted(given)} too")
-        if not isinstance(training_data, TrainingData):
-            raise ValueError(f"training_data must be a TrainingData, got {type(training_data).__name__}")
-        given = {name: getattr(training_data, name) for name in training_data.sources()}
+    given = given_sources(batch, batches, episodes, data_iterators, training_data)
     if len(given) != 1:
         raise ValueError(
             f"an update takes exactly one source of data: batch=, batches=, episodes= or training_data= holding "
@@ -79,15 +67,11 @@ def update_source(
 
 def _the_local_iterator(data_iterators: Any) -> Any:
     """The one iterator a group's local learner (``num_learners=0``) trains on."""
-    if isinstance(data_iterators, (Mapping, str, bytes)) or not isinstance(data_iterators, Sequence):
-        raise ValueError(f"data_iterators must be a list of iterables, got {type(data_iterators).__name__}")
-    if len(data_iterators) != 1:
-        raise ValueError(
-            f"a LearnerGroup with num_learners=0 trains its one learner on one data iterator, got "
-            f"{len(data_iterators)}; pass data_iterators=[iterator], or draw the batches yourself and pass "
-            "them as batch= or batches="
-        )
-    return data_iterators[0]
+    return only_iterator(
+        data_iterators,
+        who="a LearnerGroup with num_learners=0 trains its one learner",
+        hint="; pass data_iterators=[iterator], or draw the batches yourself and pass them as batch= or batches=",
+    )
 
 
 def update_settings(

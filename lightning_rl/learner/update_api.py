@@ -16,7 +16,7 @@ from typing import Any
 
 from lightning_rl.core.batch import MultiModuleBatch
 from lightning_rl.core.columns import ALL_MODULES
-from lightning_rl.core.train_item import TrainingData
+from lightning_rl.core.train_item import TrainingData, given_sources, only_iterator
 from lightning_rl.learner._lightning_private import attached_trainer
 from lightning_rl.learner.batches import concat_batches
 from lightning_rl.learner.data_parallel import agree_with_other_ranks
@@ -241,30 +241,22 @@ class UpdateApiMixin:
 def _one_source(
     batch: Any, batches: Any, episodes: Any, data_iterators: Any, training_data: TrainingData | None
 ) -> TrainingData:
-    """The arguments of ``update`` as one ``TrainingData``, checked."""
-    given = dict(batch=batch, batches=batches, episodes=episodes, data_iterators=data_iterators)
-    named = sorted(name for name, value in given.items() if value is not None)
-    if training_data is not None:
-        if named:
-            raise ValueError(f"pass training_data alone or one of batch/batches/episodes/data_iterators, not both; got {named} too")
-        if not isinstance(training_data, TrainingData):
-            raise ValueError(f"training_data must be a TrainingData, got {type(training_data).__name__}")
-        return training_data
-    if len(named) > 1:
-        raise ValueError(f"an update takes at most one source of data (batch, batches, episodes, data_iterators); got {named}")
+    """The arguments of ``update`` as one ``TrainingData``, checked (no source is an update without data)."""
+    given = given_sources(batch, batches, episodes, data_iterators, training_data)
+    if len(given) > 1:
+        raise ValueError(
+            f"an update takes at most one source of data (batch, batches, episodes, data_iterators); got {sorted(given)}"
+        )
     return TrainingData(**given)
 
 
 def _the_one_iterator(data_iterators: Sequence[Iterable[Any]]) -> Iterable[Any]:
     """The single iterator a single Learner trains on; several are a LearnerGroup's to share out."""
-    if isinstance(data_iterators, (Mapping, str, bytes)) or not isinstance(data_iterators, Sequence):
-        raise ValueError(f"data_iterators must be a list of iterables, got {type(data_iterators).__name__}")
-    if len(data_iterators) != 1:
-        raise ValueError(
-            f"a single Learner trains on one data iterator, got {len(data_iterators)}: a LearnerGroup hands one to "
-            "each of its learners (or pass one iterator to update_from_iterator)"
-        )
-    return data_iterators[0]
+    return only_iterator(
+        data_iterators,
+        who="a single Learner trains",
+        hint=": a LearnerGroup hands one to each of its learners (or pass one iterator to update_from_iterator)",
+    )
 
 
 def _draws(iterable: Iterable[Any], num_iters: int | None) -> Iterator[Any]:
