@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -177,8 +178,19 @@ def test_from_checkpoint_refuses_a_class_that_is_not_a_learner(tmp_path: Path):
     payload = torch.load(tmp_path / "ckpt" / "learner_state.pt", weights_only=True)
     payload["learner_class"] = "collections.OrderedDict"
     torch.save(payload, tmp_path / "ckpt" / "learner_state.pt")
-    with pytest.raises(ValueError, match="not a subclass of Learner"):
+    with pytest.raises(ValueError, match="not a loaded subclass of Learner"):
         Learner.from_checkpoint(str(tmp_path / "ckpt"))
+
+
+def test_from_checkpoint_never_imports_the_module_a_learner_class_names(tmp_path: Path):
+    learner = _trained_learner()
+    learner.save_to_path(str(tmp_path / "ckpt"))
+    payload = torch.load(tmp_path / "ckpt" / "learner_state.pt", weights_only=True)
+    payload["learner_class"] = "antigravity.Learner"  # importing antigravity opens a web browser
+    torch.save(payload, tmp_path / "ckpt" / "learner_state.pt")
+    with pytest.raises(ValueError, match="import the module that defines it"):
+        Learner.from_checkpoint(str(tmp_path / "ckpt"))
+    assert "antigravity" not in sys.modules
 
 
 def test_save_to_path_replaces_an_old_checkpoint_atomically(tmp_path: Path):

@@ -1,6 +1,7 @@
 import copy
 import io
 import json
+import sys
 from typing import Any
 
 import gymnasium as gym
@@ -413,16 +414,24 @@ def test_spec_to_dict_turns_tuples_into_lists_and_rejects_non_plain_config_value
 def test_spec_from_dict_rejects_a_class_path_that_is_not_an_rl_module():
     data = _spec().to_dict()
     data["module_class"] = f"{NotAnRLModule.__module__}.NotAnRLModule"
-    with pytest.raises(ValueError, match="not a subclass of RLModule"):
+    with pytest.raises(ValueError, match="not a loaded subclass of RLModule"):
         RLModuleSpec.from_dict(data)
 
 
 @pytest.mark.parametrize("path", ["no_such_package.Policy", "lightning_rl.core.rl_module.NoSuchPolicy", "Policy"])
-def test_spec_from_dict_rejects_a_class_path_that_cannot_be_imported(path: str):
+def test_spec_from_dict_rejects_a_class_path_that_names_no_loaded_rl_module(path: str):
     data = _spec().to_dict()
     data["module_class"] = path
-    with pytest.raises(ValueError, match="cannot import class"):
+    with pytest.raises(ValueError, match="not a loaded subclass of RLModule"):
         RLModuleSpec.from_dict(data)
+
+
+def test_spec_from_dict_never_imports_the_module_a_class_path_names():
+    data = _spec().to_dict()
+    data["module_class"] = "antigravity.Policy"  # importing antigravity opens a web browser
+    with pytest.raises(ValueError, match="import the module that defines it"):
+        RLModuleSpec.from_dict(data)
+    assert "antigravity" not in sys.modules
 
 
 def test_spec_from_dict_rejects_unknown_keys():

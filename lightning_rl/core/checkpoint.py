@@ -9,8 +9,9 @@ Two formats hold a Learner:
   everything else under the key ``"lightning_rl"``.
 
 Both hold only tensors and plain Python data, so they load with ``torch.load(weights_only=True)``:
-opening a checkpoint never runs code from it. The one import a checkpoint triggers is the
-Learner or RLModule class it names, which must be a subclass of the expected base class.
+opening a checkpoint never runs code from it. A checkpoint names its Learner and RLModule
+classes; those names are looked up among the classes already loaded (``loaded_subclass``),
+never imported, so a crafted name cannot make Python import or call anything.
 """
 
 from __future__ import annotations
@@ -65,6 +66,38 @@ def import_class(path: str, base: type) -> type:
             raise ValueError(f"{path!r} is {obj!r}, not a subclass of {base.__name__}")
         return obj
     raise ValueError(f"cannot import class {path!r}; expected 'package.module.ClassName'")
+
+
+def loaded_subclass(path: str, base: type, what: str) -> type:
+    """The subclass of ``base`` (or ``base`` itself) whose import path is ``path``, among the classes loaded.
+
+    Unlike :func:`import_class`, this imports nothing: it is how names read from a
+    checkpoint become classes.
+
+    Args:
+        path: A class path as :func:`class_path` writes it, read from a checkpoint.
+        base: The class the named one must be or derive from.
+        what: Names the source in errors, e.g. ``"the checkpoint's Learner class"``.
+
+    Raises:
+        ValueError: If no loaded subclass of ``base`` has that path; the message says to
+            import the defining module first.
+    """
+    if not isinstance(path, str):
+        raise ValueError(f"{what} must be a class path string, got {type(path).__name__}")
+    pending, seen = [base], set()
+    while pending:
+        cls = pending.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        if f"{cls.__module__}.{cls.__qualname__}" == path:
+            return cls
+        pending.extend(cls.__subclasses__())
+    raise ValueError(
+        f"{what} is {path!r}, which is not a loaded subclass of {base.__name__}; checkpoints never import "
+        f"code, so import the module that defines it before loading"
+    )
 
 
 def check_plain_data(value: Any, where: str) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from lightning_rl.core.checkpoint import class_path, import_class
+from lightning_rl.core.checkpoint import class_path, loaded_subclass
 from lightning_rl.core.columns import DEFAULT_MODULE_ID
 from lightning_rl.core.module_checks import validate_module_id
 from lightning_rl.core.rl_modules import MultiRLModule, RLModule
@@ -77,21 +77,20 @@ class RLModuleSpec:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RLModuleSpec:
-        """Rebuild a spec from :meth:`to_dict`'s output, importing the module class.
+        """Rebuild a spec from :meth:`to_dict`'s output (the module class must be loaded: nothing is imported).
 
         Args:
             data: A dict made by :meth:`to_dict`.
 
         Raises:
-            ValueError: For unknown keys, a class path that cannot be imported, or a class
-                that is not an RLModule subclass.
+            ValueError: For unknown keys, or a class path that names no loaded RLModule subclass.
         """
         unknown = sorted(data.keys() - {field.name for field in dataclasses.fields(cls)})
         if unknown:
             raise ValueError(f"Unknown RLModuleSpec keys {unknown}.")
         module_class = data.get("module_class")
         return cls(
-            module_class=None if module_class is None else import_class(module_class, RLModule),
+            module_class=None if module_class is None else loaded_subclass(module_class, RLModule, "the module spec's module_class"),
             observation_space=_optional_space_from_dict(data.get("observation_space")),
             action_space=_optional_space_from_dict(data.get("action_space")),
             model_config=data.get("model_config"),

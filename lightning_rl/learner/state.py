@@ -23,7 +23,7 @@ from lightning_rl.core.checkpoint import (
     FORMAT_VERSION,
     check_plain_data,
     class_path,
-    import_class,
+    loaded_subclass,
     read_learner_payload,
     write_learner_dir,
 )
@@ -159,7 +159,7 @@ def learner_from_checkpoint(cls: type[Learner], path: str, **hparam_overrides: A
         ValueError: Naming the file, if the checkpoint cannot be read or does not fit.
     """
     file, payload = read_learner_payload(path)
-    learner_class = import_class(payload["learner_class"], cls)
+    learner_class = loaded_subclass(payload["learner_class"], cls, "the checkpoint's Learner class")
     state = payload["state"]
     try:
         # Lightning's private keys (LightningCLI saves ``_class_path`` and ``_instantiator``) are
