@@ -5,6 +5,10 @@ them on every minibatch: ``compute_losses`` (which calls ``compute_loss_for_modu
 module), ``compute_gradients``, ``postprocess_gradients`` (``postprocess_gradients_for_module``
 per module: clipping) and ``apply_gradients``. A Learner subclass overrides any of them.
 
+An optimizer whose gradients are not finite skips its step; ``NonFiniteSteps`` counts such
+skips in a row, and ``_minibatch_step`` stops training with a ``FloatingPointError`` once an
+optimizer has skipped ``max_consecutive_non_finite_steps`` steps in a row.
+
 The mixin is one part of ``Learner``, which inherits it: it uses the Learner's modules,
 optimizer registry (``learner/optimizers.py``), metrics and Trainer plumbing. Its code is
 the per-step hot path, so it reads the registry's tables directly and builds no more dicts
@@ -13,6 +17,7 @@ than each hook returns.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -22,12 +27,39 @@ from torch.optim import Optimizer
 
 from lightning_rl.core.batch import MultiModuleBatch
 from lightning_rl.core.columns import ALL_MODULES
-from lightning_rl.learner.data_parallel import is_wrapped_in_ddp, unused_parameter_anchor
+from lightning_rl.learner.data_parallel import (
+    is_wrapped_in_ddp,
+    unused_parameter_anchor,
+)
 from lightning_rl.learner.optimizers import clip_gradients
-from lightning_rl.learner.result_keys import NUM_NON_FINITE_UPDATES_SKIPPED, TOTAL_LOSS_KEY
+from lightning_rl.learner.result_keys import (
+    NUM_NON_FINITE_UPDATES_SKIPPED,
+    TOTAL_LOSS_KEY,
+)
 
 if TYPE_CHECKING:
     from lightning_rl.learner.learner import LearnerConfig
+
+
+@dataclasses.dataclass
+class NonFiniteSteps:
+    """Optimizer steps skipped for non-finite gradients: the Learner's running count, not its state.
+
+    ``apply_gradients`` fills it and ``_minibatch_step`` reads it. The counts live for one
+    run and are not saved with the Learner: a skipped step leaves the weights as they were,
+    so a checkpoint holds finite weights, and a run resumed from it (often with a lower
+    learning rate or cleaner data) starts counting afresh.
+
+    Attributes:
+        in_a_row: Steps each optimizer skipped since it last stepped (optimizers with none are absent).
+        all_skipped: Whether every optimizer the last minibatch step tried to step was skipped.
+        over_limit: ``(module_id, optimizer, in_a_row)`` for each optimizer that reached its
+            module's ``max_consecutive_non_finite_steps`` in the last minibatch step.
+    """
+
+    in_a_row: dict[Optimizer, int] = dataclasses.field(default_factory=dict)
+    all_skipped: bool = False
+    over_limit: list[tuple[str, Optimizer, int]] = dataclasses.field(default_factory=list)
 
 
 class GradientStepMixin:
@@ -133,8 +165,10 @@ class GradientStepMixin:
 
         An optimizer whose gradients hold a NaN or infinity (before any clipping) does not
         step (counted in the results as ``num_non_finite_updates_skipped``), so one bad batch
-        cannot poison the weights or the optimizer's moments. Under DDP, a module that no
-        rank has rows of in this update does not step: its gradients are zeros.
+        cannot poison the weights or the optimizer's moments; the steps it skips in a row are
+        counted towards ``max_consecutive_non_finite_steps``. Under DDP the gradients are
+        averaged over the ranks before this runs, so every rank steps or skips alike. A module
+        that no rank has rows of in this update does not step: its gradients are zeros.
         """
         in_update = self._modules_in_update
         module_ids = []
@@ -148,13 +182,25 @@ class GradientStepMixin:
         if not to_step:
             return
         under_trainer = self._is_running_under_trainer()
+        any_stepped = False
         # One device sync for all optimizers; the check itself is cheaper on Python floats.
         for (module_id, optimizer), norm in zip(to_step, torch.stack(norms).tolist()):
             if math.isfinite(norm):
                 self._step(optimizer, under_trainer)
+                self._non_finite_steps.in_a_row.pop(optimizer, None)
+                any_stepped = True
             else:
-                skipped = (module_id, NUM_NON_FINITE_UPDATES_SKIPPED)
-                self.metrics.log_value(skipped, 1, reduce="sum", clear_on_reduce=True)
+                self._skip_non_finite_step(module_id, optimizer)
+        self._non_finite_steps.all_skipped = not any_stepped
+
+    def _skip_non_finite_step(self, module_id: str, optimizer: Optimizer) -> None:
+        """Count a skipped step of ``optimizer``; note it if its module's limit of skips in a row is reached."""
+        self.metrics.log_value((module_id, NUM_NON_FINITE_UPDATES_SKIPPED), 1, reduce="sum", clear_on_reduce=True)
+        counts = self._non_finite_steps
+        in_a_row = counts.in_a_row[optimizer] = counts.in_a_row.get(optimizer, 0) + 1
+        limit = self.config_for_module(module_id).max_consecutive_non_finite_steps
+        if limit is not None and in_a_row >= limit:
+            counts.over_limit.append((module_id, optimizer, in_a_row))
 
     def _step(self, optimizer: Optimizer, under_trainer: bool) -> None:
         if under_trainer:
@@ -165,8 +211,17 @@ class GradientStepMixin:
         else:
             optimizer.step()
 
-    def _minibatch_step(self, minibatch: MultiModuleBatch) -> None:
-        """One gradient step: forward, losses, backward, clip, optimizer steps, loss logging."""
+    def _minibatch_step(self, minibatch: MultiModuleBatch) -> bool:
+        """One gradient step: forward, losses, backward, clip, optimizer steps, loss logging.
+
+        Returns:
+            Whether it changed any weights: ``False`` when every optimizer it was to step
+            skipped its step for non-finite gradients.
+
+        Raises:
+            FloatingPointError: When an optimizer has now skipped its module's
+                ``max_consecutive_non_finite_steps`` steps in a row.
+        """
         # A data-parallel rank without rows in this step still backpropagates (zeros), in step with the others.
         fwd_out = self._forward_train_fn(minibatch) if minibatch else {}
         loss_per_module = dict(self.compute_losses(fwd_out=fwd_out, batch=minibatch))
@@ -174,9 +229,34 @@ class GradientStepMixin:
             loss_per_module[ALL_MODULES] = _sum(loss_per_module.values())
         gradients = self.compute_gradients(loss_per_module)
         gradients = self.postprocess_gradients(gradients)
+        self._non_finite_steps.all_skipped = False  # stays so if an overridden apply_gradients does not count
         self.apply_gradients(gradients)
         for module_id, loss in loss_per_module.items():
             self.metrics.log_value((module_id, TOTAL_LOSS_KEY), loss, window=math.inf, clear_on_reduce=True)
+        if self._non_finite_steps.over_limit:
+            raise FloatingPointError(self._too_many_non_finite_steps_message(loss_per_module))
+        return not self._non_finite_steps.all_skipped
+
+    def _too_many_non_finite_steps_message(self, loss_per_module: Mapping[str, torch.Tensor]) -> str:
+        """What stopped training: which optimizers skipped how many steps, and whether their loss was finite."""
+        over_limit, self._non_finite_steps.over_limit = self._non_finite_steps.over_limit, []
+        where = " on this rank" if self._is_data_parallel() else ""
+        lines = []
+        for module_id, optimizer, in_a_row in over_limit:
+            name = next(n for n, o in self.get_optimizers_for_module(module_id) if o is optimizer)
+            loss = loss_per_module.get(module_id, loss_per_module.get(ALL_MODULES))
+            if loss is not None and not bool(torch.isfinite(loss.detach()).all()):
+                what = f"its loss was {loss.detach().float().mean().item()}{where}"
+            else:
+                what = f"its loss was finite{where}, its gradients were not"
+            lines.append(f"module {module_id!r}, optimizer {name!r}: {in_a_row} steps in a row skipped; {what}")
+        return (
+            "training stopped: gradients held NaN or infinity in too many consecutive steps, so the weights "
+            "stopped changing (max_consecutive_non_finite_steps reached):\n  "
+            + "\n  ".join(lines)
+            + "\nLook for NaN/inf in the data (rewards, observations) and in the loss; a lower lr or grad_clip "
+            "helps against exploding gradients. max_consecutive_non_finite_steps=None turns this check off."
+        )
 
 
 def _sum(values: Any) -> torch.Tensor:

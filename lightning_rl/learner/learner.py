@@ -49,7 +49,7 @@ from lightning_rl.learner._lightning_private import attached_trainer
 from lightning_rl.learner.batches import prepare_batch
 from lightning_rl.learner.callback import LearnerCallback
 from lightning_rl.learner.evaluation import EvaluationMetrics
-from lightning_rl.learner.gradient_step import GradientStepMixin
+from lightning_rl.learner.gradient_step import GradientStepMixin, NonFiniteSteps
 from lightning_rl.learner.lightning_hooks import LightningHooksMixin
 from lightning_rl.learner.multi_module import MultiModuleMixin, ShouldModuleBeUpdated
 
@@ -163,6 +163,9 @@ class Learner(
             ``build_learner_connector`` returns, e.g. one adding a column the loss reads.
             Objects, not hyperparameters: they are not saved with the checkpoint, so pass
             them again when loading one (overriding ``build_learner_connector`` saves that).
+        max_consecutive_non_finite_steps: Optimizer steps in a row that one optimizer may skip
+            for NaN or infinite gradients before training stops with a ``FloatingPointError``
+            naming the module, the optimizer and whether the loss was finite; ``None`` never stops.
 
     Raises:
         ValueError: For both ``module_spec`` and ``module``, a ``module`` that is not an
@@ -196,6 +199,7 @@ class Learner(
         torch_compile: bool = False,
         torch_compile_what_to_compile: Literal["forward_train", "complete_update"] = "forward_train",
         learner_connector_pieces: Sequence[Piece] = (),
+        max_consecutive_non_finite_steps: int | None = 100,
     ) -> None:
         super().__init__()
         self.automatic_optimization = False
@@ -233,13 +237,14 @@ class Learner(
         self._timesteps: dict[str, float] = {}
         self.metrics = MetricsLogger()
         self._optimizer_registry = OptimizerRegistry(self.get_param_ref)
+        self._non_finite_steps = NonFiniteSteps()
         # Checked now (a ConnectorPipeline refuses what is not a piece); joined to the pipeline in build().
         self._user_connector_pieces: list[Piece] = list(ConnectorPipeline(learner_connector_pieces))
         self._learner_connector: ConnectorPipeline | None = None
         self.eval_metrics = EvaluationMetrics()
 
         self._forward_train_fn: Callable[[MultiModuleBatch], dict[str, Any]] | None = None
-        self._minibatch_step_fn: Callable[[MultiModuleBatch], None] | None = None
+        self._minibatch_step_fn: Callable[[MultiModuleBatch], bool] | None = None
         self._optimizer_wrappers: dict[Optimizer, Any] = {}
         self._own_callbacks: list[Callback] | None = None
         # The modules the current update trains (agreed over all ranks); None outside updates.
@@ -564,6 +569,9 @@ class Learner(
         minibatch_size = config["minibatch_size"]
         if minibatch_size is not None and not (isinstance(minibatch_size, int) and minibatch_size >= 1):
             raise ValueError(f"{where}: minibatch_size must be an int >= 1 or None, got {minibatch_size!r}")
+        limit = config["max_consecutive_non_finite_steps"]
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise ValueError(f"{where}: max_consecutive_non_finite_steps must be an int >= 1 or None, got {limit!r}")
         if config["torch_compile_what_to_compile"] not in WHAT_TO_COMPILE:
             raise ValueError(
                 f"{where}: torch_compile_what_to_compile must be one of {WHAT_TO_COMPILE}, "

@@ -20,8 +20,15 @@ from lightning_rl.core.train_item import TrainingData, given_sources, only_itera
 from lightning_rl.learner._lightning_private import attached_trainer
 from lightning_rl.learner.batches import concat_batches
 from lightning_rl.learner.data_parallel import agree_with_other_ranks
-from lightning_rl.learner.result_keys import DATASET_NUM_ITERS_TRAINED, DATASET_NUM_ITERS_TRAINED_LIFETIME
-from lightning_rl.learner.update_loop import StepsTrained, log_steps_trained, run_minibatch_steps
+from lightning_rl.learner.result_keys import (
+    DATASET_NUM_ITERS_TRAINED,
+    DATASET_NUM_ITERS_TRAINED_LIFETIME,
+)
+from lightning_rl.learner.update_loop import (
+    StepsTrained,
+    log_steps_trained,
+    run_minibatch_steps,
+)
 
 Results = dict[str, dict[str, float]]
 
@@ -233,8 +240,12 @@ class UpdateApiMixin:
         return trained
 
     def _log_steps_trained(self, trained: StepsTrained) -> None:
-        """Count an update's steps into ``weights_seq_no`` and log them (``update_loop.log_steps_trained``)."""
-        self._weights_seq_no += trained.num_steps  # one per minibatch step; counted here to keep the step lean
+        """Count an update's steps into ``weights_seq_no`` and log them (``update_loop.log_steps_trained``).
+
+        Only steps that changed the weights count: one whose optimizers all skipped for
+        non-finite gradients does not, so a ``TargetNetworkUpdate`` does not fire on it.
+        """
+        self._weights_seq_no += trained.num_steps_applied  # counted here to keep the step lean
         log_steps_trained(self.metrics, trained, self._weights_seq_no, self._timesteps)
 
 
@@ -286,4 +297,9 @@ def _add_steps(total: StepsTrained, step: StepsTrained) -> StepsTrained:
     rows = dict(total.module_rows)
     for module_id, count in step.module_rows.items():
         rows[module_id] = rows.get(module_id, 0) + count
-    return StepsTrained(rows, total.num_steps + step.num_steps, total.env_steps + step.env_steps)
+    return StepsTrained(
+        rows,
+        total.num_steps + step.num_steps,
+        total.env_steps + step.env_steps,
+        total.num_steps_applied + step.num_steps_applied,
+    )
