@@ -7,11 +7,13 @@ from lightning_rl.core.rl_modules import MultiRLModule, RLModule
 from lightning_rl.core.schedules import Schedule
 from lightning_rl.core.train_item import TrainingData, TrainItem
 from lightning_rl.learner.callback import LearnerCallback
+from lightning_rl.learner.checkpoint_io import AtomicCheckpointIO
 from lightning_rl.learner.learner import DEFAULT_OPTIMIZER, Learner, LearnerConfig
 from lightning_rl.learner.learner_group import LearnerGroup, LearnerGroupError
 
 __all__ = [
     "ALL_MODULES",
+    "AtomicCheckpointIO",
     "DEFAULT_MODULE_ID",
     "DEFAULT_OPTIMIZER",
     "Columns",

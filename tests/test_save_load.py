@@ -193,7 +193,7 @@ def fit_from_the_command_line(row: AlgorithmRow, tmp_path: Path) -> tuple[Learne
         "model": row.cli_model(),
         "data": row.cli_data(rollouts_per_epoch=ITEMS_BEFORE, max_env_steps=ITEMS_BEFORE * ITEM_ENV_STEPS),
     }
-    path = tmp_path / "config.yaml"
+    path = tmp_path / "given.yaml"  # the CLI writes what ran to config.yaml beside it
     path.write_text(yaml.safe_dump(config))
     cli = LightningRLCLI(args=["fit", "--config", str(path)])
     return cli.model, tmp_path / "checkpoints" / "last.ckpt"

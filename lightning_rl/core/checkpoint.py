@@ -12,24 +12,46 @@ Both hold only tensors and plain Python data, so they load with ``torch.load(wei
 opening a checkpoint never runs code from it. A checkpoint names its Learner and RLModule
 classes; those names are looked up among the classes already loaded (``loaded_subclass``),
 never imported, so a crafted name cannot make Python import or call anything.
+
+Files are written atomically (``atomic_write``: a temporary file beside the target, fsynced,
+then renamed) and carry a checksum of their content (``CHECKSUM_KEY``), checked on load, so
+a damaged file is an error rather than wrong weights. ``read_checkpoint_file`` opens either
+format and turns every way a file can be bad into one ``ValueError`` line naming it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import os
+import re
+import socket
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
+import gymnasium as gym
+import numpy as np
 import torch
+
+from lightning_rl.core.spaces import space_from_dict, space_to_dict
 
 LEARNER_STATE_FILE = "learner_state.pt"
 CHECKPOINT_KEY = "lightning_rl"
 FORMAT_VERSION = 1
+# The reserved top-level key holding the checksum of everything else in a checkpoint file.
+CHECKSUM_KEY = "lightning_rl_checksum"
+# The key, inside the ``"lightning_rl"`` entry, of the checksum of the Learner's own parts.
+LEARNER_CHECKSUM_KEY = "checksum"
+CHECKSUM_METHOD = "blake2b-walk-v1"
+# Every temporary file a save writes starts with this; nothing else is ever cleaned up.
+TEMPORARY_PREFIX = ".lightning_rl-partial."
 
 _PLAIN_TYPES = (str, int, float, bool, type(None), torch.Tensor)
+_LEARNER_KEYS = {"format_version", "learner_class", "hparams", "state"}
+_ZIP_MAGIC = b"PK\x03\x04"  # torch.save writes a zip archive
+_CODE_GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+)")
 
 
 def class_path(cls: type) -> str:
@@ -122,32 +144,400 @@ def check_plain_data(value: Any, where: str) -> None:
         )
 
 
-def write_learner_dir(path: str | os.PathLike, payload: dict[str, Any]) -> Path:
-    """Write ``payload`` to ``path/learner_state.pt``, atomically.
+# ----------------------------------------------------------------------------------------
+# Checksums
+# ----------------------------------------------------------------------------------------
 
-    The file is written beside its final name and moved into place only when complete, so
-    an interrupted save never leaves a damaged checkpoint where a good one was.
+
+def payload_checksum(value: Any) -> dict[str, str]:
+    """The checksum of ``value`` as a checkpoint stores it: ``{"method": ..., "digest": hex}``.
+
+    The digest is a BLAKE2b hash of a walk over the loaded object: every key and value in
+    order, with its type, and every tensor's dtype, shape and bytes (read in place, without
+    a copy, when the tensor is contiguous and on the CPU). Hashing the object rather than
+    the file's bytes keeps the file a plain ``torch.save`` file that any tool loads, with
+    the checksum as one more entry.
     """
-    directory = Path(path)
-    if directory.exists() and not directory.is_dir():
-        raise ValueError(f"cannot save a Learner to {str(directory)!r}: it is a file, expected a directory")
-    directory.mkdir(parents=True, exist_ok=True)
-    target = directory / LEARNER_STATE_FILE
-    handle, temporary = tempfile.mkstemp(dir=directory, prefix=f".{LEARNER_STATE_FILE}.", suffix=".tmp")
+    hasher = hashlib.blake2b(digest_size=32)
+    _feed(hasher, value)
+    return {"method": CHECKSUM_METHOD, "digest": hasher.hexdigest()}
+
+
+def _feed(hasher: Any, value: Any) -> None:
+    # Every value starts with a type tag, and containers and strings with their length, so
+    # that two different objects never feed the same bytes.
+    if isinstance(value, torch.Tensor):
+        hasher.update(f"T{value.dtype}{tuple(value.shape)}|".encode())
+        hasher.update(_tensor_bytes(value))
+    elif isinstance(value, np.ndarray):
+        hasher.update(f"A{value.dtype.str}{value.shape}|".encode())
+        hasher.update(memoryview(np.ascontiguousarray(value)).cast("B"))
+    elif isinstance(value, Mapping):
+        hasher.update(f"D{len(value)}|".encode())
+        for key, item in value.items():
+            _feed(hasher, key)
+            _feed(hasher, item)
+    elif isinstance(value, (list, tuple)):
+        hasher.update(f"{'L' if isinstance(value, list) else 'U'}{len(value)}|".encode())
+        for item in value:
+            _feed(hasher, item)
+    elif isinstance(value, (set, frozenset)):
+        # A set's order changes between processes (string hashes are salted); its items' digests do not.
+        digests = sorted(payload_checksum(item)["digest"] for item in value)
+        hasher.update(f"S{len(value)}|{','.join(digests)}|".encode())
+    elif isinstance(value, (str, bytes)):
+        data = value.encode() if isinstance(value, str) else value
+        hasher.update(f"{'s' if isinstance(value, str) else 'b'}{len(data)}|".encode())
+        hasher.update(data)
+    elif isinstance(value, float):
+        hasher.update(f"F{value.hex()}|".encode())
+    elif isinstance(value, (bool, int, complex, type(None), torch.dtype, torch.device)):
+        hasher.update(f"{type(value).__name__}{value!r}|".encode())
+    else:
+        # Other types (neither lightning_rl nor Lightning writes any) count by their type
+        # alone: a repr may hold a memory address, which would differ on load.
+        hasher.update(f"?{type(value).__module__}.{type(value).__qualname__}|".encode())
+
+
+def _tensor_bytes(tensor: torch.Tensor) -> memoryview:
+    """A tensor's values as bytes: a view of its own memory when contiguous on the CPU, else of one copy."""
+    tensor = tensor.detach()
+    if tensor.layout != torch.strided:
+        tensor = tensor.to_dense()
+    flat = tensor.cpu().resolve_conj().resolve_neg().contiguous().reshape(-1)
+    return memoryview(flat.view(torch.uint8).numpy())
+
+
+def with_checksum(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
+    """A shallow copy of ``checkpoint`` with the checksum of its content under ``CHECKSUM_KEY`` (added last)."""
+    content = {key: value for key, value in checkpoint.items() if key != CHECKSUM_KEY}
+    return {**content, CHECKSUM_KEY: payload_checksum(content)}
+
+
+def add_learner_checksum(checkpoint: dict[str, Any]) -> None:
+    """Store in ``checkpoint["lightning_rl"]`` the checksum of a Lightning checkpoint's Learner parts.
+
+    The parts are the weights (``state_dict``), the optimizer states and the
+    ``"lightning_rl"`` entry itself. ``Learner.on_save_checkpoint`` adds it, so a Learner's
+    weights are checked on load even in files that a plain ``Trainer`` wrote (without
+    ``AtomicCheckpointIO``, which checksums the whole file).
+    """
+    checkpoint[CHECKPOINT_KEY][LEARNER_CHECKSUM_KEY] = payload_checksum(_learner_parts(checkpoint))
+
+
+def _learner_parts(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
+    entry = {key: value for key, value in checkpoint[CHECKPOINT_KEY].items() if key != LEARNER_CHECKSUM_KEY}
+    return {
+        "state_dict": checkpoint.get("state_dict"),
+        "optimizer_states": checkpoint.get("optimizer_states"),
+        CHECKPOINT_KEY: entry,
+    }
+
+
+def verify_checksum(content: Any, where: str) -> None:
+    """Check the checksum a loaded checkpoint carries: the whole file's if it has one, else its Learner parts'.
+
+    Files without a checksum (older ones, or other programs') pass.
+
+    Raises:
+        ValueError: ``"<where>: checksum mismatch: the file is damaged"``.
+    """
+    if isinstance(content, Mapping) and CHECKSUM_KEY in content:
+        rest = {key: value for key, value in content.items() if key != CHECKSUM_KEY}
+        _check(content[CHECKSUM_KEY], rest, where)
+    else:
+        verify_learner_checksum(content, where)
+
+
+def verify_learner_checksum(checkpoint: Any, where: str) -> None:
+    """Check the checksum of a Lightning checkpoint's Learner parts (``add_learner_checksum``), if it has one.
+
+    Raises:
+        ValueError: ``"<where>: checksum mismatch: the file is damaged"``.
+    """
+    entry = checkpoint.get(CHECKPOINT_KEY) if isinstance(checkpoint, Mapping) else None
+    if isinstance(entry, Mapping) and LEARNER_CHECKSUM_KEY in entry:
+        _check(entry[LEARNER_CHECKSUM_KEY], _learner_parts(checkpoint), where)
+
+
+def _check(stored: Any, content: Any, where: str) -> None:
+    if not (isinstance(stored, Mapping) and isinstance(stored.get("method"), str) and "digest" in stored):
+        raise ValueError(f"{where}: its checksum entry is not one lightning_rl writes: the file is damaged")
+    if stored["method"] != CHECKSUM_METHOD:
+        raise ValueError(
+            f"{where}: written by a newer lightning_rl (checksum method {stored['method']!r}; "
+            f"this one checks {CHECKSUM_METHOD!r})"
+        )
+    if payload_checksum(content)["digest"] != stored["digest"]:
+        raise ValueError(f"{where}: checksum mismatch: the file is damaged")
+
+
+# ----------------------------------------------------------------------------------------
+# Writing files atomically
+# ----------------------------------------------------------------------------------------
+
+
+def atomic_write(target: str | os.PathLike, write: Callable[[IO[bytes]], None]) -> Path:
+    """Write ``target`` so that it always holds either its old content or the complete new one.
+
+    ``write`` fills a temporary file in ``target``'s own directory, so that the final rename
+    never crosses filesystems (where it would be a copy that a kill can cut short); the file
+    is fsynced, renamed over ``target`` with ``os.replace``, and the directory is fsynced, so
+    that the rename survives a crash too. On any error the temporary file is removed. Before
+    writing, temporary files that killed saves left in the directory are removed
+    (``remove_stale_temporary_files``).
+
+    Args:
+        target: The file to write; its directory is created if missing.
+        write: Called once with the open binary file.
+
+    Returns:
+        ``target`` as a ``Path``.
+    """
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporary_files(target.parent)
+    prefix = f"{TEMPORARY_PREFIX}{_host()}.{os.getpid()}.{target.name}."
+    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=prefix, suffix=".tmp")
     try:
         with os.fdopen(handle, "wb") as file:
-            torch.save(payload, file)
+            write(file)
             file.flush()
             os.fsync(file.fileno())
         os.replace(temporary, target)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+    _fsync_directory(target.parent)
     return target
 
 
+def remove_stale_temporary_files(directory: str | os.PathLike) -> list[Path]:
+    """Remove the temporary files that killed saves left in ``directory``.
+
+    A temporary file's name holds its writer's host and process id
+    (``.lightning_rl-partial.<host>.<pid>.<target>.<random>.tmp``). Only such files written
+    on this host by a process that no longer runs are removed: saves in progress, files of
+    other hosts and every file without ``TEMPORARY_PREFIX`` are left alone.
+
+    Returns:
+        The files removed.
+    """
+    removed = []
+    for entry in os.scandir(directory):
+        writer = _writer_of(entry.name)
+        if writer is not None and writer[0] == _host() and not _is_running(writer[1]):
+            Path(entry.path).unlink(missing_ok=True)
+            removed.append(Path(entry.path))
+    return removed
+
+
+def _host() -> str:
+    # Dots separate the fields of a temporary file's name, so the host name has none.
+    return re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname()) or "host"
+
+
+def _writer_of(name: str) -> tuple[str, int] | None:
+    """The (host, pid) a temporary file's name holds; ``None`` for any other name."""
+    if not name.startswith(TEMPORARY_PREFIX):
+        return None
+    fields = name[len(TEMPORARY_PREFIX) :].split(".", 2)
+    if len(fields) < 3 or not fields[1].isdigit():
+        return None
+    return fields[0], int(fields[1])
+
+
+def _is_running(pid: int) -> bool:
+    if os.name != "posix":
+        return True  # os.kill(pid, 0) would send CTRL_C there: never remove
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it runs, as another user
+        return True
+    return True
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make a rename in ``directory`` durable; a no-op where directories cannot be opened (Windows)."""
+    if not hasattr(os, "O_DIRECTORY"):
+        return
+    handle = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
+
+
+def save_checkpoint_file(checkpoint: Mapping[str, Any], path: str | os.PathLike) -> Path:
+    """``torch.save`` ``checkpoint`` to ``path`` atomically, with its checksum under ``CHECKSUM_KEY``.
+
+    ``torch.save`` streams into the file, so the checkpoint is never held twice in memory.
+    """
+    stamped = with_checksum(checkpoint)
+    return atomic_write(path, lambda file: torch.save(stamped, file))
+
+
+def write_learner_dir(path: str | os.PathLike, payload: dict[str, Any]) -> Path:
+    """Write ``payload`` to ``path/learner_state.pt``, atomically and with its checksum."""
+    directory = Path(path)
+    if directory.exists() and not directory.is_dir():
+        raise ValueError(f"cannot save a Learner to {str(directory)!r}: it is a file, expected a directory")
+    return save_checkpoint_file(payload, directory / LEARNER_STATE_FILE)
+
+
+# ----------------------------------------------------------------------------------------
+# Reading and checking files
+# ----------------------------------------------------------------------------------------
+
+
+def checkpoint_file(path: str | os.PathLike) -> Path:
+    """The file a checkpoint path names: ``path`` itself, or ``path/learner_state.pt`` for a directory.
+
+    Raises:
+        ValueError: ``"<path>: no such file"``, or for a directory without ``learner_state.pt``.
+    """
+    location = Path(path)
+    if location.is_dir():
+        file = location / LEARNER_STATE_FILE
+        if not file.is_file():
+            raise ValueError(
+                f"{location}: a directory without {LEARNER_STATE_FILE}; expected a save_to_path directory "
+                "or a Lightning .ckpt file"
+            )
+        return file
+    if not location.is_file():
+        raise ValueError(f"{location}: no such file")
+    return location
+
+
+def load_checked(file: str | os.PathLike, map_location: Any = None) -> Any:
+    """Load a ``torch.save`` file as plain data (``weights_only=True``) and check its checksum, if it has one.
+
+    Args:
+        file: The file (see ``checkpoint_file`` for directories).
+        map_location: As ``torch.load``'s.
+
+    Raises:
+        ValueError: With one line, ``"<file>: <problem>"``, for an empty, truncated or
+            garbage file, one holding code (a class or function), or a checksum mismatch.
+    """
+    file = Path(file)
+    if file.stat().st_size == 0:
+        raise ValueError(f"{file}: the file is empty (0 bytes), as a save that never finished leaves it")
+    try:
+        content = torch.load(file, map_location=map_location, weights_only=True)
+    except Exception as error:  # torch raises many types for bad files
+        raise ValueError(f"{file}: {_load_problem(file, error)}") from error
+    verify_checksum(content, str(file))
+    return content
+
+
+def _load_problem(file: Path, error: Exception) -> str:
+    """What is wrong with a file that ``torch.load(weights_only=True)`` refused, without torch's advice to load it unsafely."""
+    code = _CODE_GLOBAL.search(str(error))
+    if code:
+        return (
+            f"it holds {code.group(1)}, which is code, not data; lightning_rl checkpoints hold only tensors "
+            "and plain values, so it was not loaded"
+        )
+    with open(file, "rb") as handle:
+        is_archive = handle.read(len(_ZIP_MAGIC)) == _ZIP_MAGIC
+    if is_archive:
+        return "the file is truncated or damaged: it is not a complete torch.save archive"
+    return "not a checkpoint: the file is not one that torch.save writes"
+
+
+def read_checkpoint_file(path: str | os.PathLike) -> dict[str, Any]:
+    """Open a lightning_rl checkpoint of either format, checked; the one reader of the CLI and every load path.
+
+    Args:
+        path: A Lightning ``.ckpt`` file, a ``save_to_path`` directory or its ``learner_state.pt``.
+
+    Returns:
+        What the file holds, as ``torch.load`` returns it (its checksum entry included).
+
+    Raises:
+        ValueError: With one line, ``"<file>: <problem>"``: a missing file, a directory
+            without ``learner_state.pt``, an empty, truncated or garbage file, one holding
+            code, a checksum mismatch, a file that is no lightning_rl checkpoint, or one
+            written by a newer lightning_rl.
+    """
+    file = checkpoint_file(path)
+    content = load_checked(file, map_location="cpu")
+    lightning_format = isinstance(content, dict) and CHECKPOINT_KEY in content
+    entry = content[CHECKPOINT_KEY] if lightning_format else content
+    version = entry.get("format_version") if isinstance(entry, Mapping) else None
+    if not isinstance(version, int):
+        raise ValueError(
+            f"{file}: not a lightning_rl checkpoint (it has no {CHECKPOINT_KEY!r} entry with a format version)"
+        )
+    if version > FORMAT_VERSION:
+        raise ValueError(
+            f"{file}: written by a newer lightning_rl (checkpoint format {version}; this one reads up to {FORMAT_VERSION})"
+        )
+    missing = _LEARNER_KEYS - set(entry)
+    if lightning_format:
+        missing |= {"optimizer_order"} - set(entry)
+        missing |= {"state_dict"} - set(content)
+    if missing:
+        raise ValueError(f"{file}: not a lightning_rl checkpoint (it lacks {sorted(missing)})")
+    return content
+
+
+def check_checkpoint_fits(
+    path: str | os.PathLike,
+    checkpoint: Mapping[str, Any],
+    learner_class: type,
+    observation_space: gym.Space | None = None,
+    action_space: gym.Space | None = None,
+) -> None:
+    """Check that a checkpoint suits the Learner class and env about to use it, before anything is built.
+
+    Args:
+        path: Names the checkpoint in errors.
+        checkpoint: What ``read_checkpoint_file`` returned.
+        learner_class: The Learner class the run builds.
+        observation_space: The env's observation space; ``None`` not to check it.
+        action_space: The env's action space; ``None`` not to check it.
+
+    Raises:
+        ValueError: One line: ``"<path>: wrong algorithm: ..."`` if the checkpoint's Learner
+            class is neither ``learner_class``, a loaded subclass of it, nor a class it derives
+            from; ``"<path>: wrong env: ..."`` if a module was trained on other spaces.
+    """
+    entry = checkpoint.get(CHECKPOINT_KEY, checkpoint)
+    saved = entry["learner_class"]
+    ancestors = {f"{cls.__module__}.{cls.__qualname__}" for cls in learner_class.__mro__}
+    if saved not in ancestors:
+        try:
+            loaded_subclass(saved, learner_class, "the checkpoint's Learner class")
+        except ValueError:
+            raise ValueError(
+                f"{path}: wrong algorithm: it was written by {saved}, which is neither {learner_class.__name__}, "
+                "a loaded subclass of it, nor a class it derives from"
+            ) from None
+    specs = entry["state"].get("module_spec", {}).get("rl_module_specs", {})
+    for module_id, spec in specs.items():
+        for kind, given in (("observation", observation_space), ("action", action_space)):
+            stored = spec.get(f"{kind}_space")
+            if given is not None and stored is not None and not _same_space(stored, given):
+                raise ValueError(
+                    f"{path}: wrong env: module {module_id!r} was trained on the {kind} space "
+                    f"{space_from_dict(stored)}, but the env's is {given}"
+                )
+
+
+def _same_space(stored: Mapping[str, Any], space: gym.Space) -> bool:
+    try:
+        return space_to_dict(space) == stored
+    except ValueError:  # a space type no checkpoint can hold
+        return False
+
+
 def read_learner_payload(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
-    """Load a Learner checkpoint in either format.
+    """Load a Learner checkpoint in either format (through ``read_checkpoint_file``).
 
     Returns:
         The file read, and a payload dict with ``learner_class``, ``hparams`` and ``state``;
@@ -155,41 +545,22 @@ def read_learner_payload(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]
         ``Learner.state_dict()``) and fills ``state["optimizer"]["optimizers"]`` by name.
 
     Raises:
-        ValueError: naming the file, if it is missing, damaged or not a Learner checkpoint.
+        ValueError: As ``read_checkpoint_file``, and for a Lightning checkpoint whose
+            optimizer names and states differ in number.
     """
-    location = Path(path)
-    file = location / LEARNER_STATE_FILE if location.is_dir() else location
-    if not file.is_file():
-        raise ValueError(f"no Learner checkpoint at {str(location)!r} (expected a directory holding {LEARNER_STATE_FILE} or a Lightning .ckpt file)")
-    try:
-        content = torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as error:  # torch raises many types for damaged or unsafe files
-        raise ValueError(f"cannot read Learner checkpoint {str(file)!r}: {error}") from error
-    if not isinstance(content, dict):
-        raise ValueError(f"{str(file)!r} is not a Learner checkpoint (it holds a {type(content).__name__})")
-
-    if CHECKPOINT_KEY in content:  # a Lightning checkpoint
-        payload = dict(content[CHECKPOINT_KEY])
-        state = dict(payload["state"])
-        optimizer_state = dict(state.get("optimizer", {}))
-        order = payload.get("optimizer_order", [])
-        saved = content.get("optimizer_states", [])
-        if len(order) != len(saved):
-            raise ValueError(
-                f"Learner checkpoint {str(file)!r} names {len(order)} optimizers but holds {len(saved)} optimizer states"
-            )
-        optimizer_state["optimizers"] = dict(zip(order, saved))
-        state["optimizer"] = optimizer_state
-        payload["state"] = state
-        payload["lightning_state_dict"] = content["state_dict"]
-    else:
-        payload = content
-    missing = {"format_version", "learner_class", "hparams", "state"} - set(payload)
-    if missing:
-        raise ValueError(f"{str(file)!r} is not a Learner checkpoint: it lacks {sorted(missing)}")
-    if payload["format_version"] > FORMAT_VERSION:
-        raise ValueError(
-            f"{str(file)!r} was written by a newer lightning_rl (format {payload['format_version']}, "
-            f"this one reads up to {FORMAT_VERSION})"
-        )
+    file = checkpoint_file(path)
+    content = read_checkpoint_file(file)
+    if CHECKPOINT_KEY not in content:
+        return file, content
+    payload = dict(content[CHECKPOINT_KEY])
+    state = dict(payload["state"])
+    optimizer_state = dict(state.get("optimizer", {}))
+    order = payload["optimizer_order"]
+    saved = content.get("optimizer_states", [])
+    if len(order) != len(saved):
+        raise ValueError(f"{file}: it names {len(order)} optimizers but holds {len(saved)} optimizer states")
+    optimizer_state["optimizers"] = dict(zip(order, saved))
+    state["optimizer"] = optimizer_state
+    payload["state"] = state
+    payload["lightning_state_dict"] = content["state_dict"]
     return file, payload

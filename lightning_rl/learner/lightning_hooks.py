@@ -11,6 +11,7 @@ optimizers Lightning steps and saves are the Learner's own (``configure_optimize
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -170,16 +171,69 @@ class LightningHooksMixin:
 
         Weights and optimizer states are in the checkpoint already (``state_dict``,
         ``optimizer_states``); this adds the module spec, hyperparameters, optimizer names
-        (in Lightning's order), schedules, metrics and counters.
+        (in Lightning's order), schedules, metrics and counters, and then the checksum of
+        all of these (``lightning_rl.core.checkpoint.add_learner_checksum``), which loading
+        checks. Lightning calls this hook last, after every callback's; a subclass that
+        overrides it must change the checkpoint before calling ``super()``, not after.
         """
         learner_state.add_to_lightning_checkpoint(self, checkpoint)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Lightning's hook: rebuild the modules the checkpoint holds, then restore state.
+        """Lightning's hook: check the Learner's checksum, rebuild the modules the checkpoint holds, restore state.
 
         Lightning then loads the weights and, when resuming a fit, the optimizer states.
         """
         learner_state.restore_from_lightning_checkpoint(self, checkpoint)
+
+    @classmethod
+    def load_from_checkpoint(
+        cls,
+        checkpoint_path: str | os.PathLike,
+        map_location: torch.device | str | None = None,
+        hparams_file: Any = None,
+        strict: bool | None = None,
+        weights_only: bool | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Lightning's classmethod, made safe: the same as ``from_checkpoint(checkpoint_path, **kwargs)``.
+
+        Lightning's own version builds the module from the checkpoint's
+        ``hyper_parameters``, through the ``_instantiator`` the file names; LightningCLI's
+        instantiator parses them as config, which turns a string such as ``"builtins.print"``
+        into a function where an argument may be callable (``policies_to_train``). This one
+        reads the file with ``read_checkpoint_file`` (plain data, checksum checked), finds
+        its Learner class among the loaded ones and passes the hyperparameters as values;
+        keys starting with ``_`` are ignored.
+
+        Args:
+            checkpoint_path: A Lightning ``.ckpt`` file or a ``save_to_path`` directory.
+            map_location: The device to load onto (a ``torch.device`` or a string); ``None``
+                for the CPU.
+            hparams_file: Not supported (it would replace the saved hyperparameters).
+            strict: ``None`` or ``True``: weights are always checked to match exactly.
+            weights_only: ``None`` or ``True``: checkpoints are always loaded as plain data.
+            **kwargs: Hyperparameters replacing the saved ones.
+
+        Raises:
+            ValueError: One line naming the file, if it cannot be read or does not fit; and
+                for the unsupported arguments above, naming them.
+        """
+        refused = [
+            name
+            for name, given in (
+                ("hparams_file", hparams_file is not None),
+                ("strict=False", strict is False),
+                ("weights_only=False", weights_only is False),
+                ("a map_location that is not a device", not isinstance(map_location, (str, torch.device, type(None)))),
+            )
+            if given
+        ]
+        if refused:
+            raise ValueError(
+                f"{cls.__name__}.load_from_checkpoint does not support {refused}: a Learner checkpoint is read as "
+                "plain data, its weights must match exactly, and keyword arguments replace its hyperparameters"
+            )
+        return learner_state.learner_from_checkpoint(cls, os.fspath(checkpoint_path), device=map_location, **kwargs)
 
 
 def _with_spaces_from(spec: MultiRLModuleSpec, datamodule: Any) -> MultiRLModuleSpec:

@@ -21,10 +21,12 @@ import torch
 from lightning_rl.core.checkpoint import (
     CHECKPOINT_KEY,
     FORMAT_VERSION,
+    add_learner_checksum,
     check_plain_data,
     class_path,
     loaded_subclass,
     read_learner_payload,
+    verify_learner_checksum,
     write_learner_dir,
 )
 from lightning_rl.core.columns import COMPONENT_METRICS_LOGGER, COMPONENT_OPTIMIZER, COMPONENT_RL_MODULE
@@ -149,19 +151,32 @@ def restore_learner(learner: Learner, path: str) -> None:
     except Exception as error:
         match_modules(learner, snapshot["module_spec"], snapshot["config_overrides_per_module"])
         learner.set_state(snapshot)
-        raise ValueError(f"cannot restore from {str(file)!r}: {error}") from error
+        raise ValueError(f"{file}: cannot restore from it: {error}") from error
 
 
-def learner_from_checkpoint(cls: type[Learner], path: str, **hparam_overrides: Any) -> Learner:
+def learner_from_checkpoint(
+    cls: type[Learner], path: str, device: torch.device | str | None = None, **hparam_overrides: Any
+) -> Learner:
     """Build the Learner a checkpoint describes (its own class, a subclass of ``cls``) and restore it.
+
+    The checkpoint is read with ``read_checkpoint_file`` (checked, plain data only), its
+    Learner class found among the loaded classes (``loaded_subclass``), never imported, and
+    its hyperparameters passed as values: nothing in the file becomes code.
+
+    Args:
+        cls: The class asked; the checkpoint's class must be it or a subclass.
+        path: A ``save_to_path`` directory or a Lightning checkpoint file.
+        device: Where the Learner goes, before its weights and optimizer states are loaded
+            (so that those follow it); ``None`` for the CPU.
+        **hparam_overrides: Hyperparameters replacing the saved ones.
 
     Raises:
         ValueError: Naming the file, if the checkpoint cannot be read or does not fit.
     """
     file, payload = read_learner_payload(path)
-    learner_class = loaded_subclass(payload["learner_class"], cls, "the checkpoint's Learner class")
     state = payload["state"]
     try:
+        learner_class = loaded_subclass(payload["learner_class"], cls, "the checkpoint's Learner class")
         # Lightning's private keys (LightningCLI saves ``_class_path`` and ``_instantiator``) are
         # no constructor arguments.
         saved = {key: value for key, value in dict(payload["hparams"]).items() if not key.startswith("_")}
@@ -176,20 +191,27 @@ def learner_from_checkpoint(cls: type[Learner], path: str, **hparam_overrides: A
             # A saved hyperparameter this class does not take (a checkpoint of another version of it).
             raise ValueError(f"{learner_class.__name__} does not take its saved hyperparameters: {error}") from error
         learner.build()
+        if device is not None:
+            learner.to(device)
         apply_payload(learner, payload)
     except ValueError as error:
-        raise ValueError(f"cannot load a Learner from {str(file)!r}: {error}") from error
+        raise ValueError(f"{file}: cannot load a Learner from it: {error}") from error
     return learner
 
 
 def add_to_lightning_checkpoint(learner: Learner, checkpoint: dict[str, Any]) -> None:
-    """Put what rebuilds ``learner`` into a Lightning checkpoint, beside the weights and optimizer states it has."""
+    """Put what rebuilds ``learner`` into a Lightning checkpoint, beside the weights and optimizer states it has.
+
+    Last, the checksum of the Learner's parts (weights, optimizer states, this entry) is
+    added, so that loading finds any change to them (``verify_learner_checksum``).
+    """
     payload = checkpoint_payload(learner)
     state = learner.get_state(not_components=[COMPONENT_RL_MODULE, COMPONENT_OPTIMIZER])
     state[COMPONENT_OPTIMIZER] = learner._optimizer_registry.get_state(include_optimizers=False)
     payload["state"] = state
     payload["optimizer_order"] = list(learner._optimizer_registry.named)
     checkpoint[CHECKPOINT_KEY] = payload
+    add_learner_checksum(checkpoint)
 
 
 def restore_from_lightning_checkpoint(learner: Learner, checkpoint: dict[str, Any]) -> None:
@@ -199,11 +221,14 @@ def restore_from_lightning_checkpoint(learner: Learner, checkpoint: dict[str, An
     they are checked here first, so that a mismatch names the keys.
 
     Raises:
-        ValueError: For a checkpoint not written by a Learner, or one whose optimizers or
-            weights do not fit.
+        ValueError: For a checkpoint not written by a Learner, one whose Learner parts fail
+            their checksum, or one whose optimizers or weights do not fit.
     """
+    trainer = attached_trainer(learner)
+    where = str(trainer.ckpt_path) if trainer is not None and trainer.ckpt_path else "the checkpoint"
     if CHECKPOINT_KEY not in checkpoint:
-        raise ValueError("this checkpoint was not written by a lightning_rl Learner (no 'lightning_rl' entry)")
+        raise ValueError(f"{where}: not a lightning_rl checkpoint (no {CHECKPOINT_KEY!r} entry)")
+    verify_learner_checksum(checkpoint, where)
     payload = checkpoint[CHECKPOINT_KEY]
     state = payload["state"]
     overrides = state.get("config_overrides_per_module", {})
@@ -213,18 +238,15 @@ def restore_from_lightning_checkpoint(learner: Learner, checkpoint: dict[str, An
             learner._config_overrides[module_id] = dict(module_overrides)
         learner.build()
     match_modules(learner, state["module_spec"], overrides)
-    trainer = attached_trainer(learner)
-    source = f" {str(trainer.ckpt_path)!r}" if trainer is not None and trainer.ckpt_path else ""
     optimizer_order = list(learner._optimizer_registry.named)
     if optimizer_order != list(payload["optimizer_order"]):
         raise ValueError(
-            f"checkpoint{source}: its optimizers {payload['optimizer_order']} do not match this Learner's "
-            f"{optimizer_order}"
+            f"{where}: its optimizers {payload['optimizer_order']} do not match this Learner's {optimizer_order}"
         )
     try:
         check_state_matches(learner, checkpoint["state_dict"])
     except ValueError as error:
-        raise ValueError(f"checkpoint{source}: {error}") from error
+        raise ValueError(f"{where}: {error}") from error
     learner.set_state(state)
 
 
