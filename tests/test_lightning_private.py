@@ -75,3 +75,17 @@ def test_wrap_model_for_strategy_builds_a_new_ddp_wrapper_with_the_strategys_set
         assert wrapped.find_unused_parameters is True  # the strategy's own DDP settings
     finally:
         dist.destroy_process_group()
+
+
+def test_claim_version_directory_gives_concurrent_runs_distinct_versions_and_the_logger_uses_it(tmp_path):
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+    from lightning_rl.learner._lightning_private import claim_version_directory
+
+    first, second = TensorBoardLogger(str(tmp_path)), CSVLogger(str(tmp_path), name="lightning_logs")
+    # Neither has looked at the directory yet: without the claim both would pick version_0.
+    assert claim_version_directory(first) == tmp_path / "lightning_logs" / "version_0"
+    assert claim_version_directory(second) == tmp_path / "lightning_logs" / "version_1"
+    assert (first.version, second.version) == (0, 1)
+    assert first.log_dir == str(tmp_path / "lightning_logs" / "version_0")
+    assert claim_version_directory(TensorBoardLogger(str(tmp_path), version=7)) is None  # the user's choice stands

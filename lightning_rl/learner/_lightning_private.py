@@ -1,17 +1,20 @@
-"""Every use of Lightning's private API by the Learner, one small function each.
+"""Every use of Lightning's private API by lightning_rl, one small function each.
 
 Lightning's public API covers nearly all the Learner needs (``self.optimizers()``,
 ``trainer.strategy.optimizers = ...``, ``trainer.strategy.model``, ``trainer.state``). The
-three things below have no public equivalent; each function says why. If Lightning renames
+things below have no public equivalent; each function says why. If Lightning renames
 or changes one of them, ``tests/test_lightning_private.py`` fails with the name of the
 function, so the breakage shows up as one failing test instead of a wrong training run.
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from lightning.pytorch.strategies import Strategy
 from torch import nn
 
@@ -48,3 +51,32 @@ def trainer_writes_logs_now(trainer: Trainer) -> bool:
     """
     connector: Any = getattr(trainer, "_logger_connector", None)
     return bool(getattr(connector, "should_update_logs", True))
+
+
+def claim_version_directory(logger: Logger) -> Path | None:
+    """Create the next free ``version_N`` directory of ``logger`` and make the logger use it.
+
+    TensorBoard and CSV loggers pick their version lazily, as one more than the highest
+    ``version_N`` directory they find, so two runs started together in one
+    ``default_root_dir`` both pick ``version_0`` and write into each other's logs and
+    checkpoints. ``os.mkdir`` succeeds for exactly one process, so the run that creates the
+    directory owns it. The version is the logger's private ``_version``: its constructor
+    argument, which the ``version`` property fills lazily.
+
+    Returns:
+        The claimed directory; ``None`` for other loggers and for a version the user chose.
+    """
+    if not isinstance(logger, (TensorBoardLogger, CSVLogger)) or logger._version is not None:
+        return None
+    root = Path(logger.root_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    taken = [int(p.name[len("version_") :]) for p in root.glob("version_*") if p.name[len("version_") :].isdigit()]
+    version = max(taken, default=-1) + 1
+    while True:
+        try:
+            os.mkdir(root / f"version_{version}")
+        except FileExistsError:
+            version += 1
+            continue
+        logger._version = version
+        return root / f"version_{version}"

@@ -8,19 +8,31 @@
 The model is any ``Learner`` subclass and the data any ``LightningDataModule``, both chosen
 by ``class_path``; every ``__init__`` argument is settable from YAML or a flag. The
 Learner's observation and action spaces come from the data module at setup.
+
+With ``--ckpt_path``, the settings the user gives win over the checkpoint's, each difference
+is reported in one line, and nothing in the checkpoint becomes code (``resume.py``).
 """
 
 from __future__ import annotations
 
 import re
+import sys
+from pathlib import Path
 from typing import Any, NoReturn
 
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities import rank_zero_only
 
+from lightning_rl.cli.resume import plan_resume
+from lightning_rl.core.checkpoint import CHECKPOINT_KEY, check_checkpoint_fits, loaded_subclass, read_checkpoint_file
 from lightning_rl.data.env_datamodule import OFF_POLICY_ARGUMENTS, ON_POLICY_ARGUMENTS
 from lightning_rl.data.on_policy import OnPolicyDataModule
+from lightning_rl.learner._lightning_private import claim_version_directory
 from lightning_rl.learner.learner import Learner
+
+# Names Lightning's Trainer resolves itself rather than as a file path.
+_LIGHTNING_CKPT_NAMES = ("last", "best", "hpc", "registry")
 
 # How jsonargparse reports an init argument the chosen class does not take.
 _NOT_ACCEPTED = re.compile(r"Option '(\w+)' is not accepted")
@@ -56,20 +68,85 @@ class LightningRLCLI(LightningCLI):
         kwargs.setdefault("datamodule_class", LightningDataModule)
         kwargs.setdefault("subclass_mode_data", True)
         kwargs.setdefault("auto_configure_optimizers", False)
-        kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("parser_class", LightningRLArgumentParser)
         super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         parser.set_defaults({"data": {"class_path": f"{OnPolicyDataModule.__module__}.{OnPolicyDataModule.__name__}"}})
 
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        """Parse as Lightning does, keeping the arguments to tell the user's settings from defaults."""
+        self._raw_args = args
+        super().parse_arguments(parser, args)
+
+    def _parse_ckpt_path(self) -> None:
+        """Merge a ``--ckpt_path`` checkpoint's hyperparameters under the user's settings.
+
+        Replaces Lightning's rule (the checkpoint's values over the user's, parsed as config,
+        which can turn a string into a function). See ``lightning_rl.cli.resume``. A missing
+        or unreadable checkpoint, or one written by another algorithm, is a usage error here,
+        before any directory is created.
+        """
+        subcommand = self.config.get("subcommand")
+        if not subcommand:
+            return
+        ckpt_path = self.config[subcommand].get("ckpt_path")
+        if not ckpt_path or ckpt_path in _LIGHTNING_CKPT_NAMES:
+            return
+        checkpoint = self._read_checkpoint(ckpt_path)
+        self._checkpoint = (ckpt_path, checkpoint)
+        saved = dict(checkpoint.get("hyper_parameters") or {})
+        model = self.config[subcommand].model
+        chosen = loaded_subclass(model.class_path, Learner, "the config's model class_path")
+        try:
+            check_checkpoint_fits(ckpt_path, checkpoint, chosen)
+        except ValueError as error:
+            self.parser.error(f"--ckpt_path {error}")
+        given = self.parser.parse_args(self._raw_args, defaults=False)[subcommand].get("model") or {}
+        given_names = set((given.get("init_args") or {}).keys()) if given.get("class_path") in (None, model.class_path) else set()
+        plan = plan_resume(chosen, saved, dict(model.init_args), given_names)
+        if plan.adopted:
+            adopted = {subcommand: {"model": {"class_path": model.class_path, "init_args": plan.adopted}}}
+            try:
+                self.config = self.parser.parse_object(adopted, self.config)
+            except SystemExit:  # the parser has printed which value does not fit
+                self.parser.error(f"--ckpt_path {ckpt_path}: the checkpoint's hyperparameters do not fit {chosen.__name__}")
+        for line in plan.report_lines(ckpt_path):
+            _tell(line)
+        if plan.adopted:
+            _tell(f"{ckpt_path}: settings from the checkpoint that your config and flags leave out: {', '.join(plan.adopted)}")
+
+    def _read_checkpoint(self, ckpt_path: str) -> dict[str, Any]:
+        """The checkpoint at ``ckpt_path``, loaded safely; a usage error naming the file and problem otherwise."""
+        try:
+            checkpoint = read_checkpoint_file(ckpt_path)
+        except ValueError as error:
+            self.parser.error(f"--ckpt_path {error}")
+        if CHECKPOINT_KEY not in checkpoint:
+            self.parser.error(f"--ckpt_path {ckpt_path}: a Learner directory, not a Lightning checkpoint a Trainer resumes from")
+        return checkpoint
+
     def instantiate_classes(self) -> None:
         """Instantiate model, data and Trainer; turn their ``ValueError``\\ s into usage errors."""
         try:
             super().instantiate_classes()
             self.model.check_fits_data(self.datamodule)
+            if getattr(self, "_checkpoint", None) is not None:
+                ckpt_path, checkpoint = self._checkpoint
+                spaces = [getattr(self.datamodule, name, None) for name in ("observation_space", "action_space")]
+                check_checkpoint_fits(ckpt_path, checkpoint, type(self.model), *spaces)
         except ValueError as error:
             self.parser.error(f"invalid configuration: {error}")
+        if self.trainer.is_global_zero:
+            # Only now, with the configuration checked, does the run get a directory.
+            for logger in self.trainer.loggers:
+                claim_version_directory(logger)
+
+
+@rank_zero_only
+def _tell(line: str) -> None:
+    """Print a line for the user on stderr, once per run (on rank zero)."""
+    print(line, file=sys.stderr)
 
 
 def misplaced_data_argument_hint(message: str) -> str | None:
@@ -102,3 +179,4 @@ def main(args: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
