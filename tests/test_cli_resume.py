@@ -162,3 +162,10 @@ def test_plan_resume_keeps_given_settings_adopts_left_out_data_and_never_adopts_
     assert plan.adopted == {"gamma": 0.9}
     assert plan.changed == [("lr", 1e-3, 0.0)]
     assert plan.not_adopted == [("policies_to_train", ["a"], None)]
+
+
+def test_the_cli_writes_checkpoints_whole_and_checksummed(checkpoint):
+    # AtomicCheckpointIO is installed by default: its files carry the whole-file checksum.
+    content = torch.load(checkpoint, weights_only=True)
+    assert CHECKSUM_KEY in content
+    assert not list(checkpoint.parent.glob(".*"))  # no temporary files left behind

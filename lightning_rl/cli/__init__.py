@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
@@ -29,6 +30,7 @@ from lightning_rl.core.checkpoint import CHECKPOINT_KEY, check_checkpoint_fits, 
 from lightning_rl.data.env_datamodule import OFF_POLICY_ARGUMENTS, ON_POLICY_ARGUMENTS
 from lightning_rl.data.on_policy import OnPolicyDataModule
 from lightning_rl.learner._lightning_private import claim_version_directory
+from lightning_rl.learner.checkpoint_io import AtomicCheckpointIO
 from lightning_rl.learner.learner import Learner
 
 # Names Lightning's Trainer resolves itself rather than as a file path.
@@ -59,7 +61,10 @@ class LightningRLCLI(LightningCLI):
     replaces the Learner's optimizers (``auto_configure_optimizers=False``: Learners register
     their own, per module); a config value that the Learner or data module rejects ends the
     command with a usage error naming it, before anything runs, and an argument of the other
-    environment data module gets an error naming that one.
+    environment data module gets an error naming that one. ``--ckpt_path`` is read safely and
+    merged under the user's settings (``_parse_ckpt_path``); checkpoints are written by
+    ``AtomicCheckpointIO`` unless the user chose another plugin; every run gets a version
+    directory of its own.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -137,6 +142,9 @@ class LightningRLCLI(LightningCLI):
                 check_checkpoint_fits(ckpt_path, checkpoint, type(self.model), *spaces)
         except ValueError as error:
             self.parser.error(f"invalid configuration: {error}")
+        strategy = self.trainer.strategy
+        if type(strategy.checkpoint_io) is TorchCheckpointIO:  # Lightning's default, not one the user chose
+            strategy.checkpoint_io = AtomicCheckpointIO()
         if self.trainer.is_global_zero:
             # Only now, with the configuration checked, does the run get a directory.
             for logger in self.trainer.loggers:
