@@ -27,15 +27,9 @@ from torch.optim import Optimizer
 
 from lightning_rl.core.batch import MultiModuleBatch
 from lightning_rl.core.columns import ALL_MODULES
-from lightning_rl.learner.data_parallel import (
-    is_wrapped_in_ddp,
-    unused_parameter_anchor,
-)
+from lightning_rl.learner.data_parallel import is_wrapped_in_ddp, unused_parameter_anchor
 from lightning_rl.learner.optimizers import clip_gradients
-from lightning_rl.learner.result_keys import (
-    NUM_NON_FINITE_UPDATES_SKIPPED,
-    TOTAL_LOSS_KEY,
-)
+from lightning_rl.learner.result_keys import NUM_NON_FINITE_UPDATES_SKIPPED, TOTAL_LOSS_KEY
 
 if TYPE_CHECKING:
     from lightning_rl.learner.learner import LearnerConfig

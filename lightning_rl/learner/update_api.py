@@ -20,15 +20,8 @@ from lightning_rl.core.train_item import TrainingData, given_sources, only_itera
 from lightning_rl.learner._lightning_private import attached_trainer
 from lightning_rl.learner.batches import concat_batches
 from lightning_rl.learner.data_parallel import agree_with_other_ranks
-from lightning_rl.learner.result_keys import (
-    DATASET_NUM_ITERS_TRAINED,
-    DATASET_NUM_ITERS_TRAINED_LIFETIME,
-)
-from lightning_rl.learner.update_loop import (
-    StepsTrained,
-    log_steps_trained,
-    run_minibatch_steps,
-)
+from lightning_rl.learner.result_keys import DATASET_NUM_ITERS_TRAINED, DATASET_NUM_ITERS_TRAINED_LIFETIME
+from lightning_rl.learner.update_loop import StepsTrained, log_steps_trained, run_minibatch_steps
 
 Results = dict[str, dict[str, float]]
 
