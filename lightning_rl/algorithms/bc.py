@@ -8,7 +8,14 @@ import torch
 
 from lightning_rl.core.columns import Columns
 from lightning_rl.core.distributions import distribution_class_for_space
-from lightning_rl.core.mlp import build_mlp_from_config, flat_obs_dim, flatten_obs
+from lightning_rl.core.mlp import (
+    DEFAULT_FCNET_ACTIVATION,
+    DEFAULT_FCNET_HIDDENS,
+    build_mlp_from_config,
+    flat_obs_dim,
+    flatten_obs,
+)
+from lightning_rl.core.module_checks import ModelConfigKey
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.rl_modules import RLModule
 from lightning_rl.learner.learner import Learner, LearnerConfig, algorithm_module_spec
@@ -21,9 +28,14 @@ class BCModule(RLModule):
     categorical logits; Box actions a diagonal Gaussian (mean and log-std per dimension).
     """
 
+    model_config_keys = {
+        "fcnet_hiddens": ModelConfigKey.layer_sizes(DEFAULT_FCNET_HIDDENS),
+        "fcnet_activation": ModelConfigKey.activation(DEFAULT_FCNET_ACTIVATION),
+    }
+
     def setup(self) -> None:
         out_dim = distribution_class_for_space(self.action_space).required_input_dim(self.action_space)
-        self.pi = build_mlp_from_config(flat_obs_dim(self.observation_space), self.model_config, out_dim)
+        self.pi = build_mlp_from_config(flat_obs_dim(self.observation_space), self.resolved_model_config(), out_dim)
 
     def _forward(self, batch: dict[str, Any]) -> dict[str, Any]:
         obs = flatten_obs(batch[Columns.OBS], self.observation_space)

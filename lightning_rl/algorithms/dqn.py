@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from lightning_rl.algorithms.off_policy import WEIGHTS, OffPolicyLearner, bootstrap_discounts
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
 from lightning_rl.core.mlp import DEFAULT_FCNET_HIDDENS, build_mlp, flat_obs_dim, flatten_obs
+from lightning_rl.core.module_checks import ModelConfigKey
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.rl_modules import RLModule
 from lightning_rl.core.schedules import Schedule, ScheduleSetting
@@ -74,20 +75,26 @@ class DQNModule(RLModule, TargetNetworkAPI):
         ValueError: If the action space is not ``Discrete``.
     """
 
+    model_config_keys = {
+        "fcnet_hiddens": ModelConfigKey.layer_sizes(DEFAULT_FCNET_HIDDENS),
+        "fcnet_activation": ModelConfigKey.activation(DEFAULT_DQN_ACTIVATION),
+        "dueling": ModelConfigKey.flag(False),
+    }
+
     def setup(self) -> None:
         if not isinstance(self.action_space, gym.spaces.Discrete):
             raise ValueError(
                 f"DQNModule needs a Discrete action space (one Q value per action), got {self.action_space}"
             )
-        config = self.model_config
+        config = self.resolved_model_config()  # every key set: the defaults above fill the gaps
         self.num_actions = int(self.action_space.n)
         self.action_start = int(self.action_space.start)
         self.q_net = QNetwork(
             flat_obs_dim(self.observation_space),
             self.num_actions,
-            hiddens=list(config.get("fcnet_hiddens", DEFAULT_FCNET_HIDDENS)),
-            activation=config.get("fcnet_activation", DEFAULT_DQN_ACTIVATION),
-            dueling=bool(config.get("dueling", False)),
+            hiddens=list(config["fcnet_hiddens"]),
+            activation=config["fcnet_activation"],
+            dueling=config["dueling"],
         )
         self.register_buffer("epsilon", torch.tensor(1.0, dtype=torch.float32))
         self.target_q_net: nn.Module | None = None

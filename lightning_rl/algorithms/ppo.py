@@ -34,6 +34,7 @@ from lightning_rl.core.mlp import (
     flat_obs_dim,
     flatten_obs,
 )
+from lightning_rl.core.module_checks import ModelConfigKey
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.rl_modules import MultiRLModule, RLModule
 from lightning_rl.core.schedules import Schedule, ScheduleSetting
@@ -68,13 +69,20 @@ class PPOModule(RLModule):
     ``inference_only`` modules with separate networks skip the value MLP.
     """
 
+    model_config_keys = {
+        "fcnet_hiddens": ModelConfigKey.layer_sizes(DEFAULT_FCNET_HIDDENS),
+        "fcnet_activation": ModelConfigKey.activation(DEFAULT_FCNET_ACTIVATION),
+        "vf_share_layers": ModelConfigKey.flag(False),
+        "free_log_std": ModelConfigKey.flag(True),
+    }
+
     def setup(self) -> None:
-        config = self.model_config
-        hiddens = list(config.get("fcnet_hiddens", DEFAULT_FCNET_HIDDENS))
-        activation = config.get("fcnet_activation", DEFAULT_FCNET_ACTIVATION)
-        self.vf_share_layers = bool(config.get("vf_share_layers", False))
+        config = self.resolved_model_config()  # every key set: the defaults above fill the gaps
+        hiddens = list(config["fcnet_hiddens"])
+        activation = config["fcnet_activation"]
+        self.vf_share_layers = config["vf_share_layers"]
         dist_inputs = distribution_class_for_space(self.action_space).required_input_dim(self.action_space)
-        self.free_log_std = isinstance(self.action_space, gym.spaces.Box) and bool(config.get("free_log_std", True))
+        self.free_log_std = isinstance(self.action_space, gym.spaces.Box) and config["free_log_std"]
         pi_out = dist_inputs // 2 if self.free_log_std else dist_inputs
         obs_dim = flat_obs_dim(self.observation_space)
         last_hidden = hiddens[-1] if hiddens else obs_dim

@@ -35,6 +35,7 @@ from torch import Tensor, nn
 from lightning_rl.algorithms.off_policy import WEIGHTS, OffPolicyLearner, bootstrap_discounts
 from lightning_rl.core.columns import Columns
 from lightning_rl.core.mlp import build_mlp, flat_obs_dim, flatten_obs
+from lightning_rl.core.module_checks import ModelConfigKey
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.rl_modules import RLModule
 from lightning_rl.core.schedules import Schedule, ScheduleSetting
@@ -114,15 +115,20 @@ class SACModule(RLModule, TargetNetworkAPI):
         ValueError: For an action space other than a ``Box`` with finite bounds.
     """
 
+    model_config_keys = {
+        "fcnet_hiddens": ModelConfigKey.layer_sizes(SAC_FCNET_HIDDENS),
+        "fcnet_activation": ModelConfigKey.activation(SAC_FCNET_ACTIVATION),
+    }
+
     def setup(self) -> None:
         space = self.action_space
         if not isinstance(space, gym.spaces.Box):
             raise ValueError(f"SACModule needs a Box action space (continuous actions), got {space}")
         if not space.is_bounded("both"):
             raise ValueError(f"SACModule rescales tanh actions to the Box's bounds, which must be finite; got {space}")
-        config = self.model_config
-        hiddens = list(config.get("fcnet_hiddens", SAC_FCNET_HIDDENS))
-        activation = config.get("fcnet_activation", SAC_FCNET_ACTIVATION)
+        config = self.resolved_model_config()  # every key set: the defaults above fill the gaps
+        hiddens = list(config["fcnet_hiddens"])
+        activation = config["fcnet_activation"]
         obs_dim = flat_obs_dim(self.observation_space)
         self.action_dim = math.prod(space.shape)
 

@@ -29,6 +29,9 @@ _ACTIVATIONS: dict[str, type[nn.Module] | None] = {
     "linear": None,
 }
 
+ACTIVATION_NAMES: frozenset[str] = frozenset(_ACTIVATIONS)
+"""The ``fcnet_activation`` names :func:`build_mlp` accepts."""
+
 
 def build_mlp(
     in_dim: int, hiddens: Sequence[int], activation: str, out_dim: int | None = None

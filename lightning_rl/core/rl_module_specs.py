@@ -29,7 +29,13 @@ class RLModuleSpec:
         observation_space: Passed to the module.
         action_space: Passed to the module.
         model_config: Passed to the module; keep it plain data so :meth:`to_dict` can store it.
+            Checked now against ``module_class`` (see ``RLModule.check_model_config``), so
+            a typo fails here rather than when the module is built.
         inference_only: Passed to the module.
+
+    Raises:
+        ValueError: If ``module_class`` is not an RLModule subclass, or ``model_config`` is
+            not one it accepts.
     """
 
     module_class: type[RLModule] | None = None
@@ -37,6 +43,13 @@ class RLModuleSpec:
     action_space: gym.Space | None = None
     model_config: dict[str, Any] | None = None
     inference_only: bool = False
+
+    def __post_init__(self) -> None:
+        if self.module_class is None:
+            return
+        if not (isinstance(self.module_class, type) and issubclass(self.module_class, RLModule)):
+            raise ValueError(f"module_class must be an RLModule subclass, got {self.module_class!r}")
+        self.module_class.check_model_config(self.model_config)
 
     def build(self) -> RLModule:
         """Build the module.
@@ -198,9 +211,10 @@ def spec_or_default(
 
     Raises:
         ValueError: If both are given (the spec has its own ``model_config``, and the other
-            would be silently ignored).
+            would be silently ignored), or ``model_config`` is not one ``module_class`` accepts.
     """
     if module_spec is None:
+        module_class.check_model_config(model_config)  # before the copy, which needs a dict
         return RLModuleSpec(module_class=module_class, model_config=dict(model_config or {}))
     if model_config is not None:
         raise ValueError("pass either module_spec or model_config, not both (the spec has its own model_config)")

@@ -9,14 +9,20 @@ module ids. Both live here because each converts to the other
 from __future__ import annotations
 
 from collections.abc import ItemsView, Iterator, KeysView, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 from torch import Tensor, nn
 
 from lightning_rl.core.columns import DEFAULT_MODULE_ID
 from lightning_rl.core.distributions import Distribution, distribution_class_for_space
-from lightning_rl.core.module_checks import check_state_matches, validate_module_id
+from lightning_rl.core.module_checks import (
+    ModelConfigKey,
+    check_model_config,
+    check_state_matches,
+    model_config_with_defaults,
+    validate_module_id,
+)
 
 
 class RLModule(nn.Module):
@@ -31,9 +37,22 @@ class RLModule(nn.Module):
         observation_space: The space observations come from. ``None`` only for containers
             such as :class:`MultiRLModule`.
         action_space: The space actions go to. ``None`` only for containers.
-        model_config: Free-form settings for :meth:`setup` (e.g. ``fcnet_hiddens``); copied.
+        model_config: Settings for :meth:`setup` (e.g. ``fcnet_hiddens``); copied. A class that
+            declares ``model_config_keys`` accepts those keys alone and checks their values
+            (:meth:`resolved_model_config` adds the defaults of the keys left out);
+            otherwise any keys are taken as given.
         inference_only: Whether to build only what acting needs (a subclass may then skip
             e.g. its value head), as for modules on environment runners.
+
+    Raises:
+        ValueError: From :meth:`check_model_config`, before any layer is built.
+    """
+
+    model_config_keys: ClassVar[Mapping[str, ModelConfigKey] | None] = None
+    """The ``model_config`` keys this class accepts, ``{key: ModelConfigKey(default, ...)}``.
+
+    ``None`` (the base) takes any keys unchecked. A subclass of a class that declares keys
+    extends them with ``{**Parent.model_config_keys, "my_key": ModelConfigKey.flag(False)}``.
     """
 
     def __init__(
@@ -44,12 +63,37 @@ class RLModule(nn.Module):
         inference_only: bool = False,
     ) -> None:
         super().__init__()
+        self.check_model_config(model_config)
         self.observation_space = observation_space
         self.action_space = action_space
         # A copy, so that a config dict shared between modules cannot change this one later.
+        # It stays as given (specs and checkpoints store it so): resolved_model_config() adds the defaults.
         self.model_config = dict(model_config or {})
         self.inference_only = inference_only
         self.setup()
+
+    def resolved_model_config(self) -> dict[str, Any]:
+        """Return a copy of ``model_config`` with each declared key it leaves out set to its default.
+
+        What :meth:`setup` reads in a class that declares :attr:`model_config_keys`; in one that
+        does not, a copy of ``model_config`` as given.
+        """
+        if self.model_config_keys is None:
+            return dict(self.model_config)
+        return model_config_with_defaults(self.model_config, self.model_config_keys)
+
+    @classmethod
+    def check_model_config(cls, model_config: Mapping[str, Any] | None) -> None:
+        """Check ``model_config`` against :attr:`model_config_keys`; called by specs and ``__init__``.
+
+        Args:
+            model_config: The config to check; ``None`` is an empty one.
+
+        Raises:
+            ValueError: For an unknown key (naming the closest accepted one) or a value that
+                is not what its key expects; for a config that is not a dict, on every class.
+        """
+        check_model_config(model_config, cls.model_config_keys, cls.__name__)
 
     def setup(self) -> None:
         """Build the layers; called at the end of ``__init__``. The base builds nothing."""
