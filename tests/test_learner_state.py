@@ -297,3 +297,17 @@ def test_a_callable_policies_to_train_is_supplied_again_when_loading(tmp_path: P
     loaded = Learner.from_checkpoint(str(tmp_path / "ckpt"), policies_to_train=only_default)
     loaded.add_module(module_id="other", module_spec=bc_spec())
     assert loaded.should_module_be_updated(DEFAULT_MODULE_ID) and not loaded.should_module_be_updated("other")
+
+
+@pytest.mark.parametrize("rule", ["default_policy", ["default_policy", 3]])
+def test_policies_to_train_refuses_a_string_or_non_string_ids_naming_the_fix(rule):
+    with pytest.raises(ValueError, match="policies_to_train must be a list of module ids"):
+        BCLearner(module_spec=bc_spec(), policies_to_train=rule)
+
+
+def test_set_state_refuses_a_rule_that_is_not_a_list_of_module_ids():
+    learner = _trained_learner()
+    state = learner.get_state()
+    state["should_module_be_updated"] = "builtins.print"
+    with pytest.raises(ValueError, match="should_module_be_updated must be a list of module ids"):
+        learner.set_state(state)

@@ -51,7 +51,7 @@ from lightning_rl.learner.callback import LearnerCallback
 from lightning_rl.learner.evaluation import EvaluationMetrics
 from lightning_rl.learner.gradient_step import GradientStepMixin, NonFiniteSteps
 from lightning_rl.learner.lightning_hooks import LightningHooksMixin
-from lightning_rl.learner.multi_module import MultiModuleMixin, ShouldModuleBeUpdated
+from lightning_rl.learner.multi_module import MultiModuleMixin, ShouldModuleBeUpdated, check_policies_to_train
 
 # DEFAULT_OPTIMIZER, clip_gradients, default_adam, EPISODE_RETURN_MEAN and TRAIN_RETURN_KEY are
 # re-exported: code imports them from lightning_rl.learner.learner.
@@ -214,6 +214,7 @@ class Learner(
         # hyperparameters: those stay plain data so checkpoints load with weights_only. The
         # spec travels as plain data of its own (``get_state()["module_spec"]``).
         # The connector pieces are objects (functions, pieces holding settings) for the same reason.
+        check_policies_to_train(policies_to_train)
         ignore = ["module_spec", "module", "learner_connector_pieces"]
         ignore += ["policies_to_train"] if callable(policies_to_train) else []
         self.save_hyperparameters(ignore=ignore)

@@ -21,6 +21,28 @@ from lightning_rl.learner.data_parallel import rewrap_data_parallel
 ShouldModuleBeUpdated = Union[Collection[str], Callable[[str, Optional[MultiModuleBatch]], bool]]
 
 
+def check_policies_to_train(rule: Any, where: str = "policies_to_train") -> ShouldModuleBeUpdated | None:
+    """Return ``rule`` if it is a valid ``policies_to_train``, else raise naming what was wrong.
+
+    Valid: ``None`` (train every module), a callable ``(module_id, batch) -> bool``, or a
+    collection of module id strings. A single string is refused: ``"policy_a"`` would be read
+    as the collection of its characters, and a checkpoint could turn a name into one.
+
+    Raises:
+        ValueError: For a string, or a collection holding anything but strings.
+    """
+    if rule is None or callable(rule):
+        return rule
+    if isinstance(rule, str):
+        raise ValueError(
+            f"{where} must be a list of module ids or a callable (module_id, batch) -> bool, got the string "
+            f"{rule!r}; for one module write [{rule!r}]"
+        )
+    if not isinstance(rule, Collection) or not all(isinstance(module_id, str) for module_id in rule):
+        raise ValueError(f"{where} must be a list of module ids (strings) or a callable, got {rule!r}")
+    return rule
+
+
 class MultiModuleMixin:
     """Adding, removing and choosing the modules to train (a part of ``Learner``)."""
 
@@ -106,7 +128,7 @@ class MultiModuleMixin:
         return self.module_spec
 
     def _set_should_module_be_updated(self, rule: ShouldModuleBeUpdated) -> None:
-        self._should_module_be_updated = rule
+        self._should_module_be_updated = check_policies_to_train(rule, "new_should_module_be_updated")
         self.hparams.policies_to_train = None if callable(rule) else sorted(rule)
 
     def _rewrap_data_parallel(self) -> None:

@@ -33,6 +33,7 @@ from lightning_rl.core.columns import COMPONENT_METRICS_LOGGER, COMPONENT_OPTIMI
 from lightning_rl.core.module_checks import check_state_matches
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec
 from lightning_rl.learner._lightning_private import attached_trainer
+from lightning_rl.learner.multi_module import check_policies_to_train
 from lightning_rl.learner.result_keys import WEIGHTS_SEQ_NO
 
 if TYPE_CHECKING:
@@ -303,6 +304,8 @@ class StateMixin:
         ``from_checkpoint``, which add and remove modules to match.
         """
         self._check_is_built()
+        if state.get("should_module_be_updated") is not None:
+            check_policies_to_train(state["should_module_be_updated"], "the state's should_module_be_updated")
         if COMPONENT_RL_MODULE in state:
             self._module.check_state(state[COMPONENT_RL_MODULE])
         if COMPONENT_OPTIMIZER in state:
