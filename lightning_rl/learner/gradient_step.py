@@ -223,7 +223,8 @@ class GradientStepMixin:
             loss_per_module[ALL_MODULES] = _sum(loss_per_module.values())
         gradients = self.compute_gradients(loss_per_module)
         gradients = self.postprocess_gradients(gradients)
-        self._non_finite_steps.all_skipped = False  # stays so if an overridden apply_gradients does not count
+        # An apply_gradients override that does not call super() leaves every step counted as a change.
+        self._non_finite_steps.all_skipped = False
         self.apply_gradients(gradients)
         for module_id, loss in loss_per_module.items():
             self.metrics.log_value((module_id, TOTAL_LOSS_KEY), loss, window=math.inf, clear_on_reduce=True)
