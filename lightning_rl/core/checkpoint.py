@@ -44,7 +44,7 @@ FORMAT_VERSION = 1
 CHECKSUM_KEY = "lightning_rl_checksum"
 # The key, inside the ``"lightning_rl"`` entry, of the checksum of the Learner's own parts.
 LEARNER_CHECKSUM_KEY = "checksum"
-CHECKSUM_METHOD = "blake2b-walk-v1"
+CHECKSUM_METHOD = "sha256-walk-v1"
 # Every temporary file a save writes starts with this; nothing else is ever cleaned up.
 TEMPORARY_PREFIX = ".lightning_rl-partial."
 
@@ -152,13 +152,14 @@ def check_plain_data(value: Any, where: str) -> None:
 def payload_checksum(value: Any) -> dict[str, str]:
     """The checksum of ``value`` as a checkpoint stores it: ``{"method": ..., "digest": hex}``.
 
-    The digest is a BLAKE2b hash of a walk over the loaded object: every key and value in
+    The digest is a SHA-256 hash of a walk over the loaded object: every key and value in
     order, with its type, and every tensor's dtype, shape and bytes (read in place, without
     a copy, when the tensor is contiguous and on the CPU). Hashing the object rather than
     the file's bytes keeps the file a plain ``torch.save`` file that any tool loads, with
-    the checksum as one more entry.
+    the checksum as one more entry. SHA-256 rather than BLAKE2b: CPUs with SHA instructions
+    (recent x86 and ARM) hash it two to three times faster.
     """
-    hasher = hashlib.blake2b(digest_size=32)
+    hasher = hashlib.sha256()
     _feed(hasher, value)
     return {"method": CHECKSUM_METHOD, "digest": hasher.hexdigest()}
 
@@ -435,7 +436,7 @@ def load_checked(file: str | os.PathLike, map_location: Any = None) -> Any:
 
 
 def _load_problem(file: Path, error: Exception) -> str:
-    """What is wrong with a file that ``torch.load(weights_only=True)`` refused, without torch's advice to load it unsafely."""
+    """What is wrong with a file ``torch.load(weights_only=True)`` refused (never torch's advice to load it unsafely)."""
     code = _CODE_GLOBAL.search(str(error))
     if code:
         return (
@@ -475,7 +476,8 @@ def read_checkpoint_file(path: str | os.PathLike) -> dict[str, Any]:
         )
     if version > FORMAT_VERSION:
         raise ValueError(
-            f"{file}: written by a newer lightning_rl (checkpoint format {version}; this one reads up to {FORMAT_VERSION})"
+            f"{file}: written by a newer lightning_rl (checkpoint format {version}; "
+            f"this one reads up to {FORMAT_VERSION})"
         )
     missing = _LEARNER_KEYS - set(entry)
     if lightning_format:
