@@ -190,3 +190,59 @@ def test_a_train_item_sets_its_own_update_settings_and_the_results_reach_callbac
     # 3 epochs of 4 minibatches: the item's settings, not the Learner's (1 epoch, whole batch).
     assert outputs.seen[0]["default_policy"]["weights_seq_no"] == 12
     assert outputs.seen[0]["__all_modules__"]["num_env_steps_trained"] == 3 * 64
+
+
+class _Interrupted(Exception):
+    """Stands for a run killed after a checkpoint was written."""
+
+
+class _Evaluations(Callback):
+    """Records the global step of every evaluation; with ``crash``, dies as the first one starts."""
+
+    def __init__(self, crash: bool = False) -> None:
+        self.crash = crash
+        self.steps: list[int] = []
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        if self.crash:
+            raise _Interrupted
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        self.steps.append(trainer.global_step)
+
+
+def _evaluating_fit(tmp_path: Path, evaluations: _Evaluations, ckpt_path: str | None = None) -> Any:
+    from lightning_rl.data import OnPolicyDataModule
+
+    data = OnPolicyDataModule(
+        env="CartPole-v1", num_envs=2, rollout_fragment_length=16, rollouts_per_epoch=2,
+        evaluation_num_episodes=1, max_env_steps=32 * 4, seed=0,
+    )  # fmt: skip
+    learner = BCLearner(module_spec=bc_spec())
+    # One optimizer step per train item: the save after the 2nd item is the epoch's last item, before its evaluation.
+    saves = ModelCheckpoint(dirpath=tmp_path / "checkpoints", every_n_train_steps=2, save_top_k=-1)
+    trainer = make_trainer(
+        tmp_path, max_epochs=-1, callbacks=[saves, evaluations], num_sanity_val_steps=0, enable_checkpointing=True
+    )
+    trainer.fit(learner, datamodule=data, ckpt_path=ckpt_path)
+    return trainer
+
+
+def test_a_resumed_fit_first_runs_the_evaluation_its_checkpoint_still_owed(tmp_path: Path):
+    with pytest.raises(_Interrupted):
+        _evaluating_fit(tmp_path / "first", _Evaluations(crash=True))
+    (checkpoint,) = (tmp_path / "first" / "checkpoints").glob("*step=2.ckpt")
+    resumed = _Evaluations()
+    _evaluating_fit(tmp_path / "resumed", resumed, ckpt_path=str(checkpoint))
+    # The interrupted epoch's evaluation at step 2, then the one of the only other epoch.
+    assert resumed.steps == [2, 4]
+
+
+def test_only_a_checkpoint_between_an_epochs_last_item_and_its_evaluation_owes_one(tmp_path: Path):
+    finished = _Evaluations()
+    trainer = _evaluating_fit(tmp_path, finished)
+    assert finished.steps == [2, 4]
+    (before_evaluation,) = (tmp_path / "checkpoints").glob("*step=2.ckpt")
+    trainer.save_checkpoint(tmp_path / "after.ckpt")
+    assert torch.load(before_evaluation, weights_only=True)["lightning_rl"]["evaluation_owed"] is True
+    assert torch.load(tmp_path / "after.ckpt", weights_only=True)["lightning_rl"]["evaluation_owed"] is False

@@ -89,3 +89,21 @@ def test_claim_version_directory_gives_concurrent_runs_distinct_versions_and_the
     assert (first.version, second.version) == (0, 1)
     assert first.log_dir == str(tmp_path / "lightning_logs" / "version_0")
     assert claim_version_directory(TensorBoardLogger(str(tmp_path), version=7)) is None  # the user's choice stands
+
+
+def test_run_validation_now_runs_the_fits_validation_loop_from_on_train_start(tmp_path):
+    from lightning_rl.learner._lightning_private import run_validation_now
+
+    class Early(Callback):
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            run_validation_now(trainer)
+            assert trainer.training  # back to training, as Lightning's own call leaves it
+
+    class Counting(BCLearner):
+        def validation_step(self, batch: Any, batch_idx: int = 0) -> None:
+            self.validated = getattr(self, "validated", 0) + 1
+
+    learner = Counting(module_spec=bc_spec())
+    trainer = make_trainer(tmp_path, callbacks=[Early()], num_sanity_val_steps=0, limit_val_batches=1)
+    trainer.fit(learner, loader_of([random_batch()]), loader_of([random_batch()]))
+    assert learner.validated == 2  # once early, once after the epoch

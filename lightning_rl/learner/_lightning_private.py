@@ -80,3 +80,20 @@ def claim_version_directory(logger: Logger) -> Path | None:
             continue
         logger._version = version
         return root / f"version_{version}"
+
+
+def run_validation_now(trainer: Trainer) -> None:
+    """Run the fit's validation loop once, now, from a hook of the fit (``on_train_start``).
+
+    Lightning runs validation only from inside its training epoch loop, at the points it
+    schedules; a resumed fit that owes an evaluation has no public way to ask for one. This
+    does what the epoch loop does around its own call (``_TrainingEpochLoop.advance``): mark
+    the Trainer as validating, run the loop, and restore the training state and the logger
+    connector's first-iteration flag.
+    """
+    connector: Any = trainer._logger_connector
+    first_loop_iter = connector._first_loop_iter
+    trainer.validating = True
+    trainer.fit_loop.epoch_loop.val_loop.run()
+    trainer.training = True
+    connector._first_loop_iter = first_loop_iter

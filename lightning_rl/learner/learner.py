@@ -236,6 +236,10 @@ class Learner(
         self._should_module_be_updated: ShouldModuleBeUpdated | None = policies_to_train
         self._weights_seq_no = 0
         self._timesteps: dict[str, float] = {}
+        # An epoch's last train item ran and its evaluation has not yet (saved in checkpoints);
+        # a resumed fit that owes that evaluation runs it first (``on_train_start``).
+        self._evaluation_pending = False
+        self._evaluation_owed = False
         self.metrics = MetricsLogger()
         self._optimizer_registry = OptimizerRegistry(self.get_param_ref)
         self._non_finite_steps = NonFiniteSteps()

@@ -18,11 +18,12 @@ from typing import Any
 import torch
 from lightning.pytorch.strategies import FSDPStrategy
 
+from lightning_rl.core.checkpoint import CHECKPOINT_KEY
 from lightning_rl.core.columns import ALL_MODULES
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec
 from lightning_rl.core.train_item import TrainItem
 from lightning_rl.learner import state as learner_state
-from lightning_rl.learner._lightning_private import attached_trainer, trainer_writes_logs_now
+from lightning_rl.learner._lightning_private import attached_trainer, run_validation_now, trainer_writes_logs_now
 from lightning_rl.learner.batches import as_train_item
 from lightning_rl.learner.result_keys import TOTAL_LOSS_KEY, TRAIN_RETURN_KEY
 
@@ -101,6 +102,7 @@ class LightningHooksMixin:
         metrics = {f"{mid}/{key}": value for mid, values in results.items() for key, value in values.items()}
         metrics.update({f"env_runners/{key}": value for key, value in item.env_runners.items()})
         self._log_train_metrics(metrics, batch_idx)
+        self._evaluation_pending = _ends_an_epoch_that_evaluates(attached_trainer(self), batch_idx)
         return {"results": results}
 
     def _update_settings_for(self, item: TrainItem) -> dict[str, Any]:
@@ -166,6 +168,25 @@ class LightningHooksMixin:
             if key in metrics:
                 self.log(name, metrics[key], prog_bar=True, logger=False, on_step=True, batch_size=1)
 
+    def on_validation_end(self) -> None:
+        """Lightning's hook: the epoch's evaluation has run, so a checkpoint from now on owes none."""
+        self._evaluation_pending = False
+
+    def on_train_start(self) -> None:
+        """Lightning's hook: run the evaluation a resumed checkpoint's epoch still owed, before training goes on.
+
+        A checkpoint written after an epoch's last train item (``ModelCheckpoint`` with
+        ``every_n_train_steps``, or a save from a callback) comes before that epoch's
+        evaluation. Lightning resumes such a run at the next epoch and skips the evaluation,
+        so the run would lose one evaluation point per interruption (and ``EarlyStopping`` one
+        chance to stop). The checkpoint records the debt (``on_save_checkpoint``); it is paid
+        here, logged at the checkpoint's step.
+        """
+        trainer = attached_trainer(self)
+        if self._evaluation_owed and trainer is not None and trainer.enable_validation:
+            run_validation_now(trainer)
+        self._evaluation_owed = False
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Lightning's hook: add what rebuilds this Learner to a Lightning checkpoint.
 
@@ -176,7 +197,7 @@ class LightningHooksMixin:
         checks. Lightning calls this hook last, after every callback's; a subclass that
         overrides it must change the checkpoint before calling ``super()``, not after.
         """
-        learner_state.add_to_lightning_checkpoint(self, checkpoint)
+        learner_state.add_to_lightning_checkpoint(self, checkpoint, evaluation_owed=self._evaluation_pending)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Lightning's hook: check the Learner's checksum, rebuild the modules the checkpoint holds, restore state.
@@ -184,6 +205,7 @@ class LightningHooksMixin:
         Lightning then loads the weights and, when resuming a fit, the optimizer states.
         """
         learner_state.restore_from_lightning_checkpoint(self, checkpoint)
+        self._evaluation_owed = bool(checkpoint[CHECKPOINT_KEY].get("evaluation_owed", False))
 
     @classmethod
     def load_from_checkpoint(
@@ -234,6 +256,14 @@ class LightningHooksMixin:
                 "plain data, its weights must match exactly, and keyword arguments replace its hyperparameters"
             )
         return learner_state.learner_from_checkpoint(cls, os.fspath(checkpoint_path), device=map_location, **kwargs)
+
+
+def _ends_an_epoch_that_evaluates(trainer: Any, batch_idx: int) -> bool:
+    """Whether train item ``batch_idx`` is the last of an epoch after which Lightning evaluates."""
+    if trainer is None or not trainer.enable_validation or trainer.check_val_every_n_epoch is None:
+        return False
+    last_item = batch_idx + 1 >= trainer.num_training_batches
+    return last_item and (trainer.current_epoch + 1) % trainer.check_val_every_n_epoch == 0
 
 
 def _with_spaces_from(spec: MultiRLModuleSpec, datamodule: Any) -> MultiRLModuleSpec:

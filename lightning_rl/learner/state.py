@@ -200,8 +200,11 @@ def learner_from_checkpoint(
     return learner
 
 
-def add_to_lightning_checkpoint(learner: Learner, checkpoint: dict[str, Any]) -> None:
+def add_to_lightning_checkpoint(learner: Learner, checkpoint: dict[str, Any], evaluation_owed: bool = False) -> None:
     """Put what rebuilds ``learner`` into a Lightning checkpoint, beside the weights and optimizer states it has.
+
+    ``evaluation_owed`` records that the checkpoint comes after an epoch's last train item
+    but before that epoch's evaluation, which a resumed fit then runs first.
 
     Last, the checksum of the Learner's parts (weights, optimizer states, this entry) is
     added, so that loading finds any change to them (``verify_learner_checksum``).
@@ -211,6 +214,7 @@ def add_to_lightning_checkpoint(learner: Learner, checkpoint: dict[str, Any]) ->
     state[COMPONENT_OPTIMIZER] = learner._optimizer_registry.get_state(include_optimizers=False)
     payload["state"] = state
     payload["optimizer_order"] = list(learner._optimizer_registry.named)
+    payload["evaluation_owed"] = evaluation_owed
     checkpoint[CHECKPOINT_KEY] = payload
     add_learner_checksum(checkpoint)
 
