@@ -472,6 +472,83 @@ def test_state_dict_round_trip_samples_the_same_as_the_original(make) -> None:
         restored.update_priorities(b[BATCH_INDEXES], np.arange(32.0))
 
 
+def copied_state(buffer: ReplayBuffer) -> dict:
+    """The buffer's state with every array copied, as a checkpoint just read would hold it."""
+    return torch.load(save_to_bytes(buffer.state_dict()), weights_only=False)
+
+
+def save_to_bytes(state: dict) -> io.BytesIO:
+    stream = io.BytesIO()
+    torch.save(state, stream)
+    stream.seek(0)
+    return stream
+
+
+def assert_same_samples(a: ReplayBuffer, b: ReplayBuffer) -> None:
+    for _ in range(3):
+        x, y = a.sample(32, n_step=2, gamma=0.9), b.sample(32, n_step=2, gamma=0.9)
+        for key in x:
+            np.testing.assert_array_equal(x[key], y[key], err_msg=key)
+
+
+@pytest.mark.parametrize("make", [lambda: ReplayBuffer(5, seed=3), lambda: PrioritizedReplayBuffer(5, seed=3)])
+def test_state_dict_hands_out_views_of_the_stored_rows_without_copying(make) -> None:
+    buffer = filled(make())
+    state = buffer.state_dict()
+    for name, values in buffer._columns.items():
+        assert np.shares_memory(state["columns"][name], values), name
+    assert np.shares_memory(state["next_abs"], buffer._next_abs)
+    if isinstance(buffer, PrioritizedReplayBuffer):
+        assert np.shares_memory(state["priorities"], buffer._priorities)
+
+
+@pytest.mark.parametrize("make", [lambda: ReplayBuffer(5, seed=3), lambda: PrioritizedReplayBuffer(5, seed=3)])
+def test_a_consuming_load_of_a_full_buffer_keeps_the_saved_arrays_as_its_ring(make) -> None:
+    original = filled(make())
+    assert len(original) == original.capacity
+    state = copied_state(original)
+    saved_obs = state["columns"][Columns.OBS]
+    restored = make()
+    restored.load_state_dict(state, consume=True)
+    assert restored._columns[Columns.OBS] is saved_obs  # taken over, not copied
+    assert state["columns"] == {}  # every column handed over
+    assert_same_samples(original, restored)
+
+
+def test_a_consuming_load_of_a_partly_filled_buffer_copies_each_column_and_lets_it_go() -> None:
+    original = ReplayBuffer(50, seed=1)
+    original.add_episodes([episode([float(k) for k in range(8)], [1.0] * 7, terminated=True)])
+    state = copied_state(original)
+    restored = ReplayBuffer(50, seed=1)
+    restored.load_state_dict(state, consume=True)
+    assert state["columns"] == {}
+    assert len(restored._columns[Columns.OBS]) == 50  # a ring of the full capacity
+    assert_same_samples(original, restored)
+
+
+def test_a_load_without_consume_leaves_the_state_as_it_was_and_shares_no_memory_with_it() -> None:
+    original = filled(ReplayBuffer(5, seed=3))
+    state = original.state_dict()
+    restored = ReplayBuffer(5, seed=3)
+    restored.load_state_dict(state)
+    assert set(state["columns"]) == set(original._columns)
+    for name, values in restored._columns.items():
+        assert not np.shares_memory(values, state["columns"][name]), name
+    # The two buffers then go their own ways.
+    restored.add_episodes([episode([20.0, 21.0], [1.0], terminated=True)])
+    assert 20.0 not in original.sample(200)[Columns.OBS]
+
+
+def test_a_rejected_consuming_load_changes_nothing_in_the_buffer() -> None:
+    target = filled(ReplayBuffer(5, seed=3))
+    before = target.state_dict()["num_added_lifetime"]
+    state = copied_state(ReplayBuffer(5, seed=0))  # an empty buffer's state...
+    state["num_added_lifetime"] = 3  # ...that claims rows it does not hold
+    with pytest.raises(ValueError, match="3 stored rows"):
+        target.load_state_dict(state, consume=True)
+    assert target.num_added_lifetime == before
+
+
 def test_state_dict_of_an_empty_buffer_round_trips() -> None:
     restored = PrioritizedReplayBuffer(4, seed=0)
     restored.load_state_dict(PrioritizedReplayBuffer(4, seed=0).state_dict())

@@ -116,7 +116,7 @@ class OffPolicyDataModule(EnvDataModule):
             hparams = self.hparams
             seed = self.sampling.rank_seed(_REPLAY_SEED_OFFSET)
             if hparams.prioritized_replay:
-                self._replay_buffer = PrioritizedReplayBuffer(
+                buffer: ReplayBuffer = PrioritizedReplayBuffer(
                     hparams.replay_buffer_capacity,
                     alpha=hparams.prioritized_replay_alpha,
                     beta=self._beta_schedule.value(self.num_env_steps_sampled_lifetime),
@@ -124,10 +124,15 @@ class OffPolicyDataModule(EnvDataModule):
                     seed=seed,
                 )
             else:
-                self._replay_buffer = ReplayBuffer(hparams.replay_buffer_capacity, seed=seed)
+                buffer = ReplayBuffer(hparams.replay_buffer_capacity, seed=seed)
             if self._saved_replay_buffer is not None:
-                self._replay_buffer.load_state_dict(_to_numpy(self._saved_replay_buffer))
+                # The restored contents are this module's alone (a checkpoint read for it):
+                # the buffer consumes them, so their memory is reused or freed column by
+                # column instead of being held beside a second full copy.
+                saved = _to_numpy(self._saved_replay_buffer)
                 self._saved_replay_buffer = None
+                buffer.load_state_dict(saved, consume=True)
+            self._replay_buffer = buffer
         return self._replay_buffer
 
     def sample_train_item(self) -> TrainItem:
@@ -161,6 +166,8 @@ class OffPolicyDataModule(EnvDataModule):
 
         The buffer (this rank's, as tensors, so checkpoints load with
         ``torch.load(weights_only=True)``) is saved only with ``checkpoint_replay_buffer``.
+        Its tensors share the buffer's memory (no copy is made, so saving a large buffer
+        costs little beyond the file): save the state before the buffer changes again.
         """
         state = super().state_dict()
         if self.hparams.checkpoint_replay_buffer:
@@ -218,7 +225,10 @@ class _UniformRandomModule(RLModule):
 
 
 def _to_tensors(value: Any) -> Any:
-    """numpy arrays in a nested state become tensors (plain data for ``weights_only`` loading)."""
+    """numpy arrays in a nested state become tensors (plain data for ``weights_only`` loading).
+
+    Contiguous arrays (the buffer's row slices) become tensors on the same memory, not copies.
+    """
     if isinstance(value, np.ndarray):
         return torch.from_numpy(np.ascontiguousarray(value))
     if isinstance(value, dict):
@@ -229,7 +239,7 @@ def _to_tensors(value: Any) -> Any:
 
 
 def _to_numpy(value: Any) -> Any:
-    """The inverse of ``_to_tensors``."""
+    """The inverse of ``_to_tensors``, again without copying: arrays on the tensors' memory."""
     if isinstance(value, torch.Tensor):
         return value.numpy()
     if isinstance(value, dict):

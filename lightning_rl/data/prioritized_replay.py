@@ -136,13 +136,14 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         """Return the uniform buffer's state plus the priorities and the max priority.
 
         Returns:
-            As :meth:`ReplayBuffer.state_dict`, with ``priorities`` (raw, per stored row) and
-            ``max_priority``. :meth:`load_state_dict` rebuilds the trees from them with
-            this buffer's ``alpha``, and also raises ValueError if they do not fit the
-            stored rows or are not finite and positive.
+            As :meth:`ReplayBuffer.state_dict` (views of the buffer's storage), with
+            ``priorities`` (raw, per stored row) and ``max_priority``.
+            :meth:`load_state_dict` rebuilds the trees from them with this buffer's
+            ``alpha``, and also raises ValueError if they do not fit the stored rows or are
+            not finite and positive.
         """
         state = super().state_dict()
-        state["priorities"] = self._priorities[: len(self)].copy()
+        state["priorities"] = self._priorities[: len(self)]  # a view, as the columns are
         state["max_priority"] = self._max_priority
         return state
 

@@ -3,7 +3,10 @@
 ``ReplayBuffer.state_dict`` saves the stored rows of every column, the successor links, the
 counters, the running episodes' last rows and the random generator's state.
 :func:`restore_ring` checks such a state against the buffer that loads it and builds the
-new ring aside, so a bad state raises before the buffer changes at all.
+new ring aside, so a bad state raises before the buffer changes at all. Given a state to
+consume (one just read from a checkpoint), it takes the arrays of a full buffer over as the
+ring itself and lets go of each saved column once copied, so that loading never holds two
+full copies of the buffer.
 """
 
 from __future__ import annotations
@@ -41,7 +44,9 @@ class RestoredRing:
     rng: np.random.Generator
 
 
-def restore_ring(state: Mapping[str, Any], *, buffer_type: str, capacity: int, keys: tuple[str, ...]) -> RestoredRing:
+def restore_ring(
+    state: Mapping[str, Any], *, buffer_type: str, capacity: int, keys: tuple[str, ...], consume: bool = False
+) -> RestoredRing:
     """Check ``state`` against the loading buffer and rebuild its ring.
 
     Args:
@@ -49,6 +54,9 @@ def restore_ring(state: Mapping[str, Any], *, buffer_type: str, capacity: int, k
         buffer_type: The loading buffer's class name; the state must come from the same class.
         capacity: The loading buffer's capacity; the state must come from the same capacity.
         keys: Every key the state must hold.
+        consume: Whether the ring may keep the state's arrays (when they are a full ring's,
+            of a usable layout) and take each column out of ``state["columns"]`` once its
+            rows are copied; see ``ReplayBuffer.load_state_dict``.
 
     Raises:
         ValueError: If the state is from another buffer type or capacity, a key is missing,
@@ -66,17 +74,21 @@ def restore_ring(state: Mapping[str, Any], *, buffer_type: str, capacity: int, k
         )
     num_added = int(state["num_added_lifetime"])
     size = min(num_added, capacity)
-    links = np.asarray(state["next_abs"], dtype=np.int64)
+    saved_links = state["next_abs"]
     saved = state["columns"]
-    if num_added < 0 or len(links) != size or (saved is None) != (size == 0):
+    if num_added < 0 or len(saved_links) != size or (saved is None) != (size == 0):
         raise ValueError(
-            f"replay buffer state holds {len(links)} links and "
+            f"replay buffer state holds {len(saved_links)} links and "
             f"{'no' if saved is None else 'some'} columns for {size} stored rows "
             f"(num_added_lifetime={num_added}, capacity={capacity})"
         )
-    columns = None if saved is None else _restored_columns(saved, size, capacity)
-    next_abs = np.full(capacity, -1, dtype=np.int64)
-    next_abs[:size] = links
+    columns = None if saved is None else _restored_columns(saved, size, capacity, consume=consume)
+    links = np.asarray(saved_links)
+    if consume and _usable_as_ring(links, (capacity,), np.dtype(np.int64)):
+        next_abs = links
+    else:
+        next_abs = np.full(capacity, -1, dtype=np.int64)
+        next_abs[:size] = links
     # Sorted by row: the order ReplayBuffer._prune_pending relies on.
     pending = OrderedDict(sorted(((str(k), int(v)) for k, v in state["pending"].items()), key=lambda kv: kv[1]))
     rng = np.random.default_rng()
@@ -84,8 +96,13 @@ def restore_ring(state: Mapping[str, Any], *, buffer_type: str, capacity: int, k
     return RestoredRing(columns=columns, num_added=num_added, next_abs=next_abs, pending=pending, rng=rng)
 
 
-def _restored_columns(saved: Mapping[str, Any], size: int, capacity: int) -> dict[str, np.ndarray]:
-    """Allocate the ring's columns after the saved ones and copy the ``size`` saved rows in."""
+def _restored_columns(saved: dict[str, Any], size: int, capacity: int, *, consume: bool) -> dict[str, np.ndarray]:
+    """The ring's columns, with the ``size`` saved rows of each at positions ``0 .. size-1``.
+
+    The ring's own arrays are ``np.empty``: their pages only count once rows are copied in,
+    so with ``consume`` (each saved column dropped after its copy) the peak is about one
+    copy of the buffer plus one column, and a full ring keeps the saved arrays themselves.
+    """
     if set(saved) != set(STORED_COLUMNS) or any(len(saved[name]) != size for name in STORED_COLUMNS):
         raise ValueError(
             f"replay buffer state columns must be {list(STORED_COLUMNS)} with {size} rows each, got "
@@ -96,6 +113,21 @@ def _restored_columns(saved: Mapping[str, Any], size: int, capacity: int) -> dic
         capacity,
         {Columns.OBS: (obs.dtype, obs.shape[1:]), Columns.ACTIONS: (actions.dtype, actions.shape[1:])},
     )
+    del obs, actions  # so that consuming a column frees it
     for name in STORED_COLUMNS:
-        columns[name][:size] = saved[name]
+        values = np.asarray(saved.pop(name) if consume else saved[name])
+        if consume and _usable_as_ring(values, columns[name].shape, columns[name].dtype):
+            columns[name] = values
+        else:
+            columns[name][:size] = values
     return columns
+
+
+def _usable_as_ring(values: np.ndarray, shape: tuple[int, ...], dtype: np.dtype) -> bool:
+    """Whether a saved array can be a ring array as it is: full, of its shape and dtype, writable, contiguous."""
+    return (
+        values.shape == shape
+        and values.dtype == dtype
+        and values.flags.writeable
+        and values.flags.c_contiguous
+    )

@@ -303,6 +303,10 @@ class ReplayBuffer:
     def state_dict(self) -> dict[str, Any]:
         """Return everything needed to restore the buffer, as numpy arrays and Python values.
 
+        The arrays are views of the buffer's own storage, not copies, so saving a large
+        buffer needs no second copy of it. They change when the buffer does: save them (or
+        copy them) before the next :meth:`add_episodes` or :meth:`update_priorities`.
+
         Returns:
             A dict that ``torch.save`` can store (load it with ``weights_only=False``): the
             stored rows of every column, the links, the counters, the running episodes'
@@ -315,26 +319,31 @@ class ReplayBuffer:
             "capacity": self.capacity,
             "num_added_lifetime": self._num_added,
             # Positions 0 .. size-1 hold every stored row, before and after the ring is full.
-            "columns": None
-            if self._columns is None
-            else {name: values[:size].copy() for name, values in self._columns.items()},
-            "next_abs": self._next_abs[:size].copy(),
+            "columns": None if self._columns is None else {name: values[:size] for name, values in self._columns.items()},
+            "next_abs": self._next_abs[:size],
             "pending": dict(self._pending),
             "rng_state": self._rng.bit_generator.state,
         }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any], *, consume: bool = False) -> None:
         """Restore the buffer from :meth:`state_dict`'s output.
 
         Args:
             state: A state from a buffer of the same class and capacity.
+            consume: Whether the buffer may take the state's arrays over: it keeps a full
+                buffer's arrays as its own storage instead of copying them, and removes
+                each column from ``state["columns"]`` once it has its rows, so that no
+                second full copy is held. Only for a state nobody reads afterwards (one
+                just loaded from a checkpoint); by default ``state`` is left as it is.
 
         Raises:
             ValueError: If a key is missing, the state is from the other buffer type or a
                 different capacity, or its arrays do not fit together.
         """
         # Everything is checked and built aside first, so a bad state changes nothing.
-        ring = restore_ring(state, buffer_type=type(self).__name__, capacity=self.capacity, keys=self._state_keys())
+        ring = restore_ring(
+            state, buffer_type=type(self).__name__, capacity=self.capacity, keys=self._state_keys(), consume=consume
+        )
         self._check_extra_state(state, min(ring.num_added, self.capacity))
 
         self._columns = ring.columns
