@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import re
 import threading
 import time
 from typing import Any
@@ -20,6 +21,9 @@ from conftest import bc_spec, random_batch
 from lightning_rl import ALL_MODULES, DEFAULT_MODULE_ID, Learner, LearnerConfig
 from lightning_rl.algorithms.bc import BCLearner
 from lightning_rl.env.episode import SingleAgentEpisode
+from lightning_rl.learner._group_processes import _timeout_message
+from lightning_rl.learner._group_protocol import Activity
+from lightning_rl.learner._group_worker import main_thread_activity
 from lightning_rl.learner.learner_group import LearnerGroup, LearnerGroupError
 
 LR = 0.1
@@ -438,13 +442,69 @@ def test_a_learner_process_that_dies_breaks_the_group_naming_rank_and_exit_code(
         group.shutdown()
 
 
-def test_a_hung_learner_times_out_instead_of_hanging_the_driver():
+def _all_reduce_on_rank_0_only(learner: Learner) -> int:
+    """For ``foreach_learner``: rank 0 enters a collective that rank 1 never joins."""
+    if learner.global_rank == 0:
+        torch.distributed.all_reduce(torch.zeros(1))
+    return learner.global_rank
+
+
+def test_a_timeout_where_every_silent_rank_waits_in_a_collective_says_so():
     group = make_group(timeout_s=3)
     try:
-        start = time.monotonic()
-        with pytest.raises(LearnerGroupError, match="did not answer update_from_batch .* within 3 s"):
-            group.update_from_batch(_crash_batch(3))
-        assert time.monotonic() - start < 20
+        with pytest.raises(LearnerGroupError) as error:
+            group.foreach_learner(_all_reduce_on_rank_0_only)
+        message = str(error.value)
+        assert re.search(
+            r"learner rank\(s\) \[0\] did not answer foreach_learner \(request \d+\) within 3 s, every one of "
+            r"them waiting in a collective for the others .*: rank 0 in .*distributed.*"
+            r"called from _all_reduce_on_rank_0_only",
+            message,
+        ), message
+    finally:
+        group.shutdown()
+
+
+def test_a_learners_status_names_the_function_its_main_thread_is_in():
+    started = threading.Event()
+
+    def sleeping_in_the_loss() -> None:
+        started.set()
+        time.sleep(0.5)
+
+    thread = threading.Thread(target=sleeping_in_the_loss)
+    thread.start()
+    started.wait()
+    activity = main_thread_activity(thread.ident)
+    thread.join()
+    assert not activity.waiting_for_ranks
+    assert activity.where.startswith("sleeping_in_the_loss (") and "test_learner_group.py" in activity.where
+
+
+def test_a_rank_that_does_not_answer_the_status_probe_is_named_as_hung():
+    activities = {0: Activity(True, "all_reduce (x.py:1)"), 1: None}
+    message = _timeout_message("update_from_batch (request 4)", 2.0, activities)
+    assert message.startswith(
+        "learner rank(s) [1] did not answer update_from_batch (request 4) within 2 s: "
+        "rank 1 does not answer a status probe either. Rank(s) [0] wait for them in a collective: rank 0 in all_reduce"
+    )
+
+
+def test_a_timeout_names_the_rank_that_hangs_apart_from_the_rank_that_waits_for_it():
+    group = make_group(timeout_s=3)
+    try:
+        with pytest.raises(LearnerGroupError) as error:
+            group.update_from_batch(_crash_batch(3))  # rank 1 sleeps in its loss
+        message = str(error.value)
+        # Rank 1 is named with the request, the timeout and the line it hangs at...
+        assert re.search(
+            r"learner rank\(s\) \[1\] did not answer update_from_batch \(request \d+\) within 3 s: "
+            r"rank 1 is in compute_loss_for_module \(.*test_learner_group\.py:\d+\)",
+            message,
+        ), message
+        # ...and rank 0, blocked in the gradient all-reduce of its backward pass, as waiting for it.
+        assert re.search(r"Rank\(s\) \[0\] wait for them in a collective: rank 0 in ", message), message
+        assert "[0, 1]" not in message
         assert not running(group.learner_pids)  # the hung process was killed and reaped
     finally:
         group.shutdown()

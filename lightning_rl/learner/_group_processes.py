@@ -4,7 +4,8 @@ The driver side: send the Learner by value (``pickle_learner``, cloudpickle), st
 processes (``_group_worker.learner_process_main``), send every rank its command, and wait, bounded, for all ranks' replies. An update's batch is cut into N
 shards (``_group_data``). A learner that raises or dies breaks the group: the call names the
 rank and the cause, the other processes are killed, and every later call says the group is
-broken. The driver never waits unbounded.
+broken. The driver never waits unbounded: on a timeout it asks the silent ranks where they
+are (``Activity``), so the error names the rank that hangs apart from those that wait for it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from lightning_rl.learner._group_protocol import (
     SHUTDOWN,
     START,
     UPDATE_KINDS,
+    Activity,
     LearnerGroupError,
     RemoteTraceback,
     dumps_by_value,
@@ -35,6 +37,7 @@ from lightning_rl.learner.learner import Learner
 
 _POLL_S = 0.1  # how often a waiting driver checks that its learner processes are alive
 _JOIN_S = 10.0  # how long shutdown waits for a process to exit by itself before killing it
+_PROBE_S = 2.0  # how long a timed-out driver waits for the learners' status answers
 # The Learner attributes a user sets under another name, for ``pickle_learner``'s error.
 _ATTRIBUTE_NAMES = {"_should_module_be_updated": "policies_to_train"}
 
@@ -73,11 +76,16 @@ class ProcessBackend:
         context = mp.get_context("spawn")
         self._replies = context.Queue()
         self._commands = [context.Queue() for _ in range(num_learners)]
+        # (driver end, learner end) of each rank's status-probe pipe.
+        probe_pipes = [context.Pipe() for _ in range(num_learners)]
+        self._probes = [driver_end for driver_end, _ in probe_pipes]
         port = free_local_port()
         self._processes = [
             context.Process(
                 target=learner_process_main,
-                args=(rank, num_learners, port, learner_bytes, self._commands[rank], self._replies),
+                args=(
+                    rank, num_learners, port, learner_bytes, self._commands[rank], self._replies, probe_pipes[rank][1]
+                ),
                 kwargs={
                     "accelerator": accelerator,
                     "num_threads": num_threads,
@@ -96,6 +104,10 @@ class ProcessBackend:
             self._broken = "it failed to start its learner processes"
             self.kill()
             raise
+        finally:
+            # The learners hold their ends now; closing ours lets a probe see a dead learner.
+            for _, learner_end in probe_pipes:
+                learner_end.close()
         self.wait(0, timeout_s=start_timeout_s)
 
     @property
@@ -165,10 +177,7 @@ class ProcessBackend:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 missing = [rank for rank in range(self._n) if rank not in self._received.get(request_id, {})]
-                raise self._break(
-                    f"learner rank(s) {missing} did not answer {what} within {timeout_s:g} s (hung in a "
-                    "collective or a long computation?); raise timeout_s if the work needs longer"
-                )
+                raise self._break(_timeout_message(what, timeout_s, self._probe(missing)))
             try:
                 message = self._replies.get(timeout=min(_POLL_S, remaining))
             except queue.Empty:
@@ -179,6 +188,25 @@ class ProcessBackend:
         replies = self._received.pop(request_id)
         self._what.pop(request_id, None)
         return self._combine(kind, what, replies)
+
+    def _probe(self, ranks: list[int]) -> dict[int, Activity | None]:
+        """Ask ``ranks`` what their main threads are doing; ``None`` for a rank that does not say in time."""
+        asked = []
+        for rank in ranks:
+            try:
+                self._probes[rank].send(None)
+                asked.append(rank)
+            except OSError:  # the process is gone
+                pass
+        end = time.monotonic() + _PROBE_S
+        answers: dict[int, Activity | None] = dict.fromkeys(ranks)
+        for rank in asked:
+            try:
+                if self._probes[rank].poll(max(0.0, end - time.monotonic())):
+                    answers[rank] = Activity(*self._probes[rank].recv())
+            except (EOFError, OSError):
+                pass
+        return answers
 
     def _record(self, message: tuple[int, int, str, Any]) -> None:
         rank, request_id, status, payload = message
@@ -280,6 +308,8 @@ class ProcessBackend:
         for q in [*self._commands, self._replies]:
             q.cancel_join_thread()  # never block this process's exit on commands nobody will read
             q.close()
+        for probe in self._probes:
+            probe.close()
 
 
 class Request:
@@ -296,6 +326,28 @@ class Request:
     def result(self) -> Any:
         """Wait (bounded) for the update; its results, or raise what it raised."""
         return self._backend.wait(self._id)
+
+
+def _timeout_message(what: str, timeout_s: float, activities: dict[int, Activity | None]) -> str:
+    """Name the ranks that did not answer ``what`` in time: those that hang first, then those that wait for them."""
+    waiting = {rank: a for rank, a in activities.items() if a is not None and a.waiting_for_ranks}
+    hung = {rank: a for rank, a in activities.items() if rank not in waiting}
+    advice = "; raise timeout_s if the work needs longer"
+    if not hung:
+        places = "; ".join(f"rank {rank} in {a.where}" for rank, a in waiting.items())
+        return (
+            f"learner rank(s) {sorted(waiting)} did not answer {what} within {timeout_s:g} s, every one of them "
+            f"waiting in a collective for the others (do the ranks call different collectives?): {places}{advice}"
+        )
+    places = "; ".join(
+        f"rank {rank} is in {a.where}" if a is not None else f"rank {rank} does not answer a status probe either"
+        for rank, a in hung.items()
+    )
+    message = f"learner rank(s) {sorted(hung)} did not answer {what} within {timeout_s:g} s: {places}"
+    if waiting:
+        places = "; ".join(f"rank {rank} in {a.where}" for rank, a in waiting.items())
+        message += f". Rank(s) {sorted(waiting)} wait for them in a collective: {places}"
+    return message + advice
 
 
 def pickle_learner(learner: Learner, num_learners: int) -> bytes:

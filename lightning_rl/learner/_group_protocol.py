@@ -2,7 +2,10 @@
 
 The driver (``LearnerGroup`` in the user's process) sends each learner process commands
 ``(request_id, kind, payload)`` on its own queue; every learner answers on one shared reply
-queue with ``(rank, request_id, status, payload)``. Payloads are pickled bytes. The Learner
+queue with ``(rank, request_id, status, payload)``. Payloads are pickled bytes. Apart from
+the commands, a thread in each learner answers the driver's status probes on a pipe with an
+:class:`Activity`: where the learner's main thread is, so that a timeout can tell the rank
+that hangs from the ranks that wait for it in a collective. The Learner
 itself and the arguments of non-update commands are pickled with cloudpickle, which sends
 classes and functions defined in a notebook cell or inside a function by value; update data
 and replies are plain data and use ``pickle``.
@@ -16,7 +19,7 @@ import socket
 import tempfile
 import traceback
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import cloudpickle
 import numpy as np
@@ -35,6 +38,20 @@ START, SHUTDOWN = "start", "shutdown"
 # Reply statuses: the command ran / raised / was skipped because another rank rejected it /
 # the learner process failed and is exiting.
 OK, ERROR, REJECTED, FATAL = "ok", "error", "rejected", "fatal"
+
+
+class Activity(NamedTuple):
+    """What a learner process's main thread is doing, as its status thread sees it.
+
+    Args:
+        waiting_for_ranks: Whether it is inside a collective (``torch.distributed``) or a
+            backward pass (where DDP all-reduces the gradients), i.e. waiting for the other ranks.
+        where: ``"function (file:line)"`` of its innermost Python frame, and of the innermost
+            frame outside torch and Lightning when that is another one.
+    """
+
+    waiting_for_ranks: bool
+    where: str
 
 
 class LearnerGroupError(RuntimeError):

@@ -6,7 +6,8 @@ command queue. An update command is yielded as a ``TrainItem``, so ``Learner.tra
 runs it with ``manual_backward`` and DDP averages the gradients of every minibatch step;
 ``ReplyCallback.on_train_batch_end`` sends the results back. Other commands run inside the
 stream between two train items, on every rank. A shutdown ends the stream, so ``fit`` returns
-and the process exits.
+and the process exits. A daemon thread answers the driver's status probes meanwhile
+(``serve_status_probes``), also while the main thread hangs.
 """
 
 from __future__ import annotations
@@ -17,12 +18,15 @@ import os
 import pickle
 import queue
 import sys
+import threading
 import traceback
 import warnings
 from collections.abc import Iterator, Mapping
 from datetime import timedelta
+from multiprocessing.connection import Connection
 from typing import Any
 
+import lightning
 import torch
 from lightning.pytorch import Callback
 
@@ -34,6 +38,7 @@ from lightning_rl.learner._group_protocol import (
     REJECTED,
     SHUTDOWN,
     UPDATE_KINDS,
+    Activity,
     error_payload,
     local_rank_environment,
     run_command,
@@ -46,6 +51,13 @@ _STREAM_LENGTH = 2**62
 # Learners' collectives time out this much after the driver stops waiting, so that the
 # driver's message (which ranks did not answer) is the one the user sees.
 COLLECTIVE_MARGIN_S = 30.0
+# Frames under these directories are library code rather than the learner's own; a main
+# thread whose innermost library frames include torch.distributed or torch.autograd (where
+# DDP all-reduces the gradients) waits for the other ranks.
+_LIBRARY_DIRS = tuple(os.path.dirname(module.__file__) + os.sep for module in (torch, lightning))
+_COLLECTIVE_DIRS = tuple(
+    os.path.join(os.path.dirname(torch.__file__), name) + os.sep for name in ("distributed", "autograd")
+)
 
 
 def learner_process_main(
@@ -55,6 +67,7 @@ def learner_process_main(
     learner_bytes: bytes,
     commands: Any,
     replies: Any,
+    status_probe: Connection,
     *,
     accelerator: str,
     num_threads: int,
@@ -70,6 +83,7 @@ def learner_process_main(
         learner_bytes: The cloudpickled Learner (built or not).
         commands: This rank's command queue.
         replies: The reply queue all ranks share.
+        status_probe: This rank's end of the pipe on which the driver asks what it is doing.
         accelerator: Lightning's accelerator name.
         num_threads: torch intra-op threads for this process.
         timeout_s: The driver's wait per request; collectives wait ``COLLECTIVE_MARGIN_S`` longer.
@@ -77,6 +91,7 @@ def learner_process_main(
     """
     torch.set_num_threads(num_threads)
     os.environ.update(local_rank_environment(rank, world_size, port, num_threads=num_threads))
+    serve_status_probes(status_probe)
     stream = CommandStream(rank, commands, replies)
     try:
         learner = pickle.loads(learner_bytes)  # cloudpickle's output loads with pickle
@@ -94,6 +109,48 @@ def learner_process_main(
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(exit_code)
+
+
+def serve_status_probes(probe: Connection) -> None:
+    """Answer each message on ``probe`` with the main thread's :class:`Activity`, from a daemon thread.
+
+    The thread runs while the main thread is blocked in a collective, a sleep or any call
+    that releases the GIL, which is when the driver asks (after a timeout).
+    """
+    main_ident = threading.main_thread().ident
+
+    def answer() -> None:
+        while True:
+            try:
+                probe.recv()
+                probe.send(main_thread_activity(main_ident))
+            except (EOFError, OSError):
+                return  # the driver closed the pipe or is gone
+
+    threading.Thread(target=answer, name="LearnerGroup-status", daemon=True).start()
+
+
+def main_thread_activity(main_ident: int | None) -> Activity:
+    """Where the thread ``main_ident`` is, and whether it waits for the other ranks there."""
+    frame = sys._current_frames().get(main_ident)
+    if frame is None:
+        return Activity(waiting_for_ranks=False, where="no Python frame")
+    stack = traceback.extract_stack(frame)
+    # The library frames the thread is in now (innermost first), up to the code that called them.
+    library_calls = []
+    for entry in reversed(stack):
+        if not entry.filename.startswith(_LIBRARY_DIRS):
+            break
+        library_calls.append(entry)
+    waiting = any(entry.filename.startswith(_COLLECTIVE_DIRS) for entry in library_calls)
+    where = _frame_text(stack[-1])
+    if library_calls and len(library_calls) < len(stack):
+        where += f", called from {_frame_text(stack[-1 - len(library_calls)])}"
+    return Activity(waiting_for_ranks=waiting, where=where)
+
+
+def _frame_text(entry: traceback.FrameSummary) -> str:
+    return f"{entry.name} ({entry.filename}:{entry.lineno})"
 
 
 def _make_trainer(
