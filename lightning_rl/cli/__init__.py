@@ -22,6 +22,7 @@ from typing import Any, NoReturn
 
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch import LightningDataModule
+from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
 
@@ -107,7 +108,7 @@ class LightningRLCLI(LightningCLI):
             check_checkpoint_fits(ckpt_path, checkpoint, chosen)
         except ValueError as error:
             self.parser.error(f"--ckpt_path {error}")
-        given = self.parser.parse_args(self._raw_args, defaults=False)[subcommand].get("model") or {}
+        given = self._given_settings()[subcommand].get("model") or {}
         given_names = set((given.get("init_args") or {}).keys()) if given.get("class_path") in (None, model.class_path) else set()
         plan = plan_resume(chosen, saved, dict(model.init_args), given_names)
         if plan.adopted:
@@ -120,6 +121,12 @@ class LightningRLCLI(LightningCLI):
             _tell(line)
         if plan.adopted:
             _tell(f"{ckpt_path}: settings from the checkpoint that your config and flags leave out: {', '.join(plan.adopted)}")
+
+    def _given_settings(self) -> Any:
+        """What the user set (config files and flags, or the ``args`` dict), without the defaults."""
+        if isinstance(self._raw_args, (dict, Namespace)):
+            return self.parser.parse_object(self._raw_args, defaults=False)
+        return self.parser.parse_args(self._raw_args, defaults=False)
 
     def _read_checkpoint(self, ckpt_path: str) -> dict[str, Any]:
         """The checkpoint at ``ckpt_path``, loaded safely; a usage error naming the file and problem otherwise."""
