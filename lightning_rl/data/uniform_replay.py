@@ -319,7 +319,9 @@ class ReplayBuffer:
             "capacity": self.capacity,
             "num_added_lifetime": self._num_added,
             # Positions 0 .. size-1 hold every stored row, before and after the ring is full.
-            "columns": None if self._columns is None else {name: values[:size] for name, values in self._columns.items()},
+            "columns": None
+            if self._columns is None
+            else {name: values[:size] for name, values in self._columns.items()},
             "next_abs": self._next_abs[:size],
             "pending": dict(self._pending),
             "rng_state": self._rng.bit_generator.state,
