@@ -111,7 +111,8 @@ def test_invalid_lr_schedule_fails_at_construction(lr, match):
         ({"num_epochs": 0}, "num_epochs must be an int >= 1"),
         ({"minibatch_size": 0}, "minibatch_size must be an int >= 1"),
         ({"torch_compile_what_to_compile": "everything"}, "torch_compile_what_to_compile must be one of"),
-        ({"config_overrides_per_module": {"p": {"learning_rate": 1.0}}}, r"unknown hyperparameters \['learning_rate'\]"),
+        ({"config_overrides_per_module": {"p": {"learning_rate": 1.0}}}, "unknown hyperparameter 'learning_rate'"),
+        ({"config_overrides_per_module": {"p": {"model_config": {}}}}, "give the module a spec with its own model_config"),
         ({"config_overrides_per_module": {"p": {"lr": [[5, 1.0]]}}}, "module 'p': lr: a schedule must start"),
     ],
 )

@@ -42,6 +42,7 @@ from lightning_rl.connectors import AddColumnsFromEpisodes, ConnectorPipeline, P
 from lightning_rl.core.batch import MultiModuleBatch
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
 from lightning_rl.core.metrics import MetricsLogger
+from lightning_rl.core.module_checks import check_known_keys
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec, spec_or_default
 from lightning_rl.core.rl_modules import MultiRLModule, RLModule
 from lightning_rl.core.schedules import Schedule, ScheduleSetting
@@ -554,9 +555,14 @@ class Learner(
             self._optimizer_wrappers = self._lightning_optimizer_map()
 
     def _checked_overrides(self, module_id: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(overrides) - set(self.hparams))
-        if unknown:
-            raise ValueError(f"config overrides for module {module_id!r} name unknown hyperparameters {unknown}")
+        where = f"config overrides for module {module_id!r}"
+        if "model_config" in overrides:
+            raise ValueError(
+                f"{where}: model_config shapes a module when it is built, so it cannot be overridden per module; "
+                "give the module a spec with its own model_config instead"
+            )
+        per_module = set(self.hparams) - {"config_overrides_per_module", "policies_to_train"}
+        check_known_keys(overrides, per_module, "hyperparameter", where=where)
         overrides = dict(overrides)
         self._check_config({**self.hparams, **overrides}, f"module {module_id!r}")
         return overrides
