@@ -37,6 +37,9 @@ from lightning_rl.learner.learner import Learner
 # Names Lightning's Trainer resolves itself rather than as a file path.
 _LIGHTNING_CKPT_NAMES = ("last", "best", "hpc", "registry")
 
+# How jsonargparse's reports of a failed constructor begin.
+_PARSER_WRAPPERS = ("Does not validate against any of the Union subtypes", "Problem with given class_path")
+
 # How jsonargparse reports an init argument the chosen class does not take.
 _NOT_ACCEPTED = re.compile(r"Option '(\w+)' is not accepted")
 
@@ -148,7 +151,7 @@ class LightningRLCLI(LightningCLI):
                 spaces = [getattr(self.datamodule, name, None) for name in ("observation_space", "action_space")]
                 check_checkpoint_fits(ckpt_path, checkpoint, type(self.model), *spaces)
         except ValueError as error:
-            self.parser.error(f"invalid configuration: {error}")
+            self.parser.error(f"invalid configuration: {_without_parser_wrapping(error)}")
         strategy = self.trainer.strategy
         if type(strategy.checkpoint_io) is TorchCheckpointIO:  # Lightning's default, not one the user chose
             strategy.checkpoint_io = AtomicCheckpointIO()
@@ -156,6 +159,18 @@ class LightningRLCLI(LightningCLI):
             # Only now, with the configuration checked, does the run get a directory.
             for logger in self.trainer.loggers:
                 claim_version_directory(logger)
+
+
+def _without_parser_wrapping(error: BaseException) -> BaseException:
+    """The error a constructor raised, without the union-type report jsonargparse wraps it in.
+
+    jsonargparse instantiates ``model: Learner | None`` as a union, and reports a failed
+    constructor as "Does not validate against any of the Union subtypes", followed by the
+    real message and a dump of every value; the real error is the one it chained.
+    """
+    while str(error).startswith(_PARSER_WRAPPERS) and (error.__cause__ or error.__context__) is not None:
+        error = error.__cause__ or error.__context__
+    return error
 
 
 @rank_zero_only
