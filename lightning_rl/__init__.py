@@ -2,6 +2,7 @@
 
 from lightning_rl.core.columns import ALL_MODULES, DEFAULT_MODULE_ID, Columns
 from lightning_rl.core.metrics import MetricsLogger
+from lightning_rl.core.module_checks import ModelConfigKey
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.rl_modules import MultiRLModule, RLModule
 from lightning_rl.core.schedules import Schedule
@@ -23,6 +24,7 @@ __all__ = [
     "LearnerGroup",
     "LearnerGroupError",
     "MetricsLogger",
+    "ModelConfigKey",
     "MultiRLModule",
     "MultiRLModuleSpec",
     "RLModule",
