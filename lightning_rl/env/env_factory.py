@@ -12,12 +12,15 @@ from __future__ import annotations
 import difflib
 import functools
 import importlib
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import gymnasium as gym
 
 from lightning_rl.core.checkpoint import import_class
+from lightning_rl.env.env_errors import SubEnvError
+from lightning_rl.env.sub_env_guard import make_guarded_env
 
 try:  # gymnasium >= 1.1
     from gymnasium.vector import AutoresetMode
@@ -135,22 +138,40 @@ def make_vector_env(
     wrappers: Sequence[Callable[[gym.Env], gym.Env]],
     num_envs: int,
     vectorize_mode: Literal["sync", "async"],
+    *,
+    restart_failed_sub_environments: bool = False,
 ) -> gym.vector.VectorEnv:
     """Build ``num_envs`` copies as one vector env in ``AutoresetMode.SAME_STEP``.
+
+    Each copy is wrapped last in a ``SubEnvGuard`` that knows its index, so that its
+    failures are named (or, with ``restart_failed_sub_environments``, mended).
 
     Args:
         env, env_kwargs, wrappers: As for :func:`make_env`.
         num_envs: How many copies.
         vectorize_mode: ``"sync"`` (``SyncVectorEnv``) or ``"async"`` (``AsyncVectorEnv``).
+        restart_failed_sub_environments: Rebuild a copy that raises instead of raising.
 
     Raises:
         ValueError: If the observation or action space is not an array space (Box,
             Discrete, MultiDiscrete, MultiBinary); the vector env is closed first.
+        SubEnvError: If an async worker exited while building its env.
     """
     make_one = functools.partial(make_env, env, env_kwargs, wrappers)
-    vector_cls = gym.vector.SyncVectorEnv if vectorize_mode == "sync" else gym.vector.AsyncVectorEnv
-    # copy=False: the runner copies every observation into its buffers right away.
-    vector_env = vector_cls([make_one] * num_envs, copy=False, autoreset_mode=AutoresetMode.SAME_STEP)
+    is_async = vectorize_mode == "async"
+    runner_pid = os.getpid() if is_async else None
+    env_fns = [
+        functools.partial(make_guarded_env, make_one, index, restart=restart_failed_sub_environments, runner_pid=runner_pid)
+        for index in range(num_envs)
+    ]
+    vector_cls = gym.vector.AsyncVectorEnv if is_async else gym.vector.SyncVectorEnv
+    try:
+        # copy=False: the runner copies every observation into its buffers right away.
+        vector_env = vector_cls(env_fns, copy=False, autoreset_mode=AutoresetMode.SAME_STEP)
+    except (EOFError, ConnectionError) as error:
+        raise SubEnvError(
+            f"an async env worker exited while building its env ({type(error).__name__}); its traceback is above"
+        ) from error
     for name, space in (
         ("observation", vector_env.single_observation_space),
         ("action", vector_env.single_action_space),

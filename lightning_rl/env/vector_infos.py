@@ -4,7 +4,7 @@ A vector env returns infos as ``{key: array[num_envs], "_key": mask}``, where th
 which envs set the key this step; in ``AutoresetMode.SAME_STEP`` it adds ``final_obs`` and
 ``final_info`` for the envs whose episode just ended. Episodes store one plain dict per step,
 so the runner unbatches these here, and records infos at all only once the env returned keys
-of its own.
+of its own (the restart mark of a ``SubEnvGuard`` is not the env's own).
 """
 
 from __future__ import annotations
@@ -12,8 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-# Keys the vector env adds to infos itself in SAME_STEP mode; anything else came from the env.
-FINAL_KEYS = frozenset({"final_obs", "_final_obs", "final_info", "_final_info"})
+from lightning_rl.env.sub_env_guard import ENV_RESTARTED
+
+# Keys the vector env adds to infos itself in SAME_STEP mode, and the one a SubEnvGuard adds
+# when it rebuilt its env; anything else came from the env.
+FINAL_KEYS = frozenset(
+    {"final_obs", "_final_obs", "final_info", "_final_info", ENV_RESTARTED, "_" + ENV_RESTARTED}
+)
 
 
 def has_env_infos(infos: Mapping[str, Any]) -> bool:
