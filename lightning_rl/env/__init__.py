@@ -1,6 +1,14 @@
-"""Environments: single-agent episodes and the runner that samples them from gymnasium envs."""
+"""Environments: single-agent episodes, the runner that samples them from gymnasium envs, and its env-fault errors."""
 
+from lightning_rl.env.env_errors import EnvFaultError, NonFiniteEnvError, SampleTimeoutError, SubEnvError
 from lightning_rl.env.env_runner import EnvRunner
 from lightning_rl.env.episode import SingleAgentEpisode
 
-__all__ = ["EnvRunner", "SingleAgentEpisode"]
+__all__ = [
+    "EnvFaultError",
+    "EnvRunner",
+    "NonFiniteEnvError",
+    "SampleTimeoutError",
+    "SingleAgentEpisode",
+    "SubEnvError",
+]

@@ -13,10 +13,15 @@ it, one idea each:
 - :mod:`lightning_rl.env.rollout_buffers`: the per-call ``[T, num_envs, ...]`` buffers, the
   episodes cut out of them, and what carries over between calls.
 - :mod:`lightning_rl.env.vector_infos`: gymnasium's batched infos split per env.
+- :mod:`lightning_rl.env.guarded_vector_env`, :mod:`lightning_rl.env.sub_env_guard`,
+  :mod:`lightning_rl.env.nonfinite`: env faults (hangs, errors, dead workers, NaN values)
+  turned into errors that name the env and the step, or into restarts and dropped episodes.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -35,6 +40,8 @@ from lightning_rl.env.env_factory import (
     resolve_wrappers,
 )
 from lightning_rl.env.episode import SingleAgentEpisode
+from lightning_rl.env.guarded_vector_env import GuardedVectorEnv
+from lightning_rl.env.nonfinite import ON_NONFINITE_CHOICES, NonFiniteCheck, OnNonFinite
 from lightning_rl.env.rollout import run_rollout
 from lightning_rl.env.rollout_buffers import EpisodeStat, RunningEpisodes, cut_episodes
 
@@ -66,12 +73,26 @@ class EnvRunner:
             it. ``None`` leaves the envs randomly seeded.
         episode_stats_window: How many of the latest completed episodes the return and
             length statistics of :meth:`get_metrics` cover.
+        sample_timeout_s: The most seconds one rollout may take (a :meth:`sample` call, or
+            each ``rollout_fragment_length`` steps of :meth:`sample_episodes`, resets
+            included); an env that has not returned by then is named in a
+            ``SampleTimeoutError``. ``None`` waits forever.
+        restart_failed_sub_environments: When an env copy raises (or returns an
+            observation of the wrong shape), rebuild it, drop its unfinished episode and
+            go on; when an async worker process exits, rebuild every worker and drop every
+            unfinished episode. Counted in :meth:`get_metrics`'s ``num_env_restarts``.
+            Without it, such a failure raises a ``SubEnvError`` naming the env and step.
+        on_nonfinite: What a NaN or infinite observation or reward does: ``"raise"`` a
+            ``NonFiniteEnvError`` naming the env, the step and the value, or
+            ``"drop_episode"``: drop that episode, reset that env, and count the step in
+            ``num_nonfinite_env_steps``.
 
     Raises:
         ValueError: Naming the argument, for an unknown env id, a wrapper path that is not
             a ``gym.Wrapper``, ``num_envs`` or ``rollout_fragment_length`` or
-            ``episode_stats_window`` below 1, an unknown ``vectorize_mode``, or an env whose
-            observation or action space is not an array space (Box, Discrete,
+            ``episode_stats_window`` below 1, an unknown ``vectorize_mode`` or
+            ``on_nonfinite``, a ``sample_timeout_s`` that is not a positive number, or an
+            env whose observation or action space is not an array space (Box, Discrete,
             MultiDiscrete, MultiBinary).
         TypeError: If ``env`` or a wrapper is neither a string nor a callable.
         RuntimeError: If the installed gymnasium is older than 1.1 (no SAME_STEP autoreset).
@@ -88,8 +109,12 @@ class EnvRunner:
         rollout_fragment_length: int = 200,
         seed: int | None = None,
         episode_stats_window: int = 100,
+        sample_timeout_s: float | None = 60.0,
+        restart_failed_sub_environments: bool = False,
+        on_nonfinite: OnNonFinite = "raise",
     ) -> None:
         check_autoreset_support()
+        check_fault_arguments(sample_timeout_s, restart_failed_sub_environments, on_nonfinite)
         for name, value in (
             ("num_envs", num_envs),
             ("rollout_fragment_length", rollout_fragment_length),
@@ -112,12 +137,16 @@ class EnvRunner:
         self.seed = None if seed is None else int(seed)
         self.episode_stats_window = int(episode_stats_window)
 
-        self.env = make_vector_env(
-            env, dict(env_kwargs or {}), resolve_wrappers(wrappers or ()), self.num_envs, vectorize_mode
+        build = functools.partial(
+            make_vector_env, env, dict(env_kwargs or {}), resolve_wrappers(wrappers or ()), self.num_envs,
+            vectorize_mode, restart_failed_sub_environments=restart_failed_sub_environments,
         )
+        timeout = None if sample_timeout_s is None else float(sample_timeout_s)
+        self._vector = GuardedVectorEnv(build, sample_timeout_s=timeout, restart=restart_failed_sub_environments)
         self._closed = False
         self.observation_space: gym.Space = self.env.single_observation_space
         self.action_space: gym.Space = self.env.single_action_space
+        self._nonfinite = NonFiniteCheck(on_nonfinite, self.observation_space)
 
         # The envs' progress between calls.
         self._needs_reset = True
@@ -159,15 +188,20 @@ class EnvRunner:
         Raises:
             ValueError: For a stateful (recurrent) module, which is not supported yet, or
                 outputs without ``actions`` or ``action_dist_inputs``.
+            EnvFaultError: Naming the env and the step: ``SampleTimeoutError`` after
+                ``sample_timeout_s``, ``SubEnvError`` for an env that failed (without
+                ``restart_failed_sub_environments``), ``NonFiniteEnvError`` for a NaN or
+                infinite value (with ``on_nonfinite="raise"``). Async workers are
+                terminated on any error; the next call builds them afresh.
         """
         start = time.perf_counter()
-        if self._needs_reset:
-            self._reset()
         try:
-            completed, running, stats = self._run(module, self.rollout_fragment_length, explore=explore)
+            with self._vector.rollout():
+                if self._needs_reset:
+                    self._reset()
+                completed, running, stats = self._run(module, self.rollout_fragment_length, explore=explore)
         except BaseException:
-            # The envs moved on without the runner's record of it: start afresh next time.
-            self._needs_reset = True
+            self._after_failure()
             raise
         steps = sum(len(episode) for episode in completed) + sum(len(episode) for episode in running)
         self._num_env_steps_lifetime += steps
@@ -206,15 +240,17 @@ class EnvRunner:
         """
         if isinstance(num_episodes, bool) or not isinstance(num_episodes, (int, np.integer)) or num_episodes < 1:
             raise ValueError(f"num_episodes must be an int >= 1, got {num_episodes!r}")
-        self._reset()
         finished: list[SingleAgentEpisode] = []
         unfinished: dict[str, SingleAgentEpisode] = {}
         try:
+            with self._vector.rollout():
+                self._reset()
             while len(finished) < num_episodes:
-                completed, running, _ = self._run(
-                    module, self.rollout_fragment_length, explore=explore,
-                    stop_after_episodes=num_episodes - len(finished),
-                )
+                with self._vector.rollout():
+                    completed, running, _ = self._run(
+                        module, self.rollout_fragment_length, explore=explore,
+                        stop_after_episodes=num_episodes - len(finished),
+                    )
                 for episode in completed:
                     earlier = unfinished.pop(episode.id_, None)
                     if earlier is not None:
@@ -226,19 +262,34 @@ class EnvRunner:
                         unfinished[episode.id_].concat_episode(episode)
                     else:
                         unfinished[episode.id_] = episode
+        except BaseException:
+            self._after_failure()
+            raise
         finally:
             # The envs are mid-way through evaluation episodes: training restarts afresh.
             self._needs_reset = True
         return finished[:num_episodes]
 
     def _reset(self) -> None:
+        if self._vector.env.closed:
+            self._vector.rebuild()  # the workers were terminated after an error
         # Each full reset gets seeds of its own, so neither evaluation nor a resumed run
         # replays the episodes of the first reset; the first reset uses `seed` itself.
         seed = None if self.seed is None else self.seed + self._num_resets * self.num_envs
-        obs, infos = self.env.reset(seed=seed)
+        obs, infos, _ = self._vector.reset(seed=seed)
         self._num_resets += 1
-        self._episodes.restart(np.array(obs, dtype=self.observation_space.dtype), infos)
+        obs = np.array(obs, dtype=self.observation_space.dtype)
+        self._nonfinite.check_reset(obs, self._vector)
+        self._episodes.restart(obs, infos)
         self._needs_reset = False
+
+    def _after_failure(self) -> None:
+        # The envs moved on without the runner's record of it: start afresh next time. Async
+        # workers may be stuck, dead or mid-call: terminate them (the next reset rebuilds
+        # them), so that no worker outlives the error and keeps the interpreter from exiting.
+        self._needs_reset = True
+        if self._vector.is_async:
+            self._vector.terminate()
 
     def _run(
         self,
@@ -259,7 +310,8 @@ class EnvRunner:
                 f"{type(module).__name__} is stateful; EnvRunner does not carry recurrent states yet"
             )
         buffers, steps_done = run_rollout(
-            self.env, module, self._episodes, num_steps, explore=explore, stop_after_episodes=stop_after_episodes
+            self._vector, module, self._episodes, num_steps, explore=explore, nonfinite=self._nonfinite,
+            stop_after_episodes=stop_after_episodes,
         )
         return cut_episodes(buffers, steps_done, self._episodes)
 
@@ -290,9 +342,13 @@ class EnvRunner:
             ``episode_len_mean`` (over the last ``episode_stats_window`` completed
             episodes; NaN before the first), ``num_episodes`` and ``num_env_steps_sampled``
             (since the last call), ``num_episodes_lifetime``,
-            ``num_env_steps_sampled_lifetime``, and ``env_steps_per_sec`` (env steps over
-            the time spent inside :meth:`sample` since the last call; NaN if none).
-            Evaluation episodes (:meth:`sample_episodes`) are not counted.
+            ``num_env_steps_sampled_lifetime``, ``env_steps_per_sec`` (env steps over
+            the time spent inside :meth:`sample` since the last call; NaN if none),
+            ``num_env_restarts`` (env copies rebuilt, see
+            ``restart_failed_sub_environments``) and ``num_nonfinite_env_steps`` (steps
+            whose NaN or inf value dropped an episode, see ``on_nonfinite``), both since
+            the runner was built (not restored by :meth:`set_state`). Evaluation episodes
+            (:meth:`sample_episodes`) are not counted; dropped episodes neither.
         """
         returns = np.asarray(self._returns, dtype=np.float64)
         nan = float("nan")
@@ -308,6 +364,8 @@ class EnvRunner:
             "env_steps_per_sec": (
                 self._num_env_steps_since / self._sample_seconds_since if self._sample_seconds_since > 0 else nan
             ),
+            "num_env_restarts": float(self._vector.num_env_restarts),
+            "num_nonfinite_env_steps": float(self._nonfinite.num_nonfinite_env_steps),
         }
         self._num_episodes_since = 0
         self._num_env_steps_since = 0
@@ -370,11 +428,16 @@ class EnvRunner:
     # Lifetime
     # ------------------------------------------------------------------------------------
 
+    @property
+    def env(self) -> gym.vector.VectorEnv:
+        """The gymnasium vector env (a new one after async workers were rebuilt); each copy is in a ``SubEnvGuard``."""
+        return self._vector.env
+
     def close(self) -> None:
         """Close the envs (and their subprocesses in async mode); calling it again is a no-op."""
         if not self._closed:
             self._closed = True
-            self.env.close()
+            self._vector.close()
 
     def __enter__(self) -> EnvRunner:
         return self
@@ -387,3 +450,26 @@ class EnvRunner:
             f"EnvRunner(num_envs={self.num_envs}, vectorize_mode={self.vectorize_mode!r}, "
             f"rollout_fragment_length={self.rollout_fragment_length}, seed={self.seed})"
         )
+
+
+def check_fault_arguments(
+    sample_timeout_s: float | None, restart_failed_sub_environments: bool, on_nonfinite: str
+) -> None:
+    """Check the env-fault arguments an ``EnvRunner`` (and an environment data module) takes.
+
+    Raises:
+        ValueError: Naming the argument and what it must be.
+    """
+    if sample_timeout_s is not None and (
+        isinstance(sample_timeout_s, bool)
+        or not isinstance(sample_timeout_s, (int, float, np.integer, np.floating))
+        or not math.isfinite(sample_timeout_s)
+        or sample_timeout_s <= 0
+    ):
+        raise ValueError(f"sample_timeout_s must be a number of seconds > 0 or None, got {sample_timeout_s!r}")
+    if not isinstance(restart_failed_sub_environments, bool):
+        raise ValueError(
+            f"restart_failed_sub_environments must be True or False, got {restart_failed_sub_environments!r}"
+        )
+    if on_nonfinite not in ON_NONFINITE_CHOICES:
+        raise ValueError(f"on_nonfinite must be one of {ON_NONFINITE_CHOICES}, got {on_nonfinite!r}")

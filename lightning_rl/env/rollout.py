@@ -20,41 +20,51 @@ import torch
 from lightning_rl.core.columns import Columns
 from lightning_rl.core.distributions import Distribution
 from lightning_rl.core.rl_modules import RLModule
+from lightning_rl.env.env_errors import SubEnvError
+from lightning_rl.env.guarded_vector_env import EnvsRebuilt, GuardedVectorEnv
+from lightning_rl.env.nonfinite import NonFiniteCheck
 from lightning_rl.env.rollout_buffers import RolloutBuffers, RunningEpisodes
+from lightning_rl.env.vector_infos import unbatch_infos
 
 
 def run_rollout(
-    vector_env: gym.vector.VectorEnv,
+    vector: GuardedVectorEnv,
     module: RLModule,
     episodes: RunningEpisodes,
     num_steps: int,
     *,
     explore: bool,
+    nonfinite: NonFiniteCheck,
     stop_after_episodes: int | None = None,
 ) -> tuple[RolloutBuffers, int]:
-    """Step ``vector_env`` up to ``num_steps`` times with ``module``, from where ``episodes`` stand.
+    """Step ``vector`` up to ``num_steps`` times with ``module``, from where ``episodes`` stand.
 
     Args:
-        vector_env: A vector env in ``AutoresetMode.SAME_STEP`` with array spaces.
+        vector: The runner's vector env (``AutoresetMode.SAME_STEP``, array spaces).
         module: The policy; its forward pass runs on the module's device under
             ``torch.inference_mode``.
         episodes: The running episodes; their observation is the first step's input.
-            Only ``record_infos`` changes here (see :func:`cut_episodes` for the rest).
+            Only ``record_infos`` changes here, and the ids of episodes dropped before
+            their first step in this call (see :func:`cut_episodes` for the rest).
         num_steps: The most vector steps to take.
         explore: ``forward_exploration`` and sampled actions, else ``forward_inference``
             and the most likely actions.
+        nonfinite: Checks each step's rewards and observations.
         stop_after_episodes: Stop after the step in which this many episodes have ended.
 
     Returns:
-        The buffers and how many vector steps were taken.
+        The buffers (episodes of rebuilt envs and of NaN values marked ``dropped``) and how
+        many vector steps were taken.
 
     Raises:
         ValueError: If the forward pass returns neither ``actions`` nor
             ``action_dist_inputs``, or actions without a leading batch dimension of
             ``num_envs``.
+        EnvFaultError: As ``GuardedVectorEnv.step`` and ``NonFiniteCheck.handle_step``; a
+            ``SubEnvError`` if a worker fails again on the first step after a rebuild.
     """
-    observation_space = vector_env.single_observation_space
-    action_space = vector_env.single_action_space
+    observation_space = vector.env.single_observation_space
+    action_space = vector.env.single_action_space
     clip = (action_space.low, action_space.high) if isinstance(action_space, gym.spaces.Box) else None
     buffers = RolloutBuffers.allocate(num_steps, observation_space, episodes)
     param = next(module.parameters(), None)
@@ -62,10 +72,11 @@ def run_rollout(
     on_cpu = device.type == "cpu"
     forward = module.forward_exploration if explore else module.forward_inference
     dist_cls = module.get_exploration_action_dist_cls() if explore else module.get_inference_action_dist_cls()
-    env_step = vector_env.step
     episodes_ended = 0
+    t = 0
+    rebuilt_at = -1
     with torch.inference_mode():
-        for t in range(num_steps):
+        while t < num_steps:
             obs_t = torch.from_numpy(buffers.obs[t])
             if not on_cpu:
                 obs_t = obs_t.to(device)
@@ -73,12 +84,67 @@ def run_rollout(
             action_np = buffers.write_outputs(t, out, actions, on_cpu)
             if clip is not None:
                 action_np = np.clip(action_np, *clip)
-            num_ended = buffers.write_env_step(t, env_step(action_np), episodes, observation_space.dtype)
+            try:
+                num_ended = _take_step(vector, buffers, t, action_np, episodes, nonfinite)
+            except EnvsRebuilt as rebuilt:
+                _start_over(buffers, t, episodes, rebuilt, vector, nonfinite, again=rebuilt_at == t)
+                rebuilt_at = t
+                continue  # step t again, from the rebuilt envs' first observations
+            t += 1
             if stop_after_episodes is not None and num_ended:
                 episodes_ended += num_ended
                 if episodes_ended >= stop_after_episodes:
-                    return buffers, t + 1
+                    return buffers, t
     return buffers, num_steps
+
+
+def _take_step(
+    vector: GuardedVectorEnv,
+    buffers: RolloutBuffers,
+    t: int,
+    actions: np.ndarray,
+    episodes: RunningEpisodes,
+    nonfinite: NonFiniteCheck,
+) -> int:
+    """Step the envs with step ``t``'s actions and store the result; return how many episodes ended."""
+    step, restarted = vector.step(actions)
+    num_ended = buffers.write_env_step(t, step, episodes, buffers.obs.dtype)
+    if restarted is not None:
+        # A rebuilt env's step is not a transition: its episode is dropped (one that ended on
+        # this step, before its env failed to reset, is kept).
+        buffers.dropped[t] |= restarted & ~(buffers.terminateds[t] | buffers.truncateds[t])
+    if not nonfinite.step_is_finite(buffers, t):
+        nonfinite.handle_step(buffers, t, episodes, vector)
+    return num_ended
+
+
+def _start_over(
+    buffers: RolloutBuffers,
+    t: int,
+    episodes: RunningEpisodes,
+    rebuilt: EnvsRebuilt,
+    vector: GuardedVectorEnv,
+    nonfinite: NonFiniteCheck,
+    *,
+    again: bool,
+) -> None:
+    # Every env was rebuilt before step t: the episodes running then are dropped, and new
+    # ones start at step t from the rebuilt envs' reset observations.
+    if again:
+        raise SubEnvError(
+            f"an async env worker failed again on the first step after every env was rebuilt "
+            f"(step {t} of this rollout); not rebuilding them again"
+        ) from rebuilt
+    if t == 0:
+        for index in range(episodes.num_envs):
+            episodes.start_new(index)
+    else:
+        buffers.dropped[t - 1] |= ~(buffers.terminateds[t - 1] | buffers.truncateds[t - 1])
+    obs = np.array(rebuilt.obs, dtype=buffers.obs.dtype)
+    nonfinite.check_reset(obs, vector)
+    buffers.obs[t] = obs
+    if buffers.info_rows is not None:
+        buffers.info_rows[t] = unbatch_infos(rebuilt.infos, episodes.num_envs)
 
 
 def _act(

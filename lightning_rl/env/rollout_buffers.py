@@ -62,6 +62,12 @@ class RunningEpisodes:
         self.t[:] = 0
         self.returns[:] = 0.0
 
+    def start_new(self, index: int) -> None:
+        """Env ``index``'s episode ended (or was dropped): the next step starts a new one."""
+        self.ids[index] = uuid.uuid4().hex
+        self.t[index] = 0
+        self.returns[index] = 0.0
+
 
 @dataclass
 class RolloutBuffers:
@@ -71,17 +77,24 @@ class RolloutBuffers:
     and infos of each episode that ended (the vector env's top-level ones are the next
     episode's reset). ``actions`` and ``extra`` are allocated at the first policy step, when
     their shapes and dtypes are known.
+
+    ``dropped[t, i]`` marks a step after which env ``i``'s episode is thrown away (its env
+    was rebuilt, or returned a NaN): the steps of that episode in this call are cut out of
+    no episode, and a new episode starts at ``t + 1``. ``nonfinite_final_envs`` lists the
+    envs whose episode ended in the latest step with a non-finite last observation.
     """
 
     obs: np.ndarray
     rewards: np.ndarray
     terminateds: np.ndarray
     truncateds: np.ndarray
+    dropped: np.ndarray
     info_rows: list[list[dict[str, Any]]] | None
     actions: np.ndarray | None = None
     extra: dict[str, np.ndarray] = field(default_factory=dict)
     final_obs: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
     final_infos: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
+    nonfinite_final_envs: list[int] = field(default_factory=list)
 
     @classmethod
     def allocate(cls, num_steps: int, observation_space: gym.Space, episodes: RunningEpisodes) -> RolloutBuffers:
@@ -95,8 +108,14 @@ class RolloutBuffers:
             rewards=np.empty((num_steps, num_envs), dtype=np.float32),
             terminateds=np.empty((num_steps, num_envs), dtype=np.bool_),
             truncateds=np.empty((num_steps, num_envs), dtype=np.bool_),
+            dropped=np.zeros((num_steps, num_envs), dtype=np.bool_),
             info_rows=info_rows,
         )
+
+    def episode_step(self, t: int, index: int, episodes: RunningEpisodes) -> int:
+        """The step within its episode that env ``index`` took at vector step ``t`` of this call."""
+        ends = np.flatnonzero(self.terminateds[:t, index] | self.truncateds[:t, index] | self.dropped[:t, index])
+        return int(t - ends[-1] - 1) if len(ends) else int(episodes.t[index]) + t
 
     def write_outputs(self, t: int, out: Mapping[str, Any], actions: torch.Tensor, on_cpu: bool) -> np.ndarray:
         """Store step ``t``'s actions and per-row tensor outputs; return the actions as numpy.
@@ -129,6 +148,8 @@ class RolloutBuffers:
         Turns on ``episodes.record_infos`` the first time the env returns infos of its own.
         """
         next_obs, rewards, terminateds, truncateds, infos = step
+        if self.nonfinite_final_envs:
+            self.nonfinite_final_envs = []
         self.obs[t + 1] = next_obs
         self.rewards[t] = rewards
         self.terminateds[t] = terminateds
@@ -140,9 +161,12 @@ class RolloutBuffers:
         done_envs = np.flatnonzero(terminateds | truncateds)
         if len(done_envs):
             boundary_obs = infos["final_obs"]
+            check_finite = np.issubdtype(observation_dtype, np.floating)
             for i in done_envs:
                 # A copy: some envs return the same array object at every step.
-                self.final_obs[t, i] = np.array(boundary_obs[i], dtype=observation_dtype)
+                final = self.final_obs[t, i] = np.array(boundary_obs[i], dtype=observation_dtype)
+                if check_finite and not np.isfinite(final).all():
+                    self.nonfinite_final_envs.append(int(i))
         if self.info_rows is None and has_env_infos(infos):
             episodes.record_infos = True
             self.info_rows = [[{} for _ in range(episodes.num_envs)] for _ in range(t + 1)]
@@ -203,11 +227,17 @@ def _cut_completed(
     stats: list[EpisodeStat] = []
     segment_start = [0] * episodes.num_envs
     info_rows = buffers.info_rows
-    done = buffers.terminateds[:num_steps] | buffers.truncateds[:num_steps]
+    dropped = buffers.dropped[:num_steps]
+    done = buffers.terminateds[:num_steps] | buffers.truncateds[:num_steps] | dropped
     # Row-major nonzero is sorted by step, then env: the order in which episodes ended.
     for t, i in zip(*np.nonzero(done)):
         t, i = int(t), int(i)
         start = segment_start[i]
+        if dropped[t, i]:
+            # A rebuilt env or a NaN: the episode's steps are not handed out, and it counts nowhere.
+            episodes.start_new(i)
+            segment_start[i] = t + 1
+            continue
         rewards = buffers.rewards[start : t + 1, i]
         infos = None
         if info_rows is not None:
@@ -228,9 +258,7 @@ def _cut_completed(
         stats.append(
             (float(episodes.returns[i] + rewards.sum(dtype=np.float64)), int(episodes.t[i]) + t + 1 - start)
         )
-        episodes.ids[i] = uuid.uuid4().hex
-        episodes.t[i] = 0
-        episodes.returns[i] = 0.0
+        episodes.start_new(i)
         segment_start[i] = t + 1
     return completed, stats, segment_start
 
