@@ -297,17 +297,18 @@ def test_rank_statistics_combine_weighted_by_episodes_and_a_rank_without_episode
         def __init__(self, returns, lens):
             self._returns, self._lens = returns, lens
 
-    def row(returns, lens, lifetime, steps, seconds):
+    def row(returns, lens, lifetime, steps, seconds, restarts=0, nonfinite=0):
         metrics = {
             "num_env_steps_sampled_lifetime": lifetime, "num_episodes_lifetime": 10 * len(returns),
             "num_env_steps_sampled": steps, "num_episodes": len(returns),
             "env_steps_per_sec": steps / seconds if seconds else float("nan"),
+            "num_env_restarts": restarts, "num_nonfinite_env_steps": nonfinite,
         }
         return local_rank_stats(Stub(returns, lens), metrics)
 
     busy = row([10.0, 20.0, 30.0], [10, 20, 30], lifetime=300, steps=64, seconds=2.0)
-    idle = row([], [], lifetime=100, steps=64, seconds=4.0)
-    one = row([100.0], [100], lifetime=200, steps=64, seconds=1.0)
+    idle = row([], [], lifetime=100, steps=64, seconds=4.0, restarts=2)
+    one = row([100.0], [100], lifetime=200, steps=64, seconds=1.0, restarts=1, nonfinite=3)
     stats = combine_rank_stats(np.stack([busy, idle, one]))
     assert stats["episode_return_mean"] == pytest.approx((10 + 20 + 30 + 100) / 4)  # not the mean of means (60)
     assert (stats["episode_return_min"], stats["episode_return_max"]) == (10.0, 100.0)
@@ -316,6 +317,7 @@ def test_rank_statistics_combine_weighted_by_episodes_and_a_rank_without_episode
     assert stats["num_episodes_lifetime"] == 40
     assert (stats["num_env_steps_sampled"], stats["num_episodes"]) == (192, 4)
     assert stats["env_steps_per_sec"] == pytest.approx(192 / 4.0)  # all ranks' steps over the slowest rank's time
+    assert (stats["num_env_restarts"], stats["num_nonfinite_env_steps"]) == (3, 3)
     nothing_yet = combine_rank_stats(np.stack([idle, idle]))
     assert all(math.isnan(nothing_yet[key]) for key in ("episode_return_mean", "episode_return_min", "episode_len_mean"))
     assert nothing_yet["num_env_steps_sampled_lifetime"] == 200

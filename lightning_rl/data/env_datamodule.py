@@ -34,7 +34,7 @@ from lightning_rl.core.rl_modules import RLModule
 from lightning_rl.core.train_item import TrainingData, TrainItem
 from lightning_rl.data.env_sampling import EnvSampling
 from lightning_rl.data.rank_stats import all_gather_rows
-from lightning_rl.env.env_runner import EnvRunner
+from lightning_rl.env.env_runner import EnvRunner, check_fault_arguments
 
 # Each class's own constructor arguments, so that one used on the other class gets an error
 # naming the class it belongs to (tests check these against the signatures).
@@ -101,6 +101,19 @@ class EnvDataModule(LightningDataModule, abc.ABC):
             ``episode_return_mean`` (on N ranks the statistics cover the union of the N
             windows, each episode weighing the same).
         module_id: The Learner's module that acts in the env.
+        sample_timeout_s: The most seconds one rollout may take on a rank (each evaluation
+            chunk of ``rollout_fragment_length`` steps too); an env still stepping then is
+            named in a ``SampleTimeoutError``. ``None`` waits forever. The default is RLlib's:
+            a hung env stops the fit within a minute, while a rollout of any simulated env
+            short of one that takes over 0.3 s per step (at 200 steps) fits in it.
+        restart_failed_sub_environments: Rebuild an env that raises (or an async worker
+            that exits), drop its unfinished episode and keep training; the restarts are
+            logged as ``env_runners/num_env_restarts``. Without it the fit stops with a
+            ``SubEnvError`` naming the env and the step.
+        on_nonfinite: A NaN or infinite observation or reward: ``"raise"`` a
+            ``NonFiniteEnvError`` naming the env, the step and the value, or
+            ``"drop_episode"``: drop that episode, reset the env, and count it in
+            ``env_runners/num_nonfinite_env_steps``.
 
     Raises:
         ValueError: Naming the argument, for an unknown env id, invalid sizes or a negative seed.
@@ -126,6 +139,9 @@ class EnvDataModule(LightningDataModule, abc.ABC):
         evaluation_explore: bool = False,
         episode_stats_window: int = 100,
         module_id: str = DEFAULT_MODULE_ID,
+        sample_timeout_s: float | None = 60.0,
+        restart_failed_sub_environments: bool = False,
+        on_nonfinite: Literal["raise", "drop_episode"] = "raise",
     ) -> None:
         super().__init__()
         if isinstance(env, str) and env not in gym.registry:
@@ -146,6 +162,7 @@ class EnvDataModule(LightningDataModule, abc.ABC):
             raise ValueError(f"vectorize_mode must be 'sync' or 'async', got {vectorize_mode!r}")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise ValueError(f"seed must be an int >= 0 or None, got {seed!r}")
+        check_fault_arguments(sample_timeout_s, restart_failed_sub_environments, on_nonfinite)
         # Callables (env factories, wrapper functions) are not plain data: keep them out of
         # the hyperparameters that go into checkpoints. The subclass's arguments are saved too.
         callables = (("env", env), ("wrappers", wrappers), ("evaluation_wrappers", evaluation_wrappers))
@@ -175,6 +192,9 @@ class EnvDataModule(LightningDataModule, abc.ABC):
             evaluation_explore=hparams.evaluation_explore,
             episode_stats_window=hparams.episode_stats_window,
             placement=self._placement,
+            sample_timeout_s=hparams.sample_timeout_s,
+            restart_failed_sub_environments=hparams.restart_failed_sub_environments,
+            on_nonfinite=hparams.on_nonfinite,
         )
 
     # ------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from lightning_rl.data.rank_stats import (
 )
 from lightning_rl.env.env_runner import EnvRunner
 from lightning_rl.env.episode import SingleAgentEpisode
+from lightning_rl.env.nonfinite import OnNonFinite
 
 # Evaluation envs are seeded apart from the training envs, so evaluation never replays the
 # exact episodes the policy trained on.
@@ -58,6 +59,8 @@ class EnvSampling:
         episode_stats_window: Completed episodes in each runner's statistics window.
         placement: Returns ``(global rank, world size)`` of the attached Trainer, ``(0, 1)``
             without one; asked whenever a runner is built, since the Trainer may attach late.
+        sample_timeout_s, restart_failed_sub_environments, on_nonfinite: How both runners
+            handle env faults (see ``EnvRunner``).
     """
 
     def __init__(
@@ -76,6 +79,9 @@ class EnvSampling:
         evaluation_explore: bool,
         episode_stats_window: int,
         placement: Placement,
+        sample_timeout_s: float | None,
+        restart_failed_sub_environments: bool,
+        on_nonfinite: OnNonFinite,
     ) -> None:
         self.env = env
         self.env_kwargs = env_kwargs
@@ -89,6 +95,9 @@ class EnvSampling:
         self.evaluation_explore = evaluation_explore
         self.episode_stats_window = episode_stats_window
         self.placement = placement
+        self.sample_timeout_s = sample_timeout_s
+        self.restart_failed_sub_environments = restart_failed_sub_environments
+        self.on_nonfinite = on_nonfinite
         self._base_seed = seed
         self._train_runner: EnvRunner | None = None
         self._eval_runner: EnvRunner | None = None
@@ -175,6 +184,9 @@ class EnvSampling:
             rollout_fragment_length=self.steps_per_env,
             seed=seed,
             episode_stats_window=self.episode_stats_window,
+            sample_timeout_s=self.sample_timeout_s,
+            restart_failed_sub_environments=self.restart_failed_sub_environments,
+            on_nonfinite=self.on_nonfinite,
         )
 
     # ------------------------------------------------------------------------------------

@@ -31,6 +31,8 @@ _STATS = (
     "window_return_min",
     "window_return_max",
     "window_len_sum",
+    "num_env_restarts",
+    "num_nonfinite_env_steps",
 )
 
 
@@ -62,6 +64,8 @@ def local_rank_stats(runner: EnvRunner, metrics: dict[str, float]) -> np.ndarray
             returns.min() if len(returns) else math.inf,
             returns.max() if len(returns) else -math.inf,
             lens.sum(),
+            metrics["num_env_restarts"],
+            metrics["num_nonfinite_env_steps"],
         ],
         dtype=np.float64,
     )
@@ -70,7 +74,7 @@ def local_rank_stats(runner: EnvRunner, metrics: dict[str, float]) -> np.ndarray
 def combine_rank_stats(gathered: np.ndarray) -> dict[str, float]:
     """Fold every rank's ``local_rank_stats`` into the statistics of ``EnvRunner.get_metrics``.
 
-    Counters are summed. Return and length statistics are over the union of the ranks'
+    Counters (the env restarts and non-finite steps too) are summed. Return and length statistics are over the union of the ranks'
     windows (a rank with more completed episodes weighs more; NaN only while no rank has
     one). ``env_steps_per_sec`` is the env steps of all ranks over the longest sampling
     time of a rank (ranks sample at the same time).
@@ -96,6 +100,8 @@ def combine_rank_stats(gathered: np.ndarray) -> dict[str, float]:
         "num_env_steps_sampled": steps,
         NUM_ENV_STEPS_SAMPLED_LIFETIME: float(column[NUM_ENV_STEPS_SAMPLED_LIFETIME].sum()),
         "env_steps_per_sec": steps / seconds if seconds > 0 else nan,
+        "num_env_restarts": float(column["num_env_restarts"].sum()),
+        "num_nonfinite_env_steps": float(column["num_nonfinite_env_steps"].sum()),
     }
 
 
