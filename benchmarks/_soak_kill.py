@@ -5,7 +5,8 @@ lightning_rl``, with ``OMP_NUM_THREADS=1``, so torch uses one thread) with a sec
 layered over it: a ``ModelCheckpoint(every_n_train_steps=1, save_last=True)`` instead of the
 config's callbacks, so a checkpoint (``epoch=..-step=...ckpt``, the previous one removed) and
 ``last.ckpt`` are written after every train item; 4 train items per epoch with 2 evaluation
-episodes; no env-step limit. ``--trainer.default_root_dir`` is on another filesystem than
+episodes (``--no-evaluate``: none, ``limit_val_batches: 0``); no env-step limit.
+``--trainer.default_root_dir`` is on another filesystem than
 the fit's ``$TMPDIR`` (``/dev/shm`` unless ``--root-dir`` says otherwise): the case where a
 checkpoint moved from a temporary file in ``$TMPDIR`` is a copy that a kill can cut short.
 The fit's ``$TMPDIR`` is a fresh directory on ``$TMPDIR``'s filesystem, so whatever is left
@@ -30,7 +31,8 @@ up to ``--max-wait`` seconds), and SIGKILL its process group. Then check:
                 checkpoint a resumed run wrote is at or past the one it resumed from.
 
 The command fails (exit code 1) on any bad checkpoint, orphan, counter that went back, or a
-fit that ended by itself or never saved.
+fit that ended by itself or never saved; after ``--max-failures`` such cycles in a row it
+stops (every later cycle would resume from the same checkpoint).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ CONFIG = "examples/ppo_cartpole.yaml"
 ENV_STEPS_KEY = "num_env_steps_sampled_lifetime"
 OVERRIDES = """\
 trainer:
+  limit_val_batches: {limit_val_batches}
   enable_progress_bar: false
   enable_model_summary: false
   callbacks:
@@ -271,14 +274,16 @@ def run_kill(args: argparse.Namespace) -> int:
     if args.cycles < 1 or args.max_wait < 0:
         raise SystemExit(f"--cycles must be >= 1 and --max-wait >= 0, got {args.cycles} and {args.max_wait}")
     places = choose_places(args)
-    (places.logs / "overrides.yaml").write_text(OVERRIDES)
+    (places.logs / "overrides.yaml").write_text(OVERRIDES.format(limit_val_batches=1.0 if args.evaluate else 0))
+    print("evaluation at every epoch end" if args.evaluate else "no evaluation (--no-evaluate)")
     rng = random.Random(args.seed)
-    verdict, previous, start = Verdict(), (0, 0), time.monotonic()
+    verdict, previous, start, failed_in_a_row = Verdict(), (0, 0), time.monotonic(), 0
+    cycles_run, exit_code = 0, 1
     print(f"{'cycle':>5} {'resumed from':<28} {'killed after save +s':>20} {'files':>6} {'bad':>4} {'temp':>5} "
           f"{'last.ckpt step':>15} {'env steps':>10}")  # fmt: skip
     try:
         for cycle in range(1, args.cycles + 1):
-            wait = rng.uniform(0.0, args.max_wait)
+            cycles_run, wait = cycle, rng.uniform(0.0, args.max_wait)
             try:
                 resume_from, version, ended = run_cycle(places, cycle, wait, args.start_timeout)
             except CycleError as error:
@@ -286,6 +291,7 @@ def run_kill(args: argparse.Namespace) -> int:
                 resume_from, version, ended = None, None, False
             if ended:
                 verdict.failures.append(f"cycle {cycle}: the fit ended by itself before the kill")
+            failed_in_a_row = failed_in_a_row + 1 if version is None or ended else 0
             newest = check_after_cycle(places, cycle, resume_from, version, verdict) or previous
             if newest[0] < previous[0] or newest[1] < previous[1]:
                 verdict.backwards.append(f"cycle {cycle}: newest last.ckpt at {newest}, after {previous}")
@@ -293,16 +299,26 @@ def run_kill(args: argparse.Namespace) -> int:
             source = "-" if resume_from is None else str(resume_from.relative_to(places.root / "lightning_logs"))
             print(f"{cycle:>5} {source[:28]:<28} {wait:>20.2f} {len(verdict.checked):>6} {len(verdict.bad):>4} "
                   f"{len(temporary_files(places)):>5} {newest[0]:>15} {newest[1]:>10}", flush=True)  # fmt: skip
-        return report(args, places, verdict, time.monotonic() - start)
+            if failed_in_a_row >= args.max_failures:
+                verdict.failures.append(f"stopped after {failed_in_a_row} failed cycles in a row")
+                break
+        exit_code = report(cycles_run, verdict, time.monotonic() - start)
+        return exit_code
     finally:
-        if args.keep:
-            print(f"kept: {places.root} {places.tmp} {places.logs}")
-        else:
-            for directory in (places.root, places.tmp, places.logs):
-                shutil.rmtree(directory, ignore_errors=True)
+        clean_up(places, args.keep, keep_logs=exit_code != 0)
 
 
-def report(args: argparse.Namespace, places: Places, verdict: Verdict, wall_s: float) -> int:
+def clean_up(places: Places, keep: bool, keep_logs: bool) -> None:
+    """Remove the run's directories, except with ``--keep``; the fits' logs stay after a failure."""
+    kept = [places.root, places.tmp, places.logs] if keep else [places.logs] if keep_logs else []
+    for directory in (places.root, places.tmp, places.logs):
+        if directory not in kept:
+            shutil.rmtree(directory, ignore_errors=True)
+    if kept:
+        print(f"kept: {' '.join(map(str, kept))}")
+
+
+def report(cycles_run: int, verdict: Verdict, wall_s: float) -> int:
     """Print the problems found and the summary table; 0 if every check passed."""
     orphans = sorted(path for path in verdict.temporary if os.path.lexists(path))
     removed = len(verdict.temporary) - len(orphans)
@@ -313,9 +329,9 @@ def report(args: argparse.Namespace, places: Places, verdict: Verdict, wall_s: f
     for line in verdict.backwards + verdict.failures:
         print(f"FAIL {line}")
     monotone = not verdict.backwards
-    print("\n| cycles | checkpoint files checked | bad | temp files seen (removed later) | orphans | monotone | wall s |")
+    print("\n| cycles run | checkpoint files checked | bad | temp files seen (removed later) | orphans | monotone | wall s |")
     print("|---|---|---|---|---|---|---|")
-    print(f"| {args.cycles} | {len(verdict.checked)} | {len(verdict.bad)} | {len(verdict.temporary)} ({removed}) | "
+    print(f"| {cycles_run} | {len(verdict.checked)} | {len(verdict.bad)} | {len(verdict.temporary)} ({removed}) | "
           f"{len(orphans)} | {'yes' if monotone else 'NO'} | {wall_s:.0f} |")  # fmt: skip
     failed = verdict.bad or orphans or not monotone or verdict.failures
     return 1 if failed else 0

@@ -35,13 +35,15 @@ Two sub-commands, each printing a table and exiting non-zero when its check fail
   examples/ppo_cartpole.yaml`` with checkpoints saved after every train item, with the
   checkpoint directory on another filesystem than ``$TMPDIR``; every checkpoint left behind
   must load (checked, checksum), no temporary file may be left, and the counters must never go
-  back. See ``_soak_kill.py`` for what a cycle does and checks.
+  back. See ``_soak_kill.py`` for what a cycle does and checks. ``--no-evaluate`` runs the fits
+  without evaluation (``limit_val_batches: 0``).
 
 Run::
 
-    python benchmarks/soak.py rss                                     # 1M DQN + 2M PPO (~1 h here)
+    python benchmarks/soak.py rss                                     # 1M DQN + 2M PPO (~45 min here)
     python benchmarks/soak.py rss --dqn-steps 20000 --ppo-steps 50000  # a quick run
-    python benchmarks/soak.py kill                                    # 50 cycles (~15 min here)
+    python benchmarks/soak.py kill                                    # 50 cycles (~15-25 min here)
+    python benchmarks/soak.py kill --no-evaluate
     python benchmarks/soak.py kill --cycles 3
 """
 
@@ -91,6 +93,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     kill.add_argument("--start-timeout", type=float, default=300.0, help="seconds a cycle may take to its first save")
     kill.add_argument("--keep", action="store_true", help="keep the run's directories and print where they are")
+    kill.add_argument(
+        "--evaluate",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="evaluate at every epoch end (--no-evaluate: limit_val_batches 0, no evaluation is ever owed on resume)",
+    )
+    kill.add_argument(
+        "--max-failures", type=int, default=3, help="stop after this many cycles in a row that could not run"
+    )
     child = commands.add_parser("child")  # internal: the fit whose memory `rss` samples
     child.add_argument("algo", choices=sorted(CONFIGS))
     child.add_argument("--steps", type=int, required=True)
