@@ -202,9 +202,8 @@ def kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def run_cycle(places: Places, cycle: int, wait: float, timeout: float) -> tuple[Path | None, Path | None, bool]:
-    """One start / wait / kill; returns (the checkpoint resumed from, the run's version directory, it ended by itself)."""
-    resume_from = newest_last(places.root)
+def run_cycle(places: Places, cycle: int, resume_from: Path | None, wait: float, timeout: float) -> tuple[Path, bool]:
+    """One start / wait / kill; returns (the run's version directory, whether it ended by itself before the kill)."""
     before = set(version_dirs(places.root))
     proc = start_fit(places, cycle, resume_from)
     try:
@@ -213,7 +212,7 @@ def run_cycle(places: Places, cycle: int, wait: float, timeout: float) -> tuple[
         ended = proc.poll() is not None
     finally:
         kill_group(proc)
-    return resume_from, version, ended
+    return version, ended
 
 
 # ----------------------------------------------------------------------------------------
@@ -238,7 +237,8 @@ def check_file(path: Path, verdict: Verdict) -> tuple[int, int] | None:
     try:
         found = counters(read_checkpoint_file(path))
     except ValueError as error:
-        verdict.bad[str(path)] = str(error)
+        problem = str(error)
+        verdict.bad[str(path)] = problem if problem.startswith(str(path)) else f"{path}: {problem}"
         return None
     verdict.checked[key] = found
     return found
@@ -283,12 +283,13 @@ def run_kill(args: argparse.Namespace) -> int:
           f"{'last.ckpt step':>15} {'env steps':>10}")  # fmt: skip
     try:
         for cycle in range(1, args.cycles + 1):
-            cycles_run, wait = cycle, rng.uniform(0.0, args.max_wait)
+            cycles_run, wait, resume_from = cycle, rng.uniform(0.0, args.max_wait), newest_last(places.root)
+            version: Path | None = None
             try:
-                resume_from, version, ended = run_cycle(places, cycle, wait, args.start_timeout)
+                version, ended = run_cycle(places, cycle, resume_from, wait, args.start_timeout)
             except CycleError as error:
                 verdict.failures.append(f"cycle {cycle}: {error}; see {places.logs / f'cycle_{cycle}.log'}")
-                resume_from, version, ended = None, None, False
+                ended = False
             if ended:
                 verdict.failures.append(f"cycle {cycle}: the fit ended by itself before the kill")
             failed_in_a_row = failed_in_a_row + 1 if version is None or ended else 0
