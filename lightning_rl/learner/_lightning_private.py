@@ -97,3 +97,27 @@ def run_validation_now(trainer: Trainer) -> None:
     trainer.fit_loop.epoch_loop.val_loop.run()
     trainer.training = True
     connector._first_loop_iter = first_loop_iter
+
+
+def resume_skips_the_epochs_evaluation(checkpoint: dict[str, Any]) -> bool:
+    """Whether Lightning, resuming from ``checkpoint``, goes on past an epoch's end without evaluating.
+
+    A checkpoint written after an epoch's last train item (before that epoch's evaluation) is
+    resumed in one of two ways, decided by the fit loop's progress counters it holds
+    (``_TrainingEpochLoop.update_restart_stage``): if the total counters show exactly that one
+    item unfinished (``completed == processed - 1``), the loop counts the item as done and
+    moves to the next epoch, skipping the evaluation; otherwise (the counters lag further after
+    earlier resumes) it repeats the last item and evaluates after it, as usual. Only in the
+    first case does the evaluation need running separately; running it in the second would
+    run it twice and leave the restarted epoch without train items. The counters' place in the
+    checkpoint (``loops/fit_loop/epoch_loop.batch_progress``) is Lightning's private format.
+    """
+    try:
+        total = checkpoint["loops"]["fit_loop"]["epoch_loop.batch_progress"]["total"]
+        return (
+            total["started"] == total["ready"]
+            and total["processed"] == total["started"]
+            and total["completed"] == total["processed"] - 1
+        )
+    except (KeyError, TypeError):
+        return False

@@ -23,7 +23,12 @@ from lightning_rl.core.columns import ALL_MODULES
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec
 from lightning_rl.core.train_item import TrainItem
 from lightning_rl.learner import state as learner_state
-from lightning_rl.learner._lightning_private import attached_trainer, run_validation_now, trainer_writes_logs_now
+from lightning_rl.learner._lightning_private import (
+    attached_trainer,
+    resume_skips_the_epochs_evaluation,
+    run_validation_now,
+    trainer_writes_logs_now,
+)
 from lightning_rl.learner.batches import as_train_item
 from lightning_rl.learner.result_keys import TOTAL_LOSS_KEY, TRAIN_RETURN_KEY
 
@@ -205,7 +210,8 @@ class LightningHooksMixin:
         Lightning then loads the weights and, when resuming a fit, the optimizer states.
         """
         learner_state.restore_from_lightning_checkpoint(self, checkpoint)
-        self._evaluation_owed = bool(checkpoint[CHECKPOINT_KEY].get("evaluation_owed", False))
+        owed = bool(checkpoint[CHECKPOINT_KEY].get("evaluation_owed", False))
+        self._evaluation_owed = owed and resume_skips_the_epochs_evaluation(checkpoint)
 
     @classmethod
     def load_from_checkpoint(
