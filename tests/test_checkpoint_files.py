@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -349,7 +351,7 @@ def test_a_killed_save_leaves_the_previous_checkpoint_loadable(
     assert not orphan.name.endswith(".ckpt")  # so Lightning never takes it for a checkpoint
 
     assert_same_tensors(weights(Learner.from_checkpoint(str(file))), weights(fitted))
-    assert_same_tensors(weights(_resume(file, AtomicCheckpointIO())), weights(fitted))
+    assert_same_tensors(weights(_resume(file)), weights(fitted))
 
     # The next save removes the orphan, and only it.
     host = orphan.name[len(TEMPORARY_PREFIX) :].split(".")[0]
@@ -365,6 +367,24 @@ def test_a_killed_save_leaves_the_previous_checkpoint_loadable(
     before = {p.name for p in directory.iterdir()}
     save_checkpoint_file({"w": torch.zeros(1)}, directory / "next.ckpt")
     assert {p.name for p in directory.iterdir()} == before - {orphan.name} | {"next.ckpt"}
+
+
+def _orphan_name(directory: Path) -> Path:
+    """The name a save killed in a process that has exited would have left in ``directory``."""
+    exited = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    host = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname()) or "host"
+    return directory / f"{TEMPORARY_PREFIX}{host}.{exited.stdout.strip()}.last.ckpt.x1.tmp"
+
+
+def test_resuming_through_the_plugin_removes_killed_saves_beside_the_checkpoint(tmp_path: Path):
+    # A resumed run saves into a new version directory, where no later save would meet them.
+    _, file = _fit(tmp_path, AtomicCheckpointIO())
+    orphan = _orphan_name(tmp_path)
+    orphan.write_bytes(b"half a checkpoint")
+    (tmp_path / "notes.txt").write_text("the user's")
+    _resume(file, AtomicCheckpointIO())
+    assert not orphan.exists()
+    assert (tmp_path / "notes.txt").exists() and file.exists()
 
 
 # ---- Learner.load_from_checkpoint runs nothing a checkpoint names ---------------------------

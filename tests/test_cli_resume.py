@@ -169,3 +169,15 @@ def test_the_cli_writes_checkpoints_whole_and_checksummed(checkpoint):
     content = torch.load(checkpoint, weights_only=True)
     assert CHECKSUM_KEY in content
     assert not list(checkpoint.parent.glob(".*"))  # no temporary files left behind
+
+
+def test_a_new_run_removes_what_killed_saves_left_in_earlier_version_directories(tmp_path):
+    from test_checkpoint_files import _orphan_name
+
+    earlier = tmp_path / "lightning_logs" / "version_0" / "checkpoints"
+    earlier.mkdir(parents=True)
+    orphan = _orphan_name(earlier)
+    orphan.write_bytes(b"half a checkpoint")
+    (earlier / "last.ckpt").write_bytes(b"not touched")
+    _NoRun(args=["fit", "--config", CARTPOLE, *quick(tmp_path)])
+    assert not orphan.exists() and (earlier / "last.ckpt").read_bytes() == b"not touched"

@@ -17,17 +17,22 @@ from __future__ import annotations
 
 import re
 import sys
-from pathlib import Path
 from typing import Any, NoReturn
 
+from jsonargparse import Namespace
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch import LightningDataModule
-from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
 
 from lightning_rl.cli.resume import plan_resume
-from lightning_rl.core.checkpoint import CHECKPOINT_KEY, check_checkpoint_fits, loaded_subclass, read_checkpoint_file
+from lightning_rl.core.checkpoint import (
+    CHECKPOINT_KEY,
+    check_checkpoint_fits,
+    loaded_subclass,
+    read_checkpoint_file,
+    remove_stale_temporary_files,
+)
 from lightning_rl.data.env_datamodule import OFF_POLICY_ARGUMENTS, ON_POLICY_ARGUMENTS
 from lightning_rl.data.on_policy import OnPolicyDataModule
 from lightning_rl.learner._lightning_private import claim_version_directory
@@ -158,7 +163,12 @@ class LightningRLCLI(LightningCLI):
         if self.trainer.is_global_zero:
             # Only now, with the configuration checked, does the run get a directory.
             for logger in self.trainer.loggers:
-                claim_version_directory(logger)
+                claimed = claim_version_directory(logger)
+                if claimed is not None:
+                    # Each run saves into a new version directory, so no later save would
+                    # meet the temporary file a killed save left in an earlier one.
+                    for directory in claimed.parent.glob("version_*/checkpoints"):
+                        remove_stale_temporary_files(directory)
 
 
 def _without_parser_wrapping(error: BaseException) -> BaseException:

@@ -17,7 +17,12 @@ from typing import Any
 
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from lightning_rl.core.checkpoint import checkpoint_file, load_checked, save_checkpoint_file
+from lightning_rl.core.checkpoint import (
+    checkpoint_file,
+    load_checked,
+    remove_stale_temporary_files,
+    save_checkpoint_file,
+)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -30,7 +35,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     checkpoint plus its checksum under ``"lightning_rl_checksum"``, so any tool loads it.
 
     ``load_checkpoint`` loads with ``torch.load(weights_only=True)`` and checks the
-    checksum (files without one, written by other plugins, still load). Every bad file is a
+    checksum (files without one, written by other plugins, still load), then removes the
+    temporary files of killed saves beside the checkpoint (a resumed run saves elsewhere,
+    so no later save there would). Every bad file is a
     ``ValueError`` of one line naming the file and the problem. ``remove_checkpoint`` is
     Lightning's. Only local paths are supported.
     """
@@ -69,7 +76,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 f"{type(self).__name__} loads checkpoints as plain data only (weights_only=True): a checkpoint "
                 "never runs code"
             )
-        return load_checked(checkpoint_file(_local(path)), map_location=map_location)
+        file = checkpoint_file(_local(path))
+        checkpoint = load_checked(file, map_location=map_location)
+        # A resumed run saves elsewhere (a new version directory), so the temporary file of a
+        # save killed beside this checkpoint would otherwise stay forever.
+        remove_stale_temporary_files(file.parent)
+        return checkpoint
 
 
 def _local(path: str | os.PathLike) -> str:
