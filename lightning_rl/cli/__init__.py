@@ -83,6 +83,7 @@ class LightningRLCLI(LightningCLI):
         kwargs.setdefault("subclass_mode_data", True)
         kwargs.setdefault("auto_configure_optimizers", False)
         kwargs.setdefault("parser_class", LightningRLArgumentParser)
+        self._checkpoint: tuple[str, dict[str, Any]] | None = None  # --ckpt_path and what it holds
         super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser: Any) -> None:
@@ -117,18 +118,23 @@ class LightningRLCLI(LightningCLI):
         except ValueError as error:
             self.parser.error(f"--ckpt_path {error}")
         given = self._given_settings()[subcommand].get("model") or {}
-        given_names = set((given.get("init_args") or {}).keys()) if given.get("class_path") in (None, model.class_path) else set()
+        same_class = given.get("class_path") in (None, model.class_path)
+        given_names = set((given.get("init_args") or {}).keys()) if same_class else set()
         plan = plan_resume(chosen, saved, dict(model.init_args), given_names)
         if plan.adopted:
             adopted = {subcommand: {"model": {"class_path": model.class_path, "init_args": plan.adopted}}}
             try:
                 self.config = self.parser.parse_object(adopted, self.config)
             except SystemExit:  # the parser has printed which value does not fit
-                self.parser.error(f"--ckpt_path {ckpt_path}: the checkpoint's hyperparameters do not fit {chosen.__name__}")
+                self.parser.error(
+                    f"--ckpt_path {ckpt_path}: the checkpoint's hyperparameters do not fit {chosen.__name__}"
+                )
         for line in plan.report_lines(ckpt_path):
             _tell(line)
         if plan.adopted:
-            _tell(f"{ckpt_path}: settings from the checkpoint that your config and flags leave out: {', '.join(plan.adopted)}")
+            _tell(
+                f"{ckpt_path}: settings from the checkpoint that your config and flags leave out: {', '.join(plan.adopted)}"
+            )
 
     def _given_settings(self) -> Any:
         """What the user set (config files and flags, or the ``args`` dict), without the defaults."""
@@ -143,7 +149,9 @@ class LightningRLCLI(LightningCLI):
         except ValueError as error:
             self.parser.error(f"--ckpt_path {error}")
         if CHECKPOINT_KEY not in checkpoint:
-            self.parser.error(f"--ckpt_path {ckpt_path}: a Learner directory, not a Lightning checkpoint a Trainer resumes from")
+            self.parser.error(
+                f"--ckpt_path {ckpt_path}: a Learner directory, not a Lightning checkpoint a Trainer resumes from"
+            )
         return checkpoint
 
     def instantiate_classes(self) -> None:
@@ -151,7 +159,7 @@ class LightningRLCLI(LightningCLI):
         try:
             super().instantiate_classes()
             self.model.check_fits_data(self.datamodule)
-            if getattr(self, "_checkpoint", None) is not None:
+            if self._checkpoint is not None:
                 ckpt_path, checkpoint = self._checkpoint
                 spaces = [getattr(self.datamodule, name, None) for name in ("observation_space", "action_space")]
                 check_checkpoint_fits(ckpt_path, checkpoint, type(self.model), *spaces)
@@ -219,4 +227,3 @@ def main(args: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
-
