@@ -192,3 +192,53 @@ def test_the_command_line_runs_ddp_on_two_cpu_ranks_through_lightnings_relaunch(
     # One rollout of 8 envs x 32 steps on each of 2 ranks: 512 env steps, half of them rank 0's.
     assert state["num_env_steps_sampled_lifetime"] == 512
     assert state["train_runner"]["num_env_steps_sampled_lifetime"] == 256
+
+
+def _fit_with_a_failing_env_on_rank_1(rank: int, world_size: int, root: str) -> str:
+    import gymnasium as gym
+    from lightning.pytorch import Trainer
+
+    from lightning_rl.algorithms.ppo import PPOLearner
+    from lightning_rl.data import OnPolicyDataModule
+
+    def make_env(**kwargs: Any) -> gym.Env:
+        env = gym.make("CartPole-v1")
+        return _FailsOnRank1(env) if rank == 1 else env
+
+    learner = PPOLearner(model_config={"fcnet_hiddens": [8]}, minibatch_size=32)
+    data = OnPolicyDataModule(make_env, num_envs=2, rollout_fragment_length=32, seed=0, evaluation_num_episodes=1)
+    trainer = Trainer(
+        accelerator="cpu", devices=world_size, strategy="ddp", max_epochs=1, logger=False, num_sanity_val_steps=0,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=root,
+    )  # fmt: skip
+    try:
+        trainer.fit(learner, datamodule=data)
+    except Exception as error:
+        return f"{type(error).__name__}: {error}"
+    return "no error"
+
+
+class _FailsOnRank1:
+    """A CartPole whose 5th step raises (wrapped on rank 1 only)."""
+
+    def __new__(cls, env: Any) -> Any:
+        import gymnasium as gym
+
+        class Failing(gym.Wrapper):
+            steps = 0
+
+            def step(self, action: Any) -> Any:
+                Failing.steps += 1
+                if Failing.steps == 5:
+                    raise RuntimeError("the simulator crashed")
+                return self.env.step(action)
+
+        return Failing(env)
+
+
+def test_a_rank_whose_env_fails_stops_every_rank_at_the_same_rollout(tmp_path):
+    # Without the agreement rank 0 learnt only from its next collective, as gloo's "Connection
+    # closed by peer" once rank 1's process group went down, naming neither rank nor cause.
+    rank0, rank1 = run_on_ranks(_fit_with_a_failing_env_on_rank_1, str(tmp_path), world_size=2, timeout=120)
+    assert "the simulator crashed" in rank1
+    assert rank0.startswith("SamplingFailedOnAnotherRank: sampling failed on rank(s) [1]")

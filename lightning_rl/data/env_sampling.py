@@ -21,7 +21,9 @@ from lightning_rl.core.rl_modules import RLModule
 from lightning_rl.data.rank_stats import (
     NUM_EPISODES_LIFETIME,
     combine_rank_stats,
+    failed_rank_stats,
     local_rank_stats,
+    raise_if_a_rank_failed,
     saved_global_counts,
 )
 from lightning_rl.env.env_runner import EnvRunner
@@ -209,10 +211,22 @@ class EnvSampling:
         Returns:
             This rank's episodes and the statistics over all ranks (the keys of
             ``EnvRunner.get_metrics``).
+
+        Raises:
+            SamplingFailedOnAnotherRank: If another rank's rollout raised (that rank raises
+                its own error), so that every rank stops at the same rollout.
         """
         runner = self.train_runner
-        episodes = runner.sample(module, explore=True)
-        metrics = combine_rank_stats(gather(local_rank_stats(runner, runner.get_metrics())))
+        try:
+            episodes = runner.sample(module, explore=True)
+        except Exception:
+            # Tell the other ranks before raising: they are about to wait for this rank in
+            # the gather, and would otherwise wait until the process group's timeout.
+            gather(failed_rank_stats())
+            raise
+        gathered = gather(local_rank_stats(runner, runner.get_metrics()))
+        raise_if_a_rank_failed(gathered)
+        metrics = combine_rank_stats(gathered)
         self._global_env_steps = int(metrics[NUM_ENV_STEPS_SAMPLED_LIFETIME])
         self._global_episodes = int(metrics[NUM_EPISODES_LIFETIME])
         return episodes, metrics

@@ -33,7 +33,16 @@ _STATS = (
     "window_len_sum",
     "num_env_restarts",
     "num_nonfinite_env_steps",
+    "sampling_failed",
 )
+
+
+class SamplingFailedOnAnotherRank(RuntimeError):
+    """Raised on every rank whose own rollout went well when another rank's failed.
+
+    The failing rank raises its own error; the others stop too, at the same rollout, instead
+    of waiting in the next collective until the process group's timeout.
+    """
 
 
 def local_rank_stats(runner: EnvRunner, metrics: dict[str, float]) -> np.ndarray:
@@ -66,9 +75,26 @@ def local_rank_stats(runner: EnvRunner, metrics: dict[str, float]) -> np.ndarray
             lens.sum(),
             metrics["num_env_restarts"],
             metrics["num_nonfinite_env_steps"],
+            0.0,
         ],
         dtype=np.float64,
     )
+
+
+def failed_rank_stats() -> np.ndarray:
+    """The contribution of a rank whose rollout raised: all zero, ``sampling_failed`` set."""
+    stats = np.zeros(len(_STATS), dtype=np.float64)
+    stats[_STATS.index("sampling_failed")] = 1.0
+    return stats
+
+
+def raise_if_a_rank_failed(gathered: np.ndarray) -> None:
+    """Raise ``SamplingFailedOnAnotherRank`` naming the ranks whose ``failed_rank_stats`` are in ``gathered``."""
+    failed = np.flatnonzero(np.atleast_2d(gathered)[:, _STATS.index("sampling_failed")] > 0).tolist()
+    if failed:
+        raise SamplingFailedOnAnotherRank(
+            f"sampling failed on rank(s) {failed} (their own error says why); this rank stops at the same rollout"
+        )
 
 
 def combine_rank_stats(gathered: np.ndarray) -> dict[str, float]:
