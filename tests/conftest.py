@@ -74,3 +74,22 @@ def loader_of(items: list[Any]) -> DataLoader:
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+def resealed(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """A Lightning checkpoint edited by a test, with its checksums computed again.
+
+    A crafted file carries valid checksums (whoever crafts it computes them too); without
+    them the checksum check, not the check a test is about, would refuse it.
+    """
+    from lightning_rl.core.checkpoint import (
+        CHECKPOINT_KEY,
+        CHECKSUM_KEY,
+        LEARNER_CHECKSUM_KEY,
+        add_learner_checksum,
+        with_checksum,
+    )
+
+    if LEARNER_CHECKSUM_KEY in checkpoint[CHECKPOINT_KEY]:
+        add_learner_checksum(checkpoint)
+    return with_checksum(checkpoint) if CHECKSUM_KEY in checkpoint else checkpoint

@@ -9,18 +9,13 @@ from typing import Any, Callable, Literal, Optional, Sequence
 import pytest
 import torch
 import yaml
+from conftest import resealed
 from test_cli import CARTPOLE, REPO, quick
 
 from lightning_rl.algorithms.ppo import PPOLearner
 from lightning_rl.cli import LightningRLCLI
 from lightning_rl.cli.resume import holds_only_data, plan_resume
-from lightning_rl.core.checkpoint import (
-    CHECKPOINT_KEY,
-    CHECKSUM_KEY,
-    LEARNER_CHECKSUM_KEY,
-    add_learner_checksum,
-    with_checksum,
-)
+from lightning_rl.core.checkpoint import CHECKPOINT_KEY, CHECKSUM_KEY
 
 MARKER_MODULE = "_code_from_checkpoint"
 
@@ -47,11 +42,7 @@ def _crafted(checkpoint: Path, path: Path, edit: Callable[[dict[str, Any]], None
     """A copy of ``checkpoint`` edited by ``edit`` and checksummed again, as an attacker would."""
     content = torch.load(checkpoint, weights_only=True)
     edit(content)
-    if LEARNER_CHECKSUM_KEY in content[CHECKPOINT_KEY]:
-        add_learner_checksum(content)
-    if CHECKSUM_KEY in content:
-        content = with_checksum(content)
-    torch.save(content, path)
+    torch.save(resealed(content), path)
     return path
 
 

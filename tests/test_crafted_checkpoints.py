@@ -16,18 +16,11 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import bc_spec, loader_of, make_trainer, random_batch
+from conftest import bc_spec, loader_of, make_trainer, random_batch, resealed
 
 from lightning_rl import Learner, LearnerGroup
 from lightning_rl.algorithms.bc import BCLearner
-from lightning_rl.core.checkpoint import (
-    CHECKPOINT_KEY,
-    CHECKSUM_KEY,
-    LEARNER_CHECKSUM_KEY,
-    LEARNER_STATE_FILE,
-    add_learner_checksum,
-    with_checksum,
-)
+from lightning_rl.core.checkpoint import CHECKPOINT_KEY, LEARNER_STATE_FILE, with_checksum
 
 MODULE = "_code_from_checkpoint"
 CODE = f"{MODULE}.touch_marker"
@@ -119,9 +112,7 @@ def _lightning_checkpoint(directory: Path, edit: Callable[[dict[str, Any]], None
     content["hyper_parameters"]["_instantiator"] = CODE
     content[CHECKPOINT_KEY]["state"].pop("should_module_be_updated", None)
     edit(content[CHECKPOINT_KEY])
-    if LEARNER_CHECKSUM_KEY in content[CHECKPOINT_KEY]:
-        add_learner_checksum(content)
-    torch.save(with_checksum(content) if CHECKSUM_KEY in content else content, path)
+    torch.save(resealed(content), path)
     return path
 
 
