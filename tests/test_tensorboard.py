@@ -290,3 +290,42 @@ def test_an_env_that_cannot_render_rgb_frames_is_named():
     with pytest.raises(ValueError, match="env_kwargs sets render_mode='human'"):
         check_records_frames("CartPole-v1", {"render_mode": "human"}, [])
     check_records_frames("Pendulum-v1", None, ["gymnasium.wrappers.RecordEpisodeStatistics"])
+
+
+# ----------------------------------------------------------------------------------------
+# Two DDP ranks
+# ----------------------------------------------------------------------------------------
+
+
+def _fit_with_videos_on_rank(rank: int, world_size: int, root: str) -> dict[str, Any]:
+    from lightning.pytorch import Trainer, seed_everything
+
+    seed_everything(0)
+    data = _on_policy(num_envs=2, rollout_fragment_length=8, evaluation_num_episodes=2, evaluation_video=1)
+    logger = TensorBoardLogger(root, name="tb", version=0)
+    trainer = Trainer(
+        accelerator="cpu", strategy="ddp", devices=world_size, max_epochs=2, logger=logger, log_every_n_steps=1,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+    )  # fmt: skip
+    trainer.fit(_ppo(), datamodule=data)
+    result = {"records": data.eval_runner.record_video}
+    if rank == 0:
+        events = _events(logger)
+        result.update(
+            sampled=_scalars(events, SAMPLED_TAG),
+            eval_steps=[step for step, _ in _scalars(events, EVAL_TAG)],
+            hp_metric_steps=[step for step, _ in _scalars(events, "hp_metric")],
+            video_steps=[image.step for image in events.Images(VIDEO_TAG)],
+        )
+    return result
+
+
+def test_under_ddp_steps_count_both_ranks_and_only_rank_0_records(tmp_path: Path):
+    from ranks import run_on_ranks
+
+    rank0, rank1 = run_on_ranks(_fit_with_videos_on_rank, str(tmp_path), world_size=2, timeout=240)
+    per_rollout = 2 * 2 * 8  # 2 ranks x 2 envs x 8 steps
+    assert rank0["sampled"] == [(per_rollout * k, float(per_rollout * k)) for k in range(1, 5)]
+    assert rank0["eval_steps"] == rank0["video_steps"] == [2 * per_rollout, 4 * per_rollout]
+    assert rank0["hp_metric_steps"] == [0, 2 * per_rollout, 4 * per_rollout]
+    assert (rank0["records"], rank1["records"]) == (True, False)
