@@ -259,10 +259,8 @@ class EnvRunner:
         finished: list[SingleAgentEpisode] = []
         unfinished: dict[str, SingleAgentEpisode] = {}
         try:
-            if record_first_episode:
-                self.env.set_attr("record_next_episode", [True] + [False] * (self.num_envs - 1))
             with self._vector.rollout():
-                self._reset()
+                self._reset(record_env_0=record_first_episode)
             recorded_id = self._episodes.ids[0] if record_first_episode else None
             # Env 0's id changes when its recorded episode ends (or is dropped).
             while len(finished) < num_episodes or self._episodes.ids[0] == recorded_id:
@@ -310,9 +308,11 @@ class EnvRunner:
         fps = self.env.metadata.get("render_fps")
         return None if fps is None else int(fps)
 
-    def _reset(self) -> None:
+    def _reset(self, *, record_env_0: bool = False) -> None:
         if self._vector.env.closed:
             self._vector.rebuild()  # the workers were terminated after an error
+        if record_env_0:  # arm env 0's EpisodeFrameRecorder for the episode this reset starts
+            self.env.set_attr("record_next_episode", [True] + [False] * (self.num_envs - 1))
         # Each full reset gets seeds of its own, so neither evaluation nor a resumed run
         # replays the episodes of the first reset; the first reset uses `seed` itself.
         seed = None if self.seed is None else self.seed + self._num_resets * self.num_envs
