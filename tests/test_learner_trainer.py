@@ -235,7 +235,8 @@ def _evaluating_fit(
 def test_a_resumed_fit_first_runs_the_evaluation_its_checkpoint_still_owed(tmp_path: Path):
     with pytest.raises(_Interrupted):
         _evaluating_fit(tmp_path / "first", _Evaluations(crash=True))
-    (checkpoint,) = (tmp_path / "first" / "checkpoints").glob("*step=2.ckpt")
+    # Checkpoint names carry the env-step count the Learner logs as "step": 2 items of 32 env steps.
+    (checkpoint,) = (tmp_path / "first" / "checkpoints").glob("*step=64.ckpt")
     resumed = _Evaluations()
     _evaluating_fit(tmp_path / "resumed", resumed, ckpt_path=str(checkpoint))
     # The interrupted epoch's evaluation at step 2, then the one of the only other epoch.
@@ -246,7 +247,7 @@ def test_only_a_checkpoint_between_an_epochs_last_item_and_its_evaluation_owes_o
     finished = _Evaluations()
     trainer = _evaluating_fit(tmp_path, finished)
     assert finished.steps == [2, 4]
-    (before_evaluation,) = (tmp_path / "checkpoints").glob("*step=2.ckpt")
+    (before_evaluation,) = (tmp_path / "checkpoints").glob("*step=64.ckpt")
     trainer.save_checkpoint(tmp_path / "after.ckpt")
     assert torch.load(before_evaluation, weights_only=True)["lightning_rl"]["evaluation_owed"] is True
     assert torch.load(tmp_path / "after.ckpt", weights_only=True)["lightning_rl"]["evaluation_owed"] is False
@@ -259,7 +260,7 @@ def test_a_fit_resumed_where_lightning_repeats_the_epochs_last_item_trains_on_an
     # run from on_train_start there, it left every later epoch without a train item.
     with pytest.raises(_Interrupted):
         _evaluating_fit(tmp_path / "first", _Evaluations(crash=True))
-    (checkpoint,) = (tmp_path / "first" / "checkpoints").glob("*step=2.ckpt")
+    (checkpoint,) = (tmp_path / "first" / "checkpoints").glob("*step=64.ckpt")
     content = torch.load(checkpoint, weights_only=True)
     content["loops"]["fit_loop"]["epoch_loop.batch_progress"]["total"]["completed"] -= 1
     add_learner_checksum(content)

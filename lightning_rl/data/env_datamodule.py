@@ -29,12 +29,14 @@ import numpy as np
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch import LightningDataModule
 
-from lightning_rl.core.columns import DEFAULT_MODULE_ID
+from lightning_rl.core.columns import DEFAULT_MODULE_ID, NUM_ENV_STEPS_SAMPLED_LIFETIME
 from lightning_rl.core.rl_modules import RLModule
 from lightning_rl.core.train_item import TrainingData, TrainItem
 from lightning_rl.data.env_sampling import EnvSampling
+from lightning_rl.data.evaluation_video import EvaluationVideo
 from lightning_rl.data.rank_stats import all_gather_rows
 from lightning_rl.env.env_runner import EnvRunner, check_fault_arguments
+from lightning_rl.env.frame_recorder import check_records_frames
 
 # Each class's own constructor arguments, so that one used on the other class gets an error
 # naming the class it belongs to (tests check these against the signatures).
@@ -53,6 +55,8 @@ OFF_POLICY_ARGUMENTS = (
 # Both data modules were one, ``EpisodeDataModule``, which saved its state in checkpoints
 # under this name (Lightning keys a data module's state by its class name).
 FORMER_STATE_KEY = "EpisodeDataModule"
+# Where the state holds the evaluation-video count (``EvaluationVideo.state_dict``).
+EVALUATION_VIDEO_KEY = "evaluation_video"
 
 WrapperSpec = str | dict[str, Any] | Callable[[gym.Env], gym.Env]
 
@@ -114,6 +118,11 @@ class EnvDataModule(LightningDataModule, abc.ABC):
             ``NonFiniteEnvError`` naming the env, the step and the value, or
             ``"drop_episode"``: drop that episode, reset the env, and count it in
             ``env_runners/num_nonfinite_env_steps``.
+        evaluation_video: Record the first episode of every ``evaluation_video``-th evaluation
+            (rank 0's first evaluation env, ``render_mode="rgb_array"``) and write it to the
+            Trainer's TensorBoard as ``eval/episode_video``, at the env-step count; ``None``
+            records none. Needs a ``TensorBoardLogger`` and ``pip install 'lightning-rl[video]'``,
+            checked at setup. Only the recorded episode renders frames.
 
     Raises:
         ValueError: Naming the argument, for an unknown env id, invalid sizes or a negative seed.
@@ -142,6 +151,7 @@ class EnvDataModule(LightningDataModule, abc.ABC):
         sample_timeout_s: float | None = 60.0,
         restart_failed_sub_environments: bool = False,
         on_nonfinite: Literal["raise", "drop_episode"] = "raise",
+        evaluation_video: int | None = None,
     ) -> None:
         super().__init__()
         if isinstance(env, str) and env not in gym.registry:
@@ -155,7 +165,11 @@ class EnvDataModule(LightningDataModule, abc.ABC):
             ("episode_stats_window", episode_stats_window),
         ):
             check_positive_int(name, value)
-        for name, value in (("max_env_steps", max_env_steps), ("evaluation_num_envs", evaluation_num_envs)):
+        for name, value in (
+            ("max_env_steps", max_env_steps),
+            ("evaluation_num_envs", evaluation_num_envs),
+            ("evaluation_video", evaluation_video),
+        ):
             if value is not None:
                 check_positive_int(name, value)
         if vectorize_mode not in ("sync", "async"):
@@ -173,6 +187,7 @@ class EnvDataModule(LightningDataModule, abc.ABC):
         # The checkpoint whose state this data module holds, so it is read once (see
         # ``_restore_state_saved_by_episode_datamodule``).
         self._restored_from: Any = None
+        self._evaluation_video = EvaluationVideo(evaluation_video) if evaluation_video is not None else None
 
     @functools.cached_property
     def sampling(self) -> EnvSampling:
@@ -195,6 +210,7 @@ class EnvDataModule(LightningDataModule, abc.ABC):
             sample_timeout_s=hparams.sample_timeout_s,
             restart_failed_sub_environments=hparams.restart_failed_sub_environments,
             on_nonfinite=hparams.on_nonfinite,
+            record_evaluation_video=self._evaluation_video is not None,
         )
 
     # ------------------------------------------------------------------------------------
@@ -269,8 +285,21 @@ class EnvDataModule(LightningDataModule, abc.ABC):
         return learner.module[self.hparams.module_id]
 
     def sample_eval_item(self) -> TrainItem:
-        """Play this rank's share of the evaluation episodes with the current weights."""
-        return TrainItem(TrainingData(episodes=self.sampling.evaluate(self.acting_module())))
+        """Play this rank's share of the evaluation episodes with the current weights.
+
+        With ``evaluation_video``, every k-th evaluation also records its first episode and
+        writes it to TensorBoard (rank 0).
+        """
+        video = self._evaluation_video
+        record = video is not None and video.records_this_evaluation(self.trainer)
+        episodes = self.sampling.evaluate(self.acting_module(), record_video=record)
+        # The env steps trained on so far: the step at which the evaluation is logged.
+        env_steps = self.num_env_steps_sampled_lifetime
+        if record:
+            frames, fps = self.sampling.take_evaluation_video()
+            if frames is not None:  # None only if env 0 was rebuilt before its first frame
+                video.log(self.trainer, frames, fps=fps, env_steps=env_steps)
+        return TrainItem(TrainingData(episodes=episodes), timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: env_steps})
 
     # ------------------------------------------------------------------------------------
     # Lightning hooks
@@ -280,9 +309,14 @@ class EnvDataModule(LightningDataModule, abc.ABC):
         """Rebuild runners made before the Trainer said which rank this is (they would share rank 0's seeds).
 
         That happens when a script reads ``observation_space`` before ``fit`` on every rank.
-        The counters and statistics carry over.
+        The counters and statistics carry over. With ``evaluation_video``, check that a
+        video can be recorded and written (``EvaluationVideo.check_setup``).
         """
         self.sampling.close_runners_built_elsewhere()
+        if self._evaluation_video is not None and stage in ("fit", "validate"):
+            self._evaluation_video.check_setup(
+                self.trainer, lambda: check_records_frames(self.env, self.hparams.env_kwargs, self.evaluation_wrappers)
+            )
 
     def train_dataloader(self) -> Iterable[TrainItem]:
         """One epoch of train items, each sampled when Lightning asks for it (a sized iterable: no prefetch)."""
@@ -303,10 +337,13 @@ class EnvDataModule(LightningDataModule, abc.ABC):
         Returns:
             ``{"train_runner": this rank's EnvRunner state, "rank": this rank,
             "num_env_steps_sampled_lifetime": sum over ranks, "num_episodes_lifetime": sum
-            over ranks}``. Lightning writes rank 0's into a checkpoint; the sums are the same
-            on every rank.
+            over ranks}``, and with ``evaluation_video`` the number of evaluations run. Lightning
+            writes rank 0's into a checkpoint; the sums are the same on every rank.
         """
-        return self.sampling.state_dict()
+        state = self.sampling.state_dict()
+        if self._evaluation_video is not None:
+            state[EVALUATION_VIDEO_KEY] = self._evaluation_video.state_dict()
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore ``state_dict()``: a resumed run continues the counters and statistics, on any number of ranks.
@@ -314,6 +351,8 @@ class EnvDataModule(LightningDataModule, abc.ABC):
         See ``EnvSampling.load_state_dict`` for what each rank restores.
         """
         self.sampling.load_state_dict(state_dict)
+        if self._evaluation_video is not None:
+            self._evaluation_video.load_state_dict(state_dict.get(EVALUATION_VIDEO_KEY, {}))
         self._restored_from = getattr(self.trainer, "ckpt_path", None)
 
     # ------------------------------------------------------------------------------------

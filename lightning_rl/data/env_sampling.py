@@ -63,6 +63,8 @@ class EnvSampling:
             without one; asked whenever a runner is built, since the Trainer may attach late.
         sample_timeout_s, restart_failed_sub_environments, on_nonfinite: How both runners
             handle env faults (see ``EnvRunner``).
+        record_evaluation_video: Build rank 0's evaluation runner to record videos
+            (``EnvRunner(record_video=True)``), for ``evaluate(..., record_video=True)``.
     """
 
     def __init__(
@@ -84,6 +86,7 @@ class EnvSampling:
         sample_timeout_s: float | None,
         restart_failed_sub_environments: bool,
         on_nonfinite: OnNonFinite,
+        record_evaluation_video: bool = False,
     ) -> None:
         self.env = env
         self.env_kwargs = env_kwargs
@@ -100,6 +103,7 @@ class EnvSampling:
         self.sample_timeout_s = sample_timeout_s
         self.restart_failed_sub_environments = restart_failed_sub_environments
         self.on_nonfinite = on_nonfinite
+        self.record_evaluation_video = record_evaluation_video
         self._base_seed = seed
         self._train_runner: EnvRunner | None = None
         self._eval_runner: EnvRunner | None = None
@@ -135,7 +139,8 @@ class EnvSampling:
             rank, world_size = self.placement()
             num_envs = self.evaluation_num_envs or min(self.num_envs, self.evaluation_episodes_per_rank)
             seed = self.rank_seed(EVALUATION_SEED_OFFSET)
-            self._eval_runner = self._make_runner(num_envs, seed, self.evaluation_wrappers)
+            record_video = self.record_evaluation_video and rank == 0
+            self._eval_runner = self._make_runner(num_envs, seed, self.evaluation_wrappers, record_video=record_video)
             self._runner_placement["eval"] = (rank, world_size)
         return self._eval_runner
 
@@ -176,7 +181,7 @@ class EnvSampling:
         self._train_runner = self._eval_runner = None
         self._runner_placement.clear()
 
-    def _make_runner(self, num_envs: int, seed: int, wrappers: list[Any]) -> EnvRunner:
+    def _make_runner(self, num_envs: int, seed: int, wrappers: list[Any], *, record_video: bool = False) -> EnvRunner:
         return EnvRunner(
             self.env,
             env_kwargs=self.env_kwargs,
@@ -189,6 +194,7 @@ class EnvSampling:
             sample_timeout_s=self.sample_timeout_s,
             restart_failed_sub_environments=self.restart_failed_sub_environments,
             on_nonfinite=self.on_nonfinite,
+            record_video=record_video,
         )
 
     # ------------------------------------------------------------------------------------
@@ -231,11 +237,25 @@ class EnvSampling:
         self._global_episodes = int(metrics[NUM_EPISODES_LIFETIME])
         return episodes, metrics
 
-    def evaluate(self, module: RLModule) -> list[SingleAgentEpisode]:
-        """Play this rank's share of the evaluation episodes, complete, with ``module``."""
+    def evaluate(self, module: RLModule, *, record_video: bool = False) -> list[SingleAgentEpisode]:
+        """Play this rank's share of the evaluation episodes, complete, with ``module``.
+
+        Args:
+            module: Acts in the envs.
+            record_video: Record the first episode's frames (rank 0, built with
+                ``record_evaluation_video``); ``take_evaluation_video`` returns them.
+        """
         return self.eval_runner.sample_episodes(
-            module, self.evaluation_episodes_per_rank, explore=self.evaluation_explore
+            module, self.evaluation_episodes_per_rank, explore=self.evaluation_explore, record_first_episode=record_video
         )
+
+    def take_evaluation_video(self) -> tuple[np.ndarray | None, int | None]:
+        """``(frames, fps)`` of the episode the last ``evaluate(..., record_video=True)`` recorded, then forgotten.
+
+        ``frames`` is ``[T, H, W, 3]`` uint8, ``None`` if nothing was recorded; ``fps`` the env's ``render_fps``.
+        """
+        runner = self.eval_runner
+        return runner.take_recorded_frames(), runner.render_fps
 
     # ------------------------------------------------------------------------------------
     # State

@@ -40,6 +40,7 @@ from lightning_rl.env.env_factory import (
     resolve_wrappers,
 )
 from lightning_rl.env.episode import SingleAgentEpisode
+from lightning_rl.env.frame_recorder import EpisodeFrameRecorder, env_kwargs_for_video
 from lightning_rl.env.guarded_vector_env import GuardedVectorEnv
 from lightning_rl.env.nonfinite import ON_NONFINITE_CHOICES, NonFiniteCheck, OnNonFinite
 from lightning_rl.env.rollout import run_rollout
@@ -86,6 +87,10 @@ class EnvRunner:
             ``NonFiniteEnvError`` naming the env, the step and the value, or
             ``"drop_episode"``: drop that episode, reset that env, and count the step in
             ``num_nonfinite_env_steps``.
+        record_video: Make the envs with ``render_mode="rgb_array"`` (an env id; a callable
+            must set it itself) and wrap each in an ``EpisodeFrameRecorder``, after
+            ``wrappers``, so that ``sample_episodes(..., record_first_episode=True)`` can
+            record a video. Only the recorded episode renders frames.
 
     Raises:
         ValueError: Naming the argument, for an unknown env id, a wrapper path that is not
@@ -112,6 +117,7 @@ class EnvRunner:
         sample_timeout_s: float | None = 60.0,
         restart_failed_sub_environments: bool = False,
         on_nonfinite: OnNonFinite = "raise",
+        record_video: bool = False,
     ) -> None:
         check_autoreset_support()
         check_fault_arguments(sample_timeout_s, restart_failed_sub_environments, on_nonfinite)
@@ -137,8 +143,12 @@ class EnvRunner:
         self.seed = None if seed is None else int(seed)
         self.episode_stats_window = int(episode_stats_window)
 
+        env_kwargs, wrappers = dict(env_kwargs or {}), resolve_wrappers(wrappers or ())
+        if record_video:
+            env_kwargs, wrappers = env_kwargs_for_video(env, env_kwargs), [*wrappers, EpisodeFrameRecorder]
+        self.record_video = bool(record_video)
         build = functools.partial(
-            make_vector_env, env, dict(env_kwargs or {}), resolve_wrappers(wrappers or ()), self.num_envs,
+            make_vector_env, env, env_kwargs, wrappers, self.num_envs,
             vectorize_mode, restart_failed_sub_environments=restart_failed_sub_environments,
         )
         timeout = None if sample_timeout_s is None else float(sample_timeout_s)
@@ -215,7 +225,7 @@ class EnvRunner:
         return completed + running
 
     def sample_episodes(
-        self, module: RLModule, num_episodes: int, *, explore: bool = False
+        self, module: RLModule, num_episodes: int, *, explore: bool = False, record_first_episode: bool = False
     ) -> list[SingleAgentEpisode]:
         """Reset the envs and run until ``num_episodes`` complete episodes are collected.
 
@@ -230,26 +240,34 @@ class EnvRunner:
             module: The policy, used as in :meth:`sample`.
             num_episodes: How many complete episodes to return.
             explore: As in :meth:`sample`; greedy by default.
+            record_first_episode: Record the rgb frames of env 0's first episode (the runner
+                must be built with ``record_video=True``); the call goes on until that episode
+                ended, even past ``num_episodes``. :meth:`take_recorded_frames` returns them.
 
         Returns:
             The first ``num_episodes`` episodes to end, whole (``t_started == 0``), in the
             order they ended; episodes still running then are dropped.
 
         Raises:
-            ValueError: If ``num_episodes < 1``, or as :meth:`sample`.
+            ValueError: If ``num_episodes < 1``, for ``record_first_episode`` without
+                ``record_video``, or as :meth:`sample`.
         """
         if isinstance(num_episodes, bool) or not isinstance(num_episodes, (int, np.integer)) or num_episodes < 1:
             raise ValueError(f"num_episodes must be an int >= 1, got {num_episodes!r}")
+        if record_first_episode and not self.record_video:
+            raise ValueError("record_first_episode needs an EnvRunner built with record_video=True")
         finished: list[SingleAgentEpisode] = []
         unfinished: dict[str, SingleAgentEpisode] = {}
         try:
             with self._vector.rollout():
-                self._reset()
-            while len(finished) < num_episodes:
+                self._reset(record_env_0=record_first_episode)
+            recorded_id = self._episodes.ids[0] if record_first_episode else None
+            # Env 0's id changes when its recorded episode ends (or is dropped).
+            while len(finished) < num_episodes or self._episodes.ids[0] == recorded_id:
                 with self._vector.rollout():
                     completed, running, _ = self._run(
                         module, self.rollout_fragment_length, explore=explore,
-                        stop_after_episodes=num_episodes - len(finished),
+                        stop_after_episodes=max(num_episodes - len(finished), 1),
                     )
                 for episode in completed:
                     earlier = unfinished.pop(episode.id_, None)
@@ -270,9 +288,31 @@ class EnvRunner:
             self._needs_reset = True
         return finished[:num_episodes]
 
-    def _reset(self) -> None:
+    def take_recorded_frames(self) -> np.ndarray | None:
+        """The frames ``sample_episodes(..., record_first_episode=True)`` recorded, and forget them.
+
+        Returns:
+            ``[T, height, width, 3]`` uint8 frames: the reset's, then one after each step;
+            ``None`` when nothing was recorded since the last call.
+
+        Raises:
+            ValueError: For a runner built without ``record_video``.
+        """
+        if not self.record_video:
+            raise ValueError("take_recorded_frames needs an EnvRunner built with record_video=True")
+        return self.env.call("take_frames")[0]
+
+    @property
+    def render_fps(self) -> int | None:
+        """The frames per second the env declares for its renderings (``metadata["render_fps"]``), if any."""
+        fps = self.env.metadata.get("render_fps")
+        return None if fps is None else int(fps)
+
+    def _reset(self, *, record_env_0: bool = False) -> None:
         if self._vector.env.closed:
             self._vector.rebuild()  # the workers were terminated after an error
+        if record_env_0:  # arm env 0's EpisodeFrameRecorder for the episode this reset starts
+            self.env.set_attr("record_next_episode", [True] + [False] * (self.num_envs - 1))
         # Each full reset gets seeds of its own, so neither evaluation nor a resumed run
         # replays the episodes of the first reset; the first reset uses `seed` itself.
         seed = None if self.seed is None else self.seed + self._num_resets * self.num_envs

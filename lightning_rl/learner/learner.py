@@ -241,6 +241,8 @@ class Learner(
         # a resumed fit that owes that evaluation runs it first (``on_train_start``).
         self._evaluation_pending = False
         self._evaluation_owed = False
+        # The best evaluation return of the fit so far, logged as hp_metric (saved in checkpoints).
+        self._best_evaluation_return: float | None = None
         self.metrics = MetricsLogger()
         self._optimizer_registry = OptimizerRegistry(self.get_param_ref)
         self._non_finite_steps = NonFiniteSteps()

@@ -19,7 +19,7 @@ import torch
 from lightning.pytorch.strategies import FSDPStrategy
 
 from lightning_rl.core.checkpoint import CHECKPOINT_KEY
-from lightning_rl.core.columns import ALL_MODULES
+from lightning_rl.core.columns import ALL_MODULES, NUM_ENV_STEPS_SAMPLED_LIFETIME
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec
 from lightning_rl.core.train_item import TrainItem
 from lightning_rl.learner import state as learner_state
@@ -30,6 +30,7 @@ from lightning_rl.learner._lightning_private import (
     trainer_writes_logs_now,
 )
 from lightning_rl.learner.batches import as_train_item
+from lightning_rl.learner.env_step_logging import HP_METRIC_KEY, best_return, log_env_step
 from lightning_rl.learner.result_keys import TOTAL_LOSS_KEY, TRAIN_RETURN_KEY
 
 
@@ -106,7 +107,7 @@ class LightningHooksMixin:
         results = self.update(training_data=item.data, timesteps=dict(item.timesteps), **self._update_settings_for(item))
         metrics = {f"{mid}/{key}": value for mid, values in results.items() for key, value in values.items()}
         metrics.update({f"env_runners/{key}": value for key, value in item.env_runners.items()})
-        self._log_train_metrics(metrics, batch_idx)
+        self._log_train_metrics(metrics, batch_idx, item.timesteps.get(NUM_ENV_STEPS_SAMPLED_LIFETIME))
         self._evaluation_pending = _ends_an_epoch_that_evaluates(attached_trainer(self), batch_idx)
         return {"results": results}
 
@@ -143,15 +144,37 @@ class LightningHooksMixin:
         data is complete episodes played by ``forward_inference``. The statistics are torchmetrics
         aggregators (``learner.eval_metrics``, see ``EvaluationMetrics``) logged as objects, so
         Lightning computes them over the whole epoch and all ranks, then resets them; the return
-        mean is also on the progress bar as ``eval_return``.
+        mean is also on the progress bar as ``eval_return``. They are written at the item's
+        ``num_env_steps_sampled_lifetime`` (the Learner's last one if the item has none).
         """
         self.eval_metrics.update(eval_item.data.episodes)
         for key, metric in self.eval_metrics.items():
             self.log(f"eval/{key}", metric, on_step=False, on_epoch=True)
         return_mean = self.eval_metrics.return_mean
         self.log("eval_return", return_mean, prog_bar=True, logger=False, on_step=False, on_epoch=True)
+        env_steps = eval_item.timesteps.get(
+            NUM_ENV_STEPS_SAMPLED_LIFETIME, self._timesteps.get(NUM_ENV_STEPS_SAMPLED_LIFETIME)
+        )
+        if env_steps is not None:
+            log_env_step(self, env_steps, on_step=False)
 
-    def _log_train_metrics(self, metrics: dict[str, float], batch_idx: int) -> None:
+    def on_validation_epoch_end(self) -> None:
+        """Lightning's hook: log the best evaluation return so far as ``hp_metric``.
+
+        Called after the epoch's last ``validation_step``. ``hp_metric`` is the metric
+        TensorBoard's HParams dashboard shows for the run; the best return is kept in
+        checkpoints, so a resumed run goes on from it. Sanity-check evaluations do not count.
+        """
+        trainer = attached_trainer(self)
+        return_mean = self.eval_metrics.return_mean
+        if trainer is None or trainer.sanity_checking or not return_mean.update_called:
+            return
+        # compute() gathers over the ranks and caches the result, which Lightning then logs as it is.
+        self._best_evaluation_return = best_return(self._best_evaluation_return, return_mean.compute())
+        if self._best_evaluation_return is not None:
+            self.log(HP_METRIC_KEY, self._best_evaluation_return, on_step=False, on_epoch=True, sync_dist=True)
+
+    def _log_train_metrics(self, metrics: dict[str, float], batch_idx: int, env_steps: float | None) -> None:
         """Log one train item's metrics, on the items whose logs Lightning writes, and on the epoch's last.
 
         Each ``self.log`` call costs Lightning about 0.1 ms (more on a busy machine) and an
@@ -162,6 +185,9 @@ class LightningHooksMixin:
         the last item of an epoch or of the run, so that epoch-end callbacks
         (``EarlyStopping``, ``ModelCheckpoint``) see the current values. In between,
         ``trainer.callback_metrics`` and the progress bar keep the last logged values.
+
+        ``env_steps`` (the item's ``num_env_steps_sampled_lifetime``) becomes the loggers'
+        step (``log_env_step``); an item without it is logged at Lightning's own step.
         """
         trainer = attached_trainer(self)
         last_item = trainer is not None and (batch_idx + 1 >= trainer.num_training_batches or trainer.should_stop)
@@ -169,6 +195,8 @@ class LightningHooksMixin:
             return
         # The values are already reduced over ranks by the metrics logger.
         self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1, sync_dist=False)
+        if env_steps is not None:
+            log_env_step(self, env_steps, on_step=True)
         for name, key in (("return", TRAIN_RETURN_KEY), ("loss", f"{ALL_MODULES}/{TOTAL_LOSS_KEY}")):
             if key in metrics:
                 self.log(name, metrics[key], prog_bar=True, logger=False, on_step=True, batch_size=1)
@@ -202,7 +230,12 @@ class LightningHooksMixin:
         checks. Lightning calls this hook last, after every callback's; a subclass that
         overrides it must change the checkpoint before calling ``super()``, not after.
         """
-        learner_state.add_to_lightning_checkpoint(self, checkpoint, evaluation_owed=self._evaluation_pending)
+        learner_state.add_to_lightning_checkpoint(
+            self,
+            checkpoint,
+            evaluation_owed=self._evaluation_pending,
+            best_evaluation_return=self._best_evaluation_return,
+        )
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Lightning's hook: check the Learner's checksum, rebuild the modules the checkpoint holds, restore state.
@@ -211,6 +244,8 @@ class LightningHooksMixin:
         """
         learner_state.restore_from_lightning_checkpoint(self, checkpoint)
         owed = bool(checkpoint[CHECKPOINT_KEY].get("evaluation_owed", False))
+        best = checkpoint[CHECKPOINT_KEY].get("best_evaluation_return")
+        self._best_evaluation_return = None if best is None else float(best)
         self._evaluation_owed = owed and resume_skips_the_epochs_evaluation(checkpoint)
 
     @classmethod

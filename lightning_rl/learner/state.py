@@ -200,11 +200,17 @@ def learner_from_checkpoint(
     return learner
 
 
-def add_to_lightning_checkpoint(learner: Learner, checkpoint: dict[str, Any], evaluation_owed: bool = False) -> None:
+def add_to_lightning_checkpoint(
+    learner: Learner,
+    checkpoint: dict[str, Any],
+    evaluation_owed: bool = False,
+    best_evaluation_return: float | None = None,
+) -> None:
     """Put what rebuilds ``learner`` into a Lightning checkpoint, beside the weights and optimizer states it has.
 
     ``evaluation_owed`` records that the checkpoint comes after an epoch's last train item
-    but before that epoch's evaluation, which a resumed fit then runs first.
+    but before that epoch's evaluation, which a resumed fit then runs first;
+    ``best_evaluation_return`` the best evaluation return of the fit so far (its ``hp_metric``).
 
     Last, the checksum of the Learner's parts (weights, optimizer states, this entry) is
     added, so that loading finds any change to them (``verify_learner_checksum``).
@@ -215,6 +221,7 @@ def add_to_lightning_checkpoint(learner: Learner, checkpoint: dict[str, Any], ev
     payload["state"] = state
     payload["optimizer_order"] = list(learner._optimizer_registry.named)
     payload["evaluation_owed"] = evaluation_owed
+    payload["best_evaluation_return"] = best_evaluation_return
     checkpoint[CHECKPOINT_KEY] = payload
     add_learner_checksum(checkpoint)
 
