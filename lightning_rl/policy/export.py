@@ -38,6 +38,12 @@ EXPORT_ATOL = 1e-5
 #: How many observations an export is checked on before it is written.
 NUM_CHECK_OBSERVATIONS = 1_000
 _INPUT_NAME = "obs"
+
+
+class ExportCheckError(RuntimeError):
+    """An exported graph's actions differ from ``Policy.act``'s (a bug in the export, never bad input)."""
+
+
 _OUTPUT_NAME = "actions"
 
 
@@ -58,7 +64,7 @@ def export_policy(policy: Policy, output: str | os.PathLike, format: ExportForma
     Raises:
         ValueError: For an unknown format or a missing output directory.
         ImportError: For ``"onnx"`` without the ``export`` extra installed.
-        RuntimeError: If the exported graph's actions differ from ``Policy.act``'s (nothing
+        ExportCheckError: If the exported graph's actions differ from ``Policy.act``'s (nothing
             is written then).
     """
     if format not in EXPORT_FORMATS:
@@ -94,7 +100,7 @@ def sample_observations(policy: Policy, count: int, seed: int = 0) -> np.ndarray
 
 
 def check_same_actions(expected: np.ndarray, actual: np.ndarray, what: str) -> None:
-    """Raise ``RuntimeError`` unless ``actual`` equals ``expected`` (Box actions: within ``EXPORT_ATOL``).
+    """Raise ``ExportCheckError`` unless ``actual`` equals ``expected`` (Box actions: within ``EXPORT_ATOL``).
 
     Args:
         expected: ``Policy.act``'s actions.
@@ -103,17 +109,17 @@ def check_same_actions(expected: np.ndarray, actual: np.ndarray, what: str) -> N
     """
     actual = np.asarray(actual)
     if actual.shape != expected.shape:
-        raise RuntimeError(f"{what} returned actions of shape {actual.shape}; Policy.act returns {expected.shape}")
+        raise ExportCheckError(f"{what} returned actions of shape {actual.shape}; Policy.act returns {expected.shape}")
     if np.issubdtype(expected.dtype, np.integer):
         differ = int(np.sum(actual != expected))
         if differ:
-            raise RuntimeError(
+            raise ExportCheckError(
                 f"{what} chose other actions than Policy.act for {differ} of {len(expected)} observations"
             )
         return
     difference = float(np.max(np.abs(actual.astype(np.float64) - expected.astype(np.float64)), initial=0.0))
     if not difference <= EXPORT_ATOL:
-        raise RuntimeError(
+        raise ExportCheckError(
             f"{what}'s actions differ from Policy.act's by up to {difference:.3g} (allowed {EXPORT_ATOL})"
         )
 
