@@ -49,7 +49,7 @@ def module_weights(learner: Learner) -> dict[str, torch.Tensor]:
 
 def write_checkpoints(row: AlgorithmRow, directory: Path) -> dict[str, WrittenCheckpoint]:
     """One checkpoint per writer in ``WRITERS``, each of a briefly trained Learner of ``row``."""
-    cli_learner, cli_path = _fit_from_the_command_line(row, directory / "cli")
+    cli_learner, cli_path = fit_from_the_command_line(row, directory / "cli")
     fitted, fit_path = _fit_in_python(row, directory / "trainer_fit")
     weights = module_weights(fitted)
     saved = Path(fitted.save_to_path(str(directory / "save_to_path")))
@@ -70,7 +70,8 @@ def _data_kwargs() -> dict[str, int]:
     return dict(rollouts_per_epoch=2, max_env_steps=FIT_ENV_STEPS, evaluation_num_episodes=1)
 
 
-def _fit_from_the_command_line(row: AlgorithmRow, directory: Path) -> tuple[Learner, Path]:
+def fit_from_the_command_line(row: AlgorithmRow, directory: Path) -> tuple[Learner, Path]:
+    """``lightning-rl fit`` of ``FIT_ENV_STEPS`` env steps in ``directory``; the fitted Learner and its ``last.ckpt``."""
     directory.mkdir(parents=True)
     config = {
         "seed_everything": 0,
