@@ -178,7 +178,8 @@ class Policy:
         """
         is_tensor = isinstance(obs, torch.Tensor)
         batch, single = self._as_batch(obs)
-        with torch.inference_mode():
+        # no_grad, not inference_mode: the tensors returned stay usable in the caller's autograd code.
+        with torch.no_grad():
             actions = self.net(batch, explore=not deterministic)
         if single:
             actions = actions[0]
@@ -190,7 +191,8 @@ class Policy:
         """``obs`` as a batch tensor on the module's device in the space's dtype, and whether it was one observation."""
         dtype = self.observation_space.dtype
         if isinstance(obs, torch.Tensor):
-            tensor = obs.to(device=self.device, dtype=torch.from_numpy(np.empty(0, dtype)).dtype)
+            torch_dtype = torch.from_numpy(np.empty(0, dtype)).dtype  # the space's numpy dtype as torch's
+            tensor = obs.to(device=self.device, dtype=torch_dtype)
         else:
             tensor = torch.as_tensor(np.asarray(obs, dtype=dtype), device=self.device)
         shape = tuple(self.observation_space.shape)
