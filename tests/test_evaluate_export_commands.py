@@ -46,7 +46,7 @@ def learner_directory(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def played_returns(policy: Policy, env_id: str, seeds: range) -> list[float]:
-    """Each seed's greedy episode return, played here by hand."""
+    """Each seed's greedy episode return, played here by hand, one episode after the other."""
     env = gym.make(env_id)
     returns = []
     for seed in seeds:
@@ -69,10 +69,13 @@ def usage_error(main, args: list[str], capsys: pytest.CaptureFixture[str]) -> st
     return error
 
 
-@pytest.mark.parametrize("seed", [None, 11])
-def test_evaluate_plays_greedy_episodes_on_held_out_seeds_and_reports_them(cli_checkpoint, seed, tmp_path, capsys):
+@pytest.mark.parametrize("seed, num_envs", [(None, 2), (11, 1)])
+def test_evaluate_plays_greedy_episodes_on_held_out_seeds_and_reports_them(
+    cli_checkpoint, seed, num_envs, tmp_path, capsys
+):
     args = ["--ckpt_path", str(cli_checkpoint), "--num_episodes", "3", "--json", str(tmp_path / "stats.json")]
-    evaluate_command.main(args + ([] if seed is None else ["--seed", str(seed)]))
+    args += ["--num_envs", str(num_envs)] + ([] if seed is None else ["--seed", str(seed)])
+    evaluate_command.main(args)
 
     first = HELD_OUT_SEED_OFFSET if seed is None else seed  # the run's data seed is 0
     returns = played_returns(Policy.from_checkpoint(cli_checkpoint), "CartPole-v1", range(first, first + 3))

@@ -1,7 +1,7 @@
 """``lightning-rl evaluate``: play greedy episodes with a checkpoint's policy on seeds training never used.
 
     lightning-rl evaluate --ckpt_path last.ckpt --num_episodes 100 [--seed S] [--video] [--video_dir D]
-                          [--env ID] [--config cfg.yaml] [--module_id M] [--json stats.json]
+                          [--env ID] [--config cfg.yaml] [--module_id M] [--num_envs N] [--json stats.json]
 
 The env is, in this order: ``--env`` (a registered gymnasium id, or ``module:Id``); the data
 section of ``--config`` (its ``env``, ``env_kwargs`` and evaluation wrappers); or the
@@ -108,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--config", type=Path, default=None, help="a training config whose data section names the env")
     parser.add_argument("--module_id", default=None, help="the module that acts, for checkpoints with several")
+    parser.add_argument("--num_envs", type=positive_int, default=8, help="envs stepped together (default 8)")
     parser.add_argument("--json", type=output_file, default=None, help="also write the statistics to this JSON file")
     return parser
 
@@ -129,7 +130,7 @@ def _evaluate(args: argparse.Namespace) -> None:
     video_dir = None
     if args.video:
         video_dir = args.video_dir or _default_video_dir(args.ckpt_path)
-    stats = play_episodes(policy, source, args.num_episodes, first_seed, video_dir)
+    stats = play_episodes(policy, source, args.num_episodes, first_seed, video_dir, args.num_envs)
     summary = stats.summary()
     last_seed = first_seed + args.num_episodes - 1
     tell(
@@ -205,40 +206,64 @@ def _env_from_config(config: Path, saved_seed: int | None) -> EnvSource:
 
 
 def play_episodes(
-    policy: Policy, source: EnvSource, num_episodes: int, first_seed: int, video_dir: Path | None = None
+    policy: Policy,
+    source: EnvSource,
+    num_episodes: int,
+    first_seed: int,
+    video_dir: Path | None = None,
+    num_envs: int = 1,
 ) -> EpisodeStats:
     """Play ``num_episodes`` greedy episodes, episode ``i`` reset with seed ``first_seed + i``.
 
+    Up to ``num_envs`` episodes run side by side, their observations acted on in one batch;
+    an env whose episode ends starts the next episode not yet begun.
+
     Args:
-        policy: Acts with ``policy.act(obs)`` (greedy).
+        policy: Acts with ``policy.act`` (greedy).
         source: The env.
         num_episodes: How many episodes.
         first_seed: The first episode's seed.
         video_dir: Record the first episode there (gymnasium's ``RecordVideo``); ``None`` for no video.
+        num_envs: How many envs step together.
 
     Raises:
         CommandError: If the env's spaces do not fit the policy, or video needs moviepy.
     """
-    env = _make_env(source, video_dir)
+    envs: list[gym.Env] = []
     try:
-        _check_env_fits(env, policy, source.env)
-        returns, lengths = np.zeros(num_episodes), np.zeros(num_episodes, dtype=np.int64)
-        for episode in range(num_episodes):
-            returns[episode], lengths[episode] = _play_one(env, policy, first_seed + episode)
+        for index in range(min(num_envs, num_episodes)):
+            envs.append(_make_env(source, video_dir if index == 0 else None))
+        _check_env_fits(envs[0], policy, source.env)
+        stats = EpisodeStats(np.zeros(num_episodes), np.zeros(num_episodes, dtype=np.int64))
+        _run_episodes(envs, policy, first_seed, stats)
     finally:
-        env.close()
-    return EpisodeStats(returns, lengths)
+        for env in envs:
+            env.close()
+    return stats
 
 
-def _play_one(env: gym.Env, policy: Policy, seed: int) -> tuple[float, int]:
-    obs, _ = env.reset(seed=seed)
-    total, steps, done = 0.0, 0, False
-    while not done:
-        obs, reward, terminated, truncated, _ = env.step(policy.act(obs))
-        total += float(reward)
-        steps += 1
-        done = terminated or truncated
-    return total, steps
+def _run_episodes(envs: list[gym.Env], policy: Policy, first_seed: int, stats: EpisodeStats) -> None:
+    """Step ``envs`` until every episode of ``stats`` is played, adding up its return and length."""
+    num_episodes = len(stats.returns)
+    episode_of = list(range(len(envs)))  # the episode each env plays
+    observations = [env.reset(seed=first_seed + episode)[0] for env, episode in zip(envs, episode_of)]
+    next_episode = len(envs)
+    playing = list(range(len(envs)))
+    while playing:
+        actions = policy.act(np.stack([observations[index] for index in playing]))
+        still_playing = []
+        for index, action in zip(playing, actions):
+            obs, reward, terminated, truncated, _ = envs[index].step(action)
+            stats.returns[episode_of[index]] += float(reward)
+            stats.lengths[episode_of[index]] += 1
+            if terminated or truncated:
+                if next_episode == num_episodes:
+                    continue
+                episode_of[index], next_episode = next_episode, next_episode + 1
+                obs, _ = envs[index].reset(seed=first_seed + episode_of[index])
+            observations[index] = obs
+            still_playing.append(index)
+        playing = still_playing
 
 
 def _make_env(source: EnvSource, video_dir: Path | None) -> gym.Env:
