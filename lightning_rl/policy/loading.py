@@ -74,14 +74,14 @@ def read_policy_checkpoint(
     file = checkpoint_file(path)
     content = read_checkpoint_file(file)
     try:
-        module, normalization = _build_module(content, module_id, str(file))
+        module, normalization = _build_module(content, module_id)
     except ValueError as error:
         raise ValueError(f"{file}: cannot load a policy from it: {error}") from error
     return module, normalization, content
 
 
 def _build_module(
-    content: Mapping[str, Any], module_id: str | None, where: str
+    content: Mapping[str, Any], module_id: str | None
 ) -> tuple[RLModule, ObservationNormalization | None]:
     lightning_format = CHECKPOINT_KEY in content
     state = (content[CHECKPOINT_KEY] if lightning_format else content)["state"]
