@@ -11,6 +11,7 @@ from lightning_rl.learner.callback import LearnerCallback
 from lightning_rl.learner.checkpoint_io import AtomicCheckpointIO
 from lightning_rl.learner.learner import DEFAULT_OPTIMIZER, Learner, LearnerConfig
 from lightning_rl.learner.learner_group import LearnerGroup, LearnerGroupError
+from lightning_rl.policy.policy import Policy
 
 __all__ = [
     "ALL_MODULES",
@@ -27,6 +28,7 @@ __all__ = [
     "ModelConfigKey",
     "MultiRLModule",
     "MultiRLModuleSpec",
+    "Policy",
     "RLModule",
     "RLModuleSpec",
     "Schedule",

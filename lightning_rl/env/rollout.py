@@ -10,15 +10,11 @@ an episode boundary.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
-
 import gymnasium as gym
 import numpy as np
 import torch
 
-from lightning_rl.core.columns import Columns
-from lightning_rl.core.distributions import Distribution
+from lightning_rl.core.acting import compute_actions
 from lightning_rl.core.rl_modules import RLModule
 from lightning_rl.env.env_errors import SubEnvError
 from lightning_rl.env.guarded_vector_env import EnvsRebuilt, GuardedVectorEnv
@@ -70,8 +66,6 @@ def run_rollout(
     param = next(module.parameters(), None)
     device = param.device if param is not None else torch.device("cpu")
     on_cpu = device.type == "cpu"
-    forward = module.forward_exploration if explore else module.forward_inference
-    dist_cls = module.get_exploration_action_dist_cls() if explore else module.get_inference_action_dist_cls()
     episodes_ended = 0
     t = 0
     rebuilt_at = -1
@@ -80,7 +74,7 @@ def run_rollout(
             obs_t = torch.from_numpy(buffers.obs[t])
             if not on_cpu:
                 obs_t = obs_t.to(device)
-            out, actions = _act(module, forward, dist_cls, obs_t, explore)
+            out, actions = compute_actions(module, obs_t, explore=explore)
             action_np = buffers.write_outputs(t, out, actions, on_cpu)
             if clip is not None:
                 action_np = np.clip(action_np, *clip)
@@ -146,27 +140,3 @@ def _start_over(
     if buffers.info_rows is not None:
         buffers.info_rows[t] = unbatch_infos(rebuilt.infos, episodes.num_envs)
 
-
-def _act(
-    module: RLModule,
-    forward: Callable[[dict[str, Any]], Mapping[str, Any]],
-    dist_cls: type[Distribution],
-    obs: torch.Tensor,
-    explore: bool,
-) -> tuple[Mapping[str, Any], torch.Tensor]:
-    # The module's own actions are used as they are; otherwise they come from its action
-    # distribution, whose log-probability is stored beside them.
-    out = forward({Columns.OBS: obs})
-    actions = out.get(Columns.ACTIONS)
-    if actions is not None:
-        return out, actions
-    if Columns.ACTION_DIST_INPUTS not in out:
-        raise ValueError(
-            f"{type(module).__name__}'s forward pass returned neither "
-            f"{Columns.ACTIONS!r} nor {Columns.ACTION_DIST_INPUTS!r}; got {sorted(out)}"
-        )
-    dist = dist_cls.from_logits(out[Columns.ACTION_DIST_INPUTS])
-    actions = dist.sample() if explore else dist.deterministic_sample()
-    out = dict(out)
-    out[Columns.ACTION_LOGP] = dist.logp(actions)
-    return out, actions

@@ -1,0 +1,310 @@
+"""``lightning-rl evaluate``: play greedy episodes with a checkpoint's policy on seeds training never used.
+
+    lightning-rl evaluate --ckpt_path last.ckpt --num_episodes 100 [--seed S] [--video] [--video_dir D]
+                          [--env ID] [--config cfg.yaml] [--module_id M] [--num_envs N] [--json stats.json]
+
+The env is, in this order: ``--env`` (a registered gymnasium id, or ``module:Id``); the data
+section of ``--config`` (its ``env``, ``env_kwargs`` and evaluation wrappers); or the
+checkpoint's own data-module settings when they name a registered id with no wrappers (a
+checkpoint never makes this command import anything). The policy acts through ``Policy.act``
+(the saved observation normalization, the greedy action, Box clipping). Episode ``i`` resets
+with seed ``S + i``; by default ``S`` is the run's base seed plus ``HELD_OUT_SEED_OFFSET``
+(5,000,000), seeds that the data module reaches only after millions of episodes: its training
+envs reset with ``seed + i + k * num_envs`` and its evaluation envs from ``seed + 1,000,003``,
+and other ranks start at multiples of 10,000,000.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import yaml
+
+from lightning_rl.cli._command_line import (
+    CommandError,
+    OneLineArgumentParser,
+    existing_checkpoint,
+    output_file,
+    positive_int,
+    run_command,
+    tell,
+)
+from lightning_rl.core.checkpoint import atomic_write
+from lightning_rl.env.env_factory import check_env_id, make_env, resolve_wrappers
+from lightning_rl.policy.loading import read_policy_checkpoint
+from lightning_rl.policy.policy import Policy
+
+#: Added to the run's base seed for the default evaluation seeds (see the module's docstring).
+HELD_OUT_SEED_OFFSET = 5_000_000
+_VIDEO_PREFIX = "evaluation"
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvSource:
+    """How to build the evaluation env, and where that came from.
+
+    Attributes:
+        env: A gymnasium id.
+        env_kwargs: Keyword arguments for ``gym.make``.
+        wrappers: Wrapper specs, as a data module takes them.
+        origin: ``"--env"``, ``"--config"`` or ``"the checkpoint"`` (for the report).
+        base_seed: The run's base seed, when known.
+    """
+
+    env: str
+    env_kwargs: dict[str, Any]
+    wrappers: list[Any]
+    origin: str
+    base_seed: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeStats:
+    """The returns and lengths of the episodes played, in order."""
+
+    returns: np.ndarray
+    lengths: np.ndarray
+
+    def summary(self) -> dict[str, float]:
+        """Mean, standard deviation (population), min and max of the returns and lengths."""
+        result: dict[str, float] = {"num_episodes": len(self.returns)}
+        for name, values in (("episode_return", self.returns), ("episode_len", self.lengths)):
+            result.update(
+                {
+                    f"{name}_mean": float(np.mean(values)),
+                    f"{name}_std": float(np.std(values)),
+                    f"{name}_min": float(np.min(values)),
+                    f"{name}_max": float(np.max(values)),
+                }
+            )
+        return result
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``evaluate`` command's arguments."""
+    parser = OneLineArgumentParser(
+        prog="lightning-rl evaluate",
+        description="Play greedy episodes with a checkpoint's policy on held-out seeds and report the returns.",
+    )
+    parser.add_argument("--ckpt_path", required=True, type=existing_checkpoint, help="a .ckpt file or save_to_path dir")
+    parser.add_argument("--num_episodes", type=positive_int, default=100, help="episodes to play (default 100)")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help=f"episode i resets with seed+i (default: the run's seed + {HELD_OUT_SEED_OFFSET:,}, never trained on)",
+    )
+    parser.add_argument("--video", action="store_true", help="record the first episode as an mp4 (needs moviepy)")
+    parser.add_argument("--video_dir", type=Path, default=None, help="default: evaluation_videos beside the checkpoint")
+    parser.add_argument(
+        "--env", default=None, help="a registered gymnasium id (or module:Id), overriding the checkpoint's"
+    )
+    parser.add_argument("--config", type=Path, default=None, help="a training config whose data section names the env")
+    parser.add_argument("--module_id", default=None, help="the module that acts, for checkpoints with several")
+    parser.add_argument("--num_envs", type=positive_int, default=8, help="envs stepped together (default 8)")
+    parser.add_argument("--json", type=output_file, default=None, help="also write the statistics to this JSON file")
+    return parser
+
+
+def main(args: list[str]) -> None:
+    """Run ``lightning-rl evaluate`` with ``args`` (the words after ``evaluate``).
+
+    Bad input (a missing or damaged checkpoint, an env that cannot be found or does not fit
+    the policy, a missing directory) ends with one line on stderr and exit status 2.
+    """
+    run_command(build_parser(), args, _evaluate)
+
+
+def _evaluate(args: argparse.Namespace) -> None:
+    module, normalization, content = read_policy_checkpoint(args.ckpt_path, args.module_id)
+    policy = Policy(module, observation_normalization=normalization)
+    source = env_source(args.env, args.config, content, args.ckpt_path)
+    first_seed = args.seed if args.seed is not None else (source.base_seed or 0) + HELD_OUT_SEED_OFFSET
+    video_dir = None
+    if args.video:
+        video_dir = args.video_dir or _default_video_dir(args.ckpt_path)
+    stats = play_episodes(policy, source, args.num_episodes, first_seed, video_dir, args.num_envs)
+    summary = stats.summary()
+    last_seed = first_seed + args.num_episodes - 1
+    tell(
+        f"{source.env} (env from {source.origin}): {args.num_episodes} greedy episodes, seeds {first_seed}..{last_seed}"
+    )
+    for name in ("episode_return", "episode_len"):
+        values = " ".join(f"{key} {summary[f'{name}_{key}']:.3f}" for key in ("mean", "std", "min", "max"))
+        tell(f"{name}: {values}")
+    if video_dir is not None:
+        for video in sorted(video_dir.glob(f"{_VIDEO_PREFIX}*.mp4")):
+            tell(f"video: {video}")
+    if args.json is not None:
+        record = {"ckpt_path": str(args.ckpt_path), "env": source.env, "first_seed": first_seed, **summary}
+        atomic_write(args.json, lambda file: file.write(json.dumps(record, indent=2).encode()))
+        tell(f"wrote {args.json}")
+
+
+def env_source(env: str | None, config: Path | None, checkpoint: Mapping[str, Any], ckpt_path: str) -> EnvSource:
+    """The env to evaluate in: ``--env``, else ``--config``'s data section, else the checkpoint's data settings.
+
+    Raises:
+        CommandError: If none of them names an env this command can build without running
+            code from the checkpoint, saying what to pass.
+    """
+    saved = dict(checkpoint.get("datamodule_hyper_parameters") or {})
+    saved_seed = saved.get("seed") if isinstance(saved.get("seed"), int) else None
+    if env is not None:
+        check_env_id(env)
+        return EnvSource(env, {}, [], "--env", saved_seed)
+    if config is not None:
+        return _env_from_config(config, saved_seed)
+    problem = _why_not_rebuildable(saved)
+    if problem is not None:
+        raise CommandError(f"{ckpt_path}: {problem}; pass --env ID or --config your_config.yaml")
+    return EnvSource(saved["env"], dict(saved.get("env_kwargs") or {}), [], "the checkpoint", saved_seed)
+
+
+def _why_not_rebuildable(saved: Mapping[str, Any]) -> str | None:
+    """Why the checkpoint's data settings cannot name the env without importing code; ``None`` if they can."""
+    env = saved.get("env")
+    if env is None:
+        return "it holds no data-module settings naming an env"
+    if not isinstance(env, str) or ":" in env or env not in gym.registry:
+        return f"its env {env!r} is not a registered gymnasium id that needs no import"
+    if saved.get("wrappers") or saved.get("evaluation_wrappers"):
+        return "its env has wrappers, which would have to be imported"
+    return None
+
+
+def _env_from_config(config: Path, saved_seed: int | None) -> EnvSource:
+    try:
+        content = yaml.safe_load(config.read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise CommandError(f"--config {config}: cannot read it: {error}") from error
+    data = content.get("data") if isinstance(content, Mapping) else None
+    if not isinstance(data, Mapping):
+        raise CommandError(f"--config {config}: it has no data section")
+    init_args = data.get("init_args", {}) if "class_path" in data else data
+    env = init_args.get("env")
+    if not isinstance(env, str):
+        raise CommandError(f"--config {config}: its data section names no env id (env: {env!r})")
+    check_env_id(env)
+    wrappers = init_args.get("evaluation_wrappers")
+    wrappers = init_args.get("wrappers") if wrappers is None else wrappers
+    seed = init_args.get("seed")
+    return EnvSource(
+        env,
+        dict(init_args.get("env_kwargs") or {}),
+        list(wrappers or []),
+        "--config",
+        seed if isinstance(seed, int) else saved_seed,
+    )
+
+
+def play_episodes(
+    policy: Policy,
+    source: EnvSource,
+    num_episodes: int,
+    first_seed: int,
+    video_dir: Path | None = None,
+    num_envs: int = 1,
+) -> EpisodeStats:
+    """Play ``num_episodes`` greedy episodes, episode ``i`` reset with seed ``first_seed + i``.
+
+    Up to ``num_envs`` episodes run side by side, their observations acted on in one batch;
+    an env whose episode ends starts the next episode not yet begun.
+
+    Args:
+        policy: Acts with ``policy.act`` (greedy).
+        source: The env.
+        num_episodes: How many episodes.
+        first_seed: The first episode's seed.
+        video_dir: Record the first episode there (gymnasium's ``RecordVideo``); ``None`` for no video.
+        num_envs: How many envs step together.
+
+    Raises:
+        CommandError: If the env's spaces do not fit the policy, or video needs moviepy.
+    """
+    envs: list[gym.Env] = []
+    try:
+        for index in range(min(num_envs, num_episodes)):
+            envs.append(_make_env(source, video_dir if index == 0 else None))
+        _check_env_fits(envs[0], policy, source.env)
+        stats = EpisodeStats(np.zeros(num_episodes), np.zeros(num_episodes, dtype=np.int64))
+        _run_episodes(envs, policy, first_seed, stats)
+    finally:
+        for env in envs:
+            env.close()
+    return stats
+
+
+def _run_episodes(envs: list[gym.Env], policy: Policy, first_seed: int, stats: EpisodeStats) -> None:
+    """Step ``envs`` until every episode of ``stats`` is played, adding up its return and length."""
+    num_episodes = len(stats.returns)
+    episode_of = list(range(len(envs)))  # the episode each env plays
+    observations = [env.reset(seed=first_seed + episode)[0] for env, episode in zip(envs, episode_of)]
+    next_episode = len(envs)
+    playing = list(range(len(envs)))
+    while playing:
+        actions = policy.act(np.stack([observations[index] for index in playing]))
+        still_playing = []
+        for index, action in zip(playing, actions):
+            obs, reward, terminated, truncated, _ = envs[index].step(action)
+            stats.returns[episode_of[index]] += float(reward)
+            stats.lengths[episode_of[index]] += 1
+            if terminated or truncated:
+                if next_episode == num_episodes:
+                    continue
+                episode_of[index], next_episode = next_episode, next_episode + 1
+                obs, _ = envs[index].reset(seed=first_seed + episode_of[index])
+            observations[index] = obs
+            still_playing.append(index)
+        playing = still_playing
+
+
+def _make_env(source: EnvSource, video_dir: Path | None) -> gym.Env:
+    env_kwargs = dict(source.env_kwargs)
+    if video_dir is not None:
+        env_kwargs["render_mode"] = "rgb_array"
+    env = make_env(source.env, env_kwargs, resolve_wrappers(source.wrappers))
+    if video_dir is None:
+        return env
+    try:
+        return gym.wrappers.RecordVideo(
+            env,
+            str(video_dir),
+            episode_trigger=lambda index: index == 0,
+            name_prefix=_VIDEO_PREFIX,
+            disable_logger=True,
+        )
+    except gym.error.DependencyNotInstalled as error:
+        env.close()
+        raise CommandError(
+            f'--video needs moviepy ({error}); install it with pip install "lightning-rl[video]"'
+        ) from error
+
+
+def _check_env_fits(env: gym.Env, policy: Policy, name: str) -> None:
+    for kind, env_space, policy_space in (
+        ("observation", env.observation_space, policy.observation_space),
+        ("action", env.action_space, policy.action_space),
+    ):
+        if not _same_shape_and_kind(env_space, policy_space):
+            raise CommandError(f"wrong env: {name}'s {kind} space is {env_space}, but the policy's is {policy_space}")
+
+
+def _same_shape_and_kind(a: gym.Space, b: gym.Space) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, gym.spaces.Discrete):
+        return a.n == b.n and a.start == b.start
+    return tuple(a.shape) == tuple(b.shape)
+
+
+def _default_video_dir(ckpt_path: str | Path) -> Path:
+    location = Path(ckpt_path)
+    return (location if location.is_dir() else location.parent) / "evaluation_videos"

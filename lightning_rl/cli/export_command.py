@@ -1,0 +1,73 @@
+"""``lightning-rl export``: write a checkpoint's greedy policy as an ONNX file or a ``torch.export`` program.
+
+    lightning-rl export --ckpt_path last.ckpt --format onnx --output policy.onnx
+    lightning-rl export --ckpt_path last.ckpt --format torch --output policy.pt2 [--module_id M]
+
+The graph holds the saved observation normalization, the module's inference pass, the greedy
+action and Box clipping (see ``lightning_rl.policy.export``). It is checked against
+``Policy.act`` on 1,000 observations before the file is written, and an existing file is
+replaced atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from lightning_rl.cli._command_line import (
+    CommandError,
+    OneLineArgumentParser,
+    existing_checkpoint,
+    output_file,
+    run_command,
+    tell,
+)
+from lightning_rl.policy.export import (
+    EXPORT_ATOL,
+    EXPORT_FORMATS,
+    NUM_CHECK_OBSERVATIONS,
+    ExportCheckError,
+    export_policy,
+)
+from lightning_rl.policy.policy import Policy
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``export`` command's arguments."""
+    parser = OneLineArgumentParser(
+        prog="lightning-rl export",
+        description="Export a checkpoint's greedy policy (normalization and action post-processing included).",
+    )
+    parser.add_argument(
+        "--ckpt_path",
+        required=True,
+        type=existing_checkpoint,
+        help="a Lightning .ckpt file or a save_to_path directory",
+    )
+    parser.add_argument(
+        "--format", required=True, choices=EXPORT_FORMATS, help="onnx (onnxruntime) or torch (torch.export, .pt2)"
+    )
+    parser.add_argument("--output", required=True, type=output_file, help="the file to write (replaced atomically)")
+    parser.add_argument("--module_id", default=None, help="the module to export, for checkpoints with several")
+    return parser
+
+
+def main(args: list[str]) -> None:
+    """Run ``lightning-rl export`` with ``args`` (the words after ``export``).
+
+    Bad input (a missing or damaged checkpoint, an unknown format or module id, a missing
+    output directory) ends with one line on stderr and exit status 2.
+    """
+    run_command(build_parser(), args, _export)
+
+
+def _export(args: argparse.Namespace) -> None:
+    policy = Policy.from_checkpoint(args.ckpt_path, module_id=args.module_id)
+    try:
+        written = export_policy(policy, args.output, args.format)
+    except ExportCheckError as error:
+        raise CommandError(f"{error}; nothing was written") from error
+    tell(
+        f"wrote {written} ({args.format}): {type(policy.module).__name__}, observations "
+        f"{tuple(policy.observation_space.shape)} -> {policy.action_space}; same actions as Policy.act on "
+        f"{NUM_CHECK_OBSERVATIONS:,} observations (Box actions within {EXPORT_ATOL})"
+    )

@@ -1,0 +1,193 @@
+"""Exporting a ``Policy`` for deployment: an ONNX file or a ``torch.export`` program (``.pt2``).
+
+The exported graph is the policy's :class:`~lightning_rl.policy.policy.PolicyNet` in greedy
+mode: observation normalization, the module's inference pass, the greedy action and Box
+clipping. Its one input is a float batch of observations ``obs`` ``[batch, *obs_shape]`` (the
+batch dimension is dynamic), its one output the actions (int64 indices for Discrete spaces).
+
+Before a file is written, the exported graph is run on 1,000 observations and must return
+``Policy.act``'s actions (Discrete: equal; Box: within ``EXPORT_ATOL``); the file is then
+written atomically, so an existing output is replaced whole or not at all. ONNX needs the
+``export`` extra (``pip install "lightning-rl[export]"``: onnx, onnxruntime, onnxscript).
+
+    from lightning_rl.policy.export import export_policy
+    export_policy(policy, "policy.onnx", "onnx")
+    export_policy(policy, "policy.pt2", "torch")   # torch.export.load("policy.pt2").module()(obs)
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import os
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+
+from lightning_rl.core.checkpoint import atomic_write
+from lightning_rl.policy.policy import Policy, PolicyNet
+
+ExportFormat = Literal["onnx", "torch"]
+EXPORT_FORMATS: tuple[str, ...] = ("onnx", "torch")
+#: The largest difference allowed between an exported graph's Box actions and ``Policy.act``'s.
+EXPORT_ATOL = 1e-5
+#: How many observations an export is checked on before it is written.
+NUM_CHECK_OBSERVATIONS = 1_000
+_INPUT_NAME = "obs"
+
+
+class ExportCheckError(RuntimeError):
+    """An exported graph's actions differ from ``Policy.act``'s (a bug in the export, never bad input)."""
+
+
+_OUTPUT_NAME = "actions"
+
+
+def export_policy(policy: Policy, output: str | os.PathLike, format: ExportFormat, *, seed: int = 0) -> Path:
+    """Export ``policy``'s greedy graph to ``output``, checked against ``Policy.act`` first.
+
+    Args:
+        policy: The policy to export.
+        output: The file to write; its directory must exist. An existing file is replaced
+            atomically.
+        format: ``"onnx"`` (run with onnxruntime) or ``"torch"`` (``torch.export.save``;
+            load with ``torch.export.load(output).module()``).
+        seed: Seeds the check observations.
+
+    Returns:
+        ``output`` as a ``Path``.
+
+    Raises:
+        ValueError: For an unknown format or a missing output directory.
+        ImportError: For ``"onnx"`` without the ``export`` extra installed.
+        ExportCheckError: If the exported graph's actions differ from ``Policy.act``'s (nothing
+            is written then).
+    """
+    if format not in EXPORT_FORMATS:
+        raise ValueError(f"unknown export format {format!r}; expected one of {list(EXPORT_FORMATS)}")
+    output = Path(output)
+    if not output.parent.is_dir():
+        raise ValueError(f"cannot write {output}: the directory {output.parent} does not exist")
+    if output.is_dir():
+        raise ValueError(f"cannot write {output}: it is a directory, expected a file name")
+    net = _frozen_copy(policy.net)
+    example = torch.as_tensor(sample_observations(policy, 4, seed=seed))
+    content = _onnx_bytes(net, example) if format == "onnx" else _torch_export_bytes(net, example)
+    observations = sample_observations(policy, NUM_CHECK_OBSERVATIONS, seed=seed)
+    run = _onnx_runner(content) if format == "onnx" else _torch_export_runner(content)
+    check_same_actions(policy.act(observations), run(observations), f"the {format} export")
+    return atomic_write(output, lambda file: file.write(content))
+
+
+def sample_observations(policy: Policy, count: int, seed: int = 0) -> np.ndarray:
+    """``count`` observations around what the policy was trained on, within the space's bounds.
+
+    Standard normal draws, scaled and shifted by the observation statistics when the policy
+    normalizes observations (so the check covers the range it acts in), then clipped to the
+    space's finite bounds; ``Box.sample`` would draw from bounds as wide as ``float32``'s.
+    """
+    space = policy.observation_space
+    rng = np.random.default_rng(seed)
+    draws = rng.standard_normal((count, *space.shape))
+    normalization = policy.observation_normalization
+    if normalization is not None:
+        draws = draws * normalization.std.cpu().numpy() + normalization.mean.cpu().numpy()
+    return np.clip(draws, space.low, space.high).astype(space.dtype)
+
+
+def check_same_actions(expected: np.ndarray, actual: np.ndarray, what: str) -> None:
+    """Raise ``ExportCheckError`` unless ``actual`` equals ``expected`` (Box actions: within ``EXPORT_ATOL``).
+
+    Args:
+        expected: ``Policy.act``'s actions.
+        actual: The exported graph's.
+        what: Names the graph in the error.
+    """
+    actual = np.asarray(actual)
+    if actual.shape != expected.shape:
+        raise ExportCheckError(f"{what} returned actions of shape {actual.shape}; Policy.act returns {expected.shape}")
+    if np.issubdtype(expected.dtype, np.integer):
+        differ = int(np.sum(actual != expected))
+        if differ:
+            raise ExportCheckError(
+                f"{what} chose other actions than Policy.act for {differ} of {len(expected)} observations"
+            )
+        return
+    difference = float(np.max(np.abs(actual.astype(np.float64) - expected.astype(np.float64)), initial=0.0))
+    if not difference <= EXPORT_ATOL:
+        raise ExportCheckError(
+            f"{what}'s actions differ from Policy.act's by up to {difference:.3g} (allowed {EXPORT_ATOL})"
+        )
+
+
+def _frozen_copy(net: PolicyNet) -> PolicyNet:
+    # A copy on the CPU in eval mode without gradients, so that exporting leaves the policy's
+    # own module (perhaps a Learner's, mid-training) as it was.
+    frozen = copy.deepcopy(net).cpu().eval()
+    frozen.requires_grad_(False)
+    return frozen
+
+
+def _dynamic_batch() -> tuple[dict[int, torch.export.Dim]]:
+    return ({0: torch.export.Dim("batch")},)
+
+
+def _torch_export_bytes(net: PolicyNet, example: torch.Tensor) -> bytes:
+    program = torch.export.export(net, (example,), dynamic_shapes=_dynamic_batch())
+    buffer = io.BytesIO()
+    torch.export.save(program, buffer)
+    return buffer.getvalue()
+
+
+def _torch_export_runner(content: bytes) -> Callable[[np.ndarray], np.ndarray]:
+    module = torch.export.load(io.BytesIO(content)).module()
+
+    def run(observations: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return module(torch.from_numpy(observations)).numpy()
+
+    return run
+
+
+def _onnx_bytes(net: PolicyNet, example: torch.Tensor) -> bytes:
+    _require_onnx()
+    with warnings.catch_warnings():
+        # The dynamo exporter's own internals call APIs that torch deprecates; nothing to act on.
+        warnings.simplefilter("ignore", FutureWarning)
+        program = torch.onnx.export(
+            net,
+            (example,),
+            dynamo=True,
+            verbose=False,
+            input_names=[_INPUT_NAME],
+            output_names=[_OUTPUT_NAME],
+            dynamic_shapes=_dynamic_batch(),
+        )
+    return program.model_proto.SerializeToString()
+
+
+def _onnx_runner(content: bytes) -> Callable[[np.ndarray], np.ndarray]:
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(content, providers=["CPUExecutionProvider"])
+
+    def run(observations: np.ndarray) -> np.ndarray:
+        return session.run([_OUTPUT_NAME], {_INPUT_NAME: observations})[0]
+
+    return run
+
+
+def _require_onnx() -> None:
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+        import onnxscript  # noqa: F401
+    except ImportError as error:
+        raise ImportError(
+            f"exporting to ONNX needs onnx, onnxruntime and onnxscript ({error}); "
+            'install them with pip install "lightning-rl[export]"'
+        ) from error

@@ -1,0 +1,229 @@
+"""``Policy``: act with a trained module, from a checkpoint or a Learner, without a Trainer or an env.
+
+    policy = Policy.from_checkpoint("lightning_logs/version_0/checkpoints/last.ckpt")
+    action = policy.act(obs)                               # one observation -> one action, greedy
+    actions = policy.act(batch_of_obs, deterministic=False)
+
+Acting is :class:`PolicyNet`, a ``torch.nn.Module``: the saved observation normalization,
+then :func:`~lightning_rl.core.acting.compute_actions` (what the env runner calls for training
+and evaluation), then clipping Box actions to the space's bounds as the env runner does before
+stepping. Export traces the same module, so a deployed graph acts exactly as ``Policy.act``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from lightning_rl.core.acting import clip_actions, compute_actions
+from lightning_rl.core.normalization import ObservationNormalization
+from lightning_rl.core.rl_modules import MultiRLModule, RLModule
+from lightning_rl.learner.learner import Learner
+from lightning_rl.policy.loading import choose_module_id, read_policy_checkpoint
+
+# The action spaces the package's action distributions and modules act in.
+_ACTION_SPACES = (gym.spaces.Discrete, gym.spaces.Box)
+
+
+class PolicyNet(nn.Module):
+    """Observations ``[B, *obs_shape]`` to actions ``[B, ...]``: normalization, forward pass, clipping.
+
+    The module ``Policy.act`` runs and export traces.
+
+    Args:
+        module: The RLModule that acts.
+        action_space: Box actions are clipped to its bounds.
+        observation_normalization: Applied to observations first; ``None`` for none.
+    """
+
+    def __init__(
+        self,
+        module: RLModule,
+        action_space: gym.Space,
+        observation_normalization: ObservationNormalization | None = None,
+    ) -> None:
+        super().__init__()
+        self.module = module
+        self.action_space = action_space
+        self.observation_normalization = observation_normalization
+
+    def forward(self, obs: torch.Tensor, explore: bool = False) -> torch.Tensor:
+        """The actions for a batch of observations: greedy unless ``explore``."""
+        if self.observation_normalization is not None:
+            obs = self.observation_normalization(obs)
+        _, actions = compute_actions(self.module, obs, explore=explore)
+        return clip_actions(actions, self.action_space)
+
+
+class Policy:
+    """A trained module that maps observations to actions, as Stable-Baselines3's ``predict`` does.
+
+    Args:
+        module: A single RLModule (pick one of a ``MultiRLModule`` with ``module[module_id]``).
+        observation_space: The space observations come from; ``None`` for the module's own.
+        action_space: The space actions go to (Discrete or Box); ``None`` for the module's own.
+        observation_normalization: The statistics the module was trained with; ``None`` for none.
+
+    Raises:
+        ValueError: For a ``MultiRLModule`` or a non-module, spaces missing or of an
+            unsupported kind, or normalization of another shape than the observations.
+    """
+
+    def __init__(
+        self,
+        module: RLModule,
+        observation_space: gym.Space | None = None,
+        action_space: gym.Space | None = None,
+        observation_normalization: ObservationNormalization | None = None,
+    ) -> None:
+        if isinstance(module, MultiRLModule) or not isinstance(module, RLModule):
+            raise ValueError(
+                f"Policy takes one RLModule, got {type(module).__name__}; "
+                "for several modules pass module[module_id] or use module_id="
+            )
+        observation_space = module.observation_space if observation_space is None else observation_space
+        action_space = module.action_space if action_space is None else action_space
+        _check_spaces(observation_space, action_space)
+        if observation_normalization is not None:
+            _check_normalization(observation_normalization, observation_space)
+        self.observation_space = observation_space
+        self.action_space = action_space
+        self.net = PolicyNet(module, action_space, observation_normalization)
+
+    @classmethod
+    def from_checkpoint(
+        cls, path: str | os.PathLike, module_id: str | None = None, device: torch.device | str = "cpu"
+    ) -> Policy:
+        """The policy of any checkpoint lightning_rl writes, with the normalization it trained with.
+
+        Args:
+            path: A Lightning ``.ckpt`` file (``lightning-rl fit``, ``Trainer.fit`` with
+                ``ModelCheckpoint``) or a ``save_to_path`` directory (a Learner's or a
+                LearnerGroup's).
+            module_id: The module to act with; ``None`` for a checkpoint with one module.
+            device: Where the module runs.
+
+        Raises:
+            ValueError: One line naming the file (see ``read_policy_checkpoint``).
+        """
+        module, normalization, _ = read_policy_checkpoint(path, module_id)
+        try:
+            policy = cls(module, observation_normalization=normalization)
+        except ValueError as error:
+            raise ValueError(f"{os.fspath(path)}: cannot act with its policy: {error}") from error
+        policy.net.to(device)
+        return policy
+
+    @classmethod
+    def from_learner(
+        cls,
+        learner: Learner,
+        module_id: str | None = None,
+        observation_normalization: ObservationNormalization | None = None,
+    ) -> Policy:
+        """The policy of a built Learner's module, sharing its weights (later updates show).
+
+        Args:
+            learner: A built Learner.
+            module_id: The module to act with; ``None`` for a Learner with one module.
+            observation_normalization: The statistics its data was normalized with, if any.
+
+        Raises:
+            ValueError: For an unbuilt Learner, or an unknown or ambiguous module id.
+        """
+        if not isinstance(learner, Learner):
+            raise ValueError(f"from_learner takes a Learner, got {type(learner).__name__}")
+        if learner.module is None:
+            raise ValueError("the Learner is not built; call learner.build() first")
+        module_id = choose_module_id(list(learner.module.keys()), module_id, "the Learner")
+        return cls(learner.module[module_id], observation_normalization=observation_normalization)
+
+    @property
+    def module(self) -> RLModule:
+        """The RLModule that acts."""
+        return self.net.module
+
+    @property
+    def observation_normalization(self) -> ObservationNormalization | None:
+        """The normalization applied to observations before the module, if any."""
+        return self.net.observation_normalization
+
+    @property
+    def device(self) -> torch.device:
+        """Where the module's weights are."""
+        param = next(self.module.parameters(), None)
+        return param.device if param is not None else torch.device("cpu")
+
+    def act(self, obs: Any, deterministic: bool = True) -> Any:
+        """The action(s) for one observation or a batch of them.
+
+        Args:
+            obs: One observation (the observation space's shape) or a batch ``[B, *shape]``;
+                a numpy array (or anything ``np.asarray`` takes) or a tensor.
+            deterministic: The greedy action (what evaluation plays); otherwise one sampled as
+                in training (PPO draws from its distribution, DQN explores with its epsilon).
+
+        Returns:
+            A numpy array for numpy input, a tensor (on the input's device) for a tensor;
+            one action for one observation, ``[B, ...]`` for a batch. Box actions lie within
+            the space's bounds.
+
+        Raises:
+            ValueError: If the observation's shape is neither the space's nor a batch of it.
+        """
+        is_tensor = isinstance(obs, torch.Tensor)
+        batch, single = self._as_batch(obs)
+        # no_grad, not inference_mode: the tensors returned stay usable in the caller's autograd code.
+        with torch.no_grad():
+            actions = self.net(batch, explore=not deterministic)
+        if single:
+            actions = actions[0]
+        if is_tensor:
+            return actions.to(obs.device)
+        return actions.cpu().numpy()
+
+    def _as_batch(self, obs: Any) -> tuple[torch.Tensor, bool]:
+        """``obs`` as a batch tensor on the module's device in the space's dtype, and whether it was one observation."""
+        dtype = self.observation_space.dtype
+        if isinstance(obs, torch.Tensor):
+            torch_dtype = torch.from_numpy(np.empty(0, dtype)).dtype  # the space's numpy dtype as torch's
+            tensor = obs.to(device=self.device, dtype=torch_dtype)
+        else:
+            tensor = torch.as_tensor(np.asarray(obs, dtype=dtype), device=self.device)
+        shape = tuple(self.observation_space.shape)
+        if tuple(tensor.shape) == shape:
+            return tensor.unsqueeze(0), True
+        if tensor.dim() == len(shape) + 1 and tuple(tensor.shape[1:]) == shape:
+            return tensor, False
+        raise ValueError(
+            f"observation of shape {tuple(tensor.shape)} does not fit the observation space {self.observation_space}: "
+            f"expected {shape} for one observation or (batch, {', '.join(map(str, shape))}) for a batch"
+        )
+
+    def __repr__(self) -> str:
+        normalized = ", normalized observations" if self.observation_normalization is not None else ""
+        return f"Policy({type(self.module).__name__}, {self.observation_space} -> {self.action_space}{normalized})"
+
+
+def _check_spaces(observation_space: Any, action_space: Any) -> None:
+    if not isinstance(observation_space, gym.spaces.Box):
+        raise ValueError(f"Policy needs a Box observation space, got {observation_space!r}")
+    if not isinstance(action_space, _ACTION_SPACES):
+        raise ValueError(f"Policy needs a Discrete or Box action space, got {action_space!r}")
+
+
+def _check_normalization(normalization: Any, observation_space: gym.spaces.Box) -> None:
+    if not isinstance(normalization, ObservationNormalization):
+        raise ValueError(
+            f"observation_normalization must be an ObservationNormalization, got {type(normalization).__name__}"
+        )
+    if tuple(normalization.mean.shape) != tuple(observation_space.shape):
+        raise ValueError(
+            f"observation_normalization has shape {tuple(normalization.mean.shape)}, "
+            f"but the observation space has {tuple(observation_space.shape)}"
+        )

@@ -1,0 +1,178 @@
+"""``lightning-rl evaluate`` and ``lightning-rl export``, called as their ``main(args)`` functions.
+
+evaluate: greedy episodes through ``Policy.act`` on held-out seeds, statistics printed and
+written as JSON, a video of the first episode, the env from ``--env``, ``--config`` or the
+checkpoint (never imported from it). export: ONNX and torch files. Bad input of either: one
+line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import onnxruntime
+import pytest
+import torch
+import yaml
+from _algorithms import ROWS
+from _policy_common import fit_from_the_command_line, observations
+from conftest import resealed
+
+from lightning_rl import Policy
+from lightning_rl.cli import evaluate_command, export_command
+from lightning_rl.cli.evaluate_command import HELD_OUT_SEED_OFFSET
+
+PPO = next(row for row in ROWS if row.name == "PPO")
+SAC = next(row for row in ROWS if row.name == "SAC")
+MODULE = "_code_from_checkpoint"
+
+
+@pytest.fixture(scope="module")
+def cli_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A checkpoint ``lightning-rl fit`` wrote for PPO on CartPole-v1 (data seed 0)."""
+    return fit_from_the_command_line(PPO, tmp_path_factory.mktemp("fit") / "run")[1]
+
+
+@pytest.fixture(scope="module")
+def learner_directory(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SAC ``save_to_path`` directory: weights, no data-module settings."""
+    learner = SAC.make_learner()
+    learner.build()
+    return Path(learner.save_to_path(str(tmp_path_factory.mktemp("saved") / "sac")))
+
+
+def played_returns(policy: Policy, env_id: str, seeds: range) -> list[float]:
+    """Each seed's greedy episode return, played here by hand, one episode after the other."""
+    env = gym.make(env_id)
+    returns = []
+    for seed in seeds:
+        obs, _ = env.reset(seed=seed)
+        total, done = 0.0, False
+        while not done:
+            obs, reward, terminated, truncated, _ = env.step(policy.act(obs))
+            total, done = total + float(reward), terminated or truncated
+        returns.append(total)
+    return returns
+
+
+def usage_error(main, args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """The one line a command prints for bad input (exit status 2)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1, error
+    return error
+
+
+@pytest.mark.parametrize("seed, num_envs", [(None, 2), (11, 1)])
+def test_evaluate_plays_greedy_episodes_on_held_out_seeds_and_reports_them(
+    cli_checkpoint, seed, num_envs, tmp_path, capsys
+):
+    args = ["--ckpt_path", str(cli_checkpoint), "--num_episodes", "3", "--json", str(tmp_path / "stats.json")]
+    args += ["--num_envs", str(num_envs)] + ([] if seed is None else ["--seed", str(seed)])
+    evaluate_command.main(args)
+
+    first = HELD_OUT_SEED_OFFSET if seed is None else seed  # the run's data seed is 0
+    returns = played_returns(Policy.from_checkpoint(cli_checkpoint), "CartPole-v1", range(first, first + 3))
+    out = capsys.readouterr().out
+    assert f"CartPole-v1 (env from the checkpoint): 3 greedy episodes, seeds {first}..{first + 2}" in out
+    assert f"episode_return: mean {np.mean(returns):.3f} std {np.std(returns):.3f}" in out
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert stats["first_seed"] == first and stats["num_episodes"] == 3
+    assert (stats["episode_return_min"], stats["episode_return_max"]) == (min(returns), max(returns))
+    assert stats["episode_return_mean"] == pytest.approx(np.mean(returns))
+    assert stats["episode_len_mean"] == pytest.approx(np.mean(returns))  # CartPole: one reward per step
+
+
+def test_evaluate_records_the_first_episode_as_a_video(cli_checkpoint, tmp_path, capsys):
+    video_dir = tmp_path / "videos"
+    evaluate_command.main(
+        ["--ckpt_path", str(cli_checkpoint), "--num_episodes", "2", "--video", "--video_dir", str(video_dir)]
+    )
+    videos = sorted(video_dir.glob("*.mp4"))
+    assert [video.name for video in videos] == ["evaluation-episode-0.mp4"]
+    assert videos[0].stat().st_size > 0
+    assert f"video: {videos[0]}" in capsys.readouterr().out
+
+
+def test_evaluate_takes_the_env_from_env_or_config_when_the_checkpoint_names_none(learner_directory, tmp_path, capsys):
+    error = usage_error(evaluate_command.main, ["--ckpt_path", str(learner_directory), "--num_episodes", "1"], capsys)
+    assert "holds no data-module settings naming an env; pass --env ID or --config your_config.yaml" in error
+
+    evaluate_command.main(["--ckpt_path", str(learner_directory), "--num_episodes", "2", "--env", "Pendulum-v1"])
+    assert f"Pendulum-v1 (env from --env): 2 greedy episodes, seeds {HELD_OUT_SEED_OFFSET}.." in capsys.readouterr().out
+
+    config = tmp_path / "sac.yaml"
+    data = {"class_path": "lightning_rl.data.OffPolicyDataModule", "init_args": {"env": "Pendulum-v1", "seed": 3}}
+    config.write_text(yaml.safe_dump({"data": data}))
+    evaluate_command.main(["--ckpt_path", str(learner_directory), "--num_episodes", "1", "--config", str(config)])
+    first = HELD_OUT_SEED_OFFSET + 3
+    assert f"Pendulum-v1 (env from --config): 1 greedy episodes, seeds {first}..{first}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (
+            {"env": f"{MODULE}:Evil-v0"},
+            f"its env '{MODULE}:Evil-v0' is not a registered gymnasium id that needs no import",
+        ),
+        ({"wrappers": [f"{MODULE}.Wrapper"]}, "its env has wrappers, which would have to be imported"),
+    ],
+    ids=["module:Id", "wrappers"],
+)
+def test_evaluate_never_imports_what_a_checkpoint_names(cli_checkpoint, edit, message, tmp_path, monkeypatch, capsys):
+    marker = tmp_path / "marker"
+    monkeypatch.setenv("LIGHTNING_RL_TEST_MARKER", str(marker))
+    checkpoint = torch.load(cli_checkpoint, weights_only=True)
+    checkpoint["datamodule_hyper_parameters"].update(edit)
+    crafted = tmp_path / "crafted.ckpt"
+    torch.save(resealed(checkpoint), crafted)
+
+    error = usage_error(evaluate_command.main, ["--ckpt_path", str(crafted), "--num_episodes", "1"], capsys)
+    assert message in error and "pass --env ID or --config" in error
+    assert MODULE not in sys.modules and not marker.exists()
+
+
+def test_evaluate_refuses_an_env_whose_spaces_do_not_fit_the_policy(cli_checkpoint, capsys):
+    args = ["--ckpt_path", str(cli_checkpoint), "--num_episodes", "1", "--env", "Pendulum-v1"]
+    assert "wrong env: Pendulum-v1's observation space is Box" in usage_error(evaluate_command.main, args, capsys)
+
+
+@pytest.mark.parametrize("export_format, suffix", [("onnx", ".onnx"), ("torch", ".pt2")])
+def test_export_writes_a_file_that_acts_as_the_policy(cli_checkpoint, export_format, suffix, tmp_path, capsys):
+    output = tmp_path / f"policy{suffix}"
+    export_command.main(["--ckpt_path", str(cli_checkpoint), "--format", export_format, "--output", str(output)])
+    assert f"wrote {output} ({export_format}): PPOModule" in capsys.readouterr().out
+
+    policy = Policy.from_checkpoint(cli_checkpoint)
+    obs = observations(policy.observation_space, 100)
+    if export_format == "onnx":
+        session = onnxruntime.InferenceSession(str(output), providers=["CPUExecutionProvider"])
+        actions = session.run(None, {"obs": obs})[0]
+    else:
+        actions = torch.export.load(output).module()(torch.from_numpy(obs)).numpy()
+    np.testing.assert_array_equal(actions, policy.act(obs))
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"--ckpt_path": "missing.ckpt"}, "argument --ckpt_path: missing.ckpt: no such file or directory"),
+        ({"--format": "tflite"}, "argument --format: invalid choice: 'tflite'"),
+        ({"--output": "missing/policy.onnx"}, "the directory missing does not exist"),
+        ({"--module_id": "nobody"}, "has no module 'nobody'; it holds ['default_policy']"),
+    ],
+    ids=["missing checkpoint", "unknown format", "missing output directory", "unknown module"],
+)
+def test_export_bad_input_is_one_line_and_exit_status_2(cli_checkpoint, change, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    args = {"--ckpt_path": str(cli_checkpoint), "--format": "onnx", "--output": "policy.onnx", **change}
+    error = usage_error(export_command.main, [word for pair in args.items() for word in pair], capsys)
+    assert error.startswith("lightning-rl export: error: ") and message in error
+    assert not (tmp_path / "policy.onnx").exists()
