@@ -15,6 +15,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import onnxruntime
+import PIL.Image
 import pytest
 import torch
 import yaml
@@ -94,9 +95,11 @@ def test_evaluate_records_the_first_episode_as_a_video(cli_checkpoint, tmp_path,
     evaluate_command.main(
         ["--ckpt_path", str(cli_checkpoint), "--num_episodes", "2", "--video", "--video_dir", str(video_dir)]
     )
-    videos = sorted(video_dir.glob("*.mp4"))
-    assert [video.name for video in videos] == ["evaluation-episode-0.mp4"]
-    assert videos[0].stat().st_size > 0
+    videos = sorted(video_dir.iterdir())
+    assert [video.name for video in videos] == ["evaluation-episode-0.gif"]
+    with PIL.Image.open(videos[0]) as gif:
+        # The whole first episode: its reset frame and one frame per step.
+        assert gif.n_frames > 1 and gif.size == (600, 400)
     assert f"video: {videos[0]}" in capsys.readouterr().out
 
 

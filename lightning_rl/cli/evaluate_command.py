@@ -37,13 +37,16 @@ from lightning_rl.cli._command_line import (
     tell,
 )
 from lightning_rl.core.checkpoint import atomic_write
+from lightning_rl.data.evaluation_video import encode_gif
 from lightning_rl.env.env_factory import check_env_id, make_env, resolve_wrappers
+from lightning_rl.env.frame_recorder import EpisodeFrameRecorder, env_kwargs_for_video
 from lightning_rl.policy.loading import read_policy_checkpoint
 from lightning_rl.policy.policy import Policy
 
 #: Added to the run's base seed for the default evaluation seeds (see the module's docstring).
 HELD_OUT_SEED_OFFSET = 5_000_000
-_VIDEO_PREFIX = "evaluation"
+#: The first episode's video, in ``--video_dir``.
+VIDEO_FILE_NAME = "evaluation-episode-0.gif"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"episode i resets with seed+i (default: the run's seed + {HELD_OUT_SEED_OFFSET:,}, never trained on)",
     )
-    parser.add_argument("--video", action="store_true", help="record the first episode as an mp4 (needs moviepy)")
+    parser.add_argument("--video", action="store_true", help="record the first episode as an animated GIF")
     parser.add_argument("--video_dir", type=Path, default=None, help="default: evaluation_videos beside the checkpoint")
     parser.add_argument(
         "--env", default=None, help="a registered gymnasium id (or module:Id), overriding the checkpoint's"
@@ -140,8 +143,7 @@ def _evaluate(args: argparse.Namespace) -> None:
         values = " ".join(f"{key} {summary[f'{name}_{key}']:.3f}" for key in ("mean", "std", "min", "max"))
         tell(f"{name}: {values}")
     if video_dir is not None:
-        for video in sorted(video_dir.glob(f"{_VIDEO_PREFIX}*.mp4")):
-            tell(f"video: {video}")
+        tell(f"video: {video_dir / VIDEO_FILE_NAME}")
     if args.json is not None:
         record = {"ckpt_path": str(args.ckpt_path), "env": source.env, "first_seed": first_seed, **summary}
         atomic_write(args.json, lambda file: file.write(json.dumps(record, indent=2).encode()))
@@ -223,11 +225,12 @@ def play_episodes(
         source: The env.
         num_episodes: How many episodes.
         first_seed: The first episode's seed.
-        video_dir: Record the first episode there (gymnasium's ``RecordVideo``); ``None`` for no video.
+        video_dir: Write the first episode there as an animated GIF (:data:`VIDEO_FILE_NAME`);
+            ``None`` for no video.
         num_envs: How many envs step together.
 
     Raises:
-        CommandError: If the env's spaces do not fit the policy, or video needs moviepy.
+        CommandError: If the env's spaces do not fit the policy, or cannot be recorded.
     """
     envs: list[gym.Env] = []
     try:
@@ -236,6 +239,8 @@ def play_episodes(
         _check_env_fits(envs[0], policy, source.env)
         stats = EpisodeStats(np.zeros(num_episodes), np.zeros(num_episodes, dtype=np.int64))
         _run_episodes(envs, policy, first_seed, stats)
+        if video_dir is not None:
+            _write_video(envs[0], video_dir / VIDEO_FILE_NAME)
     finally:
         for env in envs:
             env.close()
@@ -267,25 +272,26 @@ def _run_episodes(envs: list[gym.Env], policy: Policy, first_seed: int, stats: E
 
 
 def _make_env(source: EnvSource, video_dir: Path | None) -> gym.Env:
-    env_kwargs = dict(source.env_kwargs)
-    if video_dir is not None:
-        env_kwargs["render_mode"] = "rgb_array"
-    env = make_env(source.env, env_kwargs, resolve_wrappers(source.wrappers))
     if video_dir is None:
-        return env
+        return make_env(source.env, source.env_kwargs, resolve_wrappers(source.wrappers))
+    # The recorder and encoder that write the TensorBoard evaluation videos.
     try:
-        return gym.wrappers.RecordVideo(
-            env,
-            str(video_dir),
-            episode_trigger=lambda index: index == 0,
-            name_prefix=_VIDEO_PREFIX,
-            disable_logger=True,
-        )
+        env_kwargs = env_kwargs_for_video(source.env, source.env_kwargs)
+        recorder = make_env(source.env, env_kwargs, [*resolve_wrappers(source.wrappers), EpisodeFrameRecorder])
     except gym.error.DependencyNotInstalled as error:
-        env.close()
-        raise CommandError(
-            f'--video needs moviepy ({error}); install it with pip install "lightning-rl[video]"'
-        ) from error
+        raise CommandError(f'--video: {error}; install it with pip install "lightning-rl[video]"') from error
+    except ValueError as error:
+        raise CommandError(f"--video: {error}") from error
+    recorder.record_next_episode = True
+    return recorder
+
+
+def _write_video(recorder: EpisodeFrameRecorder, path: Path) -> None:
+    frames = recorder.take_frames()
+    fps = int(recorder.metadata.get("render_fps") or 30)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    gif = encode_gif(frames, fps)
+    atomic_write(path, lambda file: file.write(gif))
 
 
 def _check_env_fits(env: gym.Env, policy: Policy, name: str) -> None:
