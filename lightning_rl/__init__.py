@@ -46,7 +46,27 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from lightning_rl.learner.learner import DEFAULT_OPTIMIZER, Learner, LearnerConfig
     from lightning_rl.learner.learner_group import LearnerGroup, LearnerGroupError
 
-__all__ = sorted(_PUBLIC)
+__all__ = [
+    "ALL_MODULES",
+    "AtomicCheckpointIO",
+    "DEFAULT_MODULE_ID",
+    "DEFAULT_OPTIMIZER",
+    "Columns",
+    "Learner",
+    "LearnerCallback",
+    "LearnerConfig",
+    "LearnerGroup",
+    "LearnerGroupError",
+    "MetricsLogger",
+    "ModelConfigKey",
+    "MultiRLModule",
+    "MultiRLModuleSpec",
+    "RLModule",
+    "RLModuleSpec",
+    "Schedule",
+    "TrainItem",
+    "TrainingData",
+]
 __version__ = "0.1.0"
 
 

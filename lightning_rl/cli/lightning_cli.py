@@ -1,22 +1,28 @@
-"""The ``lightning-rl`` command: Lightning's CLI for Learners and environment data modules.
+"""``LightningRLCLI``: Lightning's CLI for Learners and environment data modules (``fit``, ``validate``).
 
     lightning-rl fit --config examples/ppo_cartpole.yaml
     lightning-rl fit --config examples/ppo_cartpole.yaml --model.init_args.lr 3e-4
     lightning-rl validate --config examples/ppo_cartpole.yaml --ckpt_path path/to/last.ckpt
     lightning-rl fit --config examples/ppo_cartpole.yaml --print_config
+    lightning-rl fit --model.help PPOLearner
 
 The model is any ``Learner`` subclass and the data any ``LightningDataModule``, both chosen
-by ``class_path``; every ``__init__`` argument is settable from YAML or a flag. The
-Learner's observation and action spaces come from the data module at setup.
+by ``class_path``; the package's own classes also by their short names (``PPOLearner``,
+``OffPolicyDataModule``), since this module imports them. Every ``__init__`` argument is
+settable from YAML or a flag. The Learner's observation and action spaces come from the
+data module at setup. ``lightning_rl.cli.main`` dispatches the ``lightning-rl`` command here.
 
 With ``--ckpt_path``, the settings the user gives win over the checkpoint's, each difference
-is reported in one line, and nothing in the checkpoint becomes code (``resume.py``).
+is reported in one line, and nothing in the checkpoint becomes code (``resume.py``): only the
+Learner's plain-data hyperparameters are ever taken from it, never the data module's (an env
+id or factory path in a checkpoint is never imported).
 """
 
 from __future__ import annotations
 
 import re
 import sys
+import warnings
 from typing import Any, NoReturn
 
 from jsonargparse import Namespace
@@ -25,6 +31,9 @@ from lightning.pytorch import LightningDataModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
 
+# Imported so that jsonargparse, which resolves a short class name among the subclasses
+# imported when the parser is built, knows every algorithm's Learner by name.
+from lightning_rl.algorithms import bc, dqn, ppo, sac  # noqa: F401
 from lightning_rl.cli.resume import plan_resume
 from lightning_rl.core.checkpoint import (
     CHECKPOINT_KEY,
@@ -33,11 +42,14 @@ from lightning_rl.core.checkpoint import (
     read_checkpoint_file,
     remove_stale_temporary_files,
 )
+from lightning_rl.data import OffPolicyDataModule, OnPolicyDataModule  # noqa: F401 (short names, as above)
 from lightning_rl.data.env_datamodule import OFF_POLICY_ARGUMENTS, ON_POLICY_ARGUMENTS
-from lightning_rl.data.on_policy import OnPolicyDataModule
 from lightning_rl.learner._lightning_private import claim_version_directory
 from lightning_rl.learner.checkpoint_io import AtomicCheckpointIO
 from lightning_rl.learner.learner import Learner
+
+# The Trainer subcommands this CLI offers (the lightning-rl command adds evaluate and export).
+TRAINER_SUBCOMMANDS = ("fit", "validate")
 
 # Names Lightning's Trainer resolves itself rather than as a file path.
 _LIGHTNING_CKPT_NAMES = ("last", "best", "hpc", "registry")
@@ -77,6 +89,8 @@ class LightningRLCLI(LightningCLI):
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        _silence_lightning_pytree_deprecation()
+        kwargs.setdefault("parser_kwargs", {"prog": "lightning-rl"})
         kwargs.setdefault("model_class", Learner)
         kwargs.setdefault("subclass_mode_model", True)
         kwargs.setdefault("datamodule_class", LightningDataModule)
@@ -85,6 +99,18 @@ class LightningRLCLI(LightningCLI):
         kwargs.setdefault("parser_class", LightningRLArgumentParser)
         self._checkpoint: tuple[str, dict[str, Any]] | None = None  # --ckpt_path and what it holds
         super().__init__(*args, **kwargs)
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """``fit`` and ``validate``, with the Trainer method arguments the parser adds to each.
+
+        Lightning's ``test`` and ``predict`` are left out: a Learner has no test set and no
+        ``predict_step`` (``lightning-rl evaluate`` plays held-out episodes; ``lightning_rl.Policy``
+        and ``lightning-rl export`` act with a trained policy).
+        """
+        return {
+            name: arguments for name, arguments in LightningCLI.subcommands().items() if name in TRAINER_SUBCOMMANDS
+        }
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         parser.set_defaults({"data": {"class_path": f"{OnPolicyDataModule.__module__}.{OnPolicyDataModule.__name__}"}})
@@ -179,6 +205,21 @@ class LightningRLCLI(LightningCLI):
                         remove_stale_temporary_files(directory)
 
 
+def _silence_lightning_pytree_deprecation() -> None:
+    """Hide one deprecation warning that Lightning's own code raises on every fit and validate.
+
+    Lightning (2.6) wraps every train and validation iterable, here the data module's
+    in-process iterable, in a ``CombinedLoader`` whose pytree code checks
+    ``isinstance(spec, LeafSpec)``, which torch 2.13 deprecates. Nothing in a config or in this
+    package can avoid it; the filter matches that message from that Lightning module only.
+    """
+    warnings.filterwarnings(
+        "ignore",
+        message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+        module=r"lightning\.pytorch\.utilities\._pytree",
+    )
+
+
 def _without_parser_wrapping(error: BaseException) -> BaseException:
     """The error a constructor raised, without the union-type report jsonargparse wraps it in.
 
@@ -218,12 +259,3 @@ def misplaced_data_argument_hint(message: str) -> str | None:
             if name in arguments:
                 return f"{name} is an {other_class} argument: use lightning_rl.data.{other_class}"
     return None
-
-
-def main(args: list[str] | None = None) -> None:
-    """Run the ``lightning-rl`` command (``args`` defaults to ``sys.argv[1:]``)."""
-    LightningRLCLI(args=args)
-
-
-if __name__ == "__main__":
-    main()

@@ -34,6 +34,7 @@ from lightning_rl.core.rl_modules import RLModule
 from lightning_rl.core.train_item import TrainingData, TrainItem
 from lightning_rl.data.env_sampling import EnvSampling
 from lightning_rl.data.rank_stats import all_gather_rows
+from lightning_rl.env.env_factory import resolve_env
 from lightning_rl.env.env_runner import EnvRunner, check_fault_arguments
 
 # Each class's own constructor arguments, so that one used on the other class gets an error
@@ -66,8 +67,9 @@ class EnvDataModule(LightningDataModule, abc.ABC):
     count over all ranks.
 
     Args:
-        env: A registered gymnasium id (``"CartPole-v1"``), or a zero-argument callable
-            that returns a ``gym.Env``.
+        env: A registered gymnasium id (``"CartPole-v1"``; ``"ale_py:ALE/Pong-v5"`` imports
+            ``ale_py`` first), the import path of an env factory (``"my_package.envs.make_env"``),
+            or a zero-argument callable that returns a ``gym.Env``.
         env_kwargs: Keyword arguments for ``gym.make`` (ids only).
         wrappers: Wrappers applied to each env, in order: import paths of wrapper classes
             (``"gymnasium.wrappers.NormalizeObservation"``), ``{"class_path": ..., "init_args":
@@ -116,7 +118,7 @@ class EnvDataModule(LightningDataModule, abc.ABC):
             ``env_runners/num_nonfinite_env_steps``.
 
     Raises:
-        ValueError: Naming the argument, for an unknown env id, invalid sizes or a negative seed.
+        ValueError: Naming the argument, for an unknown env id or factory path, invalid sizes or a negative seed.
     """
 
     #: Whether train items hand the Learner a replay buffer instead of episodes.
@@ -144,8 +146,8 @@ class EnvDataModule(LightningDataModule, abc.ABC):
         on_nonfinite: Literal["raise", "drop_episode"] = "raise",
     ) -> None:
         super().__init__()
-        if isinstance(env, str) and env not in gym.registry:
-            raise ValueError(f"env={env!r} is not a registered gymnasium environment id")
+        if isinstance(env, str):
+            resolve_env(env)  # an unknown id or factory path fails here, before anything runs
         if not isinstance(env, str) and not callable(env):
             raise ValueError(f"env must be a gymnasium id or a callable that makes an env, got {env!r}")
         for name, value in (
