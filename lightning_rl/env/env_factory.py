@@ -71,8 +71,14 @@ def resolve_env(env: str) -> str | EnvCreator:
             name or whose object is not callable.
     """
     if ":" in env:
-        _import_env_module(env, env.split(":", 1)[0])
-        _check_registered(env, env.split(":", 1)[1])
+        module_name, env_id = env.split(":", 1)
+        module = _import_env_module(env, module_name)
+        if env_id not in gym.registry and callable(getattr(module, env_id, None)):
+            raise ValueError(
+                f"Unknown env id {env!r}: after importing {module_name!r}, {env_id!r} is not a registered env id "
+                f"(a colon always names one); for the env factory {env_id!r}, write {f'{module_name}.{env_id}'!r}"
+            )
+        _check_registered(env, env_id)
         return env
     if env in gym.registry:
         return env
@@ -107,7 +113,7 @@ def _check_registered(env: str, env_id: str) -> None:
     hint = f"; did you mean {close}?" if close else ""
     if "/" in env_id and ":" not in env:
         # A namespaced id is registered by its package on import: gymnasium's "module:Id" form does that.
-        hint += f" If a package registers it, name the package first: 'package:{env_id}'"
+        hint += f" (if a package registers it, name the package first: 'package:{env_id}')"
     raise ValueError(f"Unknown env id {env!r}: it is not in gymnasium's registry{hint}")
 
 
