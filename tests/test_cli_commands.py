@@ -173,6 +173,13 @@ def test_a_namespaced_id_and_a_factory_path_build_the_env_they_name(env):
     assert all(len(episode) <= EPISODE_STEPS for episode in episodes)
 
 
+def test_a_factory_path_is_called_with_env_kwargs():
+    env = "_registered_envs.make_short_cartpole"
+    with EnvRunner(env, env_kwargs={"max_episode_steps": 5}, num_envs=1, rollout_fragment_length=8, seed=0) as runner:
+        episodes = runner.sample_episodes(bc_spec().build(), 2)
+    assert all(len(episode) <= 5 for episode in episodes)
+
+
 @pytest.mark.parametrize(
     "env,message",
     [

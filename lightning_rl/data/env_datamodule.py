@@ -70,7 +70,7 @@ class EnvDataModule(LightningDataModule, abc.ABC):
         env: A registered gymnasium id (``"CartPole-v1"``; ``"ale_py:ALE/Pong-v5"`` imports
             ``ale_py`` first), the import path of an env factory (``"my_package.envs.make_env"``),
             or a zero-argument callable that returns a ``gym.Env``.
-        env_kwargs: Keyword arguments for ``gym.make`` (ids only).
+        env_kwargs: Keyword arguments for ``gym.make`` or the env factory.
         wrappers: Wrappers applied to each env, in order: import paths of wrapper classes
             (``"gymnasium.wrappers.NormalizeObservation"``), ``{"class_path": ..., "init_args":
             {...}}`` for wrappers that take arguments, or callables ``env -> env``.
