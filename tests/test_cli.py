@@ -64,7 +64,7 @@ def test_print_config_shows_every_hyperparameter_of_model_and_data():
 @pytest.mark.parametrize(
     "flags,message",
     [
-        (["--data.init_args.env", "NoSuchEnv-v0"], "env='NoSuchEnv-v0' is not a registered"),
+        (["--data.init_args.env", "NoSuchEnv-v0"], "Unknown env id 'NoSuchEnv-v0'"),
         (["--data.init_args.num_envs", "-2"], "num_envs must be an int >= 1"),
         (["--model.init_args.minibatch_size", "100000"], "minibatch_size=100000 is larger than the data module's train batch of 256"),
         (["--model.init_args.gamma", "1.5"], "gamma must be in"),

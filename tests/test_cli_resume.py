@@ -96,6 +96,27 @@ def test_a_checkpoint_cannot_make_training_import_or_call_a_function(tmp_path, c
     assert MARKER_MODULE not in sys.modules
 
 
+def test_a_checkpoint_env_or_wrapper_path_is_never_imported_on_resume(tmp_path, checkpoint, monkeypatch):
+    # Env strings may name a module to import ("module:EnvId") or a factory: a checkpoint's
+    # data-module settings are never used, so the env comes from the config alone.
+    marker = tmp_path / "marker"
+    monkeypatch.setenv("LIGHTNING_RL_TEST_MARKER", str(marker))
+
+    def edit(content: dict[str, Any]) -> None:
+        data = content["datamodule_hyper_parameters"]
+        data["env"] = f"{MARKER_MODULE}.touch_marker"
+        data["wrappers"] = [f"{MARKER_MODULE}.touch_marker"]
+        data["_class_path"] = data["_instantiator"] = f"{MARKER_MODULE}.touch_marker"
+
+    evil = _crafted(checkpoint, tmp_path / "evil.ckpt", edit)
+    cli = LightningRLCLI(args=[
+        "fit", "--config", CARTPOLE, *quick(tmp_path), "--data.init_args.max_env_steps", "1024", "--ckpt_path", str(evil),
+    ])  # fmt: skip
+    assert cli.datamodule.env == "CartPole-v1" and cli.datamodule.num_env_steps_sampled_lifetime == 1024
+    assert not marker.exists()
+    assert MARKER_MODULE not in sys.modules
+
+
 def test_a_checkpoint_naming_an_unloaded_learner_class_is_refused_without_importing_it(tmp_path, checkpoint, capsys):
 
     def edit(content: dict[str, Any]) -> None:

@@ -207,7 +207,7 @@ def test_a_learner_without_spaces_and_without_data_module_says_what_to_do():
 @pytest.mark.parametrize(
     "kwargs,match",
     [
-        ({"env": "NoSuchEnv-v0"}, "env='NoSuchEnv-v0' is not a registered"),
+        ({"env": "NoSuchEnv-v0"}, "Unknown env id 'NoSuchEnv-v0'"),
         ({"num_envs": 0}, "num_envs must be an int >= 1"),
         ({"rollout_fragment_length": -5}, "rollout_fragment_length must be an int >= 1"),
         ({"max_env_steps": 0}, "max_env_steps must be an int >= 1"),

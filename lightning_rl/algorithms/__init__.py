@@ -1,1 +1,7 @@
-"""Algorithms: one module per algorithm, each with its RL module and Learner."""
+"""Algorithms: one module per algorithm, each with its RL module and Learner.
+
+Importing the package loads all of them, so that a checkpoint's class name (looked up among
+the loaded classes, never imported) finds the package's own Learners and RLModules.
+"""
+
+from lightning_rl.algorithms import bc, dqn, ppo, sac  # noqa: F401

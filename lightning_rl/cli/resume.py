@@ -15,6 +15,11 @@ from the checkpoint only if its type can hold nothing but data (numbers, strings
 ``None``, ``Literal`` choices and lists/dicts of them): an argument that jsonargparse would
 turn into a function or an object (``Callable``, a class) is only ever set by the user.
 The checkpoint's class names are compared as strings, never imported.
+
+Only the Learner's hyperparameters are considered. The data module's (``datamodule_hyper_parameters``)
+are never taken from a checkpoint: their strings name code to import (an env factory path,
+gymnasium's ``"module:EnvId"``, wrapper classes), so the env always comes from the user's
+config and flags.
 """
 
 from __future__ import annotations

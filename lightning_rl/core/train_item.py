@@ -126,3 +126,13 @@ class TrainItem:
         unknown = sorted(set(self.update_settings) - set(UPDATE_SETTINGS))
         if unknown:
             raise ValueError(f"TrainItem.update_settings: unknown settings {unknown}; allowed: {list(UPDATE_SETTINGS)}")
+
+    def to(self, device: Any, **kwargs: Any) -> TrainItem:
+        """Lightning's device transfer of a train item: the item stays where it is.
+
+        Called by Lightning before each training step (``move_data_to_device`` treats an object
+        with ``to`` as one piece, so it does not walk the episodes, replay buffer and counters
+        inside, which cost about as much as a small network's gradient step per item). The
+        Learner moves what it trains on to its device itself.
+        """
+        return self

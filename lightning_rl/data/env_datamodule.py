@@ -35,6 +35,7 @@ from lightning_rl.core.train_item import TrainingData, TrainItem
 from lightning_rl.data.env_sampling import EnvSampling
 from lightning_rl.data.evaluation_video import EvaluationVideo
 from lightning_rl.data.rank_stats import all_gather_rows
+from lightning_rl.env.env_factory import resolve_env
 from lightning_rl.env.env_runner import EnvRunner, check_fault_arguments
 from lightning_rl.env.frame_recorder import check_records_frames
 
@@ -70,9 +71,10 @@ class EnvDataModule(LightningDataModule, abc.ABC):
     count over all ranks.
 
     Args:
-        env: A registered gymnasium id (``"CartPole-v1"``), or a zero-argument callable
-            that returns a ``gym.Env``.
-        env_kwargs: Keyword arguments for ``gym.make`` (ids only).
+        env: A registered gymnasium id (``"CartPole-v1"``; ``"ale_py:ALE/Pong-v5"`` imports
+            ``ale_py`` first), the import path of an env factory (``"my_package.envs.make_env"``),
+            or a zero-argument callable that returns a ``gym.Env``.
+        env_kwargs: Keyword arguments for ``gym.make`` or the env factory.
         wrappers: Wrappers applied to each env, in order: import paths of wrapper classes
             (``"gymnasium.wrappers.NormalizeObservation"``), ``{"class_path": ..., "init_args":
             {...}}`` for wrappers that take arguments, or callables ``env -> env``.
@@ -125,7 +127,7 @@ class EnvDataModule(LightningDataModule, abc.ABC):
             checked at setup. Only the recorded episode renders frames.
 
     Raises:
-        ValueError: Naming the argument, for an unknown env id, invalid sizes or a negative seed.
+        ValueError: Naming the argument, for an unknown env id or factory path, invalid sizes or a negative seed.
     """
 
     #: Whether train items hand the Learner a replay buffer instead of episodes.
@@ -154,8 +156,8 @@ class EnvDataModule(LightningDataModule, abc.ABC):
         evaluation_video: int | None = None,
     ) -> None:
         super().__init__()
-        if isinstance(env, str) and env not in gym.registry:
-            raise ValueError(f"env={env!r} is not a registered gymnasium environment id")
+        if isinstance(env, str):
+            resolve_env(env)  # an unknown id or factory path fails here, before anything runs
         if not isinstance(env, str) and not callable(env):
             raise ValueError(f"env must be a gymnasium id or a callable that makes an env, got {env!r}")
         for name, value in (

@@ -48,7 +48,7 @@ class EnvSampling:
 
     Args:
         env: A registered gymnasium id, or a zero-argument callable that returns a ``gym.Env``.
-        env_kwargs: Keyword arguments for ``gym.make`` (ids only).
+        env_kwargs: Keyword arguments for ``gym.make`` or the env factory.
         wrappers: The training envs' wrappers (see ``EnvRunner``).
         evaluation_wrappers: The evaluation envs' wrappers.
         num_envs: Training envs stepped together.

@@ -39,8 +39,9 @@ class OffPolicyDataModule(EnvDataModule):
     """Fills a replay buffer from a gymnasium environment for off-policy Learners (DQN, SAC).
 
     Args:
-        env: A registered gymnasium id (``"CartPole-v1"``), or a zero-argument callable
-            that returns a ``gym.Env``.
+        env: A registered gymnasium id (``"CartPole-v1"``; ``"ale_py:ALE/Pong-v5"`` imports
+            ``ale_py`` first), the import path of an env factory (``"my_package.envs.make_env"``),
+            or a zero-argument callable that returns a ``gym.Env``.
         replay_buffer_capacity: The replay buffer's size in env steps (per rank).
         prioritized_replay: Sample rows in proportion to their TD errors (proportional
             prioritized replay) instead of uniformly.

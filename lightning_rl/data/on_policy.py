@@ -29,8 +29,9 @@ class OnPolicyDataModule(EnvDataModule):
     """Samples on-policy rollouts of a gymnasium environment for PPO-like Learners.
 
     Args:
-        env: A registered gymnasium id (``"CartPole-v1"``), or a zero-argument callable
-            that returns a ``gym.Env``.
+        env: A registered gymnasium id (``"CartPole-v1"``; ``"ale_py:ALE/Pong-v5"`` imports
+            ``ale_py`` first), the import path of an env factory (``"my_package.envs.make_env"``),
+            or a zero-argument callable that returns a ``gym.Env``.
         rollout_fragment_length: Steps per environment per rollout; a train item holds
             ``num_envs * rollout_fragment_length`` env steps (per rank: N ranks sample N times
             that per rollout, together).

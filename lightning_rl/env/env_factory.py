@@ -1,7 +1,8 @@
 """Building the EnvRunner's vector env from an env id or callable and a list of wrapper specs.
 
 An env is given as a registered gymnasium id (``"CartPole-v1"``, or ``"module:Id"`` whose module
-registers it) or as a callable returning a ``gym.Env``; wrappers as classes, callables
+registers it), as the import path of a factory (``"package.module.make_env"``, see
+:func:`resolve_env`) or as a callable returning a ``gym.Env``; wrappers as classes, callables
 ``env -> env``, import paths, or ``{"class_path": ..., "init_args": {...}}`` dicts (the form
 config files use). Everything is checked here, before any env is built, so a typo fails with
 a message that names it rather than deep inside a vector env's worker.
@@ -44,28 +45,76 @@ def check_autoreset_support() -> None:
         raise RuntimeError(f"EnvRunner needs gymnasium >= 1.1 (AutoresetMode.SAME_STEP); found {gym.__version__}")
 
 
-def check_env_id(env_id: str) -> None:
-    """Check that ``env_id`` is in gymnasium's registry, importing ``module`` of ``"module:Id"`` first.
+def resolve_env(env: str) -> str | EnvCreator:
+    """What an env string names: a registered gymnasium env id, or an env factory by import path.
+
+    The rule, tried in this order:
+
+    1. ``"module:EnvId"`` (gymnasium's own form, e.g. ``"ale_py:ALE/Pong-v5"``): ``module`` is
+       imported, which registers its envs, and ``EnvId`` must then be registered. A colon
+       always means this form; it never names a factory.
+    2. An id in gymnasium's registry (``"CartPole-v1"``, ``"ALE/Pong-v5"`` once a package
+       registered it) is an env id.
+    3. Otherwise a dotted path ``"package.module.function"`` names an env factory: everything
+       before the last dot is imported as a module and the callable after it is returned.
+       It is called with ``env_kwargs`` and must return a ``gym.Env``.
 
     Args:
-        env_id: A registered env id, or ``"module:Id"`` (``gym.make``'s form).
+        env: The string from Python, a config file or a flag.
+
+    Returns:
+        ``env`` itself for an env id (``gym.make`` takes both id forms), or the factory.
 
     Raises:
-        ValueError: For a module that cannot be imported, or an id that is not registered
-            (with the closest registered ids as a hint).
+        ValueError: Naming ``env``, for a module that cannot be imported, an id that is not
+            registered (with the closest registered ids), or a path whose module lacks the
+            name or whose object is not callable.
     """
-    name = env_id
-    if ":" in env_id:
-        # gym.make's "module:EnvId" form: importing the module registers the env.
-        module_name, name = env_id.split(":", 1)
-        try:
-            importlib.import_module(module_name)
-        except ImportError as error:
-            raise ValueError(f"Unknown env id {env_id!r}: cannot import module {module_name!r} ({error})") from error
-    if name not in gym.registry:
-        close = difflib.get_close_matches(name, list(gym.registry), n=3)
-        hint = f"; did you mean {close}?" if close else ""
-        raise ValueError(f"Unknown env id {env_id!r}: it is not in gymnasium's registry{hint}")
+    if ":" in env:
+        module_name, env_id = env.split(":", 1)
+        module = _import_env_module(env, module_name)
+        if env_id not in gym.registry and callable(getattr(module, env_id, None)):
+            raise ValueError(
+                f"Unknown env id {env!r}: after importing {module_name!r}, {env_id!r} is not a registered env id "
+                f"(a colon always names one); for the env factory {env_id!r}, write {f'{module_name}.{env_id}'!r}"
+            )
+        _check_registered(env, env_id)
+        return env
+    if env in gym.registry:
+        return env
+    module_name, _, attribute = env.rpartition(".")
+    if not module_name or not attribute.isidentifier():
+        _check_registered(env, env)  # not a path: report the unknown id
+    module = _import_env_module(env, module_name)
+    factory = getattr(module, attribute, None)
+    if factory is None:
+        raise ValueError(
+            f"Unknown env {env!r}: not in gymnasium's registry, and module {module_name!r} has no {attribute!r} "
+            "to use as an env factory"
+        )
+    if not callable(factory):
+        raise ValueError(f"env factory {env!r} is a {type(factory).__name__}, not a callable that returns a gym.Env")
+    return factory
+
+
+def _import_env_module(env: str, module_name: str) -> Any:
+    """Import the module an env string names; a ``ValueError`` naming ``env`` if that fails."""
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as error:
+        raise ValueError(f"Unknown env {env!r}: cannot import module {module_name!r} ({error})") from error
+
+
+def _check_registered(env: str, env_id: str) -> None:
+    """Raise a ``ValueError`` naming ``env`` unless ``env_id`` is in gymnasium's registry."""
+    if env_id in gym.registry:
+        return
+    close = difflib.get_close_matches(env_id, list(gym.registry), n=3)
+    hint = f"; did you mean {close}?" if close else ""
+    if "/" in env_id and ":" not in env:
+        # A namespaced id is registered by its package on import: gymnasium's "module:Id" form does that.
+        hint += f" (if a package registers it, name the package first: 'package:{env_id}')"
+    raise ValueError(f"Unknown env id {env!r}: it is not in gymnasium's registry{hint}")
 
 
 def resolve_wrappers(wrappers: Sequence[WrapperSpec]) -> list[Callable[[gym.Env], gym.Env]]:

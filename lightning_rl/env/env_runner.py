@@ -35,8 +35,8 @@ from lightning_rl.env.env_factory import (
     EnvCreator,
     WrapperSpec,
     check_autoreset_support,
-    check_env_id,
     make_vector_env,
+    resolve_env,
     resolve_wrappers,
 )
 from lightning_rl.env.episode import SingleAgentEpisode
@@ -56,8 +56,10 @@ class EnvRunner:
 
     Args:
         env: A registered env id (built with ``gym.make(env, **env_kwargs)``; ``"module:Id"``
-            imports ``module`` first), or a callable returning a ``gym.Env`` (called with
-            ``**env_kwargs`` when given, else with no arguments).
+            imports ``module`` first), the import path of an env factory
+            (``"package.module.make_env"``; the rule is ``env_factory.resolve_env``'s), or a
+            callable returning a ``gym.Env`` (a factory is called with ``**env_kwargs`` when
+            given, else with no arguments).
         env_kwargs: Keyword arguments for the env.
         wrappers: Applied in order to each env copy: wrapper classes or callables
             ``env -> env``, import paths of ``gym.Wrapper`` subclasses such as
@@ -133,7 +135,7 @@ class EnvRunner:
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
             raise ValueError(f"seed must be an int or None, got {seed!r}")
         if isinstance(env, str):
-            check_env_id(env)
+            env = resolve_env(env)
         elif not callable(env):
             raise TypeError(f"env must be a registered env id or a callable returning a gym.Env, got {env!r}")
 

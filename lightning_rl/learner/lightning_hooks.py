@@ -128,15 +128,6 @@ class LightningHooksMixin:
         settings.update(item.update_settings)
         return settings
 
-    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
-        """Lightning's hook: leave train items where they are.
-
-        The Learner moves what it trains on to its device itself (``_prepare_batch``), so
-        Lightning's recursive walk over each item (episodes, a replay buffer, counters) is
-        skipped; it cost about as much as a small network's gradient step per item.
-        """
-        return batch
-
     def validation_step(self, eval_item: TrainItem, batch_idx: int = 0) -> None:
         """Lightning's hook: add evaluation episodes to the epoch's statistics, logged as ``eval/{key}``.
 

@@ -1,0 +1,261 @@
+"""``LightningRLCLI``: Lightning's CLI for Learners and environment data modules (``fit``, ``validate``).
+
+    lightning-rl fit --config examples/ppo_cartpole.yaml
+    lightning-rl fit --config examples/ppo_cartpole.yaml --model.init_args.lr 3e-4
+    lightning-rl validate --config examples/ppo_cartpole.yaml --ckpt_path path/to/last.ckpt
+    lightning-rl fit --config examples/ppo_cartpole.yaml --print_config
+    lightning-rl fit --model.help PPOLearner
+
+The model is any ``Learner`` subclass and the data any ``LightningDataModule``, both chosen
+by ``class_path``; the package's own classes also by their short names (``PPOLearner``,
+``OffPolicyDataModule``), since this module imports them. Every ``__init__`` argument is
+settable from YAML or a flag. The Learner's observation and action spaces come from the
+data module at setup. ``lightning_rl.cli.main`` dispatches the ``lightning-rl`` command here.
+
+With ``--ckpt_path``, the settings the user gives win over the checkpoint's, each difference
+is reported in one line, and nothing in the checkpoint becomes code (``resume.py``): only the
+Learner's plain-data hyperparameters are ever taken from it, never the data module's (an env
+id or factory path in a checkpoint is never imported).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import warnings
+from typing import Any, NoReturn
+
+from jsonargparse import Namespace
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch import LightningDataModule
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities import rank_zero_only
+
+# Imported so that jsonargparse, which resolves a short class name among the subclasses
+# imported when the parser is built, knows every algorithm's Learner by name.
+from lightning_rl.algorithms import bc, dqn, ppo, sac  # noqa: F401
+from lightning_rl.cli.resume import plan_resume
+from lightning_rl.core.checkpoint import (
+    CHECKPOINT_KEY,
+    check_checkpoint_fits,
+    loaded_subclass,
+    read_checkpoint_file,
+    remove_stale_temporary_files,
+)
+from lightning_rl.data import OffPolicyDataModule, OnPolicyDataModule  # noqa: F401 (short names, as above)
+from lightning_rl.data.env_datamodule import OFF_POLICY_ARGUMENTS, ON_POLICY_ARGUMENTS
+from lightning_rl.learner._lightning_private import claim_version_directory
+from lightning_rl.learner.checkpoint_io import AtomicCheckpointIO
+from lightning_rl.learner.learner import Learner
+
+# The Trainer subcommands this CLI offers (the lightning-rl command adds evaluate and export).
+TRAINER_SUBCOMMANDS = ("fit", "validate")
+
+# Names Lightning's Trainer resolves itself rather than as a file path.
+_LIGHTNING_CKPT_NAMES = ("last", "best", "hpc", "registry")
+
+# How jsonargparse's reports of a failed constructor begin.
+_PARSER_WRAPPERS = ("Does not validate against any of the Union subtypes", "Problem with given class_path")
+
+# How jsonargparse reports an init argument the chosen class does not take.
+_NOT_ACCEPTED = re.compile(r"Option '(\w+)' is not accepted")
+
+
+class LightningRLArgumentParser(LightningArgumentParser):
+    """Lightning's parser, whose errors also name the data module that takes a misplaced argument.
+
+    jsonargparse checks a config against the chosen class's signature before anything is
+    built, so ``replay_buffer_capacity`` under ``OnPolicyDataModule`` fails there with
+    "Option 'replay_buffer_capacity' is not accepted"; this adds which class takes it.
+    """
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        hint = misplaced_data_argument_hint(message)
+        super().error(f"{message}\n{hint}" if hint else message, ex)
+
+
+class LightningRLCLI(LightningCLI):
+    """``LightningCLI`` set up for Learners.
+
+    Differences from the stock CLI: model and data are chosen by class path (any ``Learner``
+    and any ``LightningDataModule``, ``OnPolicyDataModule`` by default); the CLI never
+    replaces the Learner's optimizers (``auto_configure_optimizers=False``: Learners register
+    their own, per module); a config value that the Learner or data module rejects ends the
+    command with a usage error naming it, before anything runs, and an argument of the other
+    environment data module gets an error naming that one. ``--ckpt_path`` is read safely and
+    merged under the user's settings (``_parse_ckpt_path``); checkpoints are written by
+    ``AtomicCheckpointIO`` unless the user chose another plugin; every run gets a version
+    directory of its own.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        _silence_lightning_pytree_deprecation()
+        kwargs.setdefault("parser_kwargs", {"prog": "lightning-rl"})
+        kwargs.setdefault("model_class", Learner)
+        kwargs.setdefault("subclass_mode_model", True)
+        kwargs.setdefault("datamodule_class", LightningDataModule)
+        kwargs.setdefault("subclass_mode_data", True)
+        kwargs.setdefault("auto_configure_optimizers", False)
+        kwargs.setdefault("parser_class", LightningRLArgumentParser)
+        self._checkpoint: tuple[str, dict[str, Any]] | None = None  # --ckpt_path and what it holds
+        super().__init__(*args, **kwargs)
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """``fit`` and ``validate``, with the Trainer method arguments the parser adds to each.
+
+        Lightning's ``test`` and ``predict`` are left out: a Learner has no test set and no
+        ``predict_step`` (``lightning-rl evaluate`` plays held-out episodes; ``lightning_rl.Policy``
+        and ``lightning-rl export`` act with a trained policy).
+        """
+        return {
+            name: arguments for name, arguments in LightningCLI.subcommands().items() if name in TRAINER_SUBCOMMANDS
+        }
+
+    def add_arguments_to_parser(self, parser: Any) -> None:
+        parser.set_defaults({"data": {"class_path": f"{OnPolicyDataModule.__module__}.{OnPolicyDataModule.__name__}"}})
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        """Parse as Lightning does, keeping the arguments to tell the user's settings from defaults."""
+        self._raw_args = args
+        super().parse_arguments(parser, args)
+
+    def _parse_ckpt_path(self) -> None:
+        """Merge a ``--ckpt_path`` checkpoint's hyperparameters under the user's settings.
+
+        Replaces Lightning's rule (the checkpoint's values over the user's, parsed as config,
+        which can turn a string into a function). See ``lightning_rl.cli.resume``. A missing
+        or unreadable checkpoint, or one written by another algorithm, is a usage error here,
+        before any directory is created.
+        """
+        subcommand = self.config.get("subcommand")
+        if not subcommand:
+            return
+        ckpt_path = self.config[subcommand].get("ckpt_path")
+        if not ckpt_path or ckpt_path in _LIGHTNING_CKPT_NAMES:
+            return
+        checkpoint = self._read_checkpoint(ckpt_path)
+        self._checkpoint = (ckpt_path, checkpoint)
+        saved = dict(checkpoint.get("hyper_parameters") or {})
+        model = self.config[subcommand].model
+        chosen = loaded_subclass(model.class_path, Learner, "the config's model class_path")
+        try:
+            check_checkpoint_fits(ckpt_path, checkpoint, chosen)
+        except ValueError as error:
+            self.parser.error(f"--ckpt_path {error}")
+        given = self._given_settings()[subcommand].get("model") or {}
+        same_class = given.get("class_path") in (None, model.class_path)
+        given_names = set((given.get("init_args") or {}).keys()) if same_class else set()
+        plan = plan_resume(chosen, saved, dict(model.init_args), given_names)
+        if plan.adopted:
+            adopted = {subcommand: {"model": {"class_path": model.class_path, "init_args": plan.adopted}}}
+            try:
+                self.config = self.parser.parse_object(adopted, self.config)
+            except SystemExit:  # the parser has printed which value does not fit
+                self.parser.error(
+                    f"--ckpt_path {ckpt_path}: the checkpoint's hyperparameters do not fit {chosen.__name__}"
+                )
+        for line in plan.report_lines(ckpt_path):
+            _tell(line)
+        if plan.adopted:
+            _tell(
+                f"{ckpt_path}: settings from the checkpoint that your config and flags leave out: {', '.join(plan.adopted)}"
+            )
+
+    def _given_settings(self) -> Any:
+        """What the user set (config files and flags, or the ``args`` dict), without the defaults."""
+        if isinstance(self._raw_args, (dict, Namespace)):
+            return self.parser.parse_object(self._raw_args, defaults=False)
+        return self.parser.parse_args(self._raw_args, defaults=False)
+
+    def _read_checkpoint(self, ckpt_path: str) -> dict[str, Any]:
+        """The checkpoint at ``ckpt_path``, loaded safely; a usage error naming the file and problem otherwise."""
+        try:
+            checkpoint = read_checkpoint_file(ckpt_path)
+        except ValueError as error:
+            self.parser.error(f"--ckpt_path {error}")
+        if CHECKPOINT_KEY not in checkpoint:
+            self.parser.error(
+                f"--ckpt_path {ckpt_path}: a Learner directory, not a Lightning checkpoint a Trainer resumes from"
+            )
+        return checkpoint
+
+    def instantiate_classes(self) -> None:
+        """Instantiate model, data and Trainer; turn their ``ValueError``\\ s into usage errors."""
+        try:
+            super().instantiate_classes()
+            self.model.check_fits_data(self.datamodule)
+            if self._checkpoint is not None:
+                ckpt_path, checkpoint = self._checkpoint
+                spaces = [getattr(self.datamodule, name, None) for name in ("observation_space", "action_space")]
+                check_checkpoint_fits(ckpt_path, checkpoint, type(self.model), *spaces)
+        except ValueError as error:
+            self.parser.error(f"invalid configuration: {_without_parser_wrapping(error)}")
+        strategy = self.trainer.strategy
+        if type(strategy.checkpoint_io) is TorchCheckpointIO:  # Lightning's default, not one the user chose
+            strategy.checkpoint_io = AtomicCheckpointIO()
+        if self.trainer.is_global_zero:
+            # Only now, with the configuration checked, does the run get a directory.
+            for logger in self.trainer.loggers:
+                claimed = claim_version_directory(logger)
+                if claimed is not None:
+                    # Each run saves into a new version directory, so no later save would
+                    # meet the temporary file a killed save left in an earlier one.
+                    for directory in claimed.parent.glob("version_*/checkpoints"):
+                        remove_stale_temporary_files(directory)
+
+
+def _silence_lightning_pytree_deprecation() -> None:
+    """Hide one deprecation warning that Lightning's own code raises on every fit and validate.
+
+    Lightning (2.6) wraps every train and validation iterable, here the data module's
+    in-process iterable, in a ``CombinedLoader`` whose pytree code checks
+    ``isinstance(spec, LeafSpec)``, which torch 2.13 deprecates. Nothing in a config or in this
+    package can avoid it; the filter matches that message from that Lightning module only.
+    """
+    warnings.filterwarnings(
+        "ignore",
+        message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+        module=r"lightning\.pytorch\.utilities\._pytree",
+    )
+
+
+def _without_parser_wrapping(error: BaseException) -> BaseException:
+    """The error a constructor raised, without the union-type report jsonargparse wraps it in.
+
+    jsonargparse instantiates ``model: Learner | None`` as a union, and reports a failed
+    constructor as "Does not validate against any of the Union subtypes", followed by the
+    real message and a dump of every value; the real error is the one it chained.
+    """
+    while str(error).startswith(_PARSER_WRAPPERS) and (error.__cause__ or error.__context__) is not None:
+        error = error.__cause__ or error.__context__
+    return error
+
+
+@rank_zero_only
+def _tell(line: str) -> None:
+    """Print a line for the user on stderr, once per run (on rank zero)."""
+    print(line, file=sys.stderr)
+
+
+def misplaced_data_argument_hint(message: str) -> str | None:
+    """The line to add to a parser error about a data argument the chosen class does not take.
+
+    Args:
+        message: The parser's error message.
+
+    Returns:
+        ``"replay_buffer_capacity is an OffPolicyDataModule argument: use
+        lightning_rl.data.OffPolicyDataModule"`` when the message rejects an argument of one of
+        the two environment data modules under ``data``; ``None`` otherwise.
+    """
+    if not message.lstrip().startswith('Parser key "data"'):
+        return None
+    for name in _NOT_ACCEPTED.findall(message):
+        for other_class, arguments in (
+            ("OffPolicyDataModule", OFF_POLICY_ARGUMENTS),
+            ("OnPolicyDataModule", ON_POLICY_ARGUMENTS),
+        ):
+            if name in arguments:
+                return f"{name} is an {other_class} argument: use lightning_rl.data.{other_class}"
+    return None
