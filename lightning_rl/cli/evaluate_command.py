@@ -38,7 +38,7 @@ from lightning_rl.cli._command_line import (
 )
 from lightning_rl.core.checkpoint import atomic_write
 from lightning_rl.data.evaluation_video import encode_gif
-from lightning_rl.env.env_factory import check_env_id, make_env, resolve_wrappers
+from lightning_rl.env.env_factory import make_env, resolve_env, resolve_wrappers
 from lightning_rl.env.frame_recorder import EpisodeFrameRecorder, env_kwargs_for_video
 from lightning_rl.policy.loading import read_policy_checkpoint
 from lightning_rl.policy.policy import Policy
@@ -54,7 +54,7 @@ class EnvSource:
     """How to build the evaluation env, and where that came from.
 
     Attributes:
-        env: A gymnasium id.
+        env: A gymnasium id, or an env factory's import path (from ``--env`` or ``--config`` only).
         env_kwargs: Keyword arguments for ``gym.make``.
         wrappers: Wrapper specs, as a data module takes them.
         origin: ``"--env"``, ``"--config"`` or ``"the checkpoint"`` (for the report).
@@ -160,7 +160,7 @@ def env_source(env: str | None, config: Path | None, checkpoint: Mapping[str, An
     saved = dict(checkpoint.get("datamodule_hyper_parameters") or {})
     saved_seed = saved.get("seed") if isinstance(saved.get("seed"), int) else None
     if env is not None:
-        check_env_id(env)
+        resolve_env(env)
         return EnvSource(env, {}, [], "--env", saved_seed)
     if config is not None:
         return _env_from_config(config, saved_seed)
@@ -194,7 +194,7 @@ def _env_from_config(config: Path, saved_seed: int | None) -> EnvSource:
     env = init_args.get("env")
     if not isinstance(env, str):
         raise CommandError(f"--config {config}: its data section names no env id (env: {env!r})")
-    check_env_id(env)
+    resolve_env(env)
     wrappers = init_args.get("evaluation_wrappers")
     wrappers = init_args.get("wrappers") if wrappers is None else wrappers
     seed = init_args.get("seed")
@@ -273,11 +273,12 @@ def _run_episodes(envs: list[gym.Env], policy: Policy, first_seed: int, stats: E
 
 def _make_env(source: EnvSource, video_dir: Path | None) -> gym.Env:
     if video_dir is None:
-        return make_env(source.env, source.env_kwargs, resolve_wrappers(source.wrappers))
+        return make_env(resolve_env(source.env), source.env_kwargs, resolve_wrappers(source.wrappers))
     # The recorder and encoder that write the TensorBoard evaluation videos.
     try:
-        env_kwargs = env_kwargs_for_video(source.env, source.env_kwargs)
-        recorder = make_env(source.env, env_kwargs, [*resolve_wrappers(source.wrappers), EpisodeFrameRecorder])
+        env = resolve_env(source.env)
+        env_kwargs = env_kwargs_for_video(env, source.env_kwargs)
+        recorder = make_env(env, env_kwargs, [*resolve_wrappers(source.wrappers), EpisodeFrameRecorder])
     except gym.error.DependencyNotInstalled as error:
         raise CommandError(f'--video: {error}; install it with pip install "lightning-rl[video]"') from error
     except ValueError as error:
