@@ -35,6 +35,7 @@ from lightning_rl.core.train_item import TrainingData, TrainItem
 from lightning_rl.data.env_sampling import EnvSampling
 from lightning_rl.data.rank_stats import all_gather_rows
 from lightning_rl.env.env_runner import EnvRunner, check_fault_arguments
+from lightning_rl.env.normalization import check_normalization_arguments
 
 # Each class's own constructor arguments, so that one used on the other class gets an error
 # naming the class it belongs to (tests check these against the signatures).
@@ -114,9 +115,22 @@ class EnvDataModule(LightningDataModule, abc.ABC):
             ``NonFiniteEnvError`` naming the env, the step and the value, or
             ``"drop_episode"``: drop that episode, reset the env, and count it in
             ``env_runners/num_nonfinite_env_steps``.
+        normalize_observations: Act on and train with observations normalized by their
+            running mean and std over all envs and all ranks (merged after every rollout),
+            clipped to ``[-normalization_clip, normalization_clip]``, as Stable-Baselines3's
+            ``VecNormalize``. Evaluation uses the statistics as they stand and never updates
+            them; checkpoints save them (``observation_normalization`` in this module's state),
+            and ``Policy`` and export apply them. Box observations only.
+        normalize_rewards: Train with rewards divided by the running std of the discounted
+            return (``normalization_gamma``), clipped alike. Episode returns
+            (``env_runners/episode_return_mean``, ``eval/...``) stay in the env's units.
+        normalization_clip: The bound on normalized observations and rewards.
+        normalization_gamma: The discount of the running return whose std scales the
+            rewards; set it to the Learner's ``gamma``.
 
     Raises:
-        ValueError: Naming the argument, for an unknown env id, invalid sizes or a negative seed.
+        ValueError: Naming the argument, for an unknown env id, invalid sizes or a negative
+            seed, or invalid normalization settings.
     """
 
     #: Whether train items hand the Learner a replay buffer instead of episodes.
@@ -142,6 +156,10 @@ class EnvDataModule(LightningDataModule, abc.ABC):
         sample_timeout_s: float | None = 60.0,
         restart_failed_sub_environments: bool = False,
         on_nonfinite: Literal["raise", "drop_episode"] = "raise",
+        normalize_observations: bool = False,
+        normalize_rewards: bool = False,
+        normalization_clip: float = 10.0,
+        normalization_gamma: float = 0.99,
     ) -> None:
         super().__init__()
         if isinstance(env, str) and env not in gym.registry:
@@ -163,6 +181,7 @@ class EnvDataModule(LightningDataModule, abc.ABC):
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise ValueError(f"seed must be an int >= 0 or None, got {seed!r}")
         check_fault_arguments(sample_timeout_s, restart_failed_sub_environments, on_nonfinite)
+        check_normalization_arguments(normalize_observations, normalize_rewards, normalization_clip, normalization_gamma)
         # Callables (env factories, wrapper functions) are not plain data: keep them out of
         # the hyperparameters that go into checkpoints. The subclass's arguments are saved too.
         callables = (("env", env), ("wrappers", wrappers), ("evaluation_wrappers", evaluation_wrappers))
@@ -195,6 +214,12 @@ class EnvDataModule(LightningDataModule, abc.ABC):
             sample_timeout_s=hparams.sample_timeout_s,
             restart_failed_sub_environments=hparams.restart_failed_sub_environments,
             on_nonfinite=hparams.on_nonfinite,
+            normalization={
+                "normalize_observations": hparams.normalize_observations,
+                "normalize_rewards": hparams.normalize_rewards,
+                "normalization_clip": hparams.normalization_clip,
+                "normalization_gamma": hparams.normalization_gamma,
+            },
         )
 
     # ------------------------------------------------------------------------------------
@@ -298,13 +323,15 @@ class EnvDataModule(LightningDataModule, abc.ABC):
         self.sampling.close()
 
     def state_dict(self) -> dict[str, Any]:
-        """The sampling counters and episode statistics, saved in Lightning checkpoints.
+        """The sampling counters, episode statistics and normalization statistics, saved in Lightning checkpoints.
 
         Returns:
             ``{"train_runner": this rank's EnvRunner state, "rank": this rank,
             "num_env_steps_sampled_lifetime": sum over ranks, "num_episodes_lifetime": sum
-            over ranks}``. Lightning writes rank 0's into a checkpoint; the sums are the same
-            on every rank.
+            over ranks, "observation_normalization": {"count", "mean", "var", "clip",
+            "epsilon"} or None, "reward_normalization": the same and "gamma", or None}``.
+            Lightning writes rank 0's into a checkpoint; all but the runner state are the
+            same on every rank.
         """
         return self.sampling.state_dict()
 

@@ -42,6 +42,7 @@ from lightning_rl.env.env_factory import (
 from lightning_rl.env.episode import SingleAgentEpisode
 from lightning_rl.env.guarded_vector_env import GuardedVectorEnv
 from lightning_rl.env.nonfinite import ON_NONFINITE_CHOICES, NonFiniteCheck, OnNonFinite
+from lightning_rl.env.normalization import EnvNormalization, check_normalization_arguments
 from lightning_rl.env.rollout import run_rollout
 from lightning_rl.env.rollout_buffers import EpisodeStat, RunningEpisodes, cut_episodes
 
@@ -86,6 +87,15 @@ class EnvRunner:
             ``NonFiniteEnvError`` naming the env, the step and the value, or
             ``"drop_episode"``: drop that episode, reset that env, and count the step in
             ``num_nonfinite_env_steps``.
+        normalize_observations: Store (and act on) observations normalized by their running
+            mean and std over all envs, clipped to ``[-normalization_clip,
+            normalization_clip]``; the statistics are :attr:`normalization`'s (see
+            :mod:`lightning_rl.env.normalization`). Box observations only.
+        normalize_rewards: Store rewards divided by the running std of each env's discounted
+            return (``normalization_gamma``), clipped alike; episode returns in
+            :meth:`get_metrics` stay in the env's units.
+        normalization_clip: The bound on normalized observations and rewards.
+        normalization_gamma: The discount of the return whose std scales the rewards.
 
     Raises:
         ValueError: Naming the argument, for an unknown env id, a wrapper path that is not
@@ -93,7 +103,8 @@ class EnvRunner:
             ``episode_stats_window`` below 1, an unknown ``vectorize_mode`` or
             ``on_nonfinite``, a ``sample_timeout_s`` that is not a positive number, or an
             env whose observation or action space is not an array space (Box, Discrete,
-            MultiDiscrete, MultiBinary).
+            MultiDiscrete, MultiBinary), observations to normalize that are not a Box, or
+            invalid normalization arguments.
         TypeError: If ``env`` or a wrapper is neither a string nor a callable.
         RuntimeError: If the installed gymnasium is older than 1.1 (no SAME_STEP autoreset).
     """
@@ -112,9 +123,14 @@ class EnvRunner:
         sample_timeout_s: float | None = 60.0,
         restart_failed_sub_environments: bool = False,
         on_nonfinite: OnNonFinite = "raise",
+        normalize_observations: bool = False,
+        normalize_rewards: bool = False,
+        normalization_clip: float = 10.0,
+        normalization_gamma: float = 0.99,
     ) -> None:
         check_autoreset_support()
         check_fault_arguments(sample_timeout_s, restart_failed_sub_environments, on_nonfinite)
+        check_normalization_arguments(normalize_observations, normalize_rewards, normalization_clip, normalization_gamma)
         for name, value in (
             ("num_envs", num_envs),
             ("rollout_fragment_length", rollout_fragment_length),
@@ -147,6 +163,17 @@ class EnvRunner:
         self.observation_space: gym.Space = self.env.single_observation_space
         self.action_space: gym.Space = self.env.single_action_space
         self._nonfinite = NonFiniteCheck(on_nonfinite, self.observation_space)
+        #: The observation and reward statistics (``None`` when neither is normalized).
+        self.normalization: EnvNormalization | None = None
+        if normalize_observations or normalize_rewards:
+            try:
+                self.normalization = EnvNormalization(
+                    self.observation_space, self.num_envs, normalize_observations=normalize_observations,
+                    normalize_rewards=normalize_rewards, clip=normalization_clip, gamma=normalization_gamma,
+                )  # fmt: skip
+            except ValueError:
+                self.close()
+                raise
 
         # The envs' progress between calls.
         self._needs_reset = True
@@ -183,7 +210,9 @@ class EnvRunner:
             episode still running, which continues in the next call under the same
             ``id_``. Numpy episodes; ``extra_model_outputs`` holds ``action_logp`` (when a
             distribution was sampled), ``action_dist_inputs`` and every other tensor output
-            with a leading batch dimension, such as ``vf_preds``.
+            with a leading batch dimension, such as ``vf_preds``. With normalization on,
+            observations and rewards are the normalized ones, and the call's observations
+            and returns were added to :attr:`normalization`'s statistics.
 
         Raises:
             ValueError: For a stateful (recurrent) module, which is not supported yet, or
@@ -198,8 +227,10 @@ class EnvRunner:
         try:
             with self._vector.rollout():
                 if self._needs_reset:
-                    self._reset()
-                completed, running, stats = self._run(module, self.rollout_fragment_length, explore=explore)
+                    self._reset(training=True)
+                completed, running, stats = self._run(
+                    module, self.rollout_fragment_length, explore=explore, training=True
+                )
         except BaseException:
             self._after_failure()
             raise
@@ -224,7 +255,9 @@ class EnvRunner:
         next :meth:`sample` starts from fresh episodes too. An episode a training
         :meth:`sample` left running is abandoned, so evaluate with a runner of its own to
         keep training episodes whole. The call returns only when enough episodes ended, so
-        the env needs a time limit if the policy may never end an episode.
+        the env needs a time limit if the policy may never end an episode. With
+        normalization on, observations are normalized with :attr:`normalization`'s statistics
+        as they stand (never updated here) and rewards are the env's own.
 
         Args:
             module: The policy, used as in :meth:`sample`.
@@ -244,11 +277,11 @@ class EnvRunner:
         unfinished: dict[str, SingleAgentEpisode] = {}
         try:
             with self._vector.rollout():
-                self._reset()
+                self._reset(training=False)
             while len(finished) < num_episodes:
                 with self._vector.rollout():
                     completed, running, _ = self._run(
-                        module, self.rollout_fragment_length, explore=explore,
+                        module, self.rollout_fragment_length, explore=explore, training=False,
                         stop_after_episodes=num_episodes - len(finished),
                     )
                 for episode in completed:
@@ -270,7 +303,7 @@ class EnvRunner:
             self._needs_reset = True
         return finished[:num_episodes]
 
-    def _reset(self) -> None:
+    def _reset(self, *, training: bool) -> None:
         if self._vector.env.closed:
             self._vector.rebuild()  # the workers were terminated after an error
         # Each full reset gets seeds of its own, so neither evaluation nor a resumed run
@@ -280,6 +313,8 @@ class EnvRunner:
         self._num_resets += 1
         obs = np.array(obs, dtype=self.observation_space.dtype)
         self._nonfinite.check_reset(obs, self._vector)
+        if self.normalization is not None:
+            obs = self.normalization.on_reset(obs, training=training)
         self._episodes.restart(obs, infos)
         self._needs_reset = False
 
@@ -297,9 +332,13 @@ class EnvRunner:
         num_steps: int,
         *,
         explore: bool,
+        training: bool,
         stop_after_episodes: int | None = None,
     ) -> tuple[list[SingleAgentEpisode], list[SingleAgentEpisode], list[EpisodeStat]]:
         """Step the vector env up to ``num_steps`` times; cut the episodes out of the buffers.
+
+        ``training`` rollouts update the normalization statistics and normalize rewards;
+        evaluation ones normalize observations with the statistics as they stand.
 
         Returns:
             (episodes ended in this call, chunks still running, (return, length) of each
@@ -311,7 +350,7 @@ class EnvRunner:
             )
         buffers, steps_done = run_rollout(
             self._vector, module, self._episodes, num_steps, explore=explore, nonfinite=self._nonfinite,
-            stop_after_episodes=stop_after_episodes,
+            stop_after_episodes=stop_after_episodes, normalization=self.normalization, training=training,
         )
         return cut_episodes(buffers, steps_done, self._episodes)
 
