@@ -292,6 +292,13 @@ class RecordRestored(Callback):
         self.state = numpy_state(trainer.datamodule.state_dict())
 
 
+class RecordEvaluationStatistics(Callback):
+    """The evaluation runner's statistics after an evaluation (before teardown closes the runners)."""
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        self.state = numpy_state(trainer.datamodule.eval_runner.normalization.state_dict())
+
+
 def test_every_checkpoint_holds_the_statistics_and_a_resumed_fit_starts_from_them(tmp_path: Path):
     def fit(budget: int, **kwargs: Any) -> tuple[Any, OnPolicyDataModule]:
         data = cartpole_data(max_env_steps=budget)
@@ -315,6 +322,12 @@ def test_every_checkpoint_holds_the_statistics_and_a_resumed_fit_starts_from_the
     )
     assert_same_state(record.state, numpy_state(saved))
     assert data.num_env_steps_sampled_lifetime == 192
+
+    # Evaluating a checkpoint (lightning-rl validate) normalizes with its statistics.
+    record = RecordEvaluationStatistics()
+    learner = PPOLearner(model_config={"fcnet_hiddens": [8]}, num_epochs=1, minibatch_size=48)
+    make_trainer(tmp_path, callbacks=[record]).validate(learner, datamodule=cartpole_data(), ckpt_path=str(path))
+    assert_same_state(record.state, numpy_state(saved))
 
 
 def test_a_checkpoints_entry_rebuilds_the_runners_normalization(tmp_path: Path):
