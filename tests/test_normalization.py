@@ -209,6 +209,46 @@ def test_two_ranks_hold_the_same_statistics_of_both_ranks_observations_and_retur
     assert_statistics_of(rank0["state"][REWARD_NORMALIZATION_KEY], returns)
 
 
+class FailsAtStep40(gym.Wrapper):
+    """Raises on the 40th step taken by any env copy of this process (in the second rollout of 32 env steps)."""
+
+    steps = 0
+
+    def step(self, action: Any) -> Any:
+        FailsAtStep40.steps += 1
+        if FailsAtStep40.steps == 40:
+            raise RuntimeError("the simulator crashed")
+        return self.env.step(action)
+
+
+def _fit_failing_on_rank_1(rank: int, world_size: int, root: str) -> str:
+    from lightning.pytorch import Trainer
+
+    data = OnPolicyDataModule(
+        "CartPole-v1", num_envs=2, rollout_fragment_length=16, seed=0, wrappers=[FailsAtStep40] if rank == 1 else [],
+        **NORMALIZE,
+    )  # fmt: skip
+    learner = PPOLearner(model_config={"fcnet_hiddens": [8]}, num_epochs=1, minibatch_size=32)
+    trainer = Trainer(
+        accelerator="cpu", strategy="ddp", devices=world_size, max_epochs=1, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        num_sanity_val_steps=0, limit_val_batches=0, default_root_dir=root,
+    )  # fmt: skip
+    try:
+        trainer.fit(learner, datamodule=data)
+    except Exception as error:
+        return f"{type(error).__name__}: {error}"
+    return "no error"
+
+
+def test_a_rank_that_fails_after_a_merge_still_stops_every_rank_with_normalization_on(tmp_path):
+    # The failing rank's exchange vector must be as long as the others' (statistics included),
+    # or the gather would fail with a size mismatch instead of naming the failed rank.
+    rank0, rank1 = run_on_ranks(_fit_failing_on_rank_1, str(tmp_path), world_size=2, timeout=240)
+    assert "the simulator crashed" in rank1
+    assert rank0.startswith("SamplingFailedOnAnotherRank: sampling failed on rank(s) [1]")
+
+
 # ---- Evaluation -----------------------------------------------------------------------------
 
 
