@@ -72,8 +72,8 @@ class _RankStatistics:
         self.current = RunningMeanStd(shape)
         self.merged = RunningMeanStd(shape)
         self.new = RunningMeanStd(shape)
-        # Rows are kept and folded into ``new`` in large chunks: one merge per chunk instead
-        # of one per step, which the step loop would pay for on every vector step.
+        # Rows wait here and are folded into ``new`` a large chunk at a time: one merge per
+        # chunk, rather than one more merge on every vector step of the step loop.
         self._unfolded: list[np.ndarray] = []
         self._unfolded_elements = 0
 
@@ -83,7 +83,7 @@ class _RankStatistics:
         return 1 + 2 * int(np.prod(self.shape, dtype=np.int64))
 
     def update(self, rows: np.ndarray) -> None:
-        """Add ``rows`` (a float64 array of this rank's own, ``[N, *shape]``; kept until folded)."""
+        """Add ``rows`` (``[N, *shape]`` float64; kept until folded, so the caller must not reuse the array)."""
         count = len(rows)
         mean = np.add.reduce(rows, axis=0) / count
         deviations = rows - mean
@@ -295,7 +295,7 @@ class EnvNormalization:
         if self.observations is None:
             return obs
         if training:
-            self.observations.update(np.asarray(obs, dtype=np.float64))
+            self.observations.update(np.array(obs, dtype=np.float64))
             self._obs_shift, self._obs_scale = self._observation_transform()
         return self.normalize_observations(obs)
 
