@@ -164,16 +164,9 @@ class EnvRunner:
         self.action_space: gym.Space = self.env.single_action_space
         self._nonfinite = NonFiniteCheck(on_nonfinite, self.observation_space)
         #: The observation and reward statistics (``None`` when neither is normalized).
-        self.normalization: EnvNormalization | None = None
-        if normalize_observations or normalize_rewards:
-            try:
-                self.normalization = EnvNormalization(
-                    self.observation_space, self.num_envs, normalize_observations=normalize_observations,
-                    normalize_rewards=normalize_rewards, clip=normalization_clip, gamma=normalization_gamma,
-                )  # fmt: skip
-            except ValueError:
-                self.close()
-                raise
+        self.normalization = self._make_normalization(
+            normalize_observations, normalize_rewards, normalization_clip, normalization_gamma
+        )
 
         # The envs' progress between calls.
         self._needs_reset = True
@@ -188,6 +181,20 @@ class EnvRunner:
         self._num_env_steps_since = 0
         self._num_episodes_since = 0
         self._sample_seconds_since = 0.0
+
+    def _make_normalization(
+        self, normalize_observations: bool, normalize_rewards: bool, clip: float, gamma: float
+    ) -> EnvNormalization | None:
+        if not (normalize_observations or normalize_rewards):
+            return None
+        try:
+            return EnvNormalization(
+                self.observation_space, self.num_envs, normalize_observations=normalize_observations,
+                normalize_rewards=normalize_rewards, clip=clip, gamma=gamma,
+            )  # fmt: skip
+        except ValueError:  # observations that cannot be normalized: the envs are built already
+            self.close()
+            raise
 
     # ------------------------------------------------------------------------------------
     # Sampling
