@@ -59,9 +59,10 @@ class RunningMeanStd:
             return
         total = self.count + count
         delta = mean - self.mean
-        self.mean = self.mean + delta * (count / total)
+        # np.asarray: arithmetic on 0-d arrays (shape ``()``) returns numpy scalars.
+        self.mean = np.asarray(self.mean + delta * (count / total))
         squares = self.var * self.count + var * count + delta**2 * (self.count * count / total)
-        self.var = squares / total
+        self.var = np.asarray(squares / total)
         self.count = total
 
     def state_dict(self) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from lightning_rl.data.rank_stats import all_gather_rows
 from lightning_rl.env.env_factory import resolve_env
 from lightning_rl.env.env_runner import EnvRunner, check_fault_arguments
 from lightning_rl.env.frame_recorder import check_records_frames
+from lightning_rl.env.normalization import check_normalization_arguments
 
 # Each class's own constructor arguments, so that one used on the other class gets an error
 # naming the class it belongs to (tests check these against the signatures).
@@ -125,9 +126,22 @@ class EnvDataModule(LightningDataModule, abc.ABC):
             Trainer's TensorBoard as ``eval/episode_video``, at the env-step count; ``None``
             records none. Needs a ``TensorBoardLogger`` and ``pip install 'lightning-rl[video]'``,
             checked at setup. Only the recorded episode renders frames.
+        normalize_observations: Act on and train with observations normalized by their
+            running mean and std over all envs and all ranks (merged after every rollout),
+            clipped to ``[-normalization_clip, normalization_clip]``, as Stable-Baselines3's
+            ``VecNormalize``. Evaluation uses the statistics as they stand and never updates
+            them; checkpoints save them (``observation_normalization`` in this module's state),
+            and ``Policy`` and export apply them. Box observations only.
+        normalize_rewards: Train with rewards divided by the running std of the discounted
+            return (``normalization_gamma``), clipped alike. Episode returns
+            (``env_runners/episode_return_mean``, ``eval/...``) stay in the env's units.
+        normalization_clip: The bound on normalized observations and rewards.
+        normalization_gamma: The discount of the running return whose std scales the
+            rewards; set it to the Learner's ``gamma``.
 
     Raises:
-        ValueError: Naming the argument, for an unknown env id or factory path, invalid sizes or a negative seed.
+        ValueError: Naming the argument, for an unknown env id or factory path, invalid sizes,
+            a negative seed, or invalid normalization settings.
     """
 
     #: Whether train items hand the Learner a replay buffer instead of episodes.
@@ -154,6 +168,10 @@ class EnvDataModule(LightningDataModule, abc.ABC):
         restart_failed_sub_environments: bool = False,
         on_nonfinite: Literal["raise", "drop_episode"] = "raise",
         evaluation_video: int | None = None,
+        normalize_observations: bool = False,
+        normalize_rewards: bool = False,
+        normalization_clip: float = 10.0,
+        normalization_gamma: float = 0.99,
     ) -> None:
         super().__init__()
         if isinstance(env, str):
@@ -179,6 +197,7 @@ class EnvDataModule(LightningDataModule, abc.ABC):
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise ValueError(f"seed must be an int >= 0 or None, got {seed!r}")
         check_fault_arguments(sample_timeout_s, restart_failed_sub_environments, on_nonfinite)
+        check_normalization_arguments(normalize_observations, normalize_rewards, normalization_clip, normalization_gamma)
         # Callables (env factories, wrapper functions) are not plain data: keep them out of
         # the hyperparameters that go into checkpoints. The subclass's arguments are saved too.
         callables = (("env", env), ("wrappers", wrappers), ("evaluation_wrappers", evaluation_wrappers))
@@ -213,6 +232,12 @@ class EnvDataModule(LightningDataModule, abc.ABC):
             restart_failed_sub_environments=hparams.restart_failed_sub_environments,
             on_nonfinite=hparams.on_nonfinite,
             record_evaluation_video=self._evaluation_video is not None,
+            normalization={
+                "normalize_observations": hparams.normalize_observations,
+                "normalize_rewards": hparams.normalize_rewards,
+                "normalization_clip": hparams.normalization_clip,
+                "normalization_gamma": hparams.normalization_gamma,
+            },
         )
 
     # ------------------------------------------------------------------------------------
@@ -334,13 +359,15 @@ class EnvDataModule(LightningDataModule, abc.ABC):
         self.sampling.close()
 
     def state_dict(self) -> dict[str, Any]:
-        """The sampling counters and episode statistics, saved in Lightning checkpoints.
+        """The sampling counters, episode statistics and normalization statistics, saved in Lightning checkpoints.
 
         Returns:
             ``{"train_runner": this rank's EnvRunner state, "rank": this rank,
             "num_env_steps_sampled_lifetime": sum over ranks, "num_episodes_lifetime": sum
-            over ranks}``, and with ``evaluation_video`` the number of evaluations run. Lightning
-            writes rank 0's into a checkpoint; the sums are the same on every rank.
+            over ranks, "observation_normalization": {"count", "mean", "var", "clip",
+            "epsilon"} or None, "reward_normalization": the same and "gamma", or None}``, and
+            with ``evaluation_video`` the number of evaluations run. Lightning writes rank 0's
+            into a checkpoint; all but the runner state are the same on every rank.
         """
         state = self.sampling.state_dict()
         if self._evaluation_video is not None:

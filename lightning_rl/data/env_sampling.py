@@ -4,8 +4,10 @@ Both environment data modules (``OnPolicyDataModule``, ``OffPolicyDataModule``) 
 It builds this rank's training and evaluation ``EnvRunner`` on first use, seeded apart from
 the other ranks', samples rollouts and evaluation episodes with the module it is given,
 keeps the lifetime counters summed over all ranks (one ``all_gather`` per rollout, see
-``rank_stats``) and saves and restores them. It knows nothing of replay buffers or train
-items: what a rollout becomes is the data module's business.
+``rank_stats``; the same exchange carries each rank's new normalization statistics, which
+every rank then merges in rank order, so they stay equal on all ranks) and saves and
+restores them. It knows nothing of replay buffers or train items: what a rollout becomes is
+the data module's business.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ import gymnasium as gym
 import numpy as np
 
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME
+from lightning_rl.core.normalization import OBSERVATION_NORMALIZATION_KEY
 from lightning_rl.core.rl_modules import RLModule
 from lightning_rl.data.rank_stats import (
     NUM_EPISODES_LIFETIME,
+    NUM_RANK_STATS,
     combine_rank_stats,
     failed_rank_stats,
     local_rank_stats,
@@ -29,6 +33,7 @@ from lightning_rl.data.rank_stats import (
 from lightning_rl.env.env_runner import EnvRunner
 from lightning_rl.env.episode import SingleAgentEpisode
 from lightning_rl.env.nonfinite import OnNonFinite
+from lightning_rl.env.normalization import REWARD_NORMALIZATION_KEY
 
 # Evaluation envs are seeded apart from the training envs, so evaluation never replays the
 # exact episodes the policy trained on.
@@ -37,7 +42,11 @@ EVALUATION_SEED_OFFSET = 1_000_003
 # by num_envs seeds each, so ranks would meet only after ~10M / num_envs resets.
 RANK_SEED_STRIDE = 10_000_000
 # The keys of ``EnvSampling.state_dict``; a data module adds its own beside them.
-STATE_KEYS = ("train_runner", "rank", NUM_ENV_STEPS_SAMPLED_LIFETIME, NUM_EPISODES_LIFETIME)
+STATE_KEYS = (
+    "train_runner", "rank", NUM_ENV_STEPS_SAMPLED_LIFETIME, NUM_EPISODES_LIFETIME,
+    OBSERVATION_NORMALIZATION_KEY, REWARD_NORMALIZATION_KEY,
+)  # fmt: skip
+NORMALIZATION_KEYS = (OBSERVATION_NORMALIZATION_KEY, REWARD_NORMALIZATION_KEY)
 
 Placement = Callable[[], tuple[int, int]]
 Gather = Callable[[np.ndarray], np.ndarray]
@@ -65,6 +74,10 @@ class EnvSampling:
             handle env faults (see ``EnvRunner``).
         record_evaluation_video: Build rank 0's evaluation runner to record videos
             (``EnvRunner(record_video=True)``), for ``evaluate(..., record_video=True)``.
+        normalization: ``EnvRunner``'s ``normalize_observations``, ``normalize_rewards``,
+            ``normalization_clip`` and ``normalization_gamma``, for both runners (the
+            evaluation runner takes the training runner's statistics before each evaluation
+            and never updates them).
     """
 
     def __init__(
@@ -87,6 +100,7 @@ class EnvSampling:
         restart_failed_sub_environments: bool,
         on_nonfinite: OnNonFinite,
         record_evaluation_video: bool = False,
+        normalization: dict[str, Any] | None = None,
     ) -> None:
         self.env = env
         self.env_kwargs = env_kwargs
@@ -104,6 +118,7 @@ class EnvSampling:
         self.restart_failed_sub_environments = restart_failed_sub_environments
         self.on_nonfinite = on_nonfinite
         self.record_evaluation_video = record_evaluation_video
+        self.normalization = dict(normalization or {})
         self._base_seed = seed
         self._train_runner: EnvRunner | None = None
         self._eval_runner: EnvRunner | None = None
@@ -128,8 +143,8 @@ class EnvSampling:
             runner = self._make_runner(self.num_envs, self.rank_seed(0), self.wrappers)
             self._train_runner = runner
             self._runner_placement["train"] = (rank, world_size)
-            if self._pending_state is not None and "train_runner" in self._pending_state:
-                runner.set_state(self._runner_state_for_this_rank(self._pending_state))
+            if self._pending_state is not None:
+                self._restore_runner(runner, self._pending_state)
         return self._train_runner
 
     @property
@@ -195,6 +210,7 @@ class EnvSampling:
             restart_failed_sub_environments=self.restart_failed_sub_environments,
             on_nonfinite=self.on_nonfinite,
             record_video=record_video,
+            **self.normalization,
         )
 
     # ------------------------------------------------------------------------------------
@@ -216,23 +232,31 @@ class EnvSampling:
 
         Returns:
             This rank's episodes and the statistics over all ranks (the keys of
-            ``EnvRunner.get_metrics``).
+            ``EnvRunner.get_metrics``). The runner's normalization statistics are then those
+            of every rank's observations and returns, the same on every rank.
 
         Raises:
             SamplingFailedOnAnotherRank: If another rank's rollout raised (that rank raises
                 its own error), so that every rank stops at the same rollout.
         """
         runner = self.train_runner
+        normalization = runner.normalization
         try:
             episodes = runner.sample(module, explore=True)
         except Exception:
             # Tell the other ranks before raising: they are about to wait for this rank in
             # the gather, and would otherwise wait until the process group's timeout.
-            gather(failed_rank_stats())
+            size = 0 if normalization is None else normalization.exchange_size
+            gather(np.concatenate([failed_rank_stats(), np.zeros(size)]))
             raise
-        gathered = gather(local_rank_stats(runner, runner.get_metrics()))
+        local = local_rank_stats(runner, runner.get_metrics())
+        if normalization is not None:
+            local = np.concatenate([local, normalization.new_statistics()])
+        gathered = gather(local)
         raise_if_a_rank_failed(gathered)
-        metrics = combine_rank_stats(gathered)
+        metrics = combine_rank_stats(gathered[:, :NUM_RANK_STATS])
+        if normalization is not None:
+            normalization.merge_ranks(gathered[:, NUM_RANK_STATS:])
         self._global_env_steps = int(metrics[NUM_ENV_STEPS_SAMPLED_LIFETIME])
         self._global_episodes = int(metrics[NUM_EPISODES_LIFETIME])
         return episodes, metrics
@@ -240,11 +264,15 @@ class EnvSampling:
     def evaluate(self, module: RLModule, *, record_video: bool = False) -> list[SingleAgentEpisode]:
         """Play this rank's share of the evaluation episodes, complete, with ``module``.
 
+        Observations are normalized with the training runner's statistics as they stand.
+
         Args:
             module: Acts in the envs.
             record_video: Record the first episode's frames (rank 0, built with
                 ``record_evaluation_video``); ``take_evaluation_video`` returns them.
         """
+        if self.train_runner.normalization is not None:
+            self.eval_runner.normalization.load_state_dict(self.train_runner.normalization.state_dict())
         return self.eval_runner.sample_episodes(
             module, self.evaluation_episodes_per_rank, explore=self.evaluation_explore, record_first_episode=record_video
         )
@@ -262,18 +290,25 @@ class EnvSampling:
     # ------------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """``{"train_runner": this rank's EnvRunner state, "rank": this rank, and the two lifetime sums}``.
+        """This rank's runner state, its rank, the lifetime sums and the normalization statistics.
+
+        ``{"train_runner": EnvRunner.get_state(), "rank": int, "num_env_steps_sampled_lifetime":
+        int, "num_episodes_lifetime": int, "observation_normalization": ..., "reward_normalization": ...}``.
 
         The sums (``num_env_steps_sampled_lifetime``, ``num_episodes_lifetime``) are over all
-        ranks, the same on every rank. Before the runner is built: the restored state, if any.
+        ranks, the same on every rank; so are the normalization statistics
+        (``observation_normalization`` and ``reward_normalization``, ``None`` when off; see
+        ``EnvNormalization.state_dict``). Before the runner is built: the restored state, if any.
         """
         if self._train_runner is None:
             return dict(self._pending_state or {})
+        normalization = self._train_runner.normalization
         return {
             "train_runner": self._train_runner.get_state(),
             "rank": self._runner_placement["train"][0],
             NUM_ENV_STEPS_SAMPLED_LIFETIME: self._global_env_steps,
             NUM_EPISODES_LIFETIME: self._global_episodes,
+            **(dict.fromkeys(NORMALIZATION_KEYS) if normalization is None else normalization.state_dict()),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -283,12 +318,30 @@ class EnvSampling:
         continue from the saved sums (rank 0 carries them, the other ranks count from 0, so
         the sum over ranks is right); the rank that saved the state (in a checkpoint, rank
         0) restores its episode-statistics window, the others start theirs empty; every rank
-        restores the reset count, so no rank replays the episodes it started with.
+        restores the reset count, so no rank replays the episodes it started with; every rank
+        restores the normalization statistics (a state saved without them, by an older version
+        or a run without normalization, leaves them fresh).
         """
+        self._check_normalization_is_on_for(state_dict)
         self._pending_state = {key: state_dict[key] for key in STATE_KEYS if key in state_dict}
         self._global_env_steps, self._global_episodes = saved_global_counts(self._pending_state)
-        if self._train_runner is not None and "train_runner" in self._pending_state:
-            self._train_runner.set_state(self._runner_state_for_this_rank(self._pending_state))
+        if self._train_runner is not None:
+            self._restore_runner(self._train_runner, self._pending_state)
+
+    def _restore_runner(self, runner: EnvRunner, state: dict[str, Any]) -> None:
+        if "train_runner" in state:
+            runner.set_state(self._runner_state_for_this_rank(state))
+        if runner.normalization is not None:
+            runner.normalization.load_state_dict({key: state.get(key) for key in NORMALIZATION_KEYS})
+
+    def _check_normalization_is_on_for(self, state: dict[str, Any]) -> None:
+        """Refuse statistics saved by a run that normalized what this one does not (its policy expects it)."""
+        for key, argument in zip(NORMALIZATION_KEYS, ("normalize_observations", "normalize_rewards")):
+            if state.get(key) is not None and not self.normalization.get(argument, False):
+                raise ValueError(
+                    f"the saved state holds {key} statistics but {argument} is off; the policy was trained "
+                    f"with it: set {argument}=True"
+                )
 
     def _runner_state_for_this_rank(self, state: dict[str, Any]) -> dict[str, Any]:
         rank = self.placement()[0]

@@ -35,6 +35,8 @@ _STATS = (
     "num_nonfinite_env_steps",
     "sampling_failed",
 )
+#: Length of a rank's statistics vector (an exchange may append more after it).
+NUM_RANK_STATS = len(_STATS)
 
 
 class SamplingFailedOnAnotherRank(RuntimeError):

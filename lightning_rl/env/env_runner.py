@@ -43,6 +43,7 @@ from lightning_rl.env.episode import SingleAgentEpisode
 from lightning_rl.env.frame_recorder import EpisodeFrameRecorder, env_kwargs_for_video
 from lightning_rl.env.guarded_vector_env import GuardedVectorEnv
 from lightning_rl.env.nonfinite import ON_NONFINITE_CHOICES, NonFiniteCheck, OnNonFinite
+from lightning_rl.env.normalization import EnvNormalization, check_normalization_arguments
 from lightning_rl.env.rollout import run_rollout
 from lightning_rl.env.rollout_buffers import EpisodeStat, RunningEpisodes, cut_episodes
 
@@ -93,6 +94,15 @@ class EnvRunner:
             must set it itself) and wrap each in an ``EpisodeFrameRecorder``, after
             ``wrappers``, so that ``sample_episodes(..., record_first_episode=True)`` can
             record a video. Only the recorded episode renders frames.
+        normalize_observations: Store (and act on) observations normalized by their running
+            mean and std over all envs, clipped to ``[-normalization_clip,
+            normalization_clip]``; the statistics are :attr:`normalization`'s (see
+            :mod:`lightning_rl.env.normalization`). Box observations only.
+        normalize_rewards: Store rewards divided by the running std of each env's discounted
+            return (``normalization_gamma``), clipped alike; episode returns in
+            :meth:`get_metrics` stay in the env's units.
+        normalization_clip: The bound on normalized observations and rewards.
+        normalization_gamma: The discount of the return whose std scales the rewards.
 
     Raises:
         ValueError: Naming the argument, for an unknown env id, a wrapper path that is not
@@ -100,7 +110,8 @@ class EnvRunner:
             ``episode_stats_window`` below 1, an unknown ``vectorize_mode`` or
             ``on_nonfinite``, a ``sample_timeout_s`` that is not a positive number, or an
             env whose observation or action space is not an array space (Box, Discrete,
-            MultiDiscrete, MultiBinary).
+            MultiDiscrete, MultiBinary), observations to normalize that are not a Box, or
+            invalid normalization arguments.
         TypeError: If ``env`` or a wrapper is neither a string nor a callable.
         RuntimeError: If the installed gymnasium is older than 1.1 (no SAME_STEP autoreset).
     """
@@ -120,9 +131,14 @@ class EnvRunner:
         restart_failed_sub_environments: bool = False,
         on_nonfinite: OnNonFinite = "raise",
         record_video: bool = False,
+        normalize_observations: bool = False,
+        normalize_rewards: bool = False,
+        normalization_clip: float = 10.0,
+        normalization_gamma: float = 0.99,
     ) -> None:
         check_autoreset_support()
         check_fault_arguments(sample_timeout_s, restart_failed_sub_environments, on_nonfinite)
+        check_normalization_arguments(normalize_observations, normalize_rewards, normalization_clip, normalization_gamma)
         for name, value in (
             ("num_envs", num_envs),
             ("rollout_fragment_length", rollout_fragment_length),
@@ -159,6 +175,10 @@ class EnvRunner:
         self.observation_space: gym.Space = self.env.single_observation_space
         self.action_space: gym.Space = self.env.single_action_space
         self._nonfinite = NonFiniteCheck(on_nonfinite, self.observation_space)
+        #: The observation and reward statistics (``None`` when neither is normalized).
+        self.normalization = self._make_normalization(
+            normalize_observations, normalize_rewards, normalization_clip, normalization_gamma
+        )
 
         # The envs' progress between calls.
         self._needs_reset = True
@@ -173,6 +193,20 @@ class EnvRunner:
         self._num_env_steps_since = 0
         self._num_episodes_since = 0
         self._sample_seconds_since = 0.0
+
+    def _make_normalization(
+        self, normalize_observations: bool, normalize_rewards: bool, clip: float, gamma: float
+    ) -> EnvNormalization | None:
+        if not (normalize_observations or normalize_rewards):
+            return None
+        try:
+            return EnvNormalization(
+                self.observation_space, self.num_envs, normalize_observations=normalize_observations,
+                normalize_rewards=normalize_rewards, clip=clip, gamma=gamma,
+            )  # fmt: skip
+        except ValueError:  # observations that cannot be normalized: the envs are built already
+            self.close()
+            raise
 
     # ------------------------------------------------------------------------------------
     # Sampling
@@ -195,7 +229,9 @@ class EnvRunner:
             episode still running, which continues in the next call under the same
             ``id_``. Numpy episodes; ``extra_model_outputs`` holds ``action_logp`` (when a
             distribution was sampled), ``action_dist_inputs`` and every other tensor output
-            with a leading batch dimension, such as ``vf_preds``.
+            with a leading batch dimension, such as ``vf_preds``. With normalization on,
+            observations and rewards are the normalized ones, and the call's observations
+            and returns were added to :attr:`normalization`'s statistics.
 
         Raises:
             ValueError: For a stateful (recurrent) module, which is not supported yet, or
@@ -210,8 +246,10 @@ class EnvRunner:
         try:
             with self._vector.rollout():
                 if self._needs_reset:
-                    self._reset()
-                completed, running, stats = self._run(module, self.rollout_fragment_length, explore=explore)
+                    self._reset(training=True)
+                completed, running, stats = self._run(
+                    module, self.rollout_fragment_length, explore=explore, training=True
+                )
         except BaseException:
             self._after_failure()
             raise
@@ -236,7 +274,9 @@ class EnvRunner:
         next :meth:`sample` starts from fresh episodes too. An episode a training
         :meth:`sample` left running is abandoned, so evaluate with a runner of its own to
         keep training episodes whole. The call returns only when enough episodes ended, so
-        the env needs a time limit if the policy may never end an episode.
+        the env needs a time limit if the policy may never end an episode. With
+        normalization on, observations are normalized with :attr:`normalization`'s statistics
+        as they stand (never updated here) and rewards are the env's own.
 
         Args:
             module: The policy, used as in :meth:`sample`.
@@ -262,13 +302,13 @@ class EnvRunner:
         unfinished: dict[str, SingleAgentEpisode] = {}
         try:
             with self._vector.rollout():
-                self._reset(record_env_0=record_first_episode)
+                self._reset(training=False, record_env_0=record_first_episode)
             recorded_id = self._episodes.ids[0] if record_first_episode else None
             # Env 0's id changes when its recorded episode ends (or is dropped).
             while len(finished) < num_episodes or self._episodes.ids[0] == recorded_id:
                 with self._vector.rollout():
                     completed, running, _ = self._run(
-                        module, self.rollout_fragment_length, explore=explore,
+                        module, self.rollout_fragment_length, explore=explore, training=False,
                         stop_after_episodes=max(num_episodes - len(finished), 1),
                     )
                 for episode in completed:
@@ -310,7 +350,7 @@ class EnvRunner:
         fps = self.env.metadata.get("render_fps")
         return None if fps is None else int(fps)
 
-    def _reset(self, *, record_env_0: bool = False) -> None:
+    def _reset(self, *, training: bool, record_env_0: bool = False) -> None:
         if self._vector.env.closed:
             self._vector.rebuild()  # the workers were terminated after an error
         if record_env_0:  # arm env 0's EpisodeFrameRecorder for the episode this reset starts
@@ -322,6 +362,8 @@ class EnvRunner:
         self._num_resets += 1
         obs = np.array(obs, dtype=self.observation_space.dtype)
         self._nonfinite.check_reset(obs, self._vector)
+        if self.normalization is not None:
+            obs = self.normalization.on_reset(obs, training=training)
         self._episodes.restart(obs, infos)
         self._needs_reset = False
 
@@ -339,9 +381,13 @@ class EnvRunner:
         num_steps: int,
         *,
         explore: bool,
+        training: bool,
         stop_after_episodes: int | None = None,
     ) -> tuple[list[SingleAgentEpisode], list[SingleAgentEpisode], list[EpisodeStat]]:
         """Step the vector env up to ``num_steps`` times; cut the episodes out of the buffers.
+
+        ``training`` rollouts update the normalization statistics and normalize rewards;
+        evaluation ones normalize observations with the statistics as they stand.
 
         Returns:
             (episodes ended in this call, chunks still running, (return, length) of each
@@ -353,7 +399,7 @@ class EnvRunner:
             )
         buffers, steps_done = run_rollout(
             self._vector, module, self._episodes, num_steps, explore=explore, nonfinite=self._nonfinite,
-            stop_after_episodes=stop_after_episodes,
+            stop_after_episodes=stop_after_episodes, normalization=self.normalization, training=training,
         )
         return cut_episodes(buffers, steps_done, self._episodes)
 

@@ -19,6 +19,7 @@ from lightning_rl.core.rl_modules import RLModule
 from lightning_rl.env.env_errors import SubEnvError
 from lightning_rl.env.guarded_vector_env import EnvsRebuilt, GuardedVectorEnv
 from lightning_rl.env.nonfinite import NonFiniteCheck
+from lightning_rl.env.normalization import EnvNormalization
 from lightning_rl.env.rollout_buffers import RolloutBuffers, RunningEpisodes
 from lightning_rl.env.vector_infos import unbatch_infos
 
@@ -32,6 +33,8 @@ def run_rollout(
     explore: bool,
     nonfinite: NonFiniteCheck,
     stop_after_episodes: int | None = None,
+    normalization: EnvNormalization | None = None,
+    training: bool = True,
 ) -> tuple[RolloutBuffers, int]:
     """Step ``vector`` up to ``num_steps`` times with ``module``, from where ``episodes`` stand.
 
@@ -47,6 +50,10 @@ def run_rollout(
             and the most likely actions.
         nonfinite: Checks each step's rewards and observations.
         stop_after_episodes: Stop after the step in which this many episodes have ended.
+        normalization: Normalizes each step's observations (and rewards) in the buffers,
+            after the NaN check; ``episodes`` already hold normalized observations.
+        training: Whether this is a training rollout (the normalization statistics are
+            updated and rewards normalized) rather than evaluation.
 
     Returns:
         The buffers (episodes of rebuilt envs and of NaN values marked ``dropped``) and how
@@ -62,7 +69,9 @@ def run_rollout(
     observation_space = vector.env.single_observation_space
     action_space = vector.env.single_action_space
     clip = (action_space.low, action_space.high) if isinstance(action_space, gym.spaces.Box) else None
-    buffers = RolloutBuffers.allocate(num_steps, observation_space, episodes)
+    normalizes_obs = normalization is not None and normalization.observations is not None
+    obs_dtype = np.float32 if normalizes_obs else None
+    buffers = RolloutBuffers.allocate(num_steps, observation_space, episodes, obs_dtype)
     param = next(module.parameters(), None)
     device = param.device if param is not None else torch.device("cpu")
     on_cpu = device.type == "cpu"
@@ -82,8 +91,12 @@ def run_rollout(
                 num_ended = _take_step(vector, buffers, t, action_np, episodes, nonfinite)
             except EnvsRebuilt as rebuilt:
                 _start_over(buffers, t, episodes, rebuilt, vector, nonfinite, again=rebuilt_at == t)
+                if normalization is not None:
+                    buffers.obs[t] = normalization.on_reset(buffers.obs[t], training=training)
                 rebuilt_at = t
                 continue  # step t again, from the rebuilt envs' first observations
+            if normalization is not None:
+                normalization.on_step(buffers, t, training=training)
             t += 1
             if stop_after_episodes is not None and num_ended:
                 episodes_ended += num_ended

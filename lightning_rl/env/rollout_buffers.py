@@ -82,6 +82,9 @@ class RolloutBuffers:
     was rebuilt, or returned a NaN): the steps of that episode in this call are cut out of
     no episode, and a new episode starts at ``t + 1``. ``nonfinite_final_envs`` lists the
     envs whose episode ended in the latest step with a non-finite last observation.
+
+    ``raw_rewards`` holds the env's own rewards when ``rewards`` holds normalized ones (see
+    ``EnvNormalization``); episode returns are summed from it, so they stay in the env's units.
     """
 
     obs: np.ndarray
@@ -95,12 +98,23 @@ class RolloutBuffers:
     final_obs: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
     final_infos: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
     nonfinite_final_envs: list[int] = field(default_factory=list)
+    raw_rewards: np.ndarray | None = None
 
     @classmethod
-    def allocate(cls, num_steps: int, observation_space: gym.Space, episodes: RunningEpisodes) -> RolloutBuffers:
-        """Empty buffers for ``num_steps`` vector steps, starting from ``episodes``' current observation."""
+    def allocate(
+        cls,
+        num_steps: int,
+        observation_space: gym.Space,
+        episodes: RunningEpisodes,
+        obs_dtype: np.dtype | type | None = None,
+    ) -> RolloutBuffers:
+        """Empty buffers for ``num_steps`` vector steps, starting from ``episodes``' current observation.
+
+        Observations are stored as ``obs_dtype`` (default: the space's; float32 when normalized).
+        """
         num_envs = episodes.num_envs
-        obs = np.empty((num_steps + 1, num_envs, *observation_space.shape), dtype=observation_space.dtype)
+        dtype = observation_space.dtype if obs_dtype is None else obs_dtype
+        obs = np.empty((num_steps + 1, num_envs, *observation_space.shape), dtype=dtype)
         obs[0] = episodes.obs
         info_rows = [episodes.infos or [{} for _ in range(num_envs)]] if episodes.record_infos else None
         return cls(
@@ -239,6 +253,7 @@ def _cut_completed(
             segment_start[i] = t + 1
             continue
         rewards = buffers.rewards[start : t + 1, i]
+        env_rewards = rewards if buffers.raw_rewards is None else buffers.raw_rewards[start : t + 1, i]
         infos = None
         if info_rows is not None:
             infos = [info_rows[k][i] for k in range(start, t + 1)] + [buffers.final_infos.get((t, i), {})]
@@ -256,7 +271,7 @@ def _cut_completed(
             )
         )
         stats.append(
-            (float(episodes.returns[i] + rewards.sum(dtype=np.float64)), int(episodes.t[i]) + t + 1 - start)
+            (float(episodes.returns[i] + env_rewards.sum(dtype=np.float64)), int(episodes.t[i]) + t + 1 - start)
         )
         episodes.start_new(i)
         segment_start[i] = t + 1
@@ -284,8 +299,9 @@ def _cut_running(
                 t_started=int(episodes.t[i]),
             )
         )
+        env_rewards = rewards if buffers.raw_rewards is None else buffers.raw_rewards[start:num_steps, i]
         episodes.t[i] += num_steps - start
-        episodes.returns[i] += rewards.sum(dtype=np.float64)
+        episodes.returns[i] += env_rewards.sum(dtype=np.float64)
     return running
 
 
