@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 
+import gymnasium as gym
+
 from lightning_rl.cli._command_line import (
     CommandError,
     OneLineArgumentParser,
@@ -66,8 +68,9 @@ def _export(args: argparse.Namespace) -> None:
         written = export_policy(policy, args.output, args.format)
     except ExportCheckError as error:
         raise CommandError(f"{error}; nothing was written") from error
+    tolerance = f" (within {EXPORT_ATOL})" if isinstance(policy.action_space, gym.spaces.Box) else ""
     tell(
         f"wrote {written} ({args.format}): {type(policy.module).__name__}, observations "
         f"{tuple(policy.observation_space.shape)} -> {policy.action_space}; same actions as Policy.act on "
-        f"{NUM_CHECK_OBSERVATIONS:,} observations (Box actions within {EXPORT_ATOL})"
+        f"{NUM_CHECK_OBSERVATIONS:,} observations{tolerance}"
     )

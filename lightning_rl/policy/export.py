@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import io
+import logging
 import os
 import warnings
 from collections.abc import Callable
@@ -155,18 +156,26 @@ def _torch_export_runner(content: bytes) -> Callable[[np.ndarray], np.ndarray]:
 
 def _onnx_bytes(net: PolicyNet, example: torch.Tensor) -> bytes:
     _require_onnx()
+    # The exporter logs that torchvision's operators are skipped when torchvision is not
+    # installed; a policy never uses them.
+    registration_log = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = registration_log.level
+    registration_log.setLevel(logging.ERROR)
     with warnings.catch_warnings():
         # The dynamo exporter's own internals call APIs that torch deprecates; nothing to act on.
         warnings.simplefilter("ignore", FutureWarning)
-        program = torch.onnx.export(
-            net,
-            (example,),
-            dynamo=True,
-            verbose=False,
-            input_names=[_INPUT_NAME],
-            output_names=[_OUTPUT_NAME],
-            dynamic_shapes=_dynamic_batch(),
-        )
+        try:
+            program = torch.onnx.export(
+                net,
+                (example,),
+                dynamo=True,
+                verbose=False,
+                input_names=[_INPUT_NAME],
+                output_names=[_OUTPUT_NAME],
+                dynamic_shapes=_dynamic_batch(),
+            )
+        finally:
+            registration_log.setLevel(level)
     return program.model_proto.SerializeToString()
 
 
