@@ -6,18 +6,21 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
+import onnxruntime
 import pytest
 import torch
 from _algorithms import ROWS, AlgorithmRow
 from _policy_common import greedy_actions, observations
 from conftest import bc_spec
 
-from lightning_rl import DEFAULT_MODULE_ID, Policy
+from lightning_rl import DEFAULT_MODULE_ID, Policy, RLModuleSpec
 from lightning_rl.algorithms.bc import BCLearner
+from lightning_rl.algorithms.dqn import DQNModule
 from lightning_rl.algorithms.ppo import PPOModule
 from lightning_rl.core.normalization import OBSERVATION_NORMALIZATION_KEY, RunningMeanStd
 from lightning_rl.env import EnvRunner
 from lightning_rl.learner.state import add_to_lightning_checkpoint
+from lightning_rl.policy.export import export_policy
 
 ROW_IDS = [row.name for row in ROWS]
 
@@ -174,3 +177,29 @@ def test_bad_input_is_refused_with_a_message_naming_it(tmp_path: Path):
         Policy.from_checkpoint(damaged)
     with pytest.raises(ValueError, match="no such file"):
         Policy.from_checkpoint(tmp_path / "missing.ckpt")
+
+
+def test_a_policy_of_discrete_observations_acts_and_exports(tmp_path):
+    spec = RLModuleSpec(
+        module_class=DQNModule,
+        observation_space=gym.spaces.Discrete(16),
+        action_space=gym.spaces.Discrete(4),
+        model_config={"fcnet_hiddens": [8]},
+    )
+    policy = Policy(spec.build())
+    observations = np.arange(16)
+    actions = policy.act(observations)
+    assert actions.shape == (16,) and [policy.act(obs) for obs in observations] == list(actions)
+    onnx_file = export_policy(policy, tmp_path / "frozen_lake.onnx", "onnx")
+    session = onnxruntime.InferenceSession(str(onnx_file))
+    np.testing.assert_array_equal(session.run(None, {"obs": observations})[0], actions)
+
+
+def test_a_checkpoints_policy_acts_in_eval_mode_and_an_empty_batch_is_refused(tmp_path):
+    learner = BCLearner(module_spec=bc_spec())
+    learner.build()
+    learner.save_to_path(tmp_path / "bc")
+    policy = Policy.from_checkpoint(tmp_path / "bc")
+    assert not policy.module.training
+    with pytest.raises(ValueError, match="empty batch"):
+        policy.act(np.zeros((0, 4), dtype=np.float32))

@@ -2,8 +2,9 @@
 
 The exported graph is the policy's :class:`~lightning_rl.policy.policy.PolicyNet` in greedy
 mode: observation normalization, the module's inference pass, the greedy action and Box
-clipping. Its one input is a float batch of observations ``obs`` ``[batch, *obs_shape]`` (the
-batch dimension is dynamic), its one output the actions (int64 indices for Discrete spaces).
+clipping. Its one input is a batch of observations ``obs`` ``[batch, *obs_shape]`` in the
+observation space's dtype (the batch dimension is dynamic), its one output the actions (int64
+indices for Discrete spaces).
 
 Before a file is written, the exported graph is run on 1,000 observations and must return
 ``Policy.act``'s actions (Discrete: equal; Box: within ``EXPORT_ATOL``); the file is then
@@ -26,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
+import gymnasium as gym
 import numpy as np
 import torch
 
@@ -93,6 +95,8 @@ def sample_observations(policy: Policy, count: int, seed: int = 0) -> np.ndarray
     """
     space = policy.observation_space
     rng = np.random.default_rng(seed)
+    if isinstance(space, gym.spaces.Discrete):
+        return (space.start + rng.integers(space.n, size=count)).astype(space.dtype)
     draws = rng.standard_normal((count, *space.shape))
     normalization = policy.observation_normalization
     if normalization is not None:
@@ -126,9 +130,9 @@ def check_same_actions(expected: np.ndarray, actual: np.ndarray, what: str) -> N
 
 
 def _frozen_copy(net: PolicyNet) -> PolicyNet:
-    # A copy on the CPU in eval mode without gradients, so that exporting leaves the policy's
-    # own module (perhaps a Learner's, mid-training) as it was.
-    frozen = copy.deepcopy(net).cpu().eval()
+    # A copy on the CPU without gradients, in the policy's own mode (so that it acts as
+    # ``Policy.act`` does), leaving the policy's module (perhaps a Learner's) as it was.
+    frozen = copy.deepcopy(net).cpu()
     frozen.requires_grad_(False)
     return frozen
 

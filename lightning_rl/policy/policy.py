@@ -26,7 +26,8 @@ from lightning_rl.core.rl_modules import MultiRLModule, RLModule
 from lightning_rl.learner.learner import Learner
 from lightning_rl.policy.loading import choose_module_id, read_policy_checkpoint
 
-# The action spaces the package's action distributions and modules act in.
+# The spaces the package's modules (``core.mlp.flatten_obs``) and action distributions take.
+_OBSERVATION_SPACES = (gym.spaces.Box, gym.spaces.Discrete)
 _ACTION_SPACES = (gym.spaces.Discrete, gym.spaces.Box)
 
 
@@ -94,6 +95,8 @@ class Policy:
         self.observation_space = observation_space
         self.action_space = action_space
         self.net = PolicyNet(module, action_space, observation_normalization)
+        if observation_normalization is not None:
+            observation_normalization.to(self.device)
 
     @classmethod
     def from_checkpoint(
@@ -117,6 +120,9 @@ class Policy:
         except ValueError as error:
             raise ValueError(f"{os.fspath(path)}: cannot act with its policy: {error}") from error
         policy.net.to(device)
+        # Acting is inference: dropout off, batch norm on its running statistics. (A policy of
+        # a Learner's module acts in whatever mode the Learner keeps it.)
+        policy.net.eval()
         return policy
 
     @classmethod
@@ -174,10 +180,13 @@ class Policy:
             the space's bounds.
 
         Raises:
-            ValueError: If the observation's shape is neither the space's nor a batch of it.
+            ValueError: If the observation's shape is neither the space's nor a batch of it,
+                or the batch is empty.
         """
         is_tensor = isinstance(obs, torch.Tensor)
         batch, single = self._as_batch(obs)
+        if len(batch) == 0:
+            raise ValueError("Policy.act got an empty batch of observations (shape (0, ...)); pass at least one")
         # no_grad, not inference_mode: the tensors returned stay usable in the caller's autograd code.
         with torch.no_grad():
             actions = self.net(batch, explore=not deterministic)
@@ -211,17 +220,19 @@ class Policy:
 
 
 def _check_spaces(observation_space: Any, action_space: Any) -> None:
-    if not isinstance(observation_space, gym.spaces.Box):
-        raise ValueError(f"Policy needs a Box observation space, got {observation_space!r}")
+    if not isinstance(observation_space, _OBSERVATION_SPACES):
+        raise ValueError(f"Policy needs a Box or Discrete observation space, got {observation_space!r}")
     if not isinstance(action_space, _ACTION_SPACES):
         raise ValueError(f"Policy needs a Discrete or Box action space, got {action_space!r}")
 
 
-def _check_normalization(normalization: Any, observation_space: gym.spaces.Box) -> None:
+def _check_normalization(normalization: Any, observation_space: gym.Space) -> None:
     if not isinstance(normalization, ObservationNormalization):
         raise ValueError(
             f"observation_normalization must be an ObservationNormalization, got {type(normalization).__name__}"
         )
+    if not isinstance(observation_space, gym.spaces.Box):
+        raise ValueError(f"observation_normalization needs a Box observation space, got {observation_space!r}")
     if tuple(normalization.mean.shape) != tuple(observation_space.shape):
         raise ValueError(
             f"observation_normalization has shape {tuple(normalization.mean.shape)}, "
