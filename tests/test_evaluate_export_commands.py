@@ -92,14 +92,23 @@ def test_evaluate_plays_greedy_episodes_on_held_out_seeds_and_reports_them(
 
 def test_evaluate_records_the_first_episode_as_a_video(cli_checkpoint, tmp_path, capsys):
     video_dir = tmp_path / "videos"
+    stats_file = tmp_path / "stats.json"
     evaluate_command.main(
-        ["--ckpt_path", str(cli_checkpoint), "--num_episodes", "2", "--video", "--video_dir", str(video_dir)]
-    )
+        ["--ckpt_path", str(cli_checkpoint), "--num_episodes", "1", "--video", "--video_dir", str(video_dir),
+         "--json", str(stats_file)]
+    )  # fmt: skip
     videos = sorted(video_dir.iterdir())
     assert [video.name for video in videos] == ["evaluation-episode-0.gif"]
+    episode_len = json.loads(stats_file.read_text())["episode_len_mean"]
     with PIL.Image.open(videos[0]) as gif:
-        # The whole first episode: its reset frame and one frame per step.
-        assert gif.n_frames > 1 and gif.size == (600, 400)
+        assert gif.size == (600, 400)
+        play_ms = 0
+        for index in range(gif.n_frames):
+            gif.seek(index)
+            play_ms += gif.info["duration"]
+    # The whole episode at CartPole's 50 frames per second: its reset frame and one per step
+    # (identical frames in a row are merged into one shown as long).
+    assert play_ms == (episode_len + 1) * 20
     assert f"video: {videos[0]}" in capsys.readouterr().out
 
 
@@ -116,6 +125,22 @@ def test_evaluate_takes_the_env_from_env_or_config_when_the_checkpoint_names_non
     evaluate_command.main(["--ckpt_path", str(learner_directory), "--num_episodes", "1", "--config", str(config)])
     first = HELD_OUT_SEED_OFFSET + 3
     assert f"Pendulum-v1 (env from --config): 1 greedy episodes, seeds {first}..{first}" in capsys.readouterr().out
+
+    # The data section's init_args without a class_path (LightningCLI's default class), and none at all.
+    config.write_text(yaml.safe_dump({"data": {"init_args": {"env": "Pendulum-v1"}}}))
+    evaluate_command.main(["--ckpt_path", str(learner_directory), "--num_episodes", "1", "--config", str(config)])
+    out = capsys.readouterr().out
+    assert "Pendulum-v1 (env from --config)" in out and "these seeds may have been trained on" in out
+    config.write_text(
+        yaml.safe_dump({"data": {"class_path": "lightning_rl.data.OnPolicyDataModule", "init_args": None}})
+    )
+    error = usage_error(evaluate_command.main, ["--ckpt_path", str(learner_directory), "--config", str(config)], capsys)
+    assert "its data section names no env id" in error
+
+
+def test_evaluate_refuses_a_negative_seed(learner_directory, capsys):
+    args = ["--ckpt_path", str(learner_directory), "--env", "Pendulum-v1", "--seed", "-1"]
+    assert "expected an int >= 0, got -1" in usage_error(evaluate_command.main, args, capsys)
 
 
 @pytest.mark.parametrize(

@@ -56,6 +56,17 @@ def output_file(path: str) -> Path:
     return file
 
 
+def nonnegative_int(text: str) -> int:
+    """An int >= 0; an argparse type."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an int >= 0, got {value}")
+    return value
+
+
 def positive_int(text: str) -> int:
     """An int >= 1; an argparse type."""
     try:

@@ -11,7 +11,9 @@ checkpoint never makes this command import anything). The policy acts through ``
 with seed ``S + i``; by default ``S`` is the run's base seed plus ``HELD_OUT_SEED_OFFSET``
 (5,000,000), seeds that the data module reaches only after millions of episodes: its training
 envs reset with ``seed + i + k * num_envs`` and its evaluation envs from ``seed + 1,000,003``,
-and other ranks start at multiples of 10,000,000.
+and other ranks start at multiples of 10,000,000. A run whose data module drew its seed at
+random (``seed: null``) did not save it: then ``S`` is 5,000,000 and the command says that
+those seeds may have been trained on.
 """
 
 from __future__ import annotations
@@ -31,12 +33,14 @@ from lightning_rl.cli._command_line import (
     CommandError,
     OneLineArgumentParser,
     existing_checkpoint,
+    nonnegative_int,
     output_file,
     positive_int,
     run_command,
     tell,
 )
 from lightning_rl.core.checkpoint import atomic_write
+from lightning_rl.core.spaces import space_to_dict
 from lightning_rl.data.evaluation_video import encode_gif
 from lightning_rl.env.env_factory import make_env, resolve_env, resolve_wrappers
 from lightning_rl.env.frame_recorder import EpisodeFrameRecorder, env_kwargs_for_video
@@ -100,9 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num_episodes", type=positive_int, default=100, help="episodes to play (default 100)")
     parser.add_argument(
         "--seed",
-        type=int,
+        type=nonnegative_int,
         default=None,
-        help=f"episode i resets with seed+i (default: the run's seed + {HELD_OUT_SEED_OFFSET:,}, never trained on)",
+        help=f"episode i resets with seed+i (default: the run's seed + {HELD_OUT_SEED_OFFSET:,}, held out)",
     )
     parser.add_argument("--video", action="store_true", help="record the first episode as an animated GIF")
     parser.add_argument("--video_dir", type=Path, default=None, help="default: evaluation_videos beside the checkpoint")
@@ -139,6 +143,8 @@ def _evaluate(args: argparse.Namespace) -> None:
     tell(
         f"{source.env} (env from {source.origin}): {args.num_episodes} greedy episodes, seeds {first_seed}..{last_seed}"
     )
+    if args.seed is None and source.base_seed is None:
+        tell("the run's seed is unknown (drawn at random, or not saved): these seeds may have been trained on")
     for name in ("episode_return", "episode_len"):
         values = " ".join(f"{key} {summary[f'{name}_{key}']:.3f}" for key in ("mean", "std", "min", "max"))
         tell(f"{name}: {values}")
@@ -190,7 +196,7 @@ def _env_from_config(config: Path, saved_seed: int | None) -> EnvSource:
     data = content.get("data") if isinstance(content, Mapping) else None
     if not isinstance(data, Mapping):
         raise CommandError(f"--config {config}: it has no data section")
-    init_args = data.get("init_args", {}) if "class_path" in data else data
+    init_args = (data.get("init_args") or {}) if ("class_path" in data or "init_args" in data) else data
     env = init_args.get("env")
     if not isinstance(env, str):
         raise CommandError(f"--config {config}: its data section names no env id (env: {env!r})")
@@ -296,20 +302,13 @@ def _write_video(recorder: EpisodeFrameRecorder, path: Path) -> None:
 
 
 def _check_env_fits(env: gym.Env, policy: Policy, name: str) -> None:
+    # The same comparison a resume makes (``check_checkpoint_fits``): kind, shape, bounds, dtype.
     for kind, env_space, policy_space in (
         ("observation", env.observation_space, policy.observation_space),
         ("action", env.action_space, policy.action_space),
     ):
-        if not _same_shape_and_kind(env_space, policy_space):
+        if space_to_dict(env_space) != space_to_dict(policy_space):
             raise CommandError(f"wrong env: {name}'s {kind} space is {env_space}, but the policy's is {policy_space}")
-
-
-def _same_shape_and_kind(a: gym.Space, b: gym.Space) -> bool:
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, gym.spaces.Discrete):
-        return a.n == b.n and a.start == b.start
-    return tuple(a.shape) == tuple(b.shape)
 
 
 def _default_video_dir(ckpt_path: str | Path) -> Path:
