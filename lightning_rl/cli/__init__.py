@@ -35,8 +35,8 @@ _NOT_OFFERED = {
     "predict": "a Learner has no predict_step; act with a trained policy through lightning_rl.Policy, "
     "or export it with 'lightning-rl export --ckpt_path ...'",
 }
-# The subcommands Lightning's CLI runs; the others have a module of their own.
-_LIGHTNING_SUBCOMMANDS = ("fit", "validate")
+# The subcommands Lightning's CLI runs (``LightningRLCLI.subcommands``); the others have a module of their own.
+TRAINER_SUBCOMMANDS = ("fit", "validate")
 _USAGE = "usage: lightning-rl [-h] {fit,validate,evaluate,export} ..."
 
 # Names this package used to define here, imported from lightning_cli.py when first used.
@@ -67,7 +67,7 @@ def main(args: list[str] | None = None) -> None:
         module = importlib.import_module(f"lightning_rl.cli.{command}_command")
         module.main(args[1:])
         return
-    if command in _LIGHTNING_SUBCOMMANDS or command.startswith("-"):
+    if command in TRAINER_SUBCOMMANDS or command.startswith("-"):
         # Options before the subcommand (``--config``, ``--print_config``) are Lightning's too.
         _run_lightning_cli(args, from_command_line)
         return
@@ -105,7 +105,7 @@ def _run_lightning_cli(args: list[str], from_command_line: bool) -> None:
     """
     from lightning_rl.cli.help_cache import HelpCache
 
-    cache = HelpCache.for_args(args, _LIGHTNING_SUBCOMMANDS)
+    cache = HelpCache.for_args(args, TRAINER_SUBCOMMANDS)
     if cache is not None and (text := cache.read()) is not None:
         sys.stdout.write(text)
         raise SystemExit(0)  # as the parser's own --help ends

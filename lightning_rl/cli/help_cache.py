@@ -3,7 +3,8 @@
 Building that help needs the whole parser, so torch and Lightning (about 6 s of imports on
 a 2-core machine, before any parser is built). The text depends only on the installed code,
 so the first call saves it and later calls print the saved text, as long as nothing it
-depends on has changed: the versions of Python, torch, Lightning, jsonargparse and gymnasium, every
+depends on has changed: the Python environment (``sys.prefix``), the versions of Python, torch,
+Lightning, jsonargparse (and the docstring parsers it reads help from) and gymnasium, every
 source file of this package (path, size and modification time), the terminal width and the
 environment variables jsonargparse and Lightning read. Any change makes the next call build
 the help again. Only the two-word forms ``SUBCOMMAND --help`` / ``-h`` are cached; anything
@@ -25,7 +26,7 @@ import sys
 from pathlib import Path
 
 # The distributions whose code decides what the help says.
-_DISTRIBUTIONS = ("torch", "lightning", "jsonargparse", "gymnasium")
+_DISTRIBUTIONS = ("torch", "lightning", "jsonargparse", "gymnasium", "docstring-parser", "typeshed-client")
 # Environment variables that change how jsonargparse and Lightning build the parser.
 _ENV_PREFIXES = ("JSONARGPARSE_", "PL_")
 _HELP_FLAGS = ("-h", "--help")
@@ -83,7 +84,8 @@ def _cache_directory() -> Path:
 def _key(subcommand: str, columns: int) -> str:
     """A digest of everything the help text of ``subcommand`` depends on."""
     digest = hashlib.sha256()
-    digest.update(f"{subcommand}\n{columns}\n{sys.version}\n".encode())
+    # sys.prefix: two environments sharing one checkout (and one cache) may differ in what is installed.
+    digest.update(f"{subcommand}\n{columns}\n{sys.version}\n{sys.prefix}\n".encode())
     for name in _DISTRIBUTIONS:
         try:
             version = importlib.metadata.version(name)

@@ -33,7 +33,8 @@ from lightning.pytorch.utilities import rank_zero_only
 
 # Imported so that jsonargparse, which resolves a short class name among the subclasses
 # imported when the parser is built, knows every algorithm's Learner by name.
-from lightning_rl.algorithms import bc, dqn, ppo, sac  # noqa: F401
+import lightning_rl.algorithms  # noqa: F401
+from lightning_rl.cli import TRAINER_SUBCOMMANDS
 from lightning_rl.cli.resume import plan_resume
 from lightning_rl.core.checkpoint import (
     CHECKPOINT_KEY,
@@ -47,9 +48,6 @@ from lightning_rl.data.env_datamodule import OFF_POLICY_ARGUMENTS, ON_POLICY_ARG
 from lightning_rl.learner._lightning_private import claim_version_directory
 from lightning_rl.learner.checkpoint_io import AtomicCheckpointIO
 from lightning_rl.learner.learner import Learner
-
-# The Trainer subcommands this CLI offers (the lightning-rl command adds evaluate and export).
-TRAINER_SUBCOMMANDS = ("fit", "validate")
 
 # Names Lightning's Trainer resolves itself rather than as a file path.
 _LIGHTNING_CKPT_NAMES = ("last", "best", "hpc", "registry")
