@@ -402,6 +402,24 @@ def test_a_state_saved_without_statistics_still_resumes_and_statistics_need_norm
         each.teardown("fit")
 
 
+def test_reward_statistics_are_left_unused_by_a_run_that_does_not_normalize_rewards():
+    data = cartpole_data()
+    data.sampling.sample(ppo_module(data.observation_space, data.action_space), one_rank)
+    state = data.state_dict()
+    assert state[REWARD_NORMALIZATION_KEY] is not None
+
+    # Observations normalized, rewards not: fine-tuning, or validate with another config.
+    observations_only = OnPolicyDataModule(
+        "CartPole-v1", num_envs=2, rollout_fragment_length=24, seed=3, normalize_observations=True
+    )
+    observations_only.load_state_dict(state)
+    restored = observations_only.train_runner.normalization.state_dict()
+    assert restored[REWARD_NORMALIZATION_KEY] is None
+    assert restored[OBSERVATION_NORMALIZATION_KEY]["count"] == state[OBSERVATION_NORMALIZATION_KEY]["count"]
+    for each in (data, observations_only):
+        each.teardown("fit")
+
+
 # ---- Off-policy, arguments ------------------------------------------------------------------
 
 

@@ -33,7 +33,7 @@ from lightning_rl.data.rank_stats import (
 from lightning_rl.env.env_runner import EnvRunner
 from lightning_rl.env.episode import SingleAgentEpisode
 from lightning_rl.env.nonfinite import OnNonFinite
-from lightning_rl.env.normalization import REWARD_NORMALIZATION_KEY
+from lightning_rl.env.normalization import REWARD_NORMALIZATION_KEY, check_saved_statistics_fit
 
 # Evaluation envs are seeded apart from the training envs, so evaluation never replays the
 # exact episodes the policy trained on.
@@ -322,7 +322,7 @@ class EnvSampling:
         restores the normalization statistics (a state saved without them, by an older version
         or a run without normalization, leaves them fresh).
         """
-        self._check_normalization_is_on_for(state_dict)
+        check_saved_statistics_fit(state_dict, self.normalization.get("normalize_observations", False))
         self._pending_state = {key: state_dict[key] for key in STATE_KEYS if key in state_dict}
         self._global_env_steps, self._global_episodes = saved_global_counts(self._pending_state)
         if self._train_runner is not None:
@@ -333,15 +333,6 @@ class EnvSampling:
             runner.set_state(self._runner_state_for_this_rank(state))
         if runner.normalization is not None:
             runner.normalization.load_state_dict({key: state.get(key) for key in NORMALIZATION_KEYS})
-
-    def _check_normalization_is_on_for(self, state: dict[str, Any]) -> None:
-        """Refuse statistics saved by a run that normalized what this one does not (its policy expects it)."""
-        for key, argument in zip(NORMALIZATION_KEYS, ("normalize_observations", "normalize_rewards")):
-            if state.get(key) is not None and not self.normalization.get(argument, False):
-                raise ValueError(
-                    f"the saved state holds {key} statistics but {argument} is off; the policy was trained "
-                    f"with it: set {argument}=True"
-                )
 
     def _runner_state_for_this_rank(self, state: dict[str, Any]) -> dict[str, Any]:
         rank = self.placement()[0]

@@ -16,7 +16,7 @@ data-parallel rank) and can be saved with the run:
   (``RolloutBuffers.raw_rewards``), so episode returns are reported in the env's units.
 
 Evaluation (``training=False`` in the hooks) normalizes observations with the statistics as
-they stand and changes nothing: no update, and rewards stay the env's own.
+they stand and never updates them; its rewards stay the env's own.
 """
 
 from __future__ import annotations
@@ -39,6 +39,27 @@ EPSILON = 1e-8
 
 # Observation elements a rank keeps before folding them into its new statistics (8 MiB of float64).
 _FOLD_ELEMENTS = 1 << 20
+
+
+def check_saved_statistics_fit(state: Mapping[str, Any], normalize_observations: bool) -> None:
+    """Refuse observation statistics saved by a run that normalized observations, for one that does not.
+
+    Its policy was trained on normalized observations: acting on raw ones would be wrong.
+    Reward statistics saved by a run that normalized rewards are simply not used by one that
+    does not (rewards never reach the policy).
+
+    Args:
+        state: A saved state holding :data:`OBSERVATION_NORMALIZATION_KEY` (or not).
+        normalize_observations: Whether this run normalizes observations.
+
+    Raises:
+        ValueError: Naming the setting to turn on.
+    """
+    if state.get(OBSERVATION_NORMALIZATION_KEY) is not None and not normalize_observations:
+        raise ValueError(
+            f"the saved state holds {OBSERVATION_NORMALIZATION_KEY} statistics but normalize_observations is off; "
+            "the policy was trained on normalized observations: set normalize_observations=True"
+        )
 
 
 def check_normalization_arguments(
@@ -263,25 +284,17 @@ class EnvNormalization:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore the statistics of :meth:`state_dict`; this runner's own ``clip`` and ``gamma`` stay.
 
-        A part missing from ``state`` (or ``None``: saved by a run without it) starts afresh.
+        A part missing from ``state`` (or ``None``: saved by a run without it) starts afresh;
+        saved reward statistics are not used when rewards are not normalized here.
 
         Raises:
-            ValueError: If ``state`` holds statistics of a part that is off here (the policy
-                was trained on normalized values), or statistics of another shape.
+            ValueError: As :func:`check_saved_statistics_fit`, or for statistics of another shape.
         """
-        for key, part, argument in (
-            (OBSERVATION_NORMALIZATION_KEY, self.observations, "normalize_observations"),
-            (REWARD_NORMALIZATION_KEY, self.rewards, "normalize_rewards"),
-        ):
+        check_saved_statistics_fit(state, self.observations is not None)
+        for key, part in ((OBSERVATION_NORMALIZATION_KEY, self.observations), (REWARD_NORMALIZATION_KEY, self.rewards)):
             saved = state.get(key)
-            if saved is None:
-                continue
-            if part is None:
-                raise ValueError(
-                    f"the saved state holds {key} statistics but {argument} is off; the policy was trained "
-                    f"with it: set {argument}=True"
-                )
-            part.load(saved)
+            if saved is not None and part is not None:
+                part.load(saved)
         self._obs_shift, self._obs_scale = self._observation_transform()
 
     # ------------------------------------------------------------------------------------
