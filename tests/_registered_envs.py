@@ -12,9 +12,9 @@ NAMESPACED_ID = "LightningRLTest/ShortCartPole-v0"
 EPISODE_STEPS = 20
 
 
-def make_short_cartpole(max_episode_steps: int = EPISODE_STEPS) -> gym.Env:
+def make_short_cartpole(max_episode_steps: int = EPISODE_STEPS, render_mode: str | None = None) -> gym.Env:
     """CartPole whose episodes end after ``max_episode_steps`` steps."""
-    return gym.make("CartPole-v1", max_episode_steps=max_episode_steps)
+    return gym.make("CartPole-v1", max_episode_steps=max_episode_steps, render_mode=render_mode)
 
 
 NOT_A_FACTORY = 3

@@ -292,6 +292,13 @@ def test_an_env_that_cannot_render_rgb_frames_is_named():
     check_records_frames("Pendulum-v1", None, ["gymnasium.wrappers.RecordEpisodeStatistics"])
 
 
+def test_an_env_factory_path_records_when_it_takes_the_render_mode():
+    factory = "_registered_envs.make_short_cartpole"
+    check_records_frames(factory, {"render_mode": "rgb_array"}, [])
+    with pytest.raises(ValueError, match="render_mode is None"):
+        check_records_frames(factory, None, [])
+
+
 # ----------------------------------------------------------------------------------------
 # Two DDP ranks
 # ----------------------------------------------------------------------------------------

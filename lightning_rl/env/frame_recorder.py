@@ -19,7 +19,7 @@ from typing import Any, SupportsFloat
 import gymnasium as gym
 import numpy as np
 
-from lightning_rl.env.env_factory import WrapperSpec, make_env, resolve_wrappers
+from lightning_rl.env.env_factory import WrapperSpec, make_env, resolve_env, resolve_wrappers
 
 RGB_ARRAY = "rgb_array"
 
@@ -114,6 +114,7 @@ def check_records_frames(
         gymnasium.error.DependencyNotInstalled: When the renderer's package is missing (pygame
             for the classic-control envs), with gymnasium's instruction to install it.
     """
+    env = resolve_env(env) if isinstance(env, str) else env  # an id stays an id; a factory path is imported
     kwargs = env_kwargs_for_video(env, dict(env_kwargs or {}))
     recorder = make_env(env, kwargs, [*resolve_wrappers(wrappers), EpisodeFrameRecorder])
     try:

@@ -6,7 +6,8 @@ step, for every logger that takes one (TensorBoard, CSV, ...); see
 ``_LoggerConnector.log_metrics``. The Learner logs ``num_env_steps_sampled_lifetime`` (summed
 over all ranks) under that name beside its training and evaluation scalars, so runs with
 different ``num_envs``, ``rollout_fragment_length`` or ``train_freq`` share one x-axis, as
-CleanRL's ``global_step`` charts do.
+CleanRL's ``global_step`` charts do. (Lightning then adds no ``epoch`` value to those rows,
+as it does when it picks the step itself.)
 
 ``hp_metric`` is the value TensorBoard's HParams dashboard shows for a run
 (``TensorBoardLogger`` writes -1 at the start of a fit); the Learner logs the best evaluation
@@ -37,7 +38,10 @@ def log_env_step(module: LightningModule, env_steps: float, *, on_step: bool) ->
     """
     # float64: Lightning keeps a logged Python number as float32, exact only up to 2**24
     # (about 16.8M) env steps; a float64 tensor stays float64 up to the loggers.
-    value = torch.tensor(float(env_steps), dtype=torch.float64)
+    # On CUDA the value lives on the device: NCCL reduces device tensors only (sync_dist below).
+    # (MPS has no float64; CPU and MPS runs reduce over gloo, on the CPU.)
+    device = module.device if module.device.type == "cuda" else torch.device("cpu")
+    value = torch.tensor(float(env_steps), dtype=torch.float64, device=device)
     # Every rank holds the same global count: "max" over the epoch's items and the ranks is it.
     module.log(
         STEP_KEY, value, on_step=on_step, on_epoch=not on_step, reduce_fx="max", batch_size=1, sync_dist=not on_step
