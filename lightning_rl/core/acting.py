@@ -19,7 +19,9 @@ from lightning_rl.core.columns import Columns
 from lightning_rl.core.rl_modules import RLModule
 
 
-def compute_actions(module: RLModule, obs: torch.Tensor, *, explore: bool) -> tuple[Mapping[str, Any], torch.Tensor]:
+def compute_actions(
+    module: RLModule, obs: torch.Tensor, *, explore: bool, with_logp: bool = True
+) -> tuple[Mapping[str, Any], torch.Tensor]:
     """One forward pass of ``module`` on a batch of observations, and the actions it chooses.
 
     Args:
@@ -27,10 +29,12 @@ def compute_actions(module: RLModule, obs: torch.Tensor, *, explore: bool) -> tu
         obs: Observations ``[B, *obs_shape]`` on the module's device.
         explore: ``forward_exploration`` and sampled actions; otherwise ``forward_inference``
             and the most likely actions (the greedy policy evaluation uses).
+        with_logp: Add the actions' log-probability (what training stores); acting alone
+            (``Policy``, an exported graph) leaves it out.
 
     Returns:
         The forward pass's outputs (with ``action_logp`` added when the actions were drawn from
-        the action distribution) and the actions ``[B, ...]``, not clipped.
+        the action distribution and ``with_logp``) and the actions ``[B, ...]``, not clipped.
 
     Raises:
         ValueError: If the forward pass returns neither ``actions`` nor ``action_dist_inputs``.
@@ -49,8 +53,9 @@ def compute_actions(module: RLModule, obs: torch.Tensor, *, explore: bool) -> tu
     dist_cls = module.get_exploration_action_dist_cls() if explore else module.get_inference_action_dist_cls()
     dist = dist_cls.from_logits(out[Columns.ACTION_DIST_INPUTS])
     actions = dist.sample() if explore else dist.deterministic_sample()
-    out = dict(out)
-    out[Columns.ACTION_LOGP] = dist.logp(actions)
+    if with_logp:
+        out = dict(out)
+        out[Columns.ACTION_LOGP] = dist.logp(actions)
     return out, actions
 
 

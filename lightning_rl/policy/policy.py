@@ -57,7 +57,7 @@ class PolicyNet(nn.Module):
         """The actions for a batch of observations: greedy unless ``explore``."""
         if self.observation_normalization is not None:
             obs = self.observation_normalization(obs)
-        _, actions = compute_actions(self.module, obs, explore=explore)
+        _, actions = compute_actions(self.module, obs, explore=explore, with_logp=False)
         return clip_actions(actions, self.action_space)
 
 
