@@ -174,8 +174,18 @@ def test_rewards_follow_vec_normalizes_rule_and_dropped_steps_count_nowhere():
 # ---- Two ranks ------------------------------------------------------------------------------
 
 
+def _ddp_trainer(world_size: int, root: str) -> Any:
+    from lightning.pytorch import Trainer
+
+    return Trainer(
+        accelerator="cpu", strategy="ddp", devices=world_size, max_epochs=1, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        num_sanity_val_steps=0, limit_val_batches=0, default_root_dir=root,
+    )  # fmt: skip
+
+
 def _fit_on_rank(rank: int, world_size: int, root: str) -> dict[str, Any]:
-    from lightning.pytorch import Trainer, seed_everything
+    from lightning.pytorch import seed_everything
 
     seed_everything(0)
     log, wrapper = recorder(gamma=0.9)
@@ -184,11 +194,7 @@ def _fit_on_rank(rank: int, world_size: int, root: str) -> dict[str, Any]:
         evaluation_wrappers=[], normalization_gamma=0.9, **NORMALIZE,
     )  # fmt: skip
     learner = PPOLearner(model_config={"fcnet_hiddens": [8]}, num_epochs=1, minibatch_size=32)
-    trainer = Trainer(
-        accelerator="cpu", strategy="ddp", devices=world_size, max_epochs=1, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        num_sanity_val_steps=0, limit_val_batches=0, default_root_dir=root,
-    )  # fmt: skip
+    trainer = _ddp_trainer(world_size, root)
     trainer.fit(learner, datamodule=data)
     return {
         "state": numpy_state(data.state_dict()),
@@ -222,18 +228,13 @@ class FailsAtStep40(gym.Wrapper):
 
 
 def _fit_failing_on_rank_1(rank: int, world_size: int, root: str) -> str:
-    from lightning.pytorch import Trainer
 
     data = OnPolicyDataModule(
         "CartPole-v1", num_envs=2, rollout_fragment_length=16, seed=0, wrappers=[FailsAtStep40] if rank == 1 else [],
         **NORMALIZE,
     )  # fmt: skip
     learner = PPOLearner(model_config={"fcnet_hiddens": [8]}, num_epochs=1, minibatch_size=32)
-    trainer = Trainer(
-        accelerator="cpu", strategy="ddp", devices=world_size, max_epochs=1, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        num_sanity_val_steps=0, limit_val_batches=0, default_root_dir=root,
-    )  # fmt: skip
+    trainer = _ddp_trainer(world_size, root)
     try:
         trainer.fit(learner, datamodule=data)
     except Exception as error:

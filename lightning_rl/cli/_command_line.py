@@ -56,26 +56,25 @@ def output_file(path: str) -> Path:
     return file
 
 
-def nonnegative_int(text: str) -> int:
-    """An int >= 0; an argparse type."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an int >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an int >= 0, got {value}")
-    return value
+def _int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type for ints >= ``minimum``, whose error says so."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an int >= {minimum}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an int >= {minimum}, got {value}")
+        return value
+
+    return parse
 
 
-def positive_int(text: str) -> int:
-    """An int >= 1; an argparse type."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {value}")
-    return value
+#: An int >= 0; an argparse type.
+nonnegative_int = _int_at_least(0)
+#: An int >= 1; an argparse type.
+positive_int = _int_at_least(1)
 
 
 def tell(line: str) -> None:
