@@ -12,8 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from lightning_rl.core.arguments import is_real
 from lightning_rl.data.priority_tree import PriorityTree, priority_masses
-from lightning_rl.data.replay_checks import is_real, validated_updates
+from lightning_rl.data.replay_checks import validated_updates
 from lightning_rl.data.replay_state import STATE_KEYS
 from lightning_rl.data.uniform_replay import ReplayBuffer
 

@@ -10,11 +10,6 @@ from typing import Any
 import numpy as np
 
 
-def is_real(value: Any) -> bool:
-    """Return whether ``value`` is an int or float (numpy ones included), but not a bool."""
-    return not isinstance(value, bool) and isinstance(value, (int, float, np.integer, np.floating))
-
-
 def check_int_at_least_one(name: str, value: Any) -> None:
     """Raise ValueError unless ``value`` is an int (numpy ones included, bools not) >= 1.
 

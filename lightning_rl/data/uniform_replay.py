@@ -22,8 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from lightning_rl.core.arguments import is_real
 from lightning_rl.core.columns import Columns
-from lightning_rl.data.replay_checks import check_int_at_least_one, is_real, validated_updates
+from lightning_rl.data.replay_checks import check_int_at_least_one, validated_updates
 from lightning_rl.data.replay_n_step import BATCH_INDEXES, WEIGHTS, n_step_batch
 from lightning_rl.data.replay_rows import (
     EpisodeArrays,

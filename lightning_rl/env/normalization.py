@@ -28,6 +28,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from lightning_rl.core.arguments import is_real
 from lightning_rl.core.normalization import OBSERVATION_NORMALIZATION_KEY, RunningMeanStd
 from lightning_rl.env.rollout_buffers import RolloutBuffers
 
@@ -73,9 +74,9 @@ def check_normalization_arguments(
     for name, value in (("normalize_observations", normalize_observations), ("normalize_rewards", normalize_rewards)):
         if not isinstance(value, bool):
             raise ValueError(f"{name} must be True or False, got {value!r}")
-    if not _is_number(clip) or not math.isfinite(clip) or clip <= 0:
+    if not is_real(clip) or not math.isfinite(clip) or clip <= 0:
         raise ValueError(f"normalization_clip must be a finite number > 0, got {clip!r}")
-    if not _is_number(gamma) or not 0 <= gamma <= 1:
+    if not is_real(gamma) or not 0 <= gamma <= 1:
         raise ValueError(f"normalization_gamma must be a number in [0, 1], got {gamma!r}")
 
 
@@ -342,7 +343,3 @@ class EnvNormalization:
         ended = buffers.terminateds[t] | buffers.truncateds[t] | dropped
         if ended.any():
             self._returns[ended] = 0.0
-
-
-def _is_number(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float, np.integer, np.floating))
