@@ -31,6 +31,7 @@ _PUBLIC = {
     "LearnerConfig": "lightning_rl.learner.learner",
     "LearnerGroup": "lightning_rl.learner.learner_group",
     "LearnerGroupError": "lightning_rl.learner.learner_group",
+    "FSDP2Strategy": "lightning_rl.learner.sharding",
     "Policy": "lightning_rl.policy.policy",
 }
 
@@ -46,6 +47,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from lightning_rl.learner.checkpoint_io import AtomicCheckpointIO
     from lightning_rl.learner.learner import DEFAULT_OPTIMIZER, Learner, LearnerConfig
     from lightning_rl.learner.learner_group import LearnerGroup, LearnerGroupError
+    from lightning_rl.learner.sharding import FSDP2Strategy
     from lightning_rl.policy.policy import Policy
 
 __all__ = [
@@ -54,6 +56,7 @@ __all__ = [
     "DEFAULT_MODULE_ID",
     "DEFAULT_OPTIMIZER",
     "Columns",
+    "FSDP2Strategy",
     "Learner",
     "LearnerCallback",
     "LearnerConfig",

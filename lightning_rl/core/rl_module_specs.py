@@ -17,6 +17,7 @@ from lightning_rl.core.checkpoint import class_path, loaded_subclass
 from lightning_rl.core.columns import DEFAULT_MODULE_ID
 from lightning_rl.core.module_checks import validate_module_id
 from lightning_rl.core.rl_modules import MultiRLModule, RLModule
+from lightning_rl.core.sharding import unsharded_class
 from lightning_rl.core.spaces import space_from_dict, space_to_dict
 
 
@@ -189,7 +190,7 @@ class MultiRLModuleSpec:
         return cls(
             {
                 module_id: RLModuleSpec(
-                    module_class=type(module),
+                    module_class=unsharded_class(module),
                     observation_space=module.observation_space,
                     action_space=module.action_space,
                     model_config=dict(module.model_config),

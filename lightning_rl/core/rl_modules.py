@@ -23,6 +23,7 @@ from lightning_rl.core.module_checks import (
     model_config_with_defaults,
     validate_module_id,
 )
+from lightning_rl.core.sharding import load_module_state, module_state
 
 
 class RLModule(nn.Module):
@@ -166,8 +167,12 @@ class RLModule(nn.Module):
         return False
 
     def get_state(self) -> dict[str, Tensor]:
-        """Return a detached copy of the ``state_dict`` that later updates do not change."""
-        return {name: tensor.detach().clone() for name, tensor in self.state_dict().items()}
+        """Return a detached copy of the ``state_dict`` that later updates do not change.
+
+        The tensors are whole even when the module is sharded (FSDP2); gathering them is then
+        a collective call that every rank makes.
+        """
+        return module_state(self)
 
     def set_state(self, state: Mapping[str, Tensor]) -> None:
         """Load a state from :meth:`get_state`, after checking it fits.
@@ -179,7 +184,7 @@ class RLModule(nn.Module):
             ValueError: From :func:`check_state_matches`; nothing is loaded then.
         """
         check_state_matches(self, state)
-        self.load_state_dict(state)
+        load_module_state(self, state)
 
     def as_multi_rl_module(self) -> MultiRLModule:
         """Return a :class:`MultiRLModule` holding this module under ``DEFAULT_MODULE_ID``."""
@@ -325,8 +330,8 @@ class MultiRLModule(RLModule):
             ValueError: For an unknown module id, or a state that does not fit its module.
         """
         self.check_state(state)
-        for module_id, module_state in state.items():
-            self._rl_modules[module_id].set_state(module_state)
+        for module_id, state_of_module in state.items():
+            self._rl_modules[module_id].set_state(state_of_module)
 
     def check_state(self, state: Mapping[str, Mapping[str, Tensor]]) -> None:
         """Raise ``ValueError`` if :meth:`set_state` would reject ``state``; change nothing.
@@ -335,9 +340,9 @@ class MultiRLModule(RLModule):
             state: ``{module_id: {name: tensor}}``.
         """
         self._check_known(*state)
-        for module_id, module_state in state.items():
+        for module_id, state_of_module in state.items():
             try:
-                check_state_matches(self._rl_modules[module_id], module_state)
+                check_state_matches(self._rl_modules[module_id], state_of_module)
             except ValueError as err:
                 raise ValueError(f"Module {module_id!r}: {err}") from err
 

@@ -309,7 +309,8 @@ class EnvDataModule(LightningDataModule, abc.ABC):
                 f"the Learner has no module {self.hparams.module_id!r} to sample with (module_id of the data "
                 f"module); it has {sorted(learner.module.keys())}"
             )
-        return learner.module[self.hparams.module_id]
+        # The Learner's acting copy when its modules are sharded (FSDP2), else the module itself.
+        return learner.module_for_acting(self.hparams.module_id)
 
     def sample_eval_item(self) -> TrainItem:
         """Play this rank's share of the evaluation episodes with the current weights.

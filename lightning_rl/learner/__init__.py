@@ -4,10 +4,15 @@ from lightning_rl.learner.callback import LearnerCallback
 from lightning_rl.learner.checkpoint_io import AtomicCheckpointIO
 from lightning_rl.learner.learner import DEFAULT_OPTIMIZER, Learner, LearnerConfig
 from lightning_rl.learner.learner_group import LearnerGroup, LearnerGroupError
+from lightning_rl.learner.sharding import FSDP2Strategy, register_fsdp2_strategy
+
+# Trainer(strategy="fsdp2") and the CLI's --trainer.strategy fsdp2 find it by name.
+register_fsdp2_strategy()
 
 __all__ = [
     "DEFAULT_OPTIMIZER",
     "AtomicCheckpointIO",
+    "FSDP2Strategy",
     "Learner",
     "LearnerCallback",
     "LearnerConfig",

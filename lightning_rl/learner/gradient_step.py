@@ -30,6 +30,7 @@ from lightning_rl.core.columns import ALL_MODULES
 from lightning_rl.learner.data_parallel import is_wrapped_in_ddp, unused_parameter_anchor
 from lightning_rl.learner.optimizers import clip_gradients
 from lightning_rl.learner.result_keys import NUM_NON_FINITE_UPDATES_SKIPPED, TOTAL_LOSS_KEY
+from lightning_rl.learner.sharding import reduce_replicated_gradients, step_anchor
 
 if TYPE_CHECKING:
     from lightning_rl.learner.learner import LearnerConfig
@@ -105,11 +106,17 @@ class GradientStepMixin:
         if total is None and loss_per_module:
             total = _sum(loss_per_module.values())
         trainer = self._running_trainer()
-        if trainer is not None and is_wrapped_in_ddp(trainer.strategy):
+        anchor = None
+        if self._sharding_mesh is not None:
+            anchor, self._step_anchor = self._step_anchor, None
+        elif trainer is not None and is_wrapped_in_ddp(trainer.strategy):
             anchor = unused_parameter_anchor(self)
+        if anchor is not None:
             total = anchor if total is None else total + anchor
         if isinstance(total, torch.Tensor) and total.requires_grad:
             self.manual_backward(total) if trainer is not None else total.backward()
+        if self._sharding_mesh is not None:
+            reduce_replicated_gradients(list(registry.params.values()), self._sharding_mesh)
         return {ref: param.grad for ref, param in registry.params.items() if param.grad is not None}
 
     def postprocess_gradients(self, gradients_dict: dict[Any, torch.Tensor]) -> dict[Any, torch.Tensor]:
@@ -216,8 +223,11 @@ class GradientStepMixin:
             FloatingPointError: When an optimizer has now skipped its module's
                 ``max_consecutive_non_finite_steps`` steps in a row.
         """
-        # A data-parallel rank without rows in this step still backpropagates (zeros), in step with the others.
-        fwd_out = self._forward_train_fn(minibatch) if minibatch else {}
+        if self._sharding_mesh is not None:
+            fwd_out, self._step_anchor = self._sharded_forward_train(minibatch)
+        else:
+            # A data-parallel rank without rows in this step still backpropagates (zeros), in step with the others.
+            fwd_out = self._forward_train_fn(minibatch) if minibatch else {}
         loss_per_module = dict(self.compute_losses(fwd_out=fwd_out, batch=minibatch))
         if ALL_MODULES not in loss_per_module and loss_per_module:
             loss_per_module[ALL_MODULES] = _sum(loss_per_module.values())
@@ -231,6 +241,26 @@ class GradientStepMixin:
         if self._non_finite_steps.over_limit:
             raise FloatingPointError(self._too_many_non_finite_steps_message(loss_per_module))
         return not self._non_finite_steps.all_skipped
+
+    def _sharded_forward_train(self, minibatch: MultiModuleBatch) -> tuple[dict[str, Any], torch.Tensor]:
+        """The train pass of sharded modules: every rank runs the same modules, in the same order.
+
+        A module that this update trains on some rank but that has no rows here runs on a
+        zero-row batch, so that every rank gathers and reduces the same weights. Its output
+        gets no loss (a mean over no rows is NaN); it enters the zero-valued anchor instead.
+
+        Returns:
+            The outputs of the modules with rows (what ``compute_losses`` gets) and the anchor
+            to add to the backpropagated loss (``sharding.step_anchor``).
+        """
+        in_update = sorted(set(minibatch) | (self._modules_in_update or set()))
+        full = {
+            module_id: minibatch[module_id] if module_id in minibatch else self._zero_row_batches[module_id]
+            for module_id in in_update
+        }
+        fwd_out = self._forward_train_fn(full)
+        anchor = step_anchor(self._module, fwd_out)
+        return {module_id: out for module_id, out in fwd_out.items() if module_id in minibatch}, anchor
 
     def _too_many_non_finite_steps_message(self, loss_per_module: Mapping[str, torch.Tensor]) -> str:
         """What stopped training: which optimizers skipped how many steps, and whether their loss was finite."""

@@ -46,6 +46,7 @@ from lightning_rl.core.module_checks import check_known_keys
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec, spec_or_default
 from lightning_rl.core.rl_modules import MultiRLModule, RLModule
 from lightning_rl.core.schedules import Schedule, ScheduleSetting
+from lightning_rl.core.sharding import unsharded_class, whole
 from lightning_rl.learner._lightning_private import attached_trainer
 from lightning_rl.learner.batches import prepare_batch
 from lightning_rl.learner.callback import LearnerCallback
@@ -77,6 +78,7 @@ from lightning_rl.learner.result_keys import (  # noqa: F401
     TRAIN_RETURN_KEY,
     WEIGHTS_SEQ_NO,
 )
+from lightning_rl.learner.sharding import gathered
 from lightning_rl.learner.state import StateMixin
 from lightning_rl.learner.update_api import UpdateApiMixin
 
@@ -257,6 +259,12 @@ class Learner(
         self._own_callbacks: list[Callback] | None = None
         # The modules the current update trains (agreed over all ranks); None outside updates.
         self._modules_in_update: set[str] | None = None
+        # Under a sharding strategy (FSDP2): the mesh the modules are sharded over, the
+        # zero-row batches of the current update's modules, and the whole copies that act.
+        self._sharding_mesh: Any = None
+        self._zero_row_batches: dict[str, dict[str, torch.Tensor]] = {}
+        self._step_anchor: torch.Tensor | None = None
+        self._acting_copies: dict[str, RLModule] = {}
 
     # ------------------------------------------------------------------------------------
     # Building
@@ -303,6 +311,40 @@ class Learner(
     def module(self) -> MultiRLModule | None:
         """The ``MultiRLModule`` being trained; ``None`` until ``build`` (as in RLlib)."""
         return self._module
+
+    def module_for_acting(self, module_id: str) -> RLModule:
+        """The module that acts in an environment for ``module_id``: the trained module itself,
+        or, when the modules are sharded (FSDP2), a whole copy with the current weights.
+
+        Data modules sample through it. Under sharding the copy is built for inference only and
+        refreshed on every call, which gathers the module's weights: a collective call that
+        every rank makes at the same point (the data modules ask once per rollout and per
+        evaluation, on every rank). Acting through the copy costs no collective call per env
+        step, and ranks may play evaluation episodes of different lengths.
+
+        Raises:
+            ValueError: If the Learner is not built or has no module ``module_id``.
+        """
+        self._check_is_built()
+        if module_id not in self._module:
+            raise ValueError(f"{type(self).__name__} has no module {module_id!r}; it has {sorted(self._module.keys())}")
+        module = self._module[module_id]
+        if self._sharding_mesh is None:
+            return module
+        copy = self._acting_copies.get(module_id)
+        if type(copy) is not unsharded_class(module):  # first call, or the module was replaced
+            copy = RLModuleSpec(
+                module_class=unsharded_class(module),
+                observation_space=module.observation_space,
+                action_space=module.action_space,
+                model_config=dict(module.model_config),
+                inference_only=True,
+            ).build()
+            copy = self._acting_copies[module_id] = copy.to(self.device)
+        wanted = copy.state_dict().keys()
+        copy.load_state_dict({name: whole(tensor) for name, tensor in module.state_dict().items() if name in wanted})
+        copy.train(module.training)
+        return copy
 
     @property
     def module_spec(self) -> MultiRLModuleSpec:
@@ -469,9 +511,11 @@ class Learner(
         ``build_learner_connector``) rather than overriding this.
         """
         self._check_is_built()
-        return self._learner_connector(
-            rl_module=self._module, batch={}, episodes=list(episodes), shared_data={}, metrics=self.metrics
-        )
+        # Pieces may run the modules (GAE's value predictions): sharded ones are gathered whole meanwhile.
+        with gathered(self._module):
+            return self._learner_connector(
+                rl_module=self._module, batch={}, episodes=list(episodes), shared_data={}, metrics=self.metrics
+            )
 
     def required_batch_columns(self, module_id: str) -> list[str]:
         """Columns a batch must hold for ``module_id``; checked before any update."""
@@ -548,6 +592,18 @@ class Learner(
         wrappers = self.optimizers()
         wrappers = wrappers if isinstance(wrappers, list) else [wrappers]
         return {wrapper.optimizer: wrapper for wrapper in wrappers}
+
+    def _rebuild_optimizers(self, state: Mapping[str, Any]) -> None:
+        """Register every module's optimizers anew (on its current parameters) and load ``state`` into them.
+
+        ``state`` is what ``OptimizerRegistry.get_state(include_optimizers=True)`` returned
+        before the parameters were replaced (sharding replaces them).
+        """
+        self._optimizer_registry = OptimizerRegistry(self.get_param_ref)
+        self._non_finite_steps = NonFiniteSteps()
+        self.configure_optimizers()
+        self._optimizer_registry.set_state(state)
+        self._sync_trainer_optimizers()
 
     def _sync_trainer_optimizers(self) -> None:
         """Hand the current optimizers to an attached Trainer, so it steps and saves them."""

@@ -32,6 +32,7 @@ from lightning_rl.learner._lightning_private import (
 from lightning_rl.learner.batches import as_train_item
 from lightning_rl.learner.env_step_logging import HP_METRIC_KEY, best_return, log_env_step
 from lightning_rl.learner.result_keys import TOTAL_LOSS_KEY, TRAIN_RETURN_KEY
+from lightning_rl.learner.sharding import data_parallel_mesh, is_sharding_strategy, shard_modules
 
 
 class LightningHooksMixin:
@@ -44,20 +45,20 @@ class LightningHooksMixin:
         Trainer's data module (``datamodule.observation_space`` / ``.action_space``).
 
         Raises:
-            ValueError: under ``strategy="fsdp"`` (not supported yet, see below); under
+            ValueError: under ``strategy="fsdp"`` (FSDP1: use ``"fsdp2"``); under
                 ``precision="16-mixed"``, whose gradient scaling would hand
                 scaled gradients to the Learner's clipping and non-finite checks; when a space
                 is missing and no data module provides it; and when ``minibatch_size`` is
                 larger than the data module's train batch.
         """
         if isinstance(getattr(self.trainer, "strategy", None), FSDPStrategy):
-            # Sharding needs optimizers built on the wrapped parameters, every minibatch's
-            # forward pass to go through the FSDP wrapper (the Learner runs all its steps
-            # inside one training_step) and gradient norms reduced over shards for clipping.
+            # FSDP1 wraps the module and shards flat parameter groups at setup, after which the
+            # Learner's optimizers, its minibatch steps inside one training_step and its
+            # per-optimizer clipping do not fit; FSDP2 shards the parameters themselves.
             raise ValueError(
-                f"{type(self).__name__} does not support strategy='fsdp' yet: it builds its optimizers before the "
-                "strategy wraps the model and takes all minibatch steps inside one training_step, which FSDP's "
-                "parameter sharding does not allow. Use strategy='ddp' (every rank holds the whole model)."
+                f"{type(self).__name__} does not support strategy='fsdp' (FSDPStrategy, FSDP1). Use "
+                "strategy='fsdp2' (lightning_rl.FSDP2Strategy: FSDP2 through Lightning's ModelParallelStrategy, "
+                "on CPU ranks or GPUs), or strategy='ddp' (every rank holds the whole model)."
             )
         if getattr(self.trainer.precision_plugin, "scaler", None) is not None:
             raise ValueError(
@@ -70,6 +71,23 @@ class LightningHooksMixin:
         if stage == "fit":
             self.check_fits_data(datamodule)
         self.build()
+
+    def configure_model(self) -> None:
+        """Lightning's hook, after ``setup``: under a sharding strategy, shard the modules (FSDP2).
+
+        Under ``FSDP2Strategy`` (``strategy="fsdp2"``) or a ``ModelParallelStrategy`` with
+        ``tensor_parallel_size=1``, the modules become one FSDP unit over the data-parallel
+        ranks and the optimizers are built again on the slices (``sharding.shard_modules``).
+        Other strategies leave the modules as they are. Called again for later stages; the
+        modules are sharded once.
+
+        Raises:
+            ValueError: Under a ``ModelParallelStrategy`` with ``tensor_parallel_size > 1``.
+        """
+        strategy = getattr(self.trainer, "strategy", None)
+        if not is_sharding_strategy(strategy) or self._sharding_mesh is not None:
+            return
+        shard_modules(self, data_parallel_mesh(strategy))
 
     def check_fits_data(self, datamodule: Any) -> None:
         """Check that ``minibatch_size`` fits into one train item of ``datamodule``.

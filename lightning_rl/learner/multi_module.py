@@ -3,7 +3,8 @@
 ``MultiModuleMixin`` is one part of ``Learner``, which inherits it. ``add_module`` and
 ``remove_module`` change the ``MultiRLModule`` mid-training (e.g. league play adds frozen
 opponents), with the optimizers, overrides and metrics that go with a module; under a
-running Trainer they hand the new optimizers to it and, under DDP, rebuild the wrapper.
+running Trainer they hand the new optimizers to it and, under DDP, rebuild the wrapper (under
+FSDP2, the sharded unit).
 ``should_module_be_updated`` answers ``policies_to_train``.
 """
 
@@ -17,6 +18,7 @@ from lightning_rl.core.batch import MultiModuleBatch
 from lightning_rl.core.module_checks import validate_module_id
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.learner.data_parallel import rewrap_data_parallel
+from lightning_rl.learner.sharding import shard_modules
 
 ShouldModuleBeUpdated = Union[Collection[str], Callable[[str, Optional[MultiModuleBatch]], bool]]
 
@@ -132,6 +134,10 @@ class MultiModuleMixin:
         self.hparams.policies_to_train = None if callable(rule) else sorted(rule)
 
     def _rewrap_data_parallel(self) -> None:
+        """After a module was added or removed: DDP's wrapper, or the FSDP unit, is built again around the modules."""
+        if self._sharding_mesh is not None:
+            shard_modules(self, self._sharding_mesh)
+            return
         trainer = self._running_trainer()
         if trainer is not None:
             rewrap_data_parallel(trainer.strategy, self)

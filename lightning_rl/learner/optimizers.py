@@ -23,6 +23,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from lightning_rl.core.columns import ALL_MODULES, DEFAULT_MODULE_ID, NUM_ENV_STEPS_SAMPLED_LIFETIME
 from lightning_rl.core.metrics import MetricsLogger
 from lightning_rl.core.schedules import Schedule, ScheduleSetting
+from lightning_rl.core.sharding import load_optimizer_state, local_part, optimizer_state, whole_copies, whole_norms
 from lightning_rl.learner.result_keys import LR_KEY
 
 if TYPE_CHECKING:
@@ -192,13 +193,13 @@ class OptimizerRegistry:
         """Copies of the ``LRScheduler`` states and, if asked, of the optimizer states, by full name."""
         state: dict[str, Any] = {
             "lr_schedulers": {
-                name: clone_tensors(schedule.state_dict())
+                name: whole_copies(schedule.state_dict())
                 for name, schedule in self.lr_schedules.items()
                 if isinstance(schedule, LRScheduler)
             }
         }
         if include_optimizers:
-            state["optimizers"] = {name: clone_tensors(opt.state_dict()) for name, opt in self.named.items()}
+            state["optimizers"] = {name: optimizer_state(opt) for name, opt in self.named.items()}
         return state
 
     def check_state(self, state: Mapping[str, Any]) -> None:
@@ -219,7 +220,7 @@ class OptimizerRegistry:
     def set_state(self, state: Mapping[str, Any]) -> None:
         """Load what ``get_state`` returned (checked by ``check_state`` beforehand)."""
         for full_name, saved in state.get("optimizers", {}).items():
-            self.named[full_name].load_state_dict(clone_tensors(saved))
+            load_optimizer_state(self.named[full_name], whole_copies(saved))
         for full_name, saved in state.get("lr_schedulers", {}).items():
             self.lr_schedules[full_name].load_state_dict(saved)
 
@@ -369,9 +370,11 @@ def clip_gradients(
             global norm exceeds ``grad_clip`` (``torch.nn.utils.clip_grad_norm_``'s rule,
             with its ``1e-6`` guard against division by zero).
     """
-    grads = list(gradients.values())
-    norms = torch._foreach_norm(grads)
-    global_norm = torch.linalg.vector_norm(torch.stack(norms))
+    # Sharded gradients (FSDP2) are clipped slice by slice, by the norms of the whole tensors,
+    # so that every rank clips alike and the result equals clipping the whole gradients.
+    norms = whole_norms(list(gradients.values()))
+    grads = [local_part(grad) for grad in gradients.values()]
+    global_norm = torch.linalg.vector_norm(norms)
     if grad_clip is None:
         return global_norm
     if grad_clip_by == "value":
@@ -385,17 +388,6 @@ def clip_gradients(
     else:
         raise ValueError(f"grad_clip_by must be one of {GRAD_CLIP_BY}, got {grad_clip_by!r}")
     return global_norm
-
-
-def clone_tensors(value: Any) -> Any:
-    """A copy of ``value`` in which every tensor is detached and cloned (nested dicts, lists, tuples)."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if isinstance(value, Mapping):
-        return {key: clone_tensors(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(clone_tensors(item) for item in value)
-    return value
 
 
 def _make_lr_schedule(
@@ -417,7 +409,7 @@ def _make_lr_schedule(
 
 
 def _global_norm(grads: list[torch.Tensor]) -> torch.Tensor:
-    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    return torch.linalg.vector_norm(whole_norms(grads))
 
 
 def _set_lr(optimizer: Optimizer, lr: float) -> None:

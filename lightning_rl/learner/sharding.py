@@ -1,0 +1,272 @@
+"""Sharded Learners: FSDP2 through Lightning's ``ModelParallelStrategy``, on CPU ranks or GPUs.
+
+Under ``Trainer(strategy="fsdp2")`` (``FSDP2Strategy``) or a ``ModelParallelStrategy`` with
+``tensor_parallel_size=1``, each rank keeps a slice of every parameter and of the optimizer
+moments that follow it (``torch.distributed.fsdp.fully_shard``), so a rank holds about
+``1 / world_size`` of the weights and optimizer states that DDP would give it. What this
+module does for a Learner:
+
+- ``shard_modules``: all modules of the Learner become one FSDP unit (the ``MultiRLModule``),
+  whose passes (``forward_train``, ``forward_exploration``, ``forward_inference``) gather the
+  whole weights first; the optimizers are built again on the slices, with the weights and
+  optimizer states the Learner had. Called by ``configure_model`` and again after a module
+  is added or removed (the unit is rebuilt around the new set of modules).
+- ``zero_row_batch`` and ``reduce_replicated_gradients``: what keeps the ranks' collective
+  calls in step within a minibatch step (see ``Learner._minibatch_step``).
+- ``FSDP2Strategy``: ``ModelParallelStrategy`` with the sizes a Learner needs and checkpoints
+  in the format every other strategy writes, so they load in one process, under DDP or on any
+  number of sharded ranks.
+
+Why one unit for all modules rather than one per layer: a loss may read parameters outside
+their layer's forward (SAC's actor loss passes through the critics' detached weights; its
+temperature ``log_alpha`` is read in the loss), and several modules trained in one step must
+gather and reduce in the same order on every rank. One unit's weights stay gathered from its
+forward pass until the backward pass has reduced the gradients, which serves both; the
+slices of weights, gradients and optimizer states, which is what sharding saves, are the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from gymnasium import spaces
+from lightning.pytorch.strategies import ModelParallelStrategy, Strategy, StrategyRegistry
+from lightning.pytorch.strategies.parallel import ParallelStrategy
+from torch import nn
+
+from lightning_rl.core.columns import Columns
+from lightning_rl.core.rl_module_specs import MultiRLModuleSpec
+from lightning_rl.core.rl_modules import MultiRLModule, RLModule
+from lightning_rl.core.sharding import (
+    is_sharded,
+    load_module_state,
+    load_optimizer_state,
+    module_is_sharded,
+    module_state,
+    optimizer_state,
+)
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from lightning_rl.learner.learner import Learner
+
+FSDP2_STRATEGY_NAME = "fsdp2"
+
+# The passes of a MultiRLModule that gather its whole weights before they run.
+SHARDED_FORWARD_METHODS = ("forward_train", "forward_exploration", "forward_inference")
+
+
+def is_sharding_strategy(strategy: Strategy | None) -> bool:
+    """Whether ``strategy`` shards the Learner's modules (a ``ModelParallelStrategy``, ``FSDP2Strategy`` included)."""
+    return isinstance(strategy, ModelParallelStrategy)
+
+
+def data_parallel_mesh(strategy: ModelParallelStrategy) -> DeviceMesh:
+    """The mesh the modules are sharded over: the strategy's data-parallel dimension.
+
+    Raises:
+        ValueError: If the strategy also splits tensors (``tensor_parallel_size > 1``), which
+            needs a plan per layer that the Learner cannot know.
+    """
+    mesh = strategy.device_mesh
+    if mesh["tensor_parallel"].size() > 1:
+        raise ValueError(
+            f"ModelParallelStrategy(tensor_parallel_size={mesh['tensor_parallel'].size()}): a Learner shards its "
+            "modules over data-parallel ranks only (FSDP2). Use tensor_parallel_size=1, or strategy='fsdp2'."
+        )
+    return mesh["data_parallel"]
+
+
+def shard_modules(learner: Learner, mesh: DeviceMesh) -> None:
+    """Make the Learner's modules one FSDP unit over ``mesh`` and rebuild its optimizers on the slices.
+
+    The weights, optimizer states and learning-rate schedulers the Learner had are kept (a
+    collective call when the modules are sharded already: every rank must make it, as for
+    ``add_module``). The modules are rebuilt from their spec when they were sharded before,
+    since an FSDP unit's parameters are fixed when it is made.
+    """
+    current = learner._module
+    weights = module_state(current)
+    optimizer_states = learner._optimizer_registry.get_state(include_optimizers=True)
+    if any(is_sharded(param) for param in current.parameters()):
+        module = MultiRLModuleSpec.from_module(current).build().to(learner.device)
+        module.train(current.training)
+    else:
+        module = current
+    load_module_state(module, weights)
+    _fully_shard(module, mesh)
+    learner._module = module
+    learner._sharding_mesh = mesh
+    learner._rebuild_optimizers(optimizer_states)
+    # Building optimizers may set weights (SAC sets log_alpha from initial_alpha): keep the Learner's.
+    load_module_state(module, weights)
+    learner._compile()
+
+
+def _fully_shard(module: MultiRLModule, mesh: DeviceMesh) -> None:
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+
+    # FSDP cannot shard 0-d parameters (SAC's log_alpha): they stay whole on every rank, and
+    # their gradients are averaged like DDP's (reduce_replicated_gradients).
+    scalars = {param for param in module.parameters() if param.dim() == 0}
+    fully_shard(module, mesh=mesh, ignored_params=scalars or None)
+    for method in SHARDED_FORWARD_METHODS:
+        register_fsdp_forward_method(module, method)
+
+
+@contextlib.contextmanager
+def gathered(module: nn.Module) -> Iterator[None]:
+    """Within the block, a sharded ``module`` holds its whole weights, for any of its methods to use.
+
+    For work outside the sharded passes, such as the Learner connector's value predictions.
+    A collective call when ``module`` is sharded (every rank enters the block); otherwise nothing.
+    """
+    if not module_is_sharded(module):
+        yield
+        return
+    module.unshard()
+    try:
+        yield
+    finally:
+        module.reshard()
+
+
+def reduce_replicated_gradients(params: list[nn.Parameter], mesh: DeviceMesh) -> None:
+    """Average the gradients of the parameters FSDP left whole over the ranks of ``mesh`` (one all-reduce).
+
+    Every rank passes the same parameters in the same order, each with a gradient (the step's
+    zero-valued anchor reaches every parameter).
+    """
+    grads = [param.grad for param in params if not is_sharded(param) and param.grad is not None]
+    if not grads:
+        return
+    flat = torch.cat([grad.reshape(-1) for grad in grads])
+    dist.all_reduce(flat, group=mesh.get_group())
+    flat /= mesh.size()
+    offset = 0
+    for grad in grads:
+        grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
+        offset += grad.numel()
+
+
+def zero_row_batch(module: RLModule) -> dict[str, torch.Tensor]:
+    """A batch of no rows for ``module``'s train pass, so that a rank without rows of it still takes part.
+
+    Columns ``obs``, ``new_obs`` and ``actions``, shaped by the module's spaces: what the
+    train passes of the package's modules read.
+    """
+    device = next(iter(module.parameters()), torch.empty(0)).device
+    obs = _empty_for(module.observation_space, device)
+    return {Columns.OBS: obs, Columns.NEXT_OBS: obs.clone(), Columns.ACTIONS: _empty_for(module.action_space, device)}
+
+
+def _empty_for(space: Any, device: torch.device) -> torch.Tensor:
+    if isinstance(space, spaces.Discrete):
+        return torch.zeros(0, dtype=torch.long, device=device)
+    if not isinstance(space, spaces.Box):
+        raise ValueError(
+            f"a sharded Learner needs a zero-row batch for a module this rank has no rows of, and cannot make one "
+            f"for a {type(space).__name__} space; give every rank rows of every module trained"
+        )
+    dtype = torch.float32 if space.dtype.kind == "f" else torch.long
+    return torch.zeros((0, *space.shape), dtype=dtype, device=device)
+
+
+def step_anchor(module: MultiRLModule, fwd_out: dict[str, Any]) -> torch.Tensor:
+    """Zero times every parameter and every output: added to the loss, it reaches the whole FSDP unit.
+
+    FSDP reduces the gradients of the parameters that have one, once the backward pass has
+    passed through an output of the sharded pass; with this term every rank reduces all of
+    them, also a rank whose minibatch held only zero-row batches.
+    """
+    terms = [param.sum() for param in module.parameters() if param.requires_grad]
+    terms += [tensor.sum() for tensor in _tensors_in(fwd_out) if tensor.requires_grad]
+    return torch.stack(terms).sum() * 0.0
+
+
+def _tensors_in(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        return [tensor for item in value.values() for tensor in _tensors_in(item)]
+    if isinstance(value, (list, tuple)):
+        return [tensor for item in value for tensor in _tensors_in(item)]
+    return []
+
+
+class FSDP2Strategy(ModelParallelStrategy):
+    """FSDP2 for Learners: ``ModelParallelStrategy`` over all ranks, with checkpoints that load anywhere.
+
+    ``Trainer(strategy="fsdp2")`` (registered under that name when ``lightning_rl.learner`` is
+    imported) shards every module over all ranks (``data_parallel_size`` = the number of
+    processes, ``tensor_parallel_size=1``), on CPU ranks (gloo) as on GPUs (NCCL).
+
+    Checkpoints hold whole weights and optimizer states in the format a single process
+    saves (written by rank 0), so a checkpoint of sharded ranks loads into a Learner in one
+    process, into ``Policy.from_checkpoint``, and resumes under DDP or on any number of
+    sharded ranks; and theirs resume here. Saving gathers each tensor whole on every rank in turn.
+
+    Args:
+        process_group_backend: ``"gloo"``, ``"nccl"``, ...; ``None`` picks the device's default.
+        timeout: The collective calls' timeout (Lightning's default if not given).
+    """
+
+    def __init__(self, process_group_backend: str | None = None, **kwargs: Any) -> None:
+        unknown = set(kwargs) - {"timeout"}
+        if unknown:
+            raise ValueError(
+                f"FSDP2Strategy takes process_group_backend and timeout, not {sorted(unknown)}: it shards over all "
+                "ranks and writes whole checkpoints; use ModelParallelStrategy for other layouts"
+            )
+        super().__init__(
+            data_parallel_size="auto",
+            tensor_parallel_size=1,
+            save_distributed_checkpoint=False,
+            process_group_backend=process_group_backend,
+            **kwargs,
+        )
+
+    def setup_environment(self) -> None:
+        # All processes are data-parallel ranks ("auto" would take the number of nodes).
+        self._data_parallel_size = self.num_nodes * self.num_processes
+        super().setup_environment()
+
+    @property
+    def lightning_restore_optimizer(self) -> bool:
+        return True
+
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        """The whole weights, on every rank (gathered tensor by tensor: a collective call)."""
+        return module_state(self.lightning_module)
+
+    def optimizer_state(self, optimizer: Any) -> dict[str, Any]:
+        """The optimizer's state as one process would save it (whole moments; a collective call)."""
+        return optimizer_state(getattr(optimizer, "_optimizer", optimizer))
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
+        ParallelStrategy.save_checkpoint(self, checkpoint, filepath, storage_options=storage_options)
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        return ParallelStrategy.load_checkpoint(self, checkpoint_path, weights_only=weights_only)
+
+    def load_model_state_dict(self, checkpoint: dict[str, Any], strict: bool = True) -> None:
+        load_module_state(self.lightning_module, checkpoint["state_dict"], strict=strict)
+
+    def load_optimizer_state_dict(self, checkpoint: dict[str, Any]) -> None:
+        for optimizer, state in zip(self.optimizers, checkpoint["optimizer_states"]):
+            load_optimizer_state(getattr(optimizer, "_optimizer", optimizer), state)
+
+
+def register_fsdp2_strategy() -> None:
+    """Register ``FSDP2Strategy`` as ``"fsdp2"`` in Lightning's strategy registry (once)."""
+    if FSDP2_STRATEGY_NAME not in StrategyRegistry:
+        StrategyRegistry.register(
+            FSDP2_STRATEGY_NAME,
+            FSDP2Strategy,
+            description="lightning_rl: FSDP2 over all ranks (CPU or GPU), whole checkpoints",
+        )
