@@ -134,6 +134,10 @@ class Policy:
     ) -> Policy:
         """The policy of a built Learner's module, sharing its weights (later updates show).
 
+        When the Learner's modules are sharded (FSDP2) it acts through the Learner's whole
+        acting copy (``Learner.module_for_acting``: a collective call, make it on every rank),
+        whose weights are those of the copy's last refresh (every rollout of a data module).
+
         Args:
             learner: A built Learner.
             module_id: The module to act with; ``None`` for a Learner with one module.
@@ -147,7 +151,7 @@ class Policy:
         if learner.module is None:
             raise ValueError("the Learner is not built; call learner.build() first")
         module_id = choose_module_id(list(learner.module.keys()), module_id, "the Learner")
-        return cls(learner.module[module_id], observation_normalization=observation_normalization)
+        return cls(learner.module_for_acting(module_id), observation_normalization=observation_normalization)
 
     @property
     def module(self) -> RLModule:
