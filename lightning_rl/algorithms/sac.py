@@ -178,7 +178,8 @@ class SACModule(RLModule, TargetNetworkAPI):
 
     def normalize_actions(self, actions: Tensor) -> Tensor:
         """Map env-space actions ``[B, *action_shape]`` in ``[low, high]`` to flat ``[B, d]`` in ``[-1, 1]``."""
-        return (actions.reshape(actions.shape[0], -1).float() - self.action_center) / self.action_scale
+        flat = actions.reshape(actions.shape[0], self.action_dim)  # not -1: a batch may have no rows
+        return (flat.float() - self.action_center) / self.action_scale
 
     def unnormalize_actions(self, actions: Tensor) -> Tensor:
         """Map flat ``[B, d]`` actions in ``[-1, 1]`` to env space ``[B, *action_shape]`` in ``[low, high]``."""

@@ -333,13 +333,16 @@ class Learner(
             return module
         copy = self._acting_copies.get(module_id)
         if type(copy) is not unsharded_class(module):  # first call, or the module was replaced
-            copy = RLModuleSpec(
-                module_class=unsharded_class(module),
-                observation_space=module.observation_space,
-                action_space=module.action_space,
-                model_config=dict(module.model_config),
-                inference_only=True,
-            ).build()
+            # Its random initial weights are overwritten below: drawing them must not move the
+            # global RNG, so that a seeded fit samples the same actions sharded or not.
+            with torch.random.fork_rng(devices=[]):
+                copy = RLModuleSpec(
+                    module_class=unsharded_class(module),
+                    observation_space=module.observation_space,
+                    action_space=module.action_space,
+                    model_config=dict(module.model_config),
+                    inference_only=True,
+                ).build()
             copy = self._acting_copies[module_id] = copy.to(self.device)
         wanted = copy.state_dict().keys()
         copy.load_state_dict({name: whole(tensor) for name, tensor in module.state_dict().items() if name in wanted})
