@@ -9,16 +9,20 @@ SAC is the Learner: three Adam optimizers per module, target critics, and a 0-d 
 (``log_alpha``) that FSDP leaves whole on every rank. Its sampled actions are made
 reproducible by seeding torch before every train item (``SeedEachStep``), since a resume does
 not restore the random state. Starting two ranks costs seconds, so each spawned run checks
-many things and returns numpy.
+many things and returns numpy: one spawned pair of ranks runs both multi-rank scenarios.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import pytest
 import torch
 from lightning.pytorch import Callback
 from ranks import run_on_ranks
@@ -129,6 +133,23 @@ def _leaves(value: Any) -> list[Any]:
     return [value]
 
 
+# Both multi-rank scenarios run in one spawned pair of ranks (starting them costs more than the fits).
+
+
+def _fsdp_runs_main(rank: int, world_size: int, root: str) -> dict[str, Any]:
+    return {
+        "strategies": _strategies_main(rank, world_size, f"{root}/strategies"),
+        "modules": _modules_main(rank, world_size, f"{root}/modules"),
+    }
+
+
+@pytest.fixture(scope="module")
+def fsdp_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+    """The directory the runs wrote to, and what each rank returned."""
+    root = tmp_path_factory.mktemp("fsdp_runs")
+    return root, run_on_ranks(_fsdp_runs_main, str(root), timeout=240)
+
+
 # ---- 1. One checkpoint, three places: FSDP ranks, one process, DDP ranks -------------------------------------------
 
 
@@ -185,8 +206,10 @@ def _strategies_main(rank: int, world_size: int, root: str) -> dict[str, Any]:
     return out
 
 
-def test_a_checkpoint_of_two_fsdp_ranks_loads_in_one_process_and_resumes_exactly_under_ddp_and_fsdp(tmp_path):
-    rank0, rank1 = run_on_ranks(_strategies_main, str(tmp_path), timeout=150)
+def test_a_checkpoint_of_two_fsdp_ranks_loads_in_one_process_and_resumes_exactly_under_ddp_and_fsdp(fsdp_runs):
+    root, ranks = fsdp_runs
+    tmp_path = root / "strategies"
+    rank0, rank1 = (rank["strategies"] for rank in ranks)
     fsdp_checkpoint = tmp_path / "fsdp" / f"epoch={FIRST_EPOCHS - 1}.ckpt"
 
     # Sharded for real: every parameter but the 0-d log_alpha is a DTensor slice.
@@ -210,21 +233,21 @@ def test_a_checkpoint_of_two_fsdp_ranks_loads_in_one_process_and_resumes_exactly
         assert_states_close(rank["after_restore_from_dir"], first, "restore_from_path(save_to_path dir)")
         assert_states_close(rank["after_restore_from_checkpoint"], first, "restore_from_path(fsdp2 checkpoint)")
 
-    # One process: the fsdp2 checkpoint and both ranks' save_to_path directories load with the ranks' whole state.
-    for path in (fsdp_checkpoint, tmp_path / "saved_rank0", tmp_path / "saved_rank1"):
+    # One process: the fsdp2 checkpoint and both ranks' save_to_path directories load with the ranks' whole state,
+    # and the checkpoint's policy acts as the loaded Learner's module does.
+    for path in (tmp_path / "saved_rank0", tmp_path / "saved_rank1", fsdp_checkpoint):
         loaded = Learner.from_checkpoint(str(path))
         assert type(loaded) is SACLearner
         assert_states_close(training_state(loaded), first, str(path))
-    policy = Policy.from_checkpoint(str(fsdp_checkpoint))
     obs = np.random.default_rng(0).normal(size=(5, 3)).astype(np.float32)
-    actions = policy.act(obs)
+    actions = Policy.from_checkpoint(str(fsdp_checkpoint)).act(obs)
     assert actions.shape == (5, 2) and all(BOX.contains(action) for action in actions)
     np.testing.assert_array_equal(actions, Policy.from_learner(loaded).act(obs))
 
     # Resumed from the checkpoint written after 2 of 4 epochs, each fit ends where the uninterrupted DDP fit
     # ends: from fsdp2 to DDP, from DDP to fsdp2, from fsdp2 to fsdp2. (Within 1e-6, not bit for bit: FSDP
     # reduce-scatters what DDP all-reduces.)
-    assert rank0["global_step_resumed"] == 72
+    assert rank0["global_step_resumed"] == 72  # 4 epochs x 3 items x 2 minibatches x 3 optimizers
     for run in ("fsdp_to_ddp", "ddp_to_fsdp", "fsdp_to_fsdp"):
         for rank in (rank0, rank1):
             assert_states_close(rank[run], rank0["continuous"], run, atol=1e-6)
@@ -306,8 +329,10 @@ def _modules_main(rank: int, world_size: int, root: str) -> dict[str, Any]:
     return {"continuous": record, "resumed": resumed}
 
 
-def test_modules_added_and_removed_mid_fit_on_fsdp_ranks_are_sharded_trained_and_restored_on_resume(tmp_path):
-    rank0, rank1 = run_on_ranks(_modules_main, str(tmp_path), timeout=150)
+def test_modules_added_and_removed_mid_fit_on_fsdp_ranks_are_sharded_trained_and_restored_on_resume(fsdp_runs):
+    root, ranks = fsdp_runs
+    tmp_path = root / "modules"
+    rank0, rank1 = (rank["modules"] for rank in ranks)
     run = rank0["continuous"]
     for key in ("start", "at_add", "before_remove", "after_remove", "end_of_epoch_0", "end"):
         # The ranks hold one model (the 0-d log_alphas, whole on each rank, included).
@@ -328,7 +353,7 @@ def test_modules_added_and_removed_mid_fit_on_fsdp_ranks_are_sharded_trained_and
             np.testing.assert_array_equal(added[name], value.numpy(), err_msg=name)
     # It is trained from the next item on, with its own optimizers; "frozen" stays bit for bit as it started.
     trained = module_weights(run["end_of_epoch_0"], "new")
-    assert all(not np.array_equal(trained[name], value) for name, value in added.items() if "target" not in name)
+    assert all(not np.array_equal(trained[name], value) for name, value in added.items())
     assert run["end_of_epoch_0"]["/optimizer/optimizers/new_qf/state/0/step"] == 2 * 2  # 2 items x 2 minibatches
     frozen = module_weights(run["start"], "frozen")
     assert frozen
@@ -352,6 +377,70 @@ def test_modules_added_and_removed_mid_fit_on_fsdp_ranks_are_sharded_trained_and
         assert_states_close(resumed["start"], run["end_of_epoch_0"], "restored")
         assert resumed["modules"] == ["a", "new"]
         assert_states_close(resumed["end"], run["end"], "resumed", atol=1e-6)
+    # In one process too, with the added module.
+    loaded = Learner.from_checkpoint(str(tmp_path / "continuous" / "epoch=0.ckpt"))
+    assert sorted(loaded.module.keys()) == ["a", "frozen", "new"]
+    assert_states_close(training_state(loaded), run["end_of_epoch_0"], "one process")
     # The file holds plain tensors only: "a" (31 weights, Adam states of 19 parameters), "frozen" (31 weights,
     # never stepped) and "new" (21 weights, Adam states of 13 parameters).
     assert assert_plain_tensors_only(tmp_path / "continuous" / "epoch=0.ckpt") >= (31 + 3 * 19) + 31 + (21 + 3 * 13)
+
+
+# ---- 3. The command line: --trainer.strategy fsdp2 ------------------------------------------------------------------
+
+CARTPOLE = str(REPO / "examples" / "ppo_cartpole.yaml")
+# Flags that shrink the example to one rollout of 8 envs x 32 steps per rank, in seconds.
+QUICK = {
+    "trainer.enable_progress_bar": "false", "data.init_args.max_env_steps": "512",
+    "data.init_args.rollouts_per_epoch": "1", "data.init_args.evaluation_num_episodes": "2",
+    "model.init_args.num_epochs": "1",
+}  # fmt: skip
+
+
+def test_the_command_line_takes_fsdp2_as_a_strategy_name_for_two_cpu_ranks(tmp_path):
+    from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+
+    from lightning_rl import FSDP2Strategy
+    from lightning_rl.cli import LightningRLCLI
+
+    flags = ["--trainer.strategy", "fsdp2", "--trainer.devices", "2", "--trainer.accelerator", "cpu"]
+    cli = LightningRLCLI(args=["--config", CARTPOLE, *flags, "--trainer.default_root_dir", str(tmp_path)], run=False)
+    # The name resolves through Lightning's StrategyRegistry; fit would start rank 1 by running the command again.
+    assert type(cli.trainer.strategy) is FSDP2Strategy
+    assert cli.trainer.strategy.num_processes == 2
+    assert isinstance(cli.trainer.strategy.launcher, _SubprocessScriptLauncher)
+
+
+@pytest.mark.slow
+def test_the_command_line_fits_on_two_fsdp_cpu_ranks_and_writes_a_checkpoint_that_loads_anywhere(tmp_path):
+    """``lightning-rl fit ... --trainer.strategy fsdp2 --trainer.devices 2``: Lightning starts rank 1 by running the
+    same command again; the modules are sharded, and the checkpoint holds whole, plain tensors."""
+    flags = {**QUICK, "trainer.strategy": "fsdp2", "trainer.devices": "2", "trainer.accelerator": "cpu"}
+    args = [
+        sys.executable,
+        "-m",
+        "lightning_rl",
+        "fit",
+        "--config",
+        CARTPOLE,
+        "--trainer.default_root_dir",
+        str(tmp_path),
+    ]
+    args += [f"--{key}={value}" for key, value in flags.items()]
+    # This checkout's package, in both ranks (Lightning's relaunch inherits the environment).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert "All distributed processes registered. Starting with 2 processes" in output
+    assert "FSDPMultiRLModule" in output  # the model summary names the sharded unit fully_shard made
+
+    checkpoint = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    assert assert_plain_tensors_only(checkpoint) > 0
+    content = torch.load(checkpoint, weights_only=True)
+    assert content["OnPolicyDataModule"]["num_env_steps_sampled_lifetime"] == 512  # both ranks sampled
+    learner = Learner.from_checkpoint(str(checkpoint))
+    for name, value in learner.state_dict().items():
+        torch.testing.assert_close(value, content["state_dict"][name], rtol=0, atol=0)
+    actions = Policy.from_checkpoint(str(checkpoint)).act(np.zeros((3, 4), np.float32))
+    assert actions.shape == (3,) and set(actions.tolist()) <= {0, 1}
