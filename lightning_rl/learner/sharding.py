@@ -85,13 +85,15 @@ def data_parallel_mesh(strategy: ModelParallelStrategy) -> DeviceMesh:
 def shard_modules(learner: Learner, mesh: DeviceMesh) -> None:
     """Make the Learner's modules one FSDP unit over ``mesh`` and rebuild its optimizers on the slices.
 
-    The weights, optimizer states and learning-rate schedulers the Learner had are kept (a
-    collective call when the modules are sharded already: every rank must make it, as for
-    ``add_module``). The modules are rebuilt from their spec when they were sharded before,
-    since an FSDP unit's parameters are fixed when it is made.
+    The weights, optimizer states and learning-rate schedulers the Learner had are kept, and
+    weights not sharded yet (all at first, a new module's after ``add_module``) are rank 0's
+    on every rank, as under DDP. A collective call: every rank makes it at the same point.
+    The modules are rebuilt from their spec when they were sharded before, since an FSDP
+    unit's parameters are fixed when it is made.
     """
     current = learner._module
     weights = module_state(current)
+    _broadcast_unsharded(current, weights, mesh)
     optimizer_states = learner._optimizer_registry.get_state(include_optimizers=True)
     if any(is_sharded(param) for param in current.parameters()):
         module = MultiRLModuleSpec.from_module(current).build().to(learner.device)
@@ -106,6 +108,23 @@ def shard_modules(learner: Learner, mesh: DeviceMesh) -> None:
     # Building optimizers may set weights (SAC sets log_alpha from initial_alpha): keep the Learner's.
     load_module_state(module, weights)
     learner._compile()
+
+
+def _broadcast_unsharded(module: nn.Module, weights: dict[str, torch.Tensor], mesh: DeviceMesh) -> None:
+    """Replace, in ``weights``, every tensor that ``module`` does not hold sharded with rank 0's (a collective call).
+
+    As DDP's wrapper does when it is built: every rank starts from rank 0's weights, whatever
+    seed each rank built its modules with. At the first sharding that is every weight; after
+    ``add_module``, the new module's (and the 0-d parameters and buffers, which FSDP leaves
+    whole). Without it each rank would keep its own slice of its own initial weights, and the
+    whole parameters FSDP leaves unsharded would differ between ranks for good.
+    """
+    group = mesh.get_group()
+    source = dist.get_global_rank(group, 0)
+    current = module.state_dict()
+    for name, tensor in weights.items():
+        if not is_sharded(current[name]):
+            dist.broadcast(tensor, src=source, group=group)
 
 
 def _fully_shard(module: MultiRLModule, mesh: DeviceMesh) -> None:
