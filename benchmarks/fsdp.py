@@ -1,6 +1,6 @@
 """Sharded (FSDP2) versus data-parallel (DDP) Learners on 2 CPU ranks: memory, update speed, acting.
 
-Three measurements, each on 2 spawned ranks (one torch thread each, gloo), started as
+Two measurements on 2 spawned ranks (one torch thread each, gloo), started as
 ``torchrun`` would start them (environment variables, so Lightning launches nothing itself):
 
   memory and updates  ``Trainer.fit`` of a ``BCLearner`` (Adam) on a ``--hiddens`` MLP over
@@ -14,11 +14,14 @@ Three measurements, each on 2 spawned ranks (one torch thread each, gloo), start
             step) and at its peak (``ru_maxrss``, which includes the moments within a step when
             FSDP2 holds the whole weights and gradients). Speed: minibatch steps/s and env
             steps trained/s (rows of both ranks) over the timed items (the first is not timed).
-            Under FSDP2 the memory of the whole acting copy (``Learner.module_for_acting``: what
-            the data modules sample with) is measured after training.
+            Halfway through, the module that acts is taken (``Learner.module_for_acting``, what
+            the data modules sample with: under FSDP2 a whole inference copy, held from then
+            on, as from a data module's first rollout; under DDP the module itself), and the
+            RSS between steps and at the peak are measured again with it held.
   acting    ``EnvRunner.sample`` of ``--rollout`` steps of ``--num-envs`` CartPole envs per rank
             with a sharded Learner (``strategy="fsdp2"``), for the 50M MLP (in the FSDP2 run
-            above) and for a small ``--small-hiddens`` MLP (its own run), three ways:
+            above) and for a small ``--small-hiddens`` MLP (a second, short fit in the same
+            processes), three ways:
               (a) copy        through ``Learner.module_for_acting``: a whole inference copy,
                               refreshed (gathered) once per rollout, as the data modules do;
               (b) per step    through the sharded module's registered ``forward_exploration``,
@@ -231,7 +234,7 @@ def fit(learner: Any, strategy: str, batch: dict[str, torch.Tensor], num_items: 
 # ----------------------------------------------------------------------------------------
 
 
-def _update_rank(rank: int, world_size: int, strategy: str, args: argparse.Namespace) -> dict[str, Any]:
+def _update_rank(rank: int, world_size: int, strategy: str, act: bool, args: argparse.Namespace) -> dict[str, Any]:
     from lightning.pytorch import Callback
 
     measured: dict[str, Any] = {"rss_imports": rss_mb()}
@@ -277,14 +280,41 @@ def _update_rank(rank: int, world_size: int, strategy: str, args: argparse.Names
             measured["rss_between_copy"] = rss_mb()
             measured["rss_peak_copy"] = peak_rss_mb()
             measured["seconds_per_step"] = statistics.median(self.seconds) / steps_per_item
-            if strategy == "fsdp2":
+            if act:
+                measured["collectives"] = collective_seconds(measured["num_params"])
                 measured["acting"] = measure_acting(pl_module, args.rollout_50m, args.acting_rounds_50m, args)
 
     fit(learner, strategy, bc_batch(args.rows, seed=rank), args.items + 1, Probe())
-    if strategy == "fsdp2":
+    if act:
         # The small MLP in the same processes (a second fit joins the process group there is): no second start-up.
         measured["acting_small"] = small_acting(rank, args)
     return measured
+
+
+def collective_seconds(numel: int, repeats: int = 2) -> dict[str, float]:
+    """Seconds of each collective a step needs, on float32 tensors of ``numel`` elements in all (every rank calls it).
+
+    DDP all-reduces the gradients once per step; FSDP2 all-gathers the weights before the
+    forward pass and reduce-scatters the gradients after the backward pass.
+    """
+    import torch.distributed as dist
+
+    whole = torch.ones(numel - numel % 2)
+    part = torch.ones(len(whole) // 2)
+    calls = {
+        "all_reduce": lambda: dist.all_reduce(whole),
+        "all_gather": lambda: dist.all_gather_into_tensor(whole, part),
+        "reduce_scatter": lambda: dist.reduce_scatter_tensor(part, whole),
+    }
+    seconds = {}
+    for name, call in calls.items():
+        call()  # warm-up
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            call()
+        seconds[name] = (time.perf_counter() - start) / repeats
+    return seconds
 
 
 # ----------------------------------------------------------------------------------------
@@ -410,7 +440,13 @@ def print_memory_table(by_strategy: dict[str, list[list[dict[str, Any]]]], args:
     )
     if len(ddp) > 1:
         paired = [d[0]["seconds_per_step"] / f[0]["seconds_per_step"] for d, f in zip(ddp, fsdp)]
-        print(f"FSDP2 / DDP speed by round (DDP's step time / FSDP2's): {', '.join(f'{r:.2f}' for r in paired)}")
+        print(f"\nFSDP2 / DDP speed by round (DDP's step time / FSDP2's): {', '.join(f'{r:.2f}' for r in paired)}")
+    collectives = fsdp[-1][0]["collectives"]
+    print(
+        f"\nCollectives per step on tensors the size of all parameters (gloo, rank 0): DDP all-reduce "
+        f"{collectives['all_reduce'] * 1e3:,.1f} ms; FSDP2 all-gather {collectives['all_gather'] * 1e3:,.1f} ms + "
+        f"reduce-scatter {collectives['reduce_scatter'] * 1e3:,.1f} ms"
+    )
 
 
 def print_acting_table(title: str, seconds: dict[str, list[float]], work: int) -> None:
@@ -447,21 +483,23 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    start = time.perf_counter()
     print(
         f"torch {torch.__version__}, {os.cpu_count()} CPU cores, 2 ranks x 1 torch thread, gloo; "
         f"load average {os.getloadavg()[0]:.2f} before"
     )
     by_strategy: dict[str, list[list[dict[str, Any]]]] = {"ddp": [], "fsdp2": []}
-    for _ in range(args.rounds):
+    for round_index in range(args.rounds):
         for strategy in by_strategy:
-            by_strategy[strategy].append(run_ranks(_update_rank, strategy, args))
+            act = strategy == "fsdp2" and round_index == args.rounds - 1  # the acting part once, in the last run
+            by_strategy[strategy].append(run_ranks(_update_rank, strategy, act, args))
     num_params = by_strategy["ddp"][0][0]["num_params"]
-    print(f"load average {os.getloadavg()[0]:.2f} after\n")
+    print(f"load average {os.getloadavg()[0]:.2f} after; {time.perf_counter() - start:.0f} s in all\n")
 
     print(
         f"Trainer.fit of BCLearner (Adam) on 2 CPU ranks: MLP {args.hiddens} ({num_params / 1e6:.1f}M parameters, "
         f"float32), {args.rows} rows per rank and item in minibatches of {args.minibatch}, "
-        f"{args.items} timed items; memory per rank (the larger rank)\n"
+        f"{args.items} timed items per run, {args.rounds} run(s) each; memory per rank (the larger rank)\n"
     )
     print_memory_table(by_strategy, args)
     print_acting_table(
