@@ -40,8 +40,9 @@ within one round.
 
 Run::
 
-    python benchmarks/fsdp.py            # about 3 minutes on 2 cores
-    python benchmarks/fsdp.py --quick    # a smoke run of seconds: small model, few steps
+    python benchmarks/fsdp.py              # 2 to 3 minutes on 2 shared cores
+    python benchmarks/fsdp.py --rounds 3   # a steadier DDP/FSDP2 speed ratio (about 4 minutes)
+    python benchmarks/fsdp.py --quick      # a smoke run (under a minute): small model, few steps
 """
 
 from __future__ import annotations
@@ -462,7 +463,7 @@ def print_acting_table(title: str, seconds: dict[str, list[float]], work: int) -
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="a smoke run of seconds: small model, few steps")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: small model, few steps")
     parser.add_argument("--hiddens", type=int, nargs="+", default=[4096] * 4, help="the large MLP (50.4M params)")
     parser.add_argument("--rows", type=int, default=64, help="rows per rank and train item")
     parser.add_argument("--minibatch", type=int, default=64, help="rows per rank and Adam step")
