@@ -487,7 +487,7 @@ def test_a_ppo_fit_with_evaluation_under_fsdp2_equals_ddp_on_every_rank(fits):
     fsdp, ddp = rank0["ppo/fsdp2"], rank0["ppo/ddp"]
     assert fsdp["sharded"] and not ddp["sharded"]
     _assert_close(fsdp["weights"], rank1["ppo/fsdp2"]["weights"], atol=0, what="ppo fsdp2 ranks")
-    # The ranks sampled through whole acting copies of the sharded module (Learner.module_for_acting):
+    # The ranks sampled with the sharded module's weights gathered whole (Learner.module_for_acting):
     # the same episodes, hence the same updates, as DDP's ranks acting through the module itself.
     _assert_close(fsdp["weights"], ddp["weights"], atol=1e-6, what="ppo fit: fsdp2 vs ddp")
     assert fsdp["metrics"]["eval/num_episodes"] == 2

@@ -19,6 +19,7 @@ holds (``train_batch_size``); everything else here delegates to ``self.sampling`
 from __future__ import annotations
 
 import abc
+import contextlib
 import functools
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -295,8 +296,13 @@ class EnvDataModule(LightningDataModule, abc.ABC):
         """This rank's evaluation ``EnvRunner`` (built on first use; its own envs and seeds)."""
         return self.sampling.eval_runner
 
-    def acting_module(self) -> RLModule:
-        """The Learner's module that acts in the environment.
+    @contextlib.contextmanager
+    def acting_module(self) -> Iterator[RLModule]:
+        """The Learner's module that acts in the environment, for the length of the block.
+
+        Through ``Learner.module_for_acting``: with sharded modules (FSDP2) their whole
+        weights are gathered for the block, a collective call that every rank makes here at
+        the same point (once per rollout and per evaluation).
 
         Raises:
             ValueError: If the Learner is not built or has no module ``module_id``.
@@ -309,8 +315,8 @@ class EnvDataModule(LightningDataModule, abc.ABC):
                 f"the Learner has no module {self.hparams.module_id!r} to sample with (module_id of the data "
                 f"module); it has {sorted(learner.module.keys())}"
             )
-        # The Learner's acting copy when its modules are sharded (FSDP2), else the module itself.
-        return learner.module_for_acting(self.hparams.module_id)
+        with learner.module_for_acting(self.hparams.module_id) as module:
+            yield module
 
     def sample_eval_item(self) -> TrainItem:
         """Play this rank's share of the evaluation episodes with the current weights.
@@ -320,7 +326,8 @@ class EnvDataModule(LightningDataModule, abc.ABC):
         """
         video = self._evaluation_video
         record = video is not None and video.records_this_evaluation(self.trainer)
-        episodes = self.sampling.evaluate(self.acting_module(), record_video=record)
+        with self.acting_module() as module:
+            episodes = self.sampling.evaluate(module, record_video=record)
         # The env steps trained on so far: the step at which the evaluation is logged.
         env_steps = self.num_env_steps_sampled_lifetime
         if record:

@@ -150,10 +150,10 @@ class OffPolicyDataModule(EnvDataModule):
         Raises:
             RuntimeError: If the Trainer runs several processes without ``torch.distributed``.
         """
-        acting = self.acting_module()  # checked even while random actions stand in for it
-        if self.hparams.random_actions_before_learning_starts and not self._learning_started():
-            acting = self._uniform_random_module()
-        episodes, metrics = self.sampling.sample(acting, self._gather)
+        with self.acting_module() as acting:  # checked even while random actions stand in for it
+            if self.hparams.random_actions_before_learning_starts and not self._learning_started():
+                acting = self._uniform_random_module()
+            episodes, metrics = self.sampling.sample(acting, self._gather)
         buffer = self.replay_buffer
         buffer.add_episodes(episodes)
         if isinstance(buffer, PrioritizedReplayBuffer):

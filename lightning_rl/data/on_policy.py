@@ -84,6 +84,7 @@ class OnPolicyDataModule(EnvDataModule):
         Raises:
             RuntimeError: If the Trainer runs several processes without ``torch.distributed``.
         """
-        episodes, metrics = self.sampling.sample(self.acting_module(), self._gather)
+        with self.acting_module() as module:
+            episodes, metrics = self.sampling.sample(module, self._gather)
         timesteps = {NUM_ENV_STEPS_SAMPLED_LIFETIME: metrics[NUM_ENV_STEPS_SAMPLED_LIFETIME]}
         return TrainItem(TrainingData(episodes=episodes), timesteps=timesteps, env_runners=metrics)

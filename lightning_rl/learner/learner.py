@@ -29,7 +29,8 @@ file and readable on its own, as Lightning assembles ``LightningModule`` from ho
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -46,7 +47,6 @@ from lightning_rl.core.module_checks import check_known_keys
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec, spec_or_default
 from lightning_rl.core.rl_modules import MultiRLModule, RLModule
 from lightning_rl.core.schedules import Schedule, ScheduleSetting
-from lightning_rl.core.sharding import unsharded_class, whole
 from lightning_rl.learner._lightning_private import attached_trainer
 from lightning_rl.learner.batches import prepare_batch
 from lightning_rl.learner.callback import LearnerCallback
@@ -259,12 +259,11 @@ class Learner(
         self._own_callbacks: list[Callback] | None = None
         # The modules the current update trains (agreed over all ranks); None outside updates.
         self._modules_in_update: set[str] | None = None
-        # Under a sharding strategy (FSDP2): the mesh the modules are sharded over, the
-        # zero-row batches of the current update's modules, and the whole copies that act.
+        # Under a sharding strategy (FSDP2): the mesh the modules are sharded over and the
+        # zero-row batches of the current update's modules.
         self._sharding_mesh: Any = None
         self._zero_row_batches: dict[str, dict[str, torch.Tensor]] = {}
         self._step_anchor: torch.Tensor | None = None
-        self._acting_copies: dict[str, RLModule] = {}
 
     # ------------------------------------------------------------------------------------
     # Building
@@ -312,15 +311,17 @@ class Learner(
         """The ``MultiRLModule`` being trained; ``None`` until ``build`` (as in RLlib)."""
         return self._module
 
-    def module_for_acting(self, module_id: str) -> RLModule:
-        """The module that acts in an environment for ``module_id``: the trained module itself,
-        or, when the modules are sharded (FSDP2), a whole copy with the current weights.
+    @contextlib.contextmanager
+    def module_for_acting(self, module_id: str) -> Iterator[RLModule]:
+        """The module ``module_id``, ready to act in an environment for the length of the block.
 
-        Data modules sample through it. Under sharding the copy is built for inference only and
-        refreshed on every call, which gathers the module's weights: a collective call that
-        every rank makes at the same point (the data modules ask once per rollout and per
-        evaluation, on every rank). Acting through the copy costs no collective call per env
-        step, and ranks may play evaluation episodes of different lengths.
+        Data modules sample with it: ``with learner.module_for_acting(module_id) as module: ...``.
+        Unsharded, it is the trained module itself. When the modules are sharded (FSDP2),
+        their whole weights are gathered in place for the block and the slices restored after
+        it: one collective call that every rank makes at the same point (the data modules do,
+        once per rollout and per evaluation). So acting needs no collective call per env step,
+        ranks may play evaluation episodes of different lengths, and no second copy of the
+        weights outlives the block. Do not keep the module for use after the block.
 
         Raises:
             ValueError: If the Learner is not built or has no module ``module_id``.
@@ -328,26 +329,8 @@ class Learner(
         self._check_is_built()
         if module_id not in self._module:
             raise ValueError(f"{type(self).__name__} has no module {module_id!r}; it has {sorted(self._module.keys())}")
-        module = self._module[module_id]
-        if self._sharding_mesh is None:
-            return module
-        copy = self._acting_copies.get(module_id)
-        if type(copy) is not unsharded_class(module):  # first call, or the module was replaced
-            # Its random initial weights are overwritten below: drawing them must not move the
-            # global RNG, so that a seeded fit samples the same actions sharded or not.
-            with torch.random.fork_rng(devices=[]):
-                copy = RLModuleSpec(
-                    module_class=unsharded_class(module),
-                    observation_space=module.observation_space,
-                    action_space=module.action_space,
-                    model_config=dict(module.model_config),
-                    inference_only=True,
-                ).build()
-            copy = self._acting_copies[module_id] = copy.to(self.device)
-        wanted = copy.state_dict().keys()
-        copy.load_state_dict({name: whole(tensor) for name, tensor in module.state_dict().items() if name in wanted})
-        copy.train(module.training)
-        return copy
+        with gathered(self._module):
+            yield self._module[module_id]
 
     @property
     def module_spec(self) -> MultiRLModuleSpec:

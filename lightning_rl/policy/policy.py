@@ -22,7 +22,9 @@ from torch import nn
 
 from lightning_rl.core.acting import clip_actions, compute_actions
 from lightning_rl.core.normalization import ObservationNormalization
+from lightning_rl.core.rl_module_specs import RLModuleSpec
 from lightning_rl.core.rl_modules import MultiRLModule, RLModule
+from lightning_rl.core.sharding import module_is_sharded, unsharded_class, whole
 from lightning_rl.learner.learner import Learner
 from lightning_rl.policy.loading import choose_module_id, read_policy_checkpoint
 
@@ -134,9 +136,9 @@ class Policy:
     ) -> Policy:
         """The policy of a built Learner's module, sharing its weights (later updates show).
 
-        When the Learner's modules are sharded (FSDP2) it acts through the Learner's whole
-        acting copy (``Learner.module_for_acting``: a collective call, make it on every rank),
-        whose weights are those of the copy's last refresh (every rollout of a data module).
+        When the Learner's modules are sharded (FSDP2) it acts with a whole, inference-only copy
+        of the module's current weights instead (gathering them is a collective call: make it
+        on every rank); later updates do not show in the copy.
 
         Args:
             learner: A built Learner.
@@ -151,7 +153,10 @@ class Policy:
         if learner.module is None:
             raise ValueError("the Learner is not built; call learner.build() first")
         module_id = choose_module_id(list(learner.module.keys()), module_id, "the Learner")
-        return cls(learner.module_for_acting(module_id), observation_normalization=observation_normalization)
+        module = learner.module[module_id]
+        if module_is_sharded(module):
+            module = _whole_inference_copy(module)
+        return cls(module, observation_normalization=observation_normalization)
 
     @property
     def module(self) -> RLModule:
@@ -242,3 +247,20 @@ def _check_normalization(normalization: Any, observation_space: gym.Space) -> No
             f"observation_normalization has shape {tuple(normalization.mean.shape)}, "
             f"but the observation space has {tuple(observation_space.shape)}"
         )
+
+
+def _whole_inference_copy(module: RLModule) -> RLModule:
+    """An inference-only module of ``module``'s class with its whole weights (a collective call if sharded)."""
+    # The copy's random initial weights are overwritten: drawing them must not move the global RNG.
+    with torch.random.fork_rng(devices=[]):
+        copy = RLModuleSpec(
+            module_class=unsharded_class(module),
+            observation_space=module.observation_space,
+            action_space=module.action_space,
+            model_config=dict(module.model_config),
+            inference_only=True,
+        ).build()
+    wanted = copy.state_dict().keys()
+    copy.load_state_dict({name: whole(tensor) for name, tensor in module.state_dict().items() if name in wanted})
+    device = next(iter(module.parameters())).device
+    return copy.to(device).train(module.training)
