@@ -14,23 +14,23 @@ Two measurements on 2 spawned ranks (one torch thread each, gloo), started as
             step) and at its peak (``ru_maxrss``, which includes the moments within a step when
             FSDP2 holds the whole weights and gradients). Speed: minibatch steps/s and env
             steps trained/s (rows of both ranks) over the timed items (the first is not timed).
-            Halfway through, the module that acts is taken (``Learner.module_for_acting``, what
-            the data modules sample with: under FSDP2 a whole inference copy, held from then
-            on, as from a data module's first rollout; under DDP the module itself), and the
-            RSS between steps and at the peak are measured again with it held.
+            Halfway through, the module that acts is taken as a data module takes it for a
+            rollout (``with learner.module_for_acting(...)``: under FSDP2 the weights gathered
+            whole in place; under DDP the module itself), and RSS is measured inside that block.
   acting    ``EnvRunner.sample`` of ``--rollout`` steps of ``--num-envs`` CartPole envs per rank
             with a sharded Learner (``strategy="fsdp2"``), for the 50M MLP (in the FSDP2 run
             above) and for a small ``--small-hiddens`` MLP (a second, short fit in the same
             processes), three ways:
-              (a) copy        through ``Learner.module_for_acting``: a whole inference copy,
-                              refreshed (gathered) once per rollout, as the data modules do;
+              (a) in place    ``with learner.module_for_acting(...)``, what the data modules
+                              do: the weights gathered whole in place once per rollout, the
+                              module called directly (no FSDP hooks per step), resharded after;
               (b) per step    through the sharded module's registered ``forward_exploration``,
                               which gathers the weights on every env step, resharded after
                               each step (``module.reshard()``: a no-grad pass leaves the root
                               unit's weights gathered);
-              (c) per rollout through the sharded module without resharding after each step:
-                              the first step gathers, the others reuse the gathered weights,
-                              resharded once after the rollout.
+              (c) copy        a whole inference-only copy kept beside the sharded module and
+                              refreshed (gathered into) once per rollout: the alternative
+                              design, which costs a second copy of the acting weights.
             Rounds alternate the variants; ratios are paired (same round) against (a).
 
 On a machine with 2 CPU cores the 2 ranks use both, and anything else running takes from
@@ -72,9 +72,9 @@ from lightning_rl.learner.learner_group import free_local_port, local_rank_envir
 MODULE_ID = "default_policy"
 MB = 2**20
 ACTING_VARIANTS = {
-    "copy": "(a) whole copy, refreshed per rollout",
+    "in_place": "(a) gathered in place per rollout",
     "per_step": "(b) sharded, gathered per step",
-    "per_rollout": "(c) sharded, gathered per rollout",
+    "copy": "(c) whole copy, refreshed per rollout",
 }
 
 
@@ -241,12 +241,12 @@ def _update_rank(rank: int, world_size: int, strategy: str, act: bool, args: arg
     measured: dict[str, Any] = {"rss_imports": rss_mb()}
     learner = bc_learner(args.hiddens, args.minibatch)
     steps_per_item = -(-args.rows // args.minibatch)
-    # Items 0 .. half-1 train without an acting copy (item 0: warm-up, not timed); then the
-    # copy is built, as a data module does before its first rollout, and held to the end.
+    # After item half-1 (item 0: warm-up, not timed) the module is taken for acting, as a data
+    # module takes it for a rollout, and memory is measured inside that block.
     half = (args.items + 1) // 2 + 1
 
     class Probe(Callback):
-        """Memory at setup, between steps and at its peak, without and with the acting copy; update times."""
+        """Memory at setup, between steps, at its peak and while acting; update times."""
 
         def __init__(self) -> None:
             self.seconds: list[float] = []
@@ -270,16 +270,12 @@ def _update_rank(rank: int, world_size: int, strategy: str, act: bool, args: arg
                 measured["adam"] = local_mb(optimizer_tensors(trainer.optimizers))
                 measured["rss_between"] = rss_mb()
                 measured["rss_peak"] = peak_rss_mb()
-                # Under DDP the module acts itself (no copy); under FSDP2 a whole inference copy does.
-                acting = pl_module.module_for_acting(MODULE_ID)
-                measured["acting_copy"] = (
-                    0.0 if acting is pl_module.module[MODULE_ID] else local_mb(acting.parameters())
-                )
-                reset_peak_rss()
+                with pl_module.module_for_acting(MODULE_ID) as acting, torch.inference_mode():
+                    acting.forward_exploration({"obs": torch.zeros(args.num_envs, 4)})
+                    measured["rss_acting"] = rss_mb()
 
         def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-            measured["rss_between_copy"] = rss_mb()
-            measured["rss_peak_copy"] = peak_rss_mb()
+            measured["rss_peak_all"] = peak_rss_mb()
             measured["seconds_per_step"] = statistics.median(self.seconds) / steps_per_item
             if act:
                 measured["collectives"] = collective_seconds(measured["num_params"])
@@ -357,17 +353,20 @@ def measure_acting(learner: Any, rollout: int, rounds: int, args: argparse.Names
     multi = learner.module
     runner = EnvRunner("CartPole-v1", num_envs=args.num_envs, rollout_fragment_length=rollout, seed=0)
 
-    def copy() -> None:
-        runner.sample(learner.module_for_acting(MODULE_ID))
+    def in_place() -> None:
+        with learner.module_for_acting(MODULE_ID) as module:
+            runner.sample(module)
 
     def per_step() -> None:
         runner.sample(ShardedActor(multi, reshard_each_step=True))
 
-    def per_rollout() -> None:
-        runner.sample(ShardedActor(multi, reshard_each_step=False))
-        multi.reshard()
+    copy_of = whole_copy(multi[MODULE_ID])
 
-    runs = {"copy": copy, "per_step": per_step, "per_rollout": per_rollout}
+    def copy() -> None:
+        refresh(copy_of, multi[MODULE_ID])
+        runner.sample(copy_of)
+
+    runs = {"in_place": in_place, "per_step": per_step, "copy": copy}
     seconds: dict[str, list[float]] = {name: [] for name in runs}
     names = list(runs)
     for round_index in range(rounds + 1):
@@ -379,6 +378,28 @@ def measure_acting(learner: Any, rollout: int, rounds: int, args: argparse.Names
                 seconds[name].append(time.perf_counter() - start)
     runner.close()
     return seconds
+
+
+def whole_copy(module: Any) -> Any:
+    """A whole, inference-only module of ``module``'s class, beside the sharded one (variant (c))."""
+    from lightning_rl.core.rl_module_specs import RLModuleSpec
+    from lightning_rl.core.sharding import unsharded_class
+
+    return RLModuleSpec(
+        module_class=unsharded_class(module),
+        observation_space=module.observation_space,
+        action_space=module.action_space,
+        model_config=dict(module.model_config),
+        inference_only=True,
+    ).build()
+
+
+def refresh(copy: Any, module: Any) -> None:
+    """Gather ``module``'s whole weights into ``copy`` (a collective call)."""
+    from lightning_rl.core.sharding import whole
+
+    wanted = copy.state_dict().keys()
+    copy.load_state_dict({name: whole(tensor) for name, tensor in module.state_dict().items() if name in wanted})
 
 
 def small_acting(rank: int, args: argparse.Namespace) -> dict[str, list[float]]:
@@ -407,7 +428,7 @@ def print_memory_table(by_strategy: dict[str, list[list[dict[str, Any]]]], args:
         for ranks in runs:
             for rank in ranks:
                 rank["state"] = rank["params"] + rank["grads"] + rank["adam"]
-                for key in ("rss_setup", "rss_between", "rss_peak", "rss_between_copy", "rss_peak_copy"):
+                for key in ("rss_setup", "rss_between", "rss_peak", "rss_acting", "rss_peak_all"):
                     rank[key + "_above"] = rank[key] - rank["rss_imports"]
 
     def larger(runs: list[list[dict[str, Any]]], key: str) -> float:
@@ -422,9 +443,8 @@ def print_memory_table(by_strategy: dict[str, list[list[dict[str, Any]]]], args:
         ("RSS after setup, above imports (MiB)", "rss_setup_above"),
         ("RSS between steps, above imports (MiB)", "rss_between_above"),
         ("peak RSS in the steps, above imports (MiB)", "rss_peak_above"),
-        ("acting copy's weights (MiB)", "acting_copy"),
-        ("RSS between steps, with the acting copy (MiB)", "rss_between_copy_above"),
-        ("peak RSS in the steps, with the acting copy (MiB)", "rss_peak_copy_above"),
+        ("RSS while acting (weights gathered), above imports (MiB)", "rss_acting_above"),
+        ("peak RSS over steps and acting, above imports (MiB)", "rss_peak_all_above"),
     ]
     print("| per rank | DDP | FSDP2 | FSDP2 / DDP |\n|---|---:|---:|---:|")
     for label, key in rows:
@@ -453,7 +473,7 @@ def print_memory_table(by_strategy: dict[str, list[list[dict[str, Any]]]], args:
 def print_acting_table(title: str, seconds: dict[str, list[float]], work: int) -> None:
     print(f"\n{title}")
     print("paired = median over rounds of (a)'s time / the variant's time in the same round [10th-90th percentile]")
-    print_paired_table(seconds, ACTING_VARIANTS, baseline="copy", work=work, unit="env steps/s")
+    print_paired_table(seconds, ACTING_VARIANTS, baseline="in_place", work=work, unit="env steps/s")
 
 
 # ----------------------------------------------------------------------------------------
