@@ -178,7 +178,9 @@ class SACModule(RLModule, TargetNetworkAPI):
 
     def normalize_actions(self, actions: Tensor) -> Tensor:
         """Map env-space actions ``[B, *action_shape]`` in ``[low, high]`` to flat ``[B, d]`` in ``[-1, 1]``."""
-        return (actions.reshape(actions.shape[0], -1).float() - self.action_center) / self.action_scale
+        # The width is spelled out (not -1) so that a batch of no rows (sharding.zero_row_batch) reshapes too.
+        flat = actions.reshape(actions.shape[0], self.action_center.numel())
+        return (flat.float() - self.action_center) / self.action_scale
 
     def unnormalize_actions(self, actions: Tensor) -> Tensor:
         """Map flat ``[B, d]`` actions in ``[-1, 1]`` to env space ``[B, *action_shape]`` in ``[low, high]``."""

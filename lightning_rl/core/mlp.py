@@ -108,7 +108,9 @@ def flatten_obs(obs: Tensor, space: gym.Space) -> Tensor:
         ValueError: For other observation spaces.
     """
     if isinstance(space, gym.spaces.Box):
-        return obs.reshape(obs.shape[0], -1).float()
+        # The width is spelled out: ``-1`` cannot be inferred for a batch of no rows, which a
+        # sharded Learner's rank without rows of a module passes (sharding.zero_row_batch).
+        return obs.reshape(obs.shape[0], math.prod(space.shape)).float()
     if isinstance(space, gym.spaces.Discrete):
         return nn.functional.one_hot(obs.long() - int(space.start), int(space.n)).float()
     raise ValueError(f"Unsupported observation space {space}; supported: Box and Discrete.")
