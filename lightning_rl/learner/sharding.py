@@ -85,13 +85,15 @@ def data_parallel_mesh(strategy: ModelParallelStrategy) -> DeviceMesh:
 def shard_modules(learner: Learner, mesh: DeviceMesh) -> None:
     """Make the Learner's modules one FSDP unit over ``mesh`` and rebuild its optimizers on the slices.
 
-    The weights, optimizer states and learning-rate schedulers the Learner had are kept (a
-    collective call when the modules are sharded already: every rank must make it, as for
-    ``add_module``). The modules are rebuilt from their spec when they were sharded before,
-    since an FSDP unit's parameters are fixed when it is made.
+    The weights, optimizer states and learning-rate schedulers the Learner had are kept, and
+    the weights are rank 0's on every rank, as DDP copies them when it wraps the modules: a
+    Learner built in each process, or a module added on each rank, starts alike everywhere
+    (``fully_shard`` would keep each rank's slice of its own weights). A collective call: every
+    rank must make it, as for ``add_module``. The modules are rebuilt from their spec when they
+    were sharded before, since an FSDP unit's parameters are fixed when it is made.
     """
     current = learner._module
-    weights = module_state(current)
+    weights = _from_first_rank(module_state(current), mesh)
     optimizer_states = learner._optimizer_registry.get_state(include_optimizers=True)
     if any(is_sharded(param) for param in current.parameters()):
         module = MultiRLModuleSpec.from_module(current).build().to(learner.device)
@@ -106,6 +108,15 @@ def shard_modules(learner: Learner, mesh: DeviceMesh) -> None:
     # Building optimizers may set weights (SAC sets log_alpha from initial_alpha): keep the Learner's.
     load_module_state(module, weights)
     learner._compile()
+
+
+def _from_first_rank(weights: dict[str, torch.Tensor], mesh: DeviceMesh) -> dict[str, torch.Tensor]:
+    """``weights`` (whole tensors) as the first rank of ``mesh`` holds them, on every rank (broadcast in place)."""
+    group = mesh.get_group()
+    weights = {name: tensor.contiguous() for name, tensor in weights.items()}  # what a broadcast takes
+    for tensor in weights.values():
+        dist.broadcast(tensor, group=group, group_src=0)
+    return weights
 
 
 def _fully_shard(module: MultiRLModule, mesh: DeviceMesh) -> None:
