@@ -32,6 +32,7 @@ from lightning_rl.core.checkpoint import (
 from lightning_rl.core.columns import COMPONENT_METRICS_LOGGER, COMPONENT_OPTIMIZER, COMPONENT_RL_MODULE
 from lightning_rl.core.module_checks import check_state_matches
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec
+from lightning_rl.core.sharding import load_module_state
 from lightning_rl.learner._lightning_private import attached_trainer
 from lightning_rl.learner.multi_module import check_policies_to_train
 from lightning_rl.learner.result_keys import WEIGHTS_SEQ_NO
@@ -135,7 +136,8 @@ def apply_payload(learner: Learner, payload: Mapping[str, Any]) -> None:
     if weights is not None:
         check_state_matches(learner, weights)
         learner._optimizer_registry.check_state(state.get(COMPONENT_OPTIMIZER, {}))
-        learner.load_state_dict(weights)
+        # Whole tensors, cut to this rank's slices where the modules are sharded (FSDP2).
+        load_module_state(learner, weights)
     learner.set_state(state)
 
 
