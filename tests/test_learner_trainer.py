@@ -160,7 +160,7 @@ def test_fp16_gradient_scaling_is_refused_with_a_clear_error():
     assert learner.module is None
 
 
-def test_fsdp_is_refused_with_a_clear_error_and_ddp_named_instead():
+def test_fsdp1_is_refused_with_a_clear_error_naming_fsdp2_and_ddp_instead():
     from types import SimpleNamespace
 
     from lightning.pytorch.strategies import FSDPStrategy
@@ -168,7 +168,7 @@ def test_fsdp_is_refused_with_a_clear_error_and_ddp_named_instead():
     learner = BCLearner(module_spec=bc_spec())
     # A stand-in for a Trainer with strategy="fsdp" (which Lightning allows on CUDA devices only).
     learner._trainer = SimpleNamespace(strategy=FSDPStrategy(), precision_plugin=SimpleNamespace(scaler=None))
-    with pytest.raises(ValueError, match="strategy='fsdp' yet.*Use strategy='ddp'"):
+    with pytest.raises(ValueError, match=r"strategy='fsdp' \(FSDPStrategy, FSDP1\)\. Use strategy='fsdp2'.*strategy='ddp'"):
         learner.setup("fit")
     assert learner.module is None
 
