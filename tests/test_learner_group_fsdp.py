@@ -15,7 +15,14 @@ import numpy as np
 import pytest
 import torch
 from conftest import bc_spec, random_batch
-from test_learner_group import SGDLearner, assert_close_arrays, assert_same_arrays, episode, rank_weights
+from test_learner_group import (
+    SGDLearner,
+    assert_close_arrays,
+    assert_same_arrays,
+    assert_same_state,
+    episode,
+    rank_weights,
+)
 
 from lightning_rl import ALL_MODULES, DEFAULT_MODULE_ID, Learner
 from lightning_rl.core.sharding import local_part
@@ -156,7 +163,7 @@ def test_fsdp2_state_and_weights_round_trip_and_match_ddp(groups):
         fsdp.get_weights()[DEFAULT_MODULE_ID]["pi.0.weight"], weights[DEFAULT_MODULE_ID]["pi.0.weight"]
     )
     fsdp.set_state(saved)
-    assert_close_states(saved, fsdp.get_state(not_components="metrics_logger"), "exact")
+    assert_same_state(fsdp.get_state(not_components="metrics_logger"), saved)
     fsdp.update_from_batch(random_batch(32, seed=8))
     fsdp.set_weights(weights)
     assert_same_arrays(fsdp.get_weights(), weights)
@@ -204,7 +211,7 @@ def test_fsdp2_checkpoints_load_into_a_ddp_group_and_a_local_learner(groups, tmp
     assert_same_arrays(
         rank_weights(local), {m: {k: v.numpy() for k, v in w.items()} for m, w in saved["rl_module"].items()}
     )
-    assert_close_states(saved["optimizer"], local.get_state("optimizer")["optimizer"], "exact")
+    assert_same_state(local.get_state("optimizer")["optimizer"], saved["optimizer"])
 
     ddp.restore_from_path(path)
     fsdp.restore_from_path(path)  # and back into the sharded group, "extra" included
