@@ -8,6 +8,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 from conftest import bc_spec
 
 from lightning_rl import RLModuleSpec
@@ -15,6 +16,7 @@ from lightning_rl.algorithms.bc import BCLearner, BCModule
 from lightning_rl.algorithms.dqn import DQNLearner, DQNModule
 from lightning_rl.algorithms.ppo import PPOLearner, PPOModule
 from lightning_rl.algorithms.sac import SACLearner, SACModule
+from lightning_rl.learner.sharding import zero_row_batch
 
 DISCRETE = (gym.spaces.Box(-1.0, 1.0, (3,), np.float32), gym.spaces.Discrete(2))
 CONTINUOUS = (gym.spaces.Box(-1.0, 1.0, (3,), np.float32), gym.spaces.Box(-1.0, 1.0, (2,), np.float32))
@@ -56,6 +58,15 @@ def test_module_with_module_spec_is_refused_by_name(learner_class, module_class,
     spec = RLModuleSpec(module_class=module_class, observation_space=spaces[0], action_space=spaces[1])
     with pytest.raises(ValueError, match="takes module_spec or module, not both"):
         learner_class(spec, module=built_module(module_class, spaces))
+
+
+@pytest.mark.parametrize(("learner_class", "module_class", "spaces"), ALGORITHMS, ids=IDS)
+def test_the_train_pass_takes_a_batch_of_no_rows(learner_class, module_class, spaces):
+    # A sharded Learner's rank without rows of a module still runs its train pass (FSDP2).
+    module = built_module(module_class, spaces)
+    out = module.forward_train(zero_row_batch(module))
+    tensors = [value for value in out.values() if isinstance(value, torch.Tensor)]
+    assert tensors and all(len(tensor) == 0 for tensor in tensors)
 
 
 def test_bc_learner_builds_a_bc_module_from_model_config():

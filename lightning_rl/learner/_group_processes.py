@@ -1,4 +1,4 @@
-"""The LearnerGroup backend for ``num_learners=N >= 1``: N learner processes joined by Lightning's DDP.
+"""The LearnerGroup backend for ``num_learners=N >= 1``: N learner processes joined by Lightning's DDP or FSDP2.
 
 The driver side: send the Learner by value (``pickle_learner``, cloudpickle), start the
 processes (``_group_worker.learner_process_main``), send every rank its command, and wait, bounded, for all ranks' replies. An update's batch is cut into N
@@ -47,12 +47,13 @@ class ProcessBackend:
 
     Args:
         learner_bytes: The cloudpickled Learner every process starts from.
-        num_learners: The number of processes (DDP ranks).
+        num_learners: The number of processes (ranks).
         accelerator: Lightning's accelerator for the processes.
         num_threads: torch intra-op threads per process.
         timeout_s: The longest wait for one request's replies.
-        start_timeout_s: The longest wait for the processes to start and join DDP.
-        ddp_kwargs: Extra ``DDPStrategy`` arguments.
+        start_timeout_s: The longest wait for the processes to start and join the process group.
+        strategy: ``"ddp"`` or ``"fsdp2"`` (the learners shard their modules).
+        ddp_kwargs: Extra ``DDPStrategy`` arguments (``"ddp"`` only).
     """
 
     def __init__(
@@ -64,6 +65,7 @@ class ProcessBackend:
         num_threads: int,
         timeout_s: float,
         start_timeout_s: float,
+        strategy: str,
         ddp_kwargs: dict[str, Any],
     ) -> None:
         self._n = num_learners
@@ -90,6 +92,7 @@ class ProcessBackend:
                     "accelerator": accelerator,
                     "num_threads": num_threads,
                     "timeout_s": timeout_s,
+                    "strategy": strategy,
                     "ddp_kwargs": ddp_kwargs,
                 },
                 name=f"LearnerGroup-rank{rank}",

@@ -122,13 +122,20 @@ def to_numpy(values: Any) -> np.ndarray:
 
 
 def weights_of(learner: Learner, module_ids: list[str] | None = None) -> Weights:
-    """``{module_id: {parameter_name: ndarray}}``: copies of the learner's module weights."""
+    """``{module_id: {parameter_name: ndarray}}``: whole copies of the learner's module weights.
+
+    A collective call when the modules are sharded (FSDP2): every rank must make it.
+    """
     state = learner.module.get_state(module_ids)
     return {mid: {name: t.detach().cpu().numpy() for name, t in w.items()} for mid, w in state.items()}
 
 
 def run_command(learner: Learner, kind: str, args: dict[str, Any], *, rank: int) -> Any:
-    """Run one non-update command on ``learner`` (in a learner process: on every rank)."""
+    """Run one non-update command on ``learner`` (in a learner process: on every rank).
+
+    Every rank runs the same calls in the same order, so that the collective ones (reading
+    sharded weights and states, adding or removing modules under FSDP2) meet on all ranks.
+    """
     if kind == "get_weights":
         return weights_of(learner, args["module_ids"])
     if kind == "set_weights":
@@ -145,8 +152,8 @@ def run_command(learner: Learner, kind: str, args: dict[str, Any], *, rank: int)
     if kind == "save_to_path":
         if rank == 0:
             return learner.save_to_path(args["path"])
-        # get_state is collective (metrics are reduced over ranks): every rank takes part,
-        # and only rank 0's copy is kept.
+        # get_state is collective (metrics are reduced over ranks, sharded weights gathered):
+        # every rank takes part, and only rank 0's copy is kept.
         with tempfile.TemporaryDirectory(prefix="lightning_rl_rank") as scratch:
             learner.save_to_path(os.path.join(scratch, "learner"))
         return None

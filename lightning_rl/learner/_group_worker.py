@@ -1,17 +1,25 @@
-"""Inside a learner process: join the other learners under Lightning's DDP and run the driver's commands.
+"""Inside a learner process: join the other learners under Lightning's DDP or FSDP2 and run the driver's commands.
 
-Each learner process runs ``Trainer(strategy=DDPStrategy(...)).fit(learner,
-train_dataloaders=stream)``, where ``stream`` (a ``CommandStream``) reads the process's
-command queue. An update command is yielded as a ``TrainItem``, so ``Learner.training_step``
-runs it with ``manual_backward`` and DDP averages the gradients of every minibatch step;
+Each learner process runs ``Trainer(strategy=...).fit(learner, train_dataloaders=stream)``,
+with ``DDPStrategy`` (``"ddp"``) or ``FSDP2Strategy`` (``"fsdp2"``: the Learner's
+``configure_model`` shards its modules over the processes), where ``stream`` (a
+``CommandStream``) reads the process's command queue. An update command is yielded as a
+``TrainItem``, so ``Learner.training_step`` runs it with ``manual_backward`` and the strategy
+averages (DDP) or reduce-scatters (FSDP2) the gradients of every minibatch step;
 ``ReplyCallback.on_train_batch_end`` sends the results back. Other commands run inside the
 stream between two train items, on every rank. A shutdown ends the stream, so ``fit`` returns
 and the process exits. A daemon thread answers the driver's status probes meanwhile
 (``serve_status_probes``), also while the main thread hangs.
+
+Under FSDP2 whatever reads whole weights (the weights after an update, ``get_weights``,
+``get_state``, checkpoints) or runs the modules outside a train step (the Learner connector
+on episodes) gathers them from every rank: a collective call. So every rank runs every
+command, also when only rank 0's answer is sent back.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing as mp
 import os
@@ -44,6 +52,7 @@ from lightning_rl.learner._group_protocol import (
     run_command,
     weights_of,
 )
+from lightning_rl.learner.sharding import gathered
 
 # Lightning prefetches one item ahead from an iterable without a length (to know which item is
 # the last), which would wait for the next command before the current one is answered.
@@ -72,6 +81,7 @@ def learner_process_main(
     accelerator: str,
     num_threads: int,
     timeout_s: float,
+    strategy: str,
     ddp_kwargs: dict[str, Any],
 ) -> None:
     """The target of every learner process: train on the commands that arrive until shutdown.
@@ -79,7 +89,7 @@ def learner_process_main(
     Args:
         rank: This learner's rank (and device index).
         world_size: The number of learner processes.
-        port: The free port rank 0 listens on for the DDP rendezvous.
+        port: The free port rank 0 listens on for the process group's rendezvous.
         learner_bytes: The cloudpickled Learner (built or not).
         commands: This rank's command queue.
         replies: The reply queue all ranks share.
@@ -87,15 +97,18 @@ def learner_process_main(
         accelerator: Lightning's accelerator name.
         num_threads: torch intra-op threads for this process.
         timeout_s: The driver's wait per request; collectives wait ``COLLECTIVE_MARGIN_S`` longer.
-        ddp_kwargs: Extra ``DDPStrategy`` arguments.
+        strategy: ``"ddp"`` or ``"fsdp2"``.
+        ddp_kwargs: Extra ``DDPStrategy`` arguments (``"ddp"`` only).
     """
     torch.set_num_threads(num_threads)
     os.environ.update(local_rank_environment(rank, world_size, port, num_threads=num_threads))
     serve_status_probes(status_probe)
-    stream = CommandStream(rank, commands, replies)
+    stream = CommandStream(rank, commands, replies, sharded=strategy == "fsdp2")
     try:
         learner = pickle.loads(learner_bytes)  # cloudpickle's output loads with pickle
-        trainer = _make_trainer(stream, world_size, accelerator=accelerator, timeout_s=timeout_s, ddp_kwargs=ddp_kwargs)
+        trainer = _make_trainer(
+            stream, world_size, accelerator=accelerator, timeout_s=timeout_s, strategy=strategy, ddp_kwargs=ddp_kwargs
+        )
         stream.trainer, stream.learner = trainer, learner
         trainer.fit(learner, train_dataloaders=stream)
         exit_code = 0
@@ -154,11 +167,16 @@ def _frame_text(entry: traceback.FrameSummary) -> str:
 
 
 def _make_trainer(
-    stream: CommandStream, world_size: int, *, accelerator: str, timeout_s: float, ddp_kwargs: dict[str, Any]
+    stream: CommandStream,
+    world_size: int,
+    *,
+    accelerator: str,
+    timeout_s: float,
+    strategy: str,
+    ddp_kwargs: dict[str, Any],
 ) -> Any:
     from lightning.pytorch import Trainer
     from lightning.pytorch.plugins.environments import LightningEnvironment
-    from lightning.pytorch.strategies import DDPStrategy
 
     # One banner per process would be noise; the driver reports what matters.
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
@@ -171,13 +189,7 @@ def _make_trainer(
         # Explicit, so that a SLURM or torchelastic environment around the driver is not
         # mistaken for this group's.
         plugins=[LightningEnvironment()],
-        # One learner has nothing to synchronize: DDP would only add a gradient copy and a
-        # one-rank all-reduce to every backward pass.
-        strategy=(
-            DDPStrategy(timeout=timedelta(seconds=timeout_s + COLLECTIVE_MARGIN_S), **ddp_kwargs)
-            if world_size > 1
-            else "auto"
-        ),
+        strategy=_strategy(strategy, world_size, timedelta(seconds=timeout_s + COLLECTIVE_MARGIN_S), ddp_kwargs),
         callbacks=[ReplyCallback(stream)],
         logger=False,
         enable_checkpointing=False,
@@ -190,11 +202,34 @@ def _make_trainer(
     )
 
 
-class CommandStream:
-    """The train dataloader of a learner process: yields update commands, runs the others inline."""
+def _strategy(name: str, world_size: int, timeout: timedelta, ddp_kwargs: dict[str, Any]) -> Any:
+    """The Trainer's strategy for ``name`` (``"ddp"`` or ``"fsdp2"``)."""
+    from lightning.pytorch.strategies import DDPStrategy
 
-    def __init__(self, rank: int, commands: Any, replies: Any) -> None:
+    from lightning_rl.learner.sharding import FSDP2Strategy
+
+    if name == "fsdp2":
+        # Also for one learner: it asked for sharded modules, and gets their code paths.
+        return FSDP2Strategy(timeout=timeout)
+    # One learner has nothing to synchronize: DDP would only add a gradient copy and a
+    # one-rank all-reduce to every backward pass.
+    return DDPStrategy(timeout=timeout, **ddp_kwargs) if world_size > 1 else "auto"
+
+
+class CommandStream:
+    """The train dataloader of a learner process: yields update commands, runs the others inline.
+
+    Args:
+        rank: This learner's rank.
+        commands: This rank's command queue.
+        replies: The reply queue all ranks share.
+        sharded: Whether the learners shard their modules (FSDP2): then reading whole weights
+            is a collective call that every rank makes, also where only rank 0 answers.
+    """
+
+    def __init__(self, rank: int, commands: Any, replies: Any, *, sharded: bool = False) -> None:
         self.rank = rank
+        self.sharded = sharded
         self.commands = commands
         self.replies = replies
         self.trainer: Any = None
@@ -207,7 +242,7 @@ class CommandStream:
         return _STREAM_LENGTH
 
     def __iter__(self) -> Iterator[TrainItem]:
-        self.reply(0, OK, None)  # set up: modules built, DDP joined
+        self.reply(0, OK, None)  # set up: modules built (and sharded), process group joined
         while True:
             request_id, kind, payload = self._receive()
             self.current_request = request_id
@@ -237,7 +272,10 @@ class CommandStream:
         item = None
         try:
             args = pickle.loads(payload)
-            item = self._train_item(kind, args)
+            # The Learner connector may run the modules (GAE's values): sharded ones are gathered
+            # on every rank here, also on a rank dealt no episodes, so all make the same collectives.
+            with gathered(self.learner.module) if kind == "update_from_episodes" else contextlib.nullcontext():
+                item = self._train_item(kind, args)
             self.return_state = bool(args["return_state"])
         except Exception as caught:
             error = caught
@@ -273,10 +311,14 @@ class CommandStream:
             self.reply(request_id, ERROR, error_payload(error))
 
     def reply_update(self, results: Any) -> None:
-        """Answer the update just trained on: rank 0 sends the results (and the weights if asked)."""
+        """Answer the update just trained on: rank 0 sends the results (and the weights if asked).
+
+        Sharded weights are gathered by every rank (a collective call); rank 0 sends them.
+        """
         payload = None
+        weights = weights_of(self.learner) if self.return_state and (self.rank == 0 or self.sharded) else None
         if self.rank == 0:
-            answer = (results, weights_of(self.learner)) if self.return_state else results
+            answer = (results, weights) if self.return_state else results
             payload = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
         self.reply(self.update_request, OK, payload)
 

@@ -2,7 +2,9 @@
 
 RLlib's ``LearnerGroup`` coordinates n Learner workers (Ray actors) that train copies of the
 same modules on shards of each batch and average their gradients. Here the workers are plain
-processes, and what joins them is Lightning's own ``DDPStrategy``:
+processes, and what joins them is a Lightning strategy: ``DDPStrategy`` (``strategy="ddp"``,
+every learner holds the whole modules) or ``FSDP2Strategy`` (``strategy="fsdp2"``, every
+learner holds a slice of each weight and optimizer state; the results are DDP's):
 
 * ``num_learners=0``: the group holds the ``learner`` it was given (built) and calls it in
   this process; async updates run on one background thread (``_group_local``).
@@ -10,6 +12,10 @@ processes, and what joins them is Lightning's own ``DDPStrategy``:
   stream of commands (``_group_worker``), driven from here (``_group_processes``). Every
   update's batch is cut into N shards (``_group_data``); every learner checks its shard and
   all agree to train or to reject, so bad input changes nothing anywhere.
+
+Weights, state and checkpoints are whole tensors under either strategy (sharded learners
+gather them, every rank taking part), so they move freely between ``"ddp"`` and ``"fsdp2"``
+groups, a local Learner and ``Learner.from_checkpoint``.
 
 This file is the public surface: the constructor, the update calls and their async
 bookkeeping, weights, state, checkpoints and modules.
@@ -20,7 +26,7 @@ from __future__ import annotations
 import os
 from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any, Literal, Union, get_args
 
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.train_item import TrainingData
@@ -46,10 +52,12 @@ __all__ = ["LearnerGroup", "LearnerGroupError", "UpdateReturn", "free_local_port
 # What one update returns: its results, or with ``return_state=True`` its results and the
 # weights right after it.
 UpdateReturn = Union[ResultDict, tuple[ResultDict, Weights]]
+# How the learner processes are joined: Lightning's DDP, or FSDP2 (lightning_rl's FSDP2Strategy).
+GroupStrategy = Literal["ddp", "fsdp2"]
 
 
 class LearnerGroup:
-    """RLlib's ``LearnerGroup``: one local Learner, or N data-parallel Learners under Lightning's DDP.
+    """RLlib's ``LearnerGroup``: one local Learner, or N data-parallel Learners under Lightning's DDP or FSDP2.
 
     Every learner holds the same modules and weights; an update on N learners trains each on
     one of N contiguous shards of the batch and averages their gradients at every minibatch
@@ -60,7 +68,12 @@ class LearnerGroup:
 
     With learner processes, a learner built beforehand (``learner.build()``) starts every
     process from its weights and optimizer states; an unbuilt one is built in each process and
-    DDP copies rank 0's weights to the others.
+    rank 0's weights are copied to the others (by DDP, or when FSDP2 shards them).
+
+    With ``strategy="fsdp2"`` each learner process keeps only its slice of every weight, gradient
+    and optimizer moment (``FSDP2Strategy``: one FSDP unit over all modules, sharded over the N
+    processes). The updates' results and weights are those of ``"ddp"`` (to float rounding);
+    every call of the group works alike, and what it returns or saves is whole tensors.
 
     Args:
         learner: The Learner to run (an instance of a ``Learner`` subclass). With
@@ -75,15 +88,21 @@ class LearnerGroup:
         max_requests_in_flight: The most async updates that may be queued or running at once;
             an async call beyond it waits for the oldest one (back-pressure).
         timeout_s: The longest the driver waits for the learner processes to answer one
-            request (their DDP collectives time out 30 s later). Learners that do not answer in
+            request (their collectives time out 30 s later). Learners that do not answer in
             time are taken as hung: the group is broken and its processes killed.
         start_timeout_s: The longest the driver waits for the learner processes to start
-            (import, build the modules, join DDP).
-        ddp_kwargs: Extra arguments for ``DDPStrategy`` (e.g. ``find_unused_parameters``).
+            (import, build the modules, join the process group).
+        strategy: How the learner processes train together: ``"ddp"`` (Lightning's
+            ``DDPStrategy``: whole modules on every learner, gradients all-reduced) or
+            ``"fsdp2"`` (``lightning_rl.FSDP2Strategy``: the modules, gradients and optimizer
+            states sharded over the learners). Needs ``num_learners >= 1``.
+        ddp_kwargs: Extra arguments for ``DDPStrategy`` (e.g. ``find_unused_parameters``);
+            only with ``strategy="ddp"``.
 
     Raises:
-        ValueError: For an invalid argument, or a learner that cannot be sent to the processes
-            (it holds a lock, an open file or another process-bound object).
+        ValueError: For an invalid argument (an unknown ``strategy``, ``"fsdp2"`` without
+            learner processes, ``ddp_kwargs`` with ``"fsdp2"``), or a learner that cannot be
+            sent to the processes (it holds a lock, an open file or another process-bound object).
         LearnerGroupError: If a learner process fails to start (with its traceback).
     """
 
@@ -97,6 +116,7 @@ class LearnerGroup:
         max_requests_in_flight: int = 2,
         timeout_s: float = 600.0,
         start_timeout_s: float = 300.0,
+        strategy: GroupStrategy = "ddp",
         ddp_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         if not isinstance(learner, Learner):
@@ -110,11 +130,13 @@ class LearnerGroup:
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
         if not isinstance(accelerator, str):
             raise ValueError(f"accelerator must be a string such as 'cpu' or 'gpu', got {accelerator!r}")
+        _check_strategy(strategy, num_learners, ddp_kwargs)
         ddp_kwargs = dict(ddp_kwargs or {})
         if "timeout" in ddp_kwargs:
             raise ValueError("ddp_kwargs must not set 'timeout': the group sets DDP's timeout from timeout_s")
 
         self._num_learners = num_learners
+        self._strategy = strategy
         self._max_requests_in_flight = max_requests_in_flight
         self._in_flight: deque[Any] = deque()  # handles of async updates, oldest first
         # Finished async updates not yet handed out: (True, return value) or (False, exception).
@@ -133,6 +155,7 @@ class LearnerGroup:
                 num_threads=num_threads_per_learner or max(1, (os.cpu_count() or 1) // num_learners),
                 timeout_s=float(timeout_s),
                 start_timeout_s=float(start_timeout_s),
+                strategy=strategy,
                 ddp_kwargs=ddp_kwargs,
             )
 
@@ -154,7 +177,8 @@ class LearnerGroup:
                 learner; the checkpoint's class must be it or a subclass of it.
             learner_overrides: Hyperparameters to change, or what a checkpoint cannot hold (a
                 callable ``policies_to_train``), as for ``Learner.from_checkpoint``.
-            **group_kwargs: The group's own arguments (``num_learners``, ``timeout_s``, ...).
+            **group_kwargs: The group's own arguments (``num_learners``, ``strategy``, ...). A
+                checkpoint saved by either strategy, or by a Learner alone, loads under either.
 
         Raises:
             ValueError: If the checkpoint is missing, damaged or of another Learner class, or
@@ -176,6 +200,11 @@ class LearnerGroup:
     def num_learners(self) -> int:
         """The number of learner processes (``0``: one learner in this process)."""
         return self._num_learners
+
+    @property
+    def strategy(self) -> GroupStrategy:
+        """How the learner processes train together: ``"ddp"`` or ``"fsdp2"`` (sharded)."""
+        return self._strategy
 
     @property
     def is_local(self) -> bool:
@@ -394,7 +423,7 @@ class LearnerGroup:
     # ------------------------------------------------------------------------------------
 
     def get_weights(self, module_ids: Collection[str] | None = None) -> Weights:
-        """The modules' weights, as numpy copies (all learners hold the same ones).
+        """The modules' whole weights, as numpy copies (all learners hold the same ones, or slices of them).
 
         Args:
             module_ids: The modules to include; all when ``None``.
@@ -433,6 +462,9 @@ class LearnerGroup:
         not_components: str | Collection[str] | None = None,
     ) -> dict[str, Any]:
         """The Learner's state, as ``Learner.get_state`` returns it (tensors on the CPU for N >= 1).
+
+        Weights and optimizer states are whole tensors also under ``strategy="fsdp2"`` (the
+        learners gather them), so the state loads into a group of either strategy or a Learner.
 
         Args:
             components: ``"rl_module"``, ``"rl_module/<module_id>"``, ``"optimizer"``,
@@ -543,6 +575,10 @@ class LearnerGroup:
     def foreach_learner(self, func: Callable[..., Any], **kwargs: Any) -> list[Any]:
         """Call ``func(learner, **kwargs)`` on every learner, between two updates.
 
+        Under ``strategy="fsdp2"`` each learner's parameters are its slices (``DTensor`` objects);
+        ``func`` runs on every learner, so it may make collective calls such as
+        ``learner.get_module_state()``, which gathers whole weights.
+
         Args:
             func: A function of the Learner; with learner processes it is sent by value
                 (a lambda or a local function works) and its result must be picklable.
@@ -597,7 +633,7 @@ class LearnerGroup:
                 pass
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(num_learners={self._num_learners})"
+        return f"{type(self).__name__}(num_learners={self._num_learners}, strategy={self._strategy!r})"
 
     def _check_open(self) -> None:
         if self._closed:
@@ -608,6 +644,23 @@ class LearnerGroup:
 def _check_int(name: str, value: Any, *, minimum: int, hint: str = "") -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}{hint}, got {value!r}")
+
+
+def _check_strategy(strategy: Any, num_learners: int, ddp_kwargs: Mapping[str, Any] | None) -> None:
+    """Refuse an unknown strategy, FSDP2 without learner processes, and DDP's arguments for FSDP2."""
+    known = get_args(GroupStrategy)
+    if not isinstance(strategy, str) or strategy not in known:
+        raise ValueError(f"strategy must be one of {list(known)}, got {strategy!r}")
+    if strategy == "fsdp2" and num_learners == 0:
+        raise ValueError(
+            "strategy='fsdp2' shards the modules over learner processes: use num_learners >= 1 "
+            "(num_learners=0 runs one whole learner in this process)"
+        )
+    if strategy != "ddp" and ddp_kwargs:
+        raise ValueError(
+            f"ddp_kwargs are DDPStrategy's arguments and apply only with strategy='ddp', not {strategy!r} "
+            f"(got {sorted(ddp_kwargs)})"
+        )
 
 
 def _as_list(value: str | Collection[str] | None) -> str | list[str] | None:
