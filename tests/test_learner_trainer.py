@@ -270,3 +270,20 @@ def test_a_fit_resumed_where_lightning_repeats_the_epochs_last_item_trains_on_an
     trainer = _evaluating_fit(tmp_path / "resumed", resumed, ckpt_path=str(lagging), max_epochs=10)
     assert trainer.global_step >= 4  # it trained on (a bounded max_epochs turns a hang into a failure)
     assert resumed.steps[0] >= 2 and resumed.steps.count(resumed.steps[0]) == 1
+
+
+def test_lightnings_own_model_parallel_strategy_with_checkpoints_is_refused_naming_fsdp2():
+    from types import SimpleNamespace
+
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    learner = BCLearner(module_spec=bc_spec())
+    learner.build()
+    strategy = ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)
+    # A stand-in for a Trainer with checkpoints (a ModelCheckpoint callback, Lightning's default).
+    learner._trainer = SimpleNamespace(strategy=strategy, checkpoint_callbacks=[object()])
+    with pytest.raises(ValueError, match="cannot restore. Use strategy='fsdp2'.*enable_checkpointing=False"):
+        learner.configure_model()
+    with pytest.raises(ValueError, match="Use strategy='fsdp2'"):
+        learner.on_save_checkpoint({})
+    assert learner._sharding_mesh is None

@@ -32,7 +32,12 @@ from lightning_rl.learner._lightning_private import (
 from lightning_rl.learner.batches import as_train_item
 from lightning_rl.learner.env_step_logging import HP_METRIC_KEY, best_return, log_env_step
 from lightning_rl.learner.result_keys import TOTAL_LOSS_KEY, TRAIN_RETURN_KEY
-from lightning_rl.learner.sharding import data_parallel_mesh, is_sharding_strategy, shard_modules
+from lightning_rl.learner.sharding import (
+    check_writes_whole_checkpoints,
+    data_parallel_mesh,
+    is_sharding_strategy,
+    shard_modules,
+)
 
 
 class LightningHooksMixin:
@@ -82,11 +87,14 @@ class LightningHooksMixin:
         modules are sharded once.
 
         Raises:
-            ValueError: Under a ``ModelParallelStrategy`` with ``tensor_parallel_size > 1``.
+            ValueError: Under a ``ModelParallelStrategy`` with ``tensor_parallel_size > 1``, and
+                under Lightning's own ``ModelParallelStrategy`` with checkpoints enabled (its
+                checkpoints hold slices the Learner cannot restore; ``"fsdp2"`` writes whole ones).
         """
         strategy = getattr(self.trainer, "strategy", None)
         if not is_sharding_strategy(strategy) or self._sharding_mesh is not None:
             return
+        check_writes_whole_checkpoints(strategy, checkpointing=bool(self.trainer.checkpoint_callbacks))
         shard_modules(self, data_parallel_mesh(strategy))
 
     def check_fits_data(self, datamodule: Any) -> None:
@@ -239,6 +247,7 @@ class LightningHooksMixin:
         checks. Lightning calls this hook last, after every callback's; a subclass that
         overrides it must change the checkpoint before calling ``super()``, not after.
         """
+        check_writes_whole_checkpoints(self.trainer.strategy, checkpointing=True)
         learner_state.add_to_lightning_checkpoint(
             self,
             checkpoint,

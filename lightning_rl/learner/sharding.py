@@ -82,6 +82,24 @@ def data_parallel_mesh(strategy: ModelParallelStrategy) -> DeviceMesh:
     return mesh["data_parallel"]
 
 
+def check_writes_whole_checkpoints(strategy: Strategy, checkpointing: bool) -> None:
+    """Refuse Lightning's own ``ModelParallelStrategy`` where it would write a checkpoint of the Learner.
+
+    Its checkpoints hold slices (a folder of shards, or optimizer states keyed its own way),
+    which a Learner cannot check, checksum or restore; ``FSDP2Strategy`` shards alike and
+    writes whole checkpoints. Training without checkpoints works under either.
+
+    Raises:
+        ValueError: Naming ``"fsdp2"`` and ``enable_checkpointing=False``, if ``checkpointing``.
+    """
+    if checkpointing and is_sharding_strategy(strategy) and not isinstance(strategy, FSDP2Strategy):
+        raise ValueError(
+            "Lightning's ModelParallelStrategy writes checkpoints of sharded tensors, which a Learner cannot "
+            "restore. Use strategy='fsdp2' (lightning_rl.FSDP2Strategy: the same FSDP2 sharding, with whole "
+            "checkpoints that load anywhere), or Trainer(enable_checkpointing=False) to train without checkpoints."
+        )
+
+
 def shard_modules(learner: Learner, mesh: DeviceMesh) -> None:
     """Make the Learner's modules one FSDP unit over ``mesh`` and rebuild its optimizers on the slices.
 
