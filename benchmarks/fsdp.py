@@ -383,10 +383,9 @@ def measure_acting(learner: Any, rollout: int, rounds: int, args: argparse.Names
 def whole_copy(module: Any) -> Any:
     """A whole, inference-only module of ``module``'s class, beside the sharded one (variant (c))."""
     from lightning_rl.core.rl_module_specs import RLModuleSpec
-    from lightning_rl.core.sharding import unsharded_class
 
     return RLModuleSpec(
-        module_class=unsharded_class(module),
+        module_class=type(module),
         observation_space=module.observation_space,
         action_space=module.action_space,
         model_config=dict(module.model_config),

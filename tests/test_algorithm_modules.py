@@ -11,12 +11,11 @@ import pytest
 import torch
 from conftest import bc_spec
 
-from lightning_rl import RLModuleSpec
+from lightning_rl import Columns, RLModuleSpec
 from lightning_rl.algorithms.bc import BCLearner, BCModule
 from lightning_rl.algorithms.dqn import DQNLearner, DQNModule
 from lightning_rl.algorithms.ppo import PPOLearner, PPOModule
 from lightning_rl.algorithms.sac import SACLearner, SACModule
-from lightning_rl.learner.sharding import zero_row_batch
 
 DISCRETE = (gym.spaces.Box(-1.0, 1.0, (3,), np.float32), gym.spaces.Discrete(2))
 CONTINUOUS = (gym.spaces.Box(-1.0, 1.0, (3,), np.float32), gym.spaces.Box(-1.0, 1.0, (2,), np.float32))
@@ -62,9 +61,8 @@ def test_module_with_module_spec_is_refused_by_name(learner_class, module_class,
 
 @pytest.mark.parametrize(("learner_class", "module_class", "spaces"), ALGORITHMS, ids=IDS)
 def test_the_train_pass_takes_a_batch_of_no_rows(learner_class, module_class, spaces):
-    # A sharded Learner's rank without rows of a module still runs its train pass (FSDP2).
     module = built_module(module_class, spaces)
-    out = module.forward_train(zero_row_batch(module))
+    out = module.forward_train(_no_rows(module))
     tensors = [value for value in out.values() if isinstance(value, torch.Tensor)]
     assert tensors and all(len(tensor) == 0 for tensor in tensors)
 
@@ -86,3 +84,14 @@ def test_an_on_policy_learner_asked_to_replay_names_both_data_modules():
     learner = BCLearner(bc_spec())
     with pytest.raises(NotImplementedError, match="OffPolicyDataModule; on-policy Learners use OnPolicyDataModule"):
         learner.update_from_replay(None)
+
+
+def _no_rows(module: Any) -> dict[str, torch.Tensor]:
+    """A train batch of no rows: ``obs``, ``new_obs`` and ``actions`` shaped by the module's spaces."""
+
+    def empty(space: gym.Space) -> torch.Tensor:
+        dtype = torch.long if isinstance(space, gym.spaces.Discrete) else torch.float32
+        return torch.zeros((0, *space.shape), dtype=dtype)
+
+    obs = empty(module.observation_space)
+    return {Columns.OBS: obs, Columns.NEXT_OBS: obs.clone(), Columns.ACTIONS: empty(module.action_space)}

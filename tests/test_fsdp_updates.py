@@ -412,16 +412,6 @@ def test_fsdp1_is_refused_by_lightning_itself_on_cpu_before_any_learner_hook():
         Trainer(strategy="fsdp", accelerator="cpu", devices=2)
 
 
-def test_sharding_modules_forward_a_zero_row_batch():
-    """What a rank without rows of a module runs under fsdp2 (``sharding.zero_row_batch``): no rows in, no rows out."""
-    from lightning_rl.learner.sharding import zero_row_batch
-
-    for spec in (ppo_spec(), sac_spec(), bc_spec()):
-        module = spec.build()
-        out = module.forward_train(zero_row_batch(module))
-        assert out and all(len(value) == 0 for value in out.values()), type(module).__name__
-
-
 # ---- Fits with env sampling ----------------------------------------------------------------
 
 

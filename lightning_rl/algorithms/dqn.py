@@ -132,7 +132,7 @@ class DQNModule(RLModule, TargetNetworkAPI):
         if Columns.NEXT_OBS not in batch:
             return {Q_VALUES: self.q_net(obs)}
         next_obs = flatten_obs(batch[Columns.NEXT_OBS], self.observation_space)
-        # Split by both sizes: split(len(obs)) gives one piece for a batch of no rows (sharding.zero_row_batch).
+        # Split by both sizes: split(len(obs)) gives one piece for a batch of no rows.
         q_values, q_values_next = self.q_net(torch.cat([obs, next_obs])).split([len(obs), len(next_obs)])
         return {Q_VALUES: q_values, Q_VALUES_NEXT: q_values_next}
 

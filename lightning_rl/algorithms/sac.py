@@ -371,7 +371,8 @@ class SACLearner(OffPolicyLearner):
     def configure_optimizers_for_module(self, module_id: str, config: LearnerConfig) -> None:
         """Set ``log_alpha`` to ``log(initial_alpha)``; register the "policy", "qf" and "alpha" Adams.
 
-        Runs once per module, when it is built (a checkpoint's weights are loaded after).
+        Runs when a module is built, and again when sharding (FSDP2) rebuilds the optimizers, which then
+        loads the weights back; a checkpoint's weights are loaded after.
 
         Raises:
             ValueError: If the module is not a training ``SACModule``, or has trainable

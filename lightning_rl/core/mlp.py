@@ -108,7 +108,7 @@ def flatten_obs(obs: Tensor, space: gym.Space) -> Tensor:
         ValueError: For other observation spaces.
     """
     if isinstance(space, gym.spaces.Box):
-        # The width from the space, not -1: a batch of no rows (a sharded rank's zero-row batch) has no -1 to infer.
+        # The width from the space, not -1: a batch of no rows has no -1 to infer.
         return obs.reshape(obs.shape[0], math.prod(space.shape)).float()
     if isinstance(space, gym.spaces.Discrete):
         return nn.functional.one_hot(obs.long() - int(space.start), int(space.n)).float()

@@ -17,7 +17,6 @@ from lightning_rl.core.checkpoint import class_path, loaded_subclass
 from lightning_rl.core.columns import DEFAULT_MODULE_ID
 from lightning_rl.core.module_checks import validate_module_id
 from lightning_rl.core.rl_modules import MultiRLModule, RLModule
-from lightning_rl.core.sharding import unsharded_class
 from lightning_rl.core.spaces import space_from_dict, space_to_dict
 
 
@@ -190,7 +189,7 @@ class MultiRLModuleSpec:
         return cls(
             {
                 module_id: RLModuleSpec(
-                    module_class=unsharded_class(module),
+                    module_class=type(module),
                     observation_space=module.observation_space,
                     action_space=module.action_space,
                     model_config=dict(module.model_config),

@@ -316,7 +316,9 @@ class MultiRLModule(RLModule):
         """
         module_ids = list(self._rl_modules) if module_ids is None else list(module_ids)
         self._check_known(*module_ids)
-        return {module_id: self._rl_modules[module_id].get_state() for module_id in module_ids}
+        # In the modules' own order, whatever order (or set) the ids came in: gathering sharded
+        # weights is a collective call, which every rank must make for the same tensors in turn.
+        return {module_id: module.get_state() for module_id, module in self._rl_modules.items() if module_id in module_ids}
 
     def set_state(self, state: Mapping[str, Mapping[str, Tensor]]) -> None:
         """Load the states of the modules named in ``state``; others stay as they are.

@@ -30,8 +30,9 @@ def is_sharded(value: Any) -> bool:
 
 
 def module_is_sharded(module: nn.Module) -> bool:
-    """Whether any parameter of ``module`` is sharded."""
-    return any(is_sharded(param) for param in module.parameters())
+    """Whether ``module`` is an FSDP unit (``fully_shard`` was applied to it), gathered or not."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return fsdp is not None and isinstance(module, fsdp.FSDPModule)
 
 
 def whole(tensor: torch.Tensor) -> torch.Tensor:
@@ -148,12 +149,3 @@ def whole_norms(tensors: list[torch.Tensor]) -> torch.Tensor:
 def _is_split(tensor: Any) -> bool:
     """Whether a sharded tensor is split over its ranks (not replicated on each)."""
     return any(placement.is_shard() for placement in tensor.placements)
-
-
-def unsharded_class(module: nn.Module) -> type[nn.Module]:
-    """The class ``module`` was built as: ``fully_shard`` swaps in a subclass named ``FSDP<Class>``."""
-    cls = type(module)
-    fsdp = sys.modules.get("torch.distributed.fsdp")
-    if fsdp is None or not isinstance(module, fsdp.FSDPModule):
-        return cls
-    return next(base for base in cls.__mro__[1:] if not issubclass(base, fsdp.FSDPModule))

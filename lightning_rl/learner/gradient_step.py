@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.optim import Optimizer
 
-from lightning_rl.core.batch import MultiModuleBatch
+from lightning_rl.core.batch import MultiModuleBatch, num_rows
 from lightning_rl.core.columns import ALL_MODULES
 from lightning_rl.learner.data_parallel import is_wrapped_in_ddp, unused_parameter_anchor
 from lightning_rl.learner.optimizers import clip_gradients
 from lightning_rl.learner.result_keys import NUM_NON_FINITE_UPDATES_SKIPPED, TOTAL_LOSS_KEY
-from lightning_rl.learner.sharding import reduce_replicated_gradients, step_anchor
+from lightning_rl.learner.sharding import params_anchor, reduce_replicated_gradients
 
 if TYPE_CHECKING:
     from lightning_rl.learner.learner import LearnerConfig
@@ -243,24 +243,21 @@ class GradientStepMixin:
         return not self._non_finite_steps.all_skipped
 
     def _sharded_forward_train(self, minibatch: MultiModuleBatch) -> tuple[dict[str, Any], torch.Tensor]:
-        """The train pass of sharded modules: every rank runs the same modules, in the same order.
+        """The train pass of sharded modules: one pass of the FSDP unit on every rank, whatever rows it has.
 
-        A module that this update trains on some rank but that has no rows here runs on a
-        zero-row batch, so that every rank gathers and reduces the same weights. Its output
-        gets no loss (a mean over no rows is NaN); it enters the zero-valued anchor instead.
+        All modules are one FSDP unit, so any pass gathers the same weights: the modules a
+        rank has rows of run, and a rank with no rows at all runs the unit's zero pass
+        instead. The anchor gives every parameter a gradient, so that every rank reduces the
+        same ones.
 
         Returns:
-            The outputs of the modules with rows (what ``compute_losses`` gets) and the anchor
-            to add to the backpropagated loss (``sharding.step_anchor``).
+            The outputs (what ``compute_losses`` gets) and the anchor to add to the
+            backpropagated loss.
         """
-        in_update = sorted(set(minibatch) | (self._modules_in_update or set()))
-        full = {
-            module_id: minibatch[module_id] if module_id in minibatch else self._zero_row_batches[module_id]
-            for module_id in in_update
-        }
-        fwd_out = self._forward_train_fn(full)
-        anchor = step_anchor(self._module, fwd_out)
-        return {module_id: out for module_id, out in fwd_out.items() if module_id in minibatch}, anchor
+        if any(num_rows(batch) > 0 for batch in minibatch.values()):
+            fwd_out = self._forward_train_fn(minibatch)
+            return fwd_out, params_anchor(self._module)
+        return {}, self._module.zero_pass()
 
     def _too_many_non_finite_steps_message(self, loss_per_module: Mapping[str, torch.Tensor]) -> str:
         """What stopped training: which optimizers skipped how many steps, and whether their loss was finite."""

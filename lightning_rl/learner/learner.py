@@ -259,10 +259,8 @@ class Learner(
         self._own_callbacks: list[Callback] | None = None
         # The modules the current update trains (agreed over all ranks); None outside updates.
         self._modules_in_update: set[str] | None = None
-        # Under a sharding strategy (FSDP2): the mesh the modules are sharded over and the
-        # zero-row batches of the current update's modules.
+        # Under a sharding strategy (FSDP2): the mesh the modules are sharded over.
         self._sharding_mesh: Any = None
-        self._zero_row_batches: dict[str, dict[str, torch.Tensor]] = {}
         self._step_anchor: torch.Tensor | None = None
 
     # ------------------------------------------------------------------------------------
@@ -585,10 +583,21 @@ class Learner(
         ``state`` is what ``OptimizerRegistry.get_state(include_optimizers=True)`` returned
         before the parameters were replaced (sharding replaces them).
         """
+        old_registry, old_counts = self._optimizer_registry, self._non_finite_steps
         self._optimizer_registry = OptimizerRegistry(self.get_param_ref)
-        self._non_finite_steps = NonFiniteSteps()
         self.configure_optimizers()
-        self._optimizer_registry.set_state(state)
+        registry = self._optimizer_registry
+        registry.check_state(state)
+        registry.set_state(state)
+        # Skips in a row go on counting on the new optimizers (their names are the old ones').
+        name_of = {optimizer: name for name, optimizer in old_registry.named.items()}
+        self._non_finite_steps = NonFiniteSteps(
+            in_a_row={
+                registry.named[name_of[optimizer]]: count
+                for optimizer, count in old_counts.in_a_row.items()
+                if optimizer in name_of  # not one of a removed module
+            }
+        )
         self._sync_trainer_optimizers()
 
     def _sync_trainer_optimizers(self) -> None:

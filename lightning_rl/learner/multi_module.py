@@ -96,7 +96,7 @@ class MultiModuleMixin:
         if new_should_module_be_updated is not None:
             self._set_should_module_be_updated(new_should_module_be_updated)
         if self.rl_module_is_compatible(module):
-            self.configure_optimizers_for_module(module_id=module_id, config=self.config_for_module(module_id))
+            self._configure_module_optimizers(module_id)
         self._compile()
         self._rewrap_data_parallel()
         return self.module_spec

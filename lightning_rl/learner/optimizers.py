@@ -63,6 +63,9 @@ class OptimizerRegistry:
         self.grad_clip: dict[Optimizer, float | None] = {}
         self.lr_schedules: dict[str, Schedule | LRScheduler] = {}
         self.measured_norms: dict[Optimizer, torch.Tensor] = {}
+        # Optimizers registered outside configure_optimizers_for_module (which sharding cannot rebuild).
+        self.registered_directly: set[str] = set()
+        self.configuring = False
 
     # ------------------------------------------------------------------------------------
     # Registering and looking up
@@ -97,6 +100,8 @@ class OptimizerRegistry:
 
         self.named[full_name] = optimizer
         self.by_module[module_id].append(full_name)
+        if not self.configuring:
+            self.registered_directly.add(full_name)
         self.params_of[optimizer] = list(params)
         if grad_clip != "module":
             self.grad_clip[optimizer] = grad_clip
@@ -110,6 +115,7 @@ class OptimizerRegistry:
     def remove_module(self, module_id: str) -> None:
         """Forget the optimizers of ``module_id``, with their parameters and schedules."""
         for full_name in self.by_module.pop(module_id, []):
+            self.registered_directly.discard(full_name)
             optimizer = self.named.pop(full_name)
             self.grad_clip.pop(optimizer, None)
             for param in self.params_of.pop(optimizer):
@@ -256,8 +262,20 @@ class OptimizersMixin:
         for module_id in self.module.keys():
             has_optimizers = module_id in self._optimizer_registry.by_module
             if not has_optimizers and self.rl_module_is_compatible(self.module[module_id]):
-                self.configure_optimizers_for_module(module_id=module_id, config=self.config_for_module(module_id))
+                self._configure_module_optimizers(module_id)
         return list(self._optimizer_registry.named.values())
+
+    def _configure_module_optimizers(self, module_id: str) -> None:
+        """``configure_optimizers_for_module`` for ``module_id``, noting that what it registers can be rebuilt.
+
+        Sharding (FSDP2) builds every optimizer again this way; one registered otherwise
+        (``register_optimizer`` after ``build``) could not be, and is refused before sharding.
+        """
+        self._optimizer_registry.configuring = True
+        try:
+            self.configure_optimizers_for_module(module_id=module_id, config=self.config_for_module(module_id))
+        finally:
+            self._optimizer_registry.configuring = False
 
     def configure_optimizers_for_module(self, module_id: str, config: LearnerConfig) -> None:
         """Create and ``register_optimizer`` the optimizer(s) of one module.

@@ -11,8 +11,10 @@ module does for a Learner:
   whole weights first; the optimizers are built again on the slices, with the weights and
   optimizer states the Learner had. Called by ``configure_model`` and again after a module
   is added or removed (the unit is rebuilt around the new set of modules).
-- ``zero_row_batch`` and ``reduce_replicated_gradients``: what keeps the ranks' collective
-  calls in step within a minibatch step (see ``Learner._minibatch_step``).
+- ``params_anchor``, the unit's ``zero_pass`` and ``reduce_replicated_gradients``: what keeps
+  the ranks' collective calls in step within a minibatch step (see
+  ``Learner._sharded_forward_train``): every rank runs one pass of the unit, gives every
+  parameter a gradient, and averages the gradients FSDP does not reduce.
 - ``FSDP2Strategy``: ``ModelParallelStrategy`` with the sizes a Learner needs and checkpoints
   in the format every other strategy writes, so they load in one process, under DDP or on any
   number of sharded ranks.
@@ -28,26 +30,25 @@ slices of weights, gradients and optimizer states, which is what sharding saves,
 from __future__ import annotations
 
 import contextlib
+import types
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from gymnasium import spaces
 from lightning.pytorch.strategies import ModelParallelStrategy, Strategy, StrategyRegistry
 from lightning.pytorch.strategies.parallel import ParallelStrategy
 from torch import nn
 
-from lightning_rl.core.columns import Columns
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec
-from lightning_rl.core.rl_modules import MultiRLModule, RLModule
+from lightning_rl.core.rl_modules import MultiRLModule
 from lightning_rl.core.sharding import (
     is_sharded,
     load_module_state,
     load_optimizer_state,
     module_is_sharded,
     module_state,
-    optimizer_state,
+    whole,
 )
 
 if TYPE_CHECKING:
@@ -57,8 +58,9 @@ if TYPE_CHECKING:
 
 FSDP2_STRATEGY_NAME = "fsdp2"
 
-# The passes of a MultiRLModule that gather its whole weights before they run.
-SHARDED_FORWARD_METHODS = ("forward_train", "forward_exploration", "forward_inference")
+# The passes of a MultiRLModule that gather its whole weights before they run; "zero_pass" is
+# the pass of a rank without rows in a minibatch step (see Learner._sharded_forward_train).
+SHARDED_FORWARD_METHODS = ("forward_train", "forward_exploration", "forward_inference", "zero_pass")
 
 
 def is_sharding_strategy(strategy: Strategy | None) -> bool:
@@ -109,13 +111,22 @@ def shard_modules(learner: Learner, mesh: DeviceMesh) -> None:
     The modules are rebuilt from their spec when they were sharded before, since an FSDP
     unit's parameters are fixed when it is made.
     """
+    direct = sorted(learner._optimizer_registry.registered_directly)
+    if direct:
+        raise ValueError(
+            f"cannot shard the modules: optimizers {direct} were registered after build(), and sharding builds "
+            "every optimizer again on the slices through configure_optimizers_for_module; register them there"
+        )
     current = learner._module
     weights = module_state(current)
     _broadcast_unsharded(current, weights, mesh)
     optimizer_states = learner._optimizer_registry.get_state(include_optimizers=True)
-    if any(is_sharded(param) for param in current.parameters()):
-        module = MultiRLModuleSpec.from_module(current).build().to(learner.device)
-        module.train(current.training)
+    if module_is_sharded(current):
+        # Its random initial weights are replaced below: drawing them must not move the global
+        # RNG (a seeded fit then samples alike, sharded or not).
+        with torch.random.fork_rng(devices=[]):
+            module = MultiRLModuleSpec.from_module(current).build().to(learner.device)
+        _copy_flags(current, module)
     else:
         module = current
     load_module_state(module, weights)
@@ -126,6 +137,17 @@ def shard_modules(learner: Learner, mesh: DeviceMesh) -> None:
     # Building optimizers may set weights (SAC sets log_alpha from initial_alpha): keep the Learner's.
     load_module_state(module, weights)
     learner._compile()
+
+
+def _copy_flags(source: nn.Module, target: nn.Module) -> None:
+    """What a rebuilt module takes over besides its weights: each parameter's ``requires_grad``
+    (a frozen encoder stays frozen) and each submodule's train or eval mode."""
+    flags = dict(source.named_parameters())
+    for name, param in target.named_parameters():
+        param.requires_grad_(flags[name].requires_grad)
+    modes = {name: submodule.training for name, submodule in source.named_modules()}
+    for name, submodule in target.named_modules():
+        submodule.training = modes.get(name, submodule.training)
 
 
 def _broadcast_unsharded(module: nn.Module, weights: dict[str, torch.Tensor], mesh: DeviceMesh) -> None:
@@ -152,6 +174,7 @@ def _fully_shard(module: MultiRLModule, mesh: DeviceMesh) -> None:
     # their gradients are averaged like DDP's (reduce_replicated_gradients).
     scalars = {param for param in module.parameters() if param.dim() == 0}
     fully_shard(module, mesh=mesh, ignored_params=scalars or None)
+    module.zero_pass = types.MethodType(_zero_pass, module)
     for method in SHARDED_FORWARD_METHODS:
         register_fsdp_forward_method(module, method)
 
@@ -174,12 +197,18 @@ def gathered(module: nn.Module) -> Iterator[None]:
 
 
 def reduce_replicated_gradients(params: list[nn.Parameter], mesh: DeviceMesh) -> None:
-    """Average the gradients of the parameters FSDP left whole over the ranks of ``mesh`` (one all-reduce).
+    """Average the gradients of the trainable parameters FSDP left whole over the ranks of ``mesh`` (one all-reduce).
 
-    Every rank passes the same parameters in the same order, each with a gradient (the step's
-    zero-valued anchor reaches every parameter).
+    Every rank passes the same parameters in the same order (the Learner's registered ones):
+    the 0-d parameters of the unit and any parameter outside it (e.g. one the Learner owns).
+    A parameter no loss reached on this rank gets a zero gradient first, so every rank
+    reduces the same tensors.
     """
-    grads = [param.grad for param in params if not is_sharded(param) and param.grad is not None]
+    whole_params = [param for param in params if not is_sharded(param) and param.requires_grad]
+    for param in whole_params:
+        if param.grad is None:
+            param.grad = torch.zeros_like(param)
+    grads = [param.grad for param in whole_params]
     if not grads:
         return
     flat = torch.cat([grad.reshape(-1) for grad in grads])
@@ -191,49 +220,20 @@ def reduce_replicated_gradients(params: list[nn.Parameter], mesh: DeviceMesh) ->
         offset += grad.numel()
 
 
-def zero_row_batch(module: RLModule) -> dict[str, torch.Tensor]:
-    """A batch of no rows for ``module``'s train pass, so that a rank without rows of it still takes part.
+def params_anchor(module: nn.Module) -> torch.Tensor:
+    """Zero times every trainable parameter of ``module``: added to the loss, every parameter gets a gradient.
 
-    Columns ``obs``, ``new_obs`` and ``actions``, shaped by the module's spaces: what the
-    train passes of the package's modules read.
+    FSDP reduce-scatters the gradients of the parameters that have one, so every rank must
+    give gradients to the same parameters, also where its loss reached only some modules.
+    Taken after the sharded pass, while the unit's whole weights are gathered.
     """
-    device = next(iter(module.parameters()), torch.empty(0)).device
-    obs = _empty_for(module.observation_space, device)
-    return {Columns.OBS: obs, Columns.NEXT_OBS: obs.clone(), Columns.ACTIONS: _empty_for(module.action_space, device)}
+    return torch.stack([param.sum() for param in module.parameters() if param.requires_grad]).sum() * 0.0
 
 
-def _empty_for(space: Any, device: torch.device) -> torch.Tensor:
-    if isinstance(space, spaces.Discrete):
-        return torch.zeros(0, dtype=torch.long, device=device)
-    if not isinstance(space, spaces.Box):
-        raise ValueError(
-            f"a sharded Learner needs a zero-row batch for a module this rank has no rows of, and cannot make one "
-            f"for a {type(space).__name__} space; give every rank rows of every module trained"
-        )
-    dtype = torch.float32 if space.dtype.kind == "f" else torch.long
-    return torch.zeros((0, *space.shape), dtype=dtype, device=device)
-
-
-def step_anchor(module: MultiRLModule, fwd_out: dict[str, Any]) -> torch.Tensor:
-    """Zero times every parameter and every output: added to the loss, it reaches the whole FSDP unit.
-
-    FSDP reduces the gradients of the parameters that have one, once the backward pass has
-    passed through an output of the sharded pass; with this term every rank reduces all of
-    them, also a rank whose minibatch held only zero-row batches.
-    """
-    terms = [param.sum() for param in module.parameters() if param.requires_grad]
-    terms += [tensor.sum() for tensor in _tensors_in(fwd_out) if tensor.requires_grad]
-    return torch.stack(terms).sum() * 0.0
-
-
-def _tensors_in(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, dict):
-        return [tensor for item in value.values() for tensor in _tensors_in(item)]
-    if isinstance(value, (list, tuple)):
-        return [tensor for item in value for tensor in _tensors_in(item)]
-    return []
+def _zero_pass(module: nn.Module) -> torch.Tensor:
+    """The FSDP unit's pass for a rank without rows in a step: it gathers the weights like any pass,
+    and its output (``params_anchor``) leads the backward pass to reduce-scatter them."""
+    return params_anchor(module)
 
 
 class FSDP2Strategy(ModelParallelStrategy):
@@ -246,7 +246,7 @@ class FSDP2Strategy(ModelParallelStrategy):
     Checkpoints hold whole weights and optimizer states in the format a single process
     saves (written by rank 0), so a checkpoint of sharded ranks loads into a Learner in one
     process, into ``Policy.from_checkpoint``, and resumes under DDP or on any number of
-    sharded ranks; and theirs resume here. Saving gathers each tensor whole on every rank in turn.
+    sharded ranks; and theirs resume here. Saving gathers one tensor at a time, kept on rank 0's CPU.
 
     Args:
         process_group_backend: ``"gloo"``, ``"nccl"``, ...; ``None`` picks the device's default.
@@ -278,12 +278,33 @@ class FSDP2Strategy(ModelParallelStrategy):
         return True
 
     def lightning_module_state_dict(self) -> dict[str, Any]:
-        """The whole weights, on every rank (gathered tensor by tensor: a collective call)."""
-        return module_state(self.lightning_module)
+        """The whole weights on rank 0's CPU, ``{}`` elsewhere (a collective call: every rank gathers)."""
+        return self._whole_on_rank_zero(self.lightning_module.state_dict())
 
     def optimizer_state(self, optimizer: Any) -> dict[str, Any]:
-        """The optimizer's state as one process would save it (whole moments; a collective call)."""
-        return optimizer_state(getattr(optimizer, "_optimizer", optimizer))
+        """The state as one process saves it (whole moments) on rank 0's CPU, ``{}`` elsewhere (a collective call)."""
+        return self._whole_on_rank_zero(getattr(optimizer, "_optimizer", optimizer).state_dict())
+
+    def _whole_on_rank_zero(self, state: dict[str, Any]) -> dict[str, Any]:
+        """``state`` with whole tensors on rank 0's CPU, gathered one at a time.
+
+        Only rank 0 writes the file: the other ranks drop each tensor as soon as it is
+        gathered, and rank 0 moves it to the CPU, so no rank holds the whole state on its device.
+        """
+        keep = self.global_rank == 0
+
+        def walk(value: Any) -> Any:
+            if isinstance(value, torch.Tensor):
+                gathered_whole = whole(value)
+                return gathered_whole.cpu() if keep else None
+            if isinstance(value, dict):
+                return {key: walk(item) for key, item in value.items()}
+            if isinstance(value, (list, tuple)):
+                return type(value)(walk(item) for item in value)
+            return value
+
+        result = walk(state)
+        return result if keep else {}
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
         ParallelStrategy.save_checkpoint(self, checkpoint, filepath, storage_options=storage_options)

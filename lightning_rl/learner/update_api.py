@@ -21,7 +21,6 @@ from lightning_rl.learner._lightning_private import attached_trainer
 from lightning_rl.learner.batches import concat_batches
 from lightning_rl.learner.data_parallel import agree_with_other_ranks
 from lightning_rl.learner.result_keys import DATASET_NUM_ITERS_TRAINED, DATASET_NUM_ITERS_TRAINED_LIFETIME
-from lightning_rl.learner.sharding import zero_row_batch
 from lightning_rl.learner.update_loop import StepsTrained, log_steps_trained, run_minibatch_steps
 
 Results = dict[str, dict[str, float]]
@@ -209,6 +208,12 @@ class UpdateApiMixin:
             mid: b for mid, b in batch.items() if mid in self._module and self.should_module_be_updated(mid, batch)
         }
         self._modules_in_update, num_rows_per_pass = None, None
+        if self._sharding_mesh is not None and not self._is_running_under_trainer():
+            # Outside its Trainer the ranks would not agree on their steps, and could wait on each other forever.
+            raise ValueError(
+                f"{type(self).__name__}'s modules are sharded (FSDP2): it updates only within the Trainer that "
+                "sharded them (Trainer.fit, or a LearnerGroup), where the ranks keep in step"
+            )
         if self._is_data_parallel():
             self._modules_in_update, num_rows_per_pass = agree_with_other_ranks(
                 attached_trainer(self).strategy,
@@ -218,13 +223,6 @@ class UpdateApiMixin:
                 minibatch_size=minibatch_size,
                 device=self.device,
             )
-        if self._sharding_mesh is not None:
-            # A module trained on another rank but without rows here runs on a zero-row batch.
-            self._zero_row_batches = {
-                module_id: zero_row_batch(self._module[module_id])
-                for module_id in self._modules_in_update or ()
-                if module_id not in batch
-            }
         trained = StepsTrained({}, 0, 0)
         try:
             if batch or self._modules_in_update:
@@ -238,7 +236,6 @@ class UpdateApiMixin:
                 )
         finally:
             self._modules_in_update = None
-            self._zero_row_batches = {}
         return trained
 
     def _log_steps_trained(self, trained: StepsTrained) -> None:

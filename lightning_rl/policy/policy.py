@@ -24,7 +24,7 @@ from lightning_rl.core.acting import clip_actions, compute_actions
 from lightning_rl.core.normalization import ObservationNormalization
 from lightning_rl.core.rl_module_specs import RLModuleSpec
 from lightning_rl.core.rl_modules import MultiRLModule, RLModule
-from lightning_rl.core.sharding import module_is_sharded, unsharded_class, whole
+from lightning_rl.core.sharding import module_is_sharded, whole
 from lightning_rl.learner.learner import Learner
 from lightning_rl.policy.loading import choose_module_id, read_policy_checkpoint
 
@@ -154,7 +154,7 @@ class Policy:
             raise ValueError("the Learner is not built; call learner.build() first")
         module_id = choose_module_id(list(learner.module.keys()), module_id, "the Learner")
         module = learner.module[module_id]
-        if module_is_sharded(module):
+        if module_is_sharded(learner.module):
             module = _whole_inference_copy(module)
         return cls(module, observation_normalization=observation_normalization)
 
@@ -254,7 +254,7 @@ def _whole_inference_copy(module: RLModule) -> RLModule:
     # The copy's random initial weights are overwritten: drawing them must not move the global RNG.
     with torch.random.fork_rng(devices=[]):
         copy = RLModuleSpec(
-            module_class=unsharded_class(module),
+            module_class=type(module),
             observation_space=module.observation_space,
             action_space=module.action_space,
             model_config=dict(module.model_config),
