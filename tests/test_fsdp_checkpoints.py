@@ -39,6 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 OBS = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
 BOX = gym.spaces.Box(np.array([-2.0, 0.0], np.float32), np.array([2.0, 5.0], np.float32))
 ITEMS_PER_EPOCH = 3
+POLICY_OBS = np.random.default_rng(0).normal(size=(5, 3)).astype(np.float32)
 FIRST_EPOCHS, ALL_EPOCHS = 2, 4  # the checkpoint to resume is written after FIRST_EPOCHS
 NEW_MODULE_SEED = 50  # rank r builds the added module after torch.manual_seed(NEW_MODULE_SEED + r)
 
@@ -197,6 +198,8 @@ def _strategies_main(rank: int, world_size: int, root: str) -> dict[str, Any]:
     learner.set_module_state({"default_policy": {name: tensor + 1.0 for name, tensor in whole.items()}})
     learner.restore_from_path(fsdp_checkpoint)
     out["after_restore_from_checkpoint"] = training_state(learner)
+    # Policy.from_learner of sharded modules acts with a whole copy (gathering it: every rank calls it).
+    out["policy_from_learner"] = Policy.from_learner(learner).act(POLICY_OBS)
 
     learner, trainer = fit("ddp", ALL_EPOCHS, "fsdp_to_ddp", ckpt_path=fsdp_checkpoint)
     out["fsdp_to_ddp"] = training_state(learner)
@@ -239,10 +242,12 @@ def test_a_checkpoint_of_two_fsdp_ranks_loads_in_one_process_and_resumes_exactly
         loaded = Learner.from_checkpoint(str(path))
         assert type(loaded) is SACLearner
         assert_states_close(training_state(loaded), first, str(path))
-    obs = np.random.default_rng(0).normal(size=(5, 3)).astype(np.float32)
-    actions = Policy.from_checkpoint(str(fsdp_checkpoint)).act(obs)
+    actions = Policy.from_checkpoint(str(fsdp_checkpoint)).act(POLICY_OBS)
     assert actions.shape == (5, 2) and all(BOX.contains(action) for action in actions)
-    np.testing.assert_array_equal(actions, Policy.from_learner(loaded).act(obs))
+    np.testing.assert_array_equal(actions, Policy.from_learner(loaded).act(POLICY_OBS))
+    # On the sharded ranks (restored from that checkpoint), Policy.from_learner acts alike.
+    for rank in (rank0, rank1):
+        np.testing.assert_allclose(rank["policy_from_learner"], actions, rtol=0, atol=1e-6)
 
     # Resumed from the checkpoint written after 2 of 4 epochs, each fit ends where the uninterrupted DDP fit
     # ends: from fsdp2 to DDP, from DDP to fsdp2, from fsdp2 to fsdp2. (Within 1e-6, not bit for bit: FSDP
