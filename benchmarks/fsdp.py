@@ -65,7 +65,7 @@ import torch.multiprocessing as mp
 
 # A sibling module: this directory is on sys.path when a benchmark runs as a script.
 from _paired import print_paired_table
-from torch.utils.data import IterableDataset
+from learner_update import RepeatBatch
 
 from lightning_rl.learner.learner_group import free_local_port, local_rank_environment
 
@@ -198,18 +198,6 @@ def bc_batch(rows: int, seed: int) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     obs = torch.randn(rows, 4, generator=generator)
     return {Columns.OBS: obs, Columns.ACTIONS: (obs[:, 0] > 0).long()}
-
-
-class RepeatBatch(IterableDataset):
-    """The same batch ``num_items`` times (an iterable: no sampler splits it over the ranks)."""
-
-    def __init__(self, batch: dict[str, torch.Tensor], num_items: int) -> None:
-        self.batch = batch
-        self.num_items = num_items
-
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        for _ in range(self.num_items):
-            yield self.batch
 
 
 def fit(learner: Any, strategy: str, batch: dict[str, torch.Tensor], num_items: int, callback: Any) -> None:
@@ -381,16 +369,11 @@ def measure_acting(learner: Any, rollout: int, rounds: int, args: argparse.Names
 
 
 def whole_copy(module: Any) -> Any:
-    """A whole, inference-only module of ``module``'s class, beside the sharded one (variant (c))."""
-    from lightning_rl.core.rl_module_specs import RLModuleSpec
+    """A whole, inference-only module of ``module``'s class, beside the sharded one (variant (c)): what
+    ``Policy.from_learner`` makes of a sharded Learner's module."""
+    from lightning_rl.policy.policy import _whole_inference_copy
 
-    return RLModuleSpec(
-        module_class=type(module),
-        observation_space=module.observation_space,
-        action_space=module.action_space,
-        model_config=dict(module.model_config),
-        inference_only=True,
-    ).build()
+    return _whole_inference_copy(module)
 
 
 def refresh(copy: Any, module: Any) -> None:
