@@ -99,6 +99,9 @@ class GradientStepMixin:
         The registered parameters' gradients are reset first. Under a running Trainer this
         backpropagates with ``manual_backward``; under DDP the loss also touches every
         parameter (``data_parallel.unused_parameter_anchor``), so no rank's backward waits.
+        With sharded modules (FSDP2) it adds the anchor of this step's sharded pass
+        (``_sharded_forward_train``) instead, and afterwards averages the gradients of the
+        parameters FSDP left whole (``sharding.reduce_replicated_gradients``).
         """
         registry = self._optimizer_registry
         registry.clear_grads()
