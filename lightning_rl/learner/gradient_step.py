@@ -30,7 +30,7 @@ from lightning_rl.core.columns import ALL_MODULES
 from lightning_rl.learner.data_parallel import is_wrapped_in_ddp, unused_parameter_anchor
 from lightning_rl.learner.optimizers import clip_gradients
 from lightning_rl.learner.result_keys import NUM_NON_FINITE_UPDATES_SKIPPED, TOTAL_LOSS_KEY
-from lightning_rl.learner.sharding import params_anchor, reduce_replicated_gradients
+from lightning_rl.learner.sharding import reduce_replicated_gradients
 
 if TYPE_CHECKING:
     from lightning_rl.learner.learner import LearnerConfig
@@ -246,21 +246,22 @@ class GradientStepMixin:
         return not self._non_finite_steps.all_skipped
 
     def _sharded_forward_train(self, minibatch: MultiModuleBatch) -> tuple[dict[str, Any], torch.Tensor]:
-        """The train pass of sharded modules: one pass of the FSDP unit on every rank, whatever rows it has.
+        """The train pass of sharded modules, and the anchor that keeps every rank's collectives in step.
 
-        All modules are one FSDP unit, so any pass gathers the same weights: the modules a
-        rank has rows of run, and a rank with no rows at all runs the unit's zero pass
-        instead. The anchor gives every parameter a gradient, so that every rank reduces the
-        same ones.
+        All modules are one FSDP unit, so any pass of it gathers the same weights: the modules
+        this rank has rows of run (none, on a rank without rows). Then the unit's zero pass
+        (gathering nothing more where the weights are gathered already) returns zero times
+        every parameter: added to the loss, it gives every parameter a gradient, so every rank
+        reduces the same ones, and as an output of the unit it starts FSDP's reduction after
+        the backward pass on every rank, whatever the loss made of the other outputs.
 
         Returns:
             The outputs (what ``compute_losses`` gets) and the anchor to add to the
             backpropagated loss.
         """
-        if any(num_rows(batch) > 0 for batch in minibatch.values()):
-            fwd_out = self._forward_train_fn(minibatch)
-            return fwd_out, params_anchor(self._module)
-        return {}, self._module.zero_pass()
+        has_rows = any(num_rows(batch) > 0 for batch in minibatch.values())
+        fwd_out = self._forward_train_fn(minibatch) if has_rows else {}
+        return fwd_out, self._module.zero_pass()
 
     def _too_many_non_finite_steps_message(self, loss_per_module: Mapping[str, torch.Tensor]) -> str:
         """What stopped training: which optimizers skipped how many steps, and whether their loss was finite."""

@@ -11,9 +11,9 @@ module does for a Learner:
   whole weights first; the optimizers are built again on the slices, with the weights and
   optimizer states the Learner had. Called by ``configure_model`` and again after a module
   is added or removed (the unit is rebuilt around the new set of modules).
-- ``params_anchor``, the unit's ``zero_pass`` and ``reduce_replicated_gradients``: what keeps
+- the unit's ``zero_pass`` and ``reduce_replicated_gradients``: what keeps
   the ranks' collective calls in step within a minibatch step (see
-  ``Learner._sharded_forward_train``): every rank runs one pass of the unit, gives every
+  ``Learner._sharded_forward_train``): every rank gathers the same weights, gives every
   parameter a gradient, and averages the gradients FSDP does not reduce.
 - ``FSDP2Strategy``: ``ModelParallelStrategy`` with the sizes a Learner needs and checkpoints
   in the format every other strategy writes, so they load in one process, under DDP or on any
@@ -58,8 +58,8 @@ if TYPE_CHECKING:
 
 FSDP2_STRATEGY_NAME = "fsdp2"
 
-# The passes of a MultiRLModule that gather its whole weights before they run; "zero_pass" is
-# the pass of a rank without rows in a minibatch step (see Learner._sharded_forward_train).
+# The passes of a MultiRLModule that gather its whole weights before they run; "zero_pass"
+# gives every parameter a zero gradient in each minibatch step (see _zero_pass).
 SHARDED_FORWARD_METHODS = ("forward_train", "forward_exploration", "forward_inference", "zero_pass")
 
 
@@ -220,20 +220,15 @@ def reduce_replicated_gradients(params: list[nn.Parameter], mesh: DeviceMesh) ->
         offset += grad.numel()
 
 
-def params_anchor(module: nn.Module) -> torch.Tensor:
-    """Zero times every trainable parameter of ``module``: added to the loss, every parameter gets a gradient.
+def _zero_pass(module: nn.Module) -> torch.Tensor:
+    """The FSDP unit's zero pass: zero times every trainable parameter, the weights gathered.
 
-    FSDP reduce-scatters the gradients of the parameters that have one, so every rank must
-    give gradients to the same parameters, also where its loss reached only some modules.
-    Taken after the sharded pass, while the unit's whole weights are gathered.
+    Run in every minibatch step after the train pass (see ``Learner._sharded_forward_train``):
+    added to the loss, every parameter gets a gradient, so every rank reduce-scatters the same
+    ones; being an output of the unit, it leads the backward pass to that reduction also on a
+    rank without rows (for which it is the step's only pass, and gathers the weights).
     """
     return torch.stack([param.sum() for param in module.parameters() if param.requires_grad]).sum() * 0.0
-
-
-def _zero_pass(module: nn.Module) -> torch.Tensor:
-    """The FSDP unit's pass for a rank without rows in a step: it gathers the weights like any pass,
-    and its output (``params_anchor``) leads the backward pass to reduce-scatter them."""
-    return params_anchor(module)
 
 
 class FSDP2Strategy(ModelParallelStrategy):
