@@ -15,7 +15,7 @@ a single-process Learner one dict lookup and never import it themselves.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -45,14 +45,21 @@ def whole(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().clone()
 
 
-def whole_copies(value: Any) -> Any:
-    """A copy of ``value`` with every tensor detached, cloned and gathered whole (nested dicts, lists, tuples)."""
+def whole_copies(value: Any, then: Callable[[torch.Tensor], Any] | None = None) -> Any:
+    """A copy of ``value`` with every tensor detached, cloned and gathered whole (nested dicts, lists, tuples).
+
+    Args:
+        value: What to copy.
+        then: Applied to each whole tensor as soon as it is gathered (e.g. moving it to the
+            CPU, or dropping it), so the whole tensors need not all be held at once.
+    """
     if isinstance(value, torch.Tensor):
-        return whole(value)
+        copied = whole(value)
+        return copied if then is None else then(copied)
     if isinstance(value, Mapping):
-        return {key: whole_copies(item) for key, item in value.items()}
+        return {key: whole_copies(item, then) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(whole_copies(item) for item in value)
+        return type(value)(whole_copies(item, then) for item in value)
     return value
 
 

@@ -48,7 +48,7 @@ from lightning_rl.core.sharding import (
     load_optimizer_state,
     module_is_sharded,
     module_state,
-    whole,
+    whole_copies,
 )
 
 if TYPE_CHECKING:
@@ -286,20 +286,10 @@ class FSDP2Strategy(ModelParallelStrategy):
         Only rank 0 writes the file: the other ranks drop each tensor as soon as it is
         gathered, and rank 0 moves it to the CPU, so no rank holds the whole state on its device.
         """
-        keep = self.global_rank == 0
-
-        def walk(value: Any) -> Any:
-            if isinstance(value, torch.Tensor):
-                gathered_whole = whole(value)
-                return gathered_whole.cpu() if keep else None
-            if isinstance(value, dict):
-                return {key: walk(item) for key, item in value.items()}
-            if isinstance(value, (list, tuple)):
-                return type(value)(walk(item) for item in value)
-            return value
-
-        result = walk(state)
-        return result if keep else {}
+        if self.global_rank == 0:
+            return whole_copies(state, then=lambda tensor: tensor.cpu())
+        whole_copies(state, then=lambda tensor: None)  # every rank takes part in each gather
+        return {}
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
         ParallelStrategy.save_checkpoint(self, checkpoint, filepath, storage_options=storage_options)
