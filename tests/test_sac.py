@@ -451,3 +451,18 @@ def test_the_example_config_runs_from_the_command_line(tmp_path: Path):
     assert cli.model.weights_seq_no == 201  # one gradient step per env step from learning_starts on
     assert "eval/episode_return_mean" in cli.trainer.callback_metrics
     assert cli.trainer.callback_metrics["default_policy/alpha_value"] < 1.0
+
+
+def test_rows_without_n_step_and_weights_train_as_one_step_rows_of_weight_one():
+    """Offline datasets hold plain transitions: no replay ``n_step`` or ``weights`` columns."""
+    plain = replay_batch(seed=3)
+    del plain[N_STEP], plain[WEIGHTS]
+    replayed = {**plain, N_STEP: torch.ones(32, dtype=torch.int64), WEIGHTS: torch.ones(32)}
+    learners = []
+    for batch in (plain, replayed):
+        torch.manual_seed(0)
+        learner = built()
+        learner.update_from_batch(batch)
+        learners.append(learner)
+    for a, b in zip(learners[0].module.parameters(), learners[1].module.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lightning_rl.algorithms.off_policy import WEIGHTS, OffPolicyLearner, bootstrap_discounts
+from lightning_rl.algorithms.off_policy import OffPolicyLearner, bootstrap_discounts, row_weights
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
 from lightning_rl.core.mlp import DEFAULT_FCNET_HIDDENS, build_mlp, flat_obs_dim, flatten_obs
 from lightning_rl.core.module_checks import ModelConfigKey
@@ -334,7 +334,7 @@ class DQNLearner(OffPolicyLearner):
             losses = F.huber_loss(q_selected, targets, reduction="none", delta=1.0)
         else:
             losses = td_errors.pow(2)
-        qf_loss = (batch[WEIGHTS] * losses).mean()
+        qf_loss = (row_weights(batch) * losses).mean()
 
         self.record_td_errors(module_id, td_errors)
         log = self.metrics.log_value

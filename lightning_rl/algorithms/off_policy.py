@@ -30,7 +30,7 @@ from lightning_rl.data.replay_n_step import BATCH_INDEXES, N_STEP, WEIGHTS
 from lightning_rl.data.uniform_replay import ReplayBuffer
 from lightning_rl.learner.learner import Learner
 
-__all__ = ["BATCH_INDEXES", "N_STEP", "WEIGHTS", "OffPolicyLearner", "bootstrap_discounts"]
+__all__ = ["BATCH_INDEXES", "N_STEP", "WEIGHTS", "OffPolicyLearner", "bootstrap_discounts", "row_weights"]
 
 
 class OffPolicyLearner(Learner):
@@ -99,14 +99,13 @@ class OffPolicyLearner(Learner):
             )
 
     def required_batch_columns(self, module_id: str) -> list[str]:
+        """One-step transitions; a replay buffer adds ``n_step`` and ``weights`` (rows without them are 1-step, weight 1)."""
         return [
             Columns.OBS,
             Columns.ACTIONS,
             Columns.REWARDS,
             Columns.NEXT_OBS,
             Columns.TERMINATEDS,
-            N_STEP,
-            WEIGHTS,
         ]
 
     def record_td_errors(self, module_id: str, td_errors: Tensor) -> None:
@@ -171,7 +170,16 @@ def bootstrap_discounts(batch: Mapping[str, Tensor], gamma: float) -> Tensor:
 
     Multiplies the bootstrap value of each row's ``new_obs``: the sampled returns sum
     ``n_step`` rewards, and a terminated episode has no value after its end (a truncated
-    one does, so it bootstraps from its final observation).
+    one does, so it bootstraps from its final observation). Rows without ``n_step`` (an
+    offline dataset's transitions) are one step.
     """
+    not_terminated = ~batch[Columns.TERMINATEDS].bool()
+    if N_STEP not in batch:
+        return gamma * not_terminated.to(torch.float32)
     discounts = torch.pow(gamma, batch[N_STEP].to(torch.float32))
-    return discounts * (~batch[Columns.TERMINATEDS].bool()).to(discounts.dtype)
+    return discounts * not_terminated.to(discounts.dtype)
+
+
+def row_weights(batch: Mapping[str, Tensor]) -> Tensor | float:
+    """The rows' importance weights (prioritized replay's ``weights``), or 1 for rows without them."""
+    return batch.get(WEIGHTS, 1.0)

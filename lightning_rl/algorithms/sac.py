@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lightning_rl.algorithms.off_policy import WEIGHTS, OffPolicyLearner, bootstrap_discounts
+from lightning_rl.algorithms.off_policy import OffPolicyLearner, bootstrap_discounts, row_weights
 from lightning_rl.core.columns import Columns
 from lightning_rl.core.mlp import build_mlp, flat_obs_dim, flatten_obs
 from lightning_rl.core.module_checks import ModelConfigKey
@@ -435,7 +435,7 @@ class SACLearner(OffPolicyLearner):
             q_target = batch[Columns.REWARDS] + bootstrap_discounts(batch, config.gamma) * next_value
         td_error = fwd_out[QF_PREDS] - q_target
         td_error_twin = fwd_out[QF_TWIN_PREDS] - q_target
-        weights = batch[WEIGHTS]
+        weights = row_weights(batch)
         qf_loss = 0.5 * ((weights * td_error.pow(2)).mean() + (weights * td_error_twin.pow(2)).mean())
 
         # Actor: reparameterized a~ ~ pi(s) against the (weight-detached) critics.
