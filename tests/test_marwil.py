@@ -239,9 +239,23 @@ def test_an_inference_only_module_has_the_policy_alone_and_acts_as_bc():
         module.compute_values({Columns.OBS: torch.randn(4, 3)})
 
 
+def test_the_learner_builds_a_marwil_module_from_model_config_or_trains_the_one_given():
+    learner = MARWILLearner(model_config={"fcnet_hiddens": [5]})
+    module_spec = learner.module_spec.rl_module_specs[MODULE_ID]
+    assert module_spec.module_class is MARWILModule and module_spec.model_config == {"fcnet_hiddens": [5]}
+    module = spec().build()
+    given = MARWILLearner(module=module)
+    given.build()
+    assert given.module[MODULE_ID] is module
+    empty = {Columns.OBS: torch.zeros(0, 3), Columns.ACTIONS: torch.zeros(0, dtype=torch.long)}
+    out = module.forward_train(empty)
+    assert out[Columns.ACTION_DIST_INPUTS].shape == (0, 3) and out[Columns.VF_PREDS].shape == (0,)
+
+
 # ---- Learning ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_marwil_prefers_the_high_return_action_where_bc_copies_the_mix():
     """One-step episodes: action 0 returns 1, action 1 returns 0; the data takes action 0 in 30% of rows."""
     rng = np.random.default_rng(0)

@@ -152,7 +152,8 @@ class MARWILLearner(Learner):
         if not isinstance(module, MARWILModule) or module.inference_only:
             raise ValueError(
                 f"module {module_id!r}: MARWILLearner trains MARWILModules built for training (inference_only=False), "
-                f"got {type(module).__name__}" + (" with inference_only=True" if isinstance(module, MARWILModule) else "")
+                f"got {type(module).__name__}"
+                + (" with inference_only=True" if isinstance(module, MARWILModule) else "")
             )
         getattr(module, MOVING_AVG_BUFFER).fill_(config.moving_average_sqd_adv_norm_start)
         super().configure_optimizers_for_module(module_id, config)
