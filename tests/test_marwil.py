@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 
@@ -155,6 +156,22 @@ def test_the_moving_average_is_updated_once_per_minibatch():
     results = learner.update_from_batch(rows, minibatch_size=8)[MODULE_ID]
     assert module.moving_avg_sqd_adv_norm.item() == pytest.approx(expected, rel=1e-6)
     assert results["moving_avg_sqd_adv_norm"] == pytest.approx(expected, rel=1e-6)  # the last value
+
+
+def test_a_batch_with_a_non_finite_return_leaves_the_moving_average_and_the_weights_as_they_were():
+    learner = built(beta=1.0, moving_average_sqd_adv_norm_update_rate=0.5)
+    module = learner.module[MODULE_ID]
+    learner.update_from_batch(dataset_rows(seed=1))
+    average, weights = module.moving_avg_sqd_adv_norm.clone(), copy.deepcopy(module.state_dict())
+    rows = dataset_rows(seed=2)
+    rows[Columns.VALUE_TARGETS][3] = math.nan
+    results = learner.update_from_batch(rows)[MODULE_ID]
+    assert results["num_non_finite_updates_skipped"] == 1
+    assert torch.equal(module.moving_avg_sqd_adv_norm, average)
+    for name, value in module.state_dict().items():
+        assert torch.equal(value, weights[name]), name
+    learner.update_from_batch(dataset_rows(seed=3))
+    assert math.isfinite(module.moving_avg_sqd_adv_norm.item()) and module.moving_avg_sqd_adv_norm != average
 
 
 # ---- State ------------------------------------------------------------------------------

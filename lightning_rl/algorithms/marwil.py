@@ -84,6 +84,9 @@ class MARWILLearner(Learner):
     """MARWIL's advantage-weighted log-likelihood and value regression (RLlib's loss).
 
     One Adam per module trains the policy and the value network together (as in RLlib).
+    Each data-parallel rank updates its module's moving average from its own minibatches, as
+    each of RLlib's learners does; a checkpoint keeps rank 0's (with the default rate of
+    ``1e-8`` the average stays at its start value in any case).
 
     Args:
         module_spec: What to build; ``None`` builds a :class:`MARWILModule` from
@@ -179,7 +182,10 @@ class MARWILLearner(Learner):
         # Update the moving average first, so this batch's weights use it (RLlib's order).
         moving_avg = getattr(module, MOVING_AVG_BUFFER)
         rate = config.moving_average_sqd_adv_norm_update_rate
-        moving_avg.copy_(moving_avg + rate * (squared_advantages_mean.detach() - moving_avg))
+        updated = moving_avg + rate * (squared_advantages_mean.detach() - moving_avg)
+        # A batch with a NaN or infinite return is skipped by the optimizer step; it must not
+        # poison the average either (a tensor choice: no device sync).
+        moving_avg.copy_(torch.where(torch.isfinite(updated), updated, moving_avg))
         weights = torch.exp(config.beta * advantages.detach() / (1e-8 + moving_avg.sqrt()))
         policy_loss = -(weights * logp).mean()
 
