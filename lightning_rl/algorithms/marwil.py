@@ -1,0 +1,200 @@
+"""MARWIL (Wang et al., 2018): monotonic advantage re-weighted imitation learning, as RLlib has it.
+
+Behaviour cloning whose log-likelihood terms are weighted by how much better than expected
+each recorded action turned out. Per batch of dataset rows ``(s, a, R)``, with ``R`` the
+discounted return-to-go within the recorded episode (``value_targets``):
+
+    A            = R - V(s)
+    ma          <- ma + rate * (mean(A^2) - ma)                  (a moving average, per module)
+    w            = exp(beta * A / (1e-8 + sqrt(ma)))              (detached)
+    policy loss  = -mean(w * log pi(a|s))
+    value loss   = 0.5 * mean(A^2)
+    loss         = policy loss + vf_coeff * value loss
+
+With ``beta == 0`` it is behaviour cloning, as in RLlib: no advantages, no value loss (the
+value network gets no gradient) and weights of one, so the policy takes exactly
+``BCLearner``'s steps. The moving average ``ma`` normalizes the advantages' scale; it lives
+in the module as a buffer, so ``get_state`` and checkpoints carry it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lightning_rl.algorithms.bc import BCModule
+from lightning_rl.core.columns import Columns
+from lightning_rl.core.mlp import build_mlp_from_config, flat_obs_dim, flatten_obs
+from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
+from lightning_rl.learner.learner import Learner, LearnerConfig, algorithm_module_spec
+
+# Result keys (RLlib's).
+POLICY_LOSS_KEY = "policy_loss"
+VF_LOSS_KEY = "vf_loss"
+MOVING_AVG_SQD_ADV_NORM_KEY = "moving_avg_sqd_adv_norm"
+VF_EXPLAINED_VAR_KEY = "vf_explained_var"
+
+# The module buffer holding the moving average of the squared advantages.
+MOVING_AVG_BUFFER = "moving_avg_sqd_adv_norm"
+
+
+class MARWILModule(BCModule):
+    """BC's policy MLP and a separate state-value MLP.
+
+    The policy ``pi`` is built first and exactly as :class:`BCModule` builds it, so under the
+    same seed a ``MARWILModule`` starts with a ``BCModule``'s policy. Then come the value MLP
+    ``vf`` (same ``fcnet_hiddens`` and ``fcnet_activation``, one output) and the buffer
+    ``moving_avg_sqd_adv_norm`` (a 0-d tensor; ``MARWILLearner`` sets its start value). An
+    ``inference_only`` module has the policy alone.
+
+    ``model_config`` takes ``fcnet_hiddens`` and ``fcnet_activation``; Discrete actions get
+    categorical logits, Box actions a diagonal Gaussian, as for ``BCModule``.
+    """
+
+    def setup(self) -> None:
+        super().setup()
+        if not self.inference_only:
+            config = self.resolved_model_config()
+            self.vf = build_mlp_from_config(flat_obs_dim(self.observation_space), config, 1)
+            # Persistent: the moving average is training state that checkpoints must carry.
+            self.register_buffer(MOVING_AVG_BUFFER, torch.tensor(100.0))
+
+    def compute_values(self, batch: dict[str, Any]) -> Tensor:
+        """State values ``V(s)`` of ``batch["obs"]``, shape ``[B]``.
+
+        Raises:
+            ValueError: For an ``inference_only`` module, which has no value network.
+        """
+        if self.inference_only:
+            raise ValueError("this MARWILModule was built with inference_only=True and has no value network")
+        return self.vf(flatten_obs(batch[Columns.OBS], self.observation_space)).squeeze(-1)
+
+    def _forward_train(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """The policy's ``action_dist_inputs`` and the values ``vf_preds`` of ``batch["obs"]``."""
+        obs = flatten_obs(batch[Columns.OBS], self.observation_space)
+        if self.inference_only:
+            raise ValueError("this MARWILModule was built with inference_only=True and has no value network to train")
+        return {Columns.ACTION_DIST_INPUTS: self.pi(obs), Columns.VF_PREDS: self.vf(obs).squeeze(-1)}
+
+
+class MARWILLearner(Learner):
+    """MARWIL's advantage-weighted log-likelihood and value regression (RLlib's loss).
+
+    One Adam per module trains the policy and the value network together (as in RLlib).
+    Each data-parallel rank updates its module's moving average from its own minibatches, as
+    each of RLlib's learners does; a checkpoint keeps rank 0's (with the default rate of
+    ``1e-8`` the average stays at its start value in any case).
+
+    Args:
+        module_spec: What to build; ``None`` builds a :class:`MARWILModule` from
+            ``model_config`` with the spaces of the Trainer's data module.
+        model_config: The ``MARWILModule``'s settings when ``module_spec`` is ``None``
+            (``fcnet_hiddens``, ``fcnet_activation``).
+        beta: The advantages' inverse temperature (>= 0); 0 is behaviour cloning.
+        vf_coeff: The value loss's weight in the total loss (>= 0).
+        moving_average_sqd_adv_norm_update_rate: The step size ``rate`` in ``[0, 1]`` of the
+            moving average of the squared advantages, taken once per minibatch.
+        moving_average_sqd_adv_norm_start: The moving average's start value (> 0), set when
+            a module is built.
+        gamma: The discount of the ``value_targets`` (discounted returns-to-go) that the data
+            module computes for this Learner; the loss itself does not use it.
+        **kwargs: The ``Learner`` arguments (``lr``, ``grad_clip``, ``module``, ...).
+
+    Raises:
+        ValueError: For a hyperparameter out of its range, naming it.
+    """
+
+    def __init__(
+        self,
+        module_spec: RLModuleSpec | MultiRLModuleSpec | None = None,
+        *,
+        model_config: dict[str, Any] | None = None,
+        beta: float = 1.0,
+        vf_coeff: float = 1.0,
+        moving_average_sqd_adv_norm_update_rate: float = 1e-8,
+        moving_average_sqd_adv_norm_start: float = 100.0,
+        gamma: float = 0.99,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(algorithm_module_spec(module_spec, model_config, MARWILModule, kwargs.get("module")), **kwargs)
+
+    @staticmethod
+    def _check_config(config: Any, where: str) -> None:
+        Learner._check_config(config, where)
+        checks = {
+            "beta": (lambda x: 0 <= x < math.inf, "a finite number >= 0"),
+            "vf_coeff": (lambda x: 0 <= x < math.inf, "a finite number >= 0"),
+            "moving_average_sqd_adv_norm_update_rate": (lambda x: 0 <= x <= 1, "a number in [0, 1]"),
+            "moving_average_sqd_adv_norm_start": (lambda x: 0 < x < math.inf, "a finite number > 0"),
+            "gamma": (lambda x: 0 <= x <= 1, "a number in [0, 1]"),
+        }
+        for name, (in_range, expected) in checks.items():
+            value = config[name]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not in_range(value):
+                raise ValueError(f"{where}: {name} must be {expected}, got {value!r}")
+
+    def required_batch_columns(self, module_id: str) -> list[str]:
+        """``obs`` and ``actions``; with ``beta > 0`` also ``value_targets`` (BC needs no returns)."""
+        if self.config_for_module(module_id).beta == 0:
+            return [Columns.OBS, Columns.ACTIONS]
+        return [Columns.OBS, Columns.ACTIONS, Columns.VALUE_TARGETS]
+
+    def configure_optimizers_for_module(self, module_id: str, config: LearnerConfig) -> None:
+        """Set the module's moving average to ``moving_average_sqd_adv_norm_start``; register one Adam.
+
+        Runs when a module is built (and when sharding rebuilds the optimizers, which then
+        loads the weights and buffers back); a checkpoint's buffers are loaded after.
+
+        Raises:
+            ValueError: If the module is not a training ``MARWILModule``.
+        """
+        module = self.module[module_id]
+        if not isinstance(module, MARWILModule) or module.inference_only:
+            raise ValueError(
+                f"module {module_id!r}: MARWILLearner trains MARWILModules built for training (inference_only=False), "
+                f"got {type(module).__name__}"
+                + (" with inference_only=True" if isinstance(module, MARWILModule) else "")
+            )
+        getattr(module, MOVING_AVG_BUFFER).fill_(config.moving_average_sqd_adv_norm_start)
+        super().configure_optimizers_for_module(module_id, config)
+
+    def compute_loss_for_module(
+        self, *, module_id: str, config: LearnerConfig, batch: dict[str, Tensor], fwd_out: dict[str, Any]
+    ) -> Tensor:
+        module = self.module[module_id]
+        action_dist = module.get_train_action_dist_cls().from_logits(fwd_out[Columns.ACTION_DIST_INPUTS])
+        logp = action_dist.logp(batch[Columns.ACTIONS])
+        log = self.metrics.log_value
+        if config.beta == 0:
+            # Behaviour cloning, as RLlib falls back to it: no value loss, weights of one.
+            policy_loss = -logp.mean()
+            log((module_id, POLICY_LOSS_KEY), policy_loss, window=math.inf, clear_on_reduce=True)
+            return policy_loss
+
+        values = fwd_out[Columns.VF_PREDS]
+        advantages = batch[Columns.VALUE_TARGETS].float() - values
+        squared_advantages_mean = advantages.pow(2).mean()
+        value_loss = 0.5 * squared_advantages_mean
+
+        # Update the moving average first, so this batch's weights use it (RLlib's order).
+        moving_avg = getattr(module, MOVING_AVG_BUFFER)
+        rate = config.moving_average_sqd_adv_norm_update_rate
+        updated = moving_avg + rate * (squared_advantages_mean.detach() - moving_avg)
+        # A batch with a NaN or infinite return is skipped by the optimizer step; it must not
+        # poison the average either (a tensor choice: no device sync).
+        moving_avg.copy_(torch.where(torch.isfinite(updated), updated, moving_avg))
+        weights = torch.exp(config.beta * advantages.detach() / (1e-8 + moving_avg.sqrt()))
+        policy_loss = -(weights * logp).mean()
+
+        log((module_id, POLICY_LOSS_KEY), policy_loss, window=math.inf, clear_on_reduce=True)
+        log((module_id, VF_LOSS_KEY), value_loss, window=math.inf, clear_on_reduce=True)
+        # A copy: the next minibatch changes the buffer in place before the values are reduced.
+        log((module_id, MOVING_AVG_SQD_ADV_NORM_KEY), moving_avg.clone(), window=1, clear_on_reduce=True)
+        with torch.no_grad():
+            targets = batch[Columns.VALUE_TARGETS].float()
+            explained = 1 - (targets - values).var(unbiased=False) / targets.var(unbiased=False).clamp(min=1e-8)
+        log((module_id, VF_EXPLAINED_VAR_KEY), explained, window=math.inf, clear_on_reduce=True)
+        return policy_loss + config.vf_coeff * value_loss
