@@ -404,3 +404,39 @@ def test_cql_pushes_q_of_actions_outside_the_data_below_those_inside_while_sac_e
     assert cql_in == pytest.approx(0.5, abs=0.3)
     assert sac_out > sac_in + 0.3  # SAC's critics extrapolate the rising reward past the data
     assert cql_out < cql_in - 0.3  # CQL's are pushed down where there is no data
+
+
+# ---- Two ranks -----------------------------------------------------------------------
+
+
+def _cql_fit_on_rank(rank: int, world_size: int, root: str, strategy: str, lagrangian: bool) -> dict[str, Any]:
+    from lightning.pytorch import Trainer
+
+    torch.manual_seed(0)  # the same initial weights on both ranks (DDP and FSDP2 also start from rank 0's)
+    learner = CQLLearner(spec(), lagrangian=lagrangian, lagrangian_lr=0.05, lagrangian_threshold=-20.0)
+    items = [
+        TrainItem(TrainingData(batch={k: v.numpy() for k, v in dataset_rows(8, seed=10 * rank + i).items()}))
+        for i in range(3)
+    ]
+    trainer = Trainer(
+        accelerator="cpu", strategy=strategy, devices=world_size, max_epochs=1, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=root,
+        use_distributed_sampler=False,  # each rank trains on its own three items
+    )  # fmt: skip
+    trainer.fit(learner, train_dataloaders=loader_of(items))
+    state = learner.get_state(components=["rl_module"])["rl_module"][MODULE_ID]  # whole weights, also sharded
+    return {name: value.detach().cpu().numpy().copy() for name, value in state.items()}
+
+
+@pytest.mark.parametrize(("strategy", "lagrangian"), [("ddp", False), ("fsdp2", True)])
+def test_two_ranks_keep_the_same_weights_and_multiplier(tmp_path: Path, strategy: str, lagrangian: bool):
+    from ranks import run_on_ranks
+
+    rank0, rank1 = run_on_ranks(_cql_fit_on_rank, str(tmp_path), strategy, lagrangian, world_size=2, timeout=240)
+    assert rank0.keys() == rank1.keys()
+    for name, value in rank0.items():
+        np.testing.assert_allclose(value, rank1[name], rtol=0, atol=1e-6, err_msg=name)
+    if lagrangian:
+        assert rank0["log_alpha_prime"] == pytest.approx(0.15, rel=1e-2)  # three Adam steps of about lr 0.05 up
+    else:
+        assert rank0["log_alpha_prime"] == 0.0  # frozen: neither trained nor reduced
