@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import assert_same_tensors, loader_of, make_trainer
 
-from lightning_rl import Columns, RLModuleSpec, TrainingData, TrainItem
+from lightning_rl import Columns, Policy, RLModuleSpec, TrainingData, TrainItem
 from lightning_rl.algorithms.cql import ALPHA_PRIME_OPTIMIZER, CQLLearner, CQLModule, conservative_gap
 from lightning_rl.algorithms.sac import SACLearner, SACModule
 
@@ -348,6 +348,17 @@ def test_a_trainer_checkpoint_round_trips_the_multiplier(tmp_path: Path):
     trainer.save_checkpoint(tmp_path / "cql.ckpt")
     restored = CQLLearner.from_checkpoint(str(tmp_path / "cql.ckpt"))
     assert_same_tensors(cql_state(restored), cql_state(learner))
+
+
+def test_a_policy_from_the_checkpoint_acts_as_the_learners_module(tmp_path: Path):
+    learner = built(lagrangian=True)
+    learner.update_from_batch(dataset_rows())
+    learner.save_to_path(str(tmp_path / "cql"))
+    policy = Policy.from_checkpoint(str(tmp_path / "cql"))
+    obs = np.random.default_rng(0).normal(size=3).astype(np.float32)
+    with torch.no_grad():
+        expected = learner.module[MODULE_ID].forward_inference({Columns.OBS: torch.as_tensor(obs)[None]})
+    np.testing.assert_allclose(policy.act(obs), expected[Columns.ACTIONS][0].numpy(), rtol=1e-6)
 
 
 # ---- Learning ------------------------------------------------------------------------

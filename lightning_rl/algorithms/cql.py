@@ -178,7 +178,10 @@ class CQLLearner(SACLearner):
 
     Optimizers are SAC's ``"policy"``, ``"qf"`` and ``"alpha"``, and with ``lagrangian=True``
     ``"alpha_prime"`` for ``log_alpha_prime``. Results add ``cql_penalty`` (``cql_weight`` times the
-    mean gap) and, Lagrangian, ``cql_alpha`` (``alpha'`` at the step) and ``cql_alpha_loss``.
+    mean gap) and, Lagrangian, ``cql_alpha`` (``alpha'`` at the step) and ``cql_alpha_loss``;
+    ``qf_loss`` stays SAC's TD loss. The penalty is not importance-weighted (replay ``weights``
+    weigh the TD loss only). Batches need ``obs``, ``actions``, ``rewards``, ``new_obs`` and
+    ``terminateds`` (dataset rows, or replay minibatches with ``n_step`` for the TD target).
     See the module docstring for the losses and where they follow d3rlpy rather than RLlib.
 
     Args:
@@ -195,7 +198,7 @@ class CQLLearner(SACLearner):
             ``lagrangian_thresh``).
         lagrangian_lr: ``log_alpha_prime``'s learning rate: a number or a schedule; ``None`` uses the
             Learner's ``lr`` (d3rlpy ``alpha_learning_rate``).
-        initial_lagrangian_alpha: ``alpha'`` to start from (> 0; d3rlpy ``initial_alpha``).
+        initial_lagrangian_alpha: ``alpha'`` to start from with ``lagrangian`` (> 0; d3rlpy ``initial_alpha``).
         soft_q_backup: ``True`` for SAC's entropy-regularized target from a sampled ``a'``;
             ``False`` (d3rlpy's default) for ``min_i Q'_i(s', tanh(mu(s')))`` without entropy.
         actor_lr: As in ``SACLearner``; d3rlpy's ``1e-4`` by default, ``None`` for the Learner's ``lr``.
@@ -321,6 +324,6 @@ class CQLLearner(SACLearner):
         alpha_prime = module.log_alpha_prime.exp().clamp(0.0, ALPHA_PRIME_MAX)
         violation = config.cql_weight * (gap - config.lagrangian_threshold)
         alpha_prime_loss = -(alpha_prime * violation.detach())
-        log((module_id, CQL_ALPHA_KEY), alpha_prime.detach().clone(), window=1, clear_on_reduce=True)
+        log((module_id, CQL_ALPHA_KEY), alpha_prime.detach(), window=1, clear_on_reduce=True)
         log((module_id, CQL_ALPHA_LOSS_KEY), alpha_prime_loss.detach(), window=math.inf, clear_on_reduce=True)
         return loss + alpha_prime.detach() * violation + alpha_prime_loss
