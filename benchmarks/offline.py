@@ -1,0 +1,291 @@
+"""Offline RL beside d3rlpy: our CQL and IQL against d3rlpy's on the same Minari dataset, settings and gradient steps.
+
+    python benchmarks/offline.py --d3rlpy-python /path/to/d3rlpy-venv/bin/python \
+        --datasets pendulum/sac-medium-v0 pendulum/sac-medium-replay-v0 --algos cql iql --seeds 0 1
+
+What it measures, per (algorithm, dataset, seed) and per variant:
+
+  steps/s       gradient steps per second of the training loop (``--steps`` steps, batch 256;
+                set-up and evaluation left out);
+  eval return   the mean return of ``--eval-episodes`` greedy episodes after training, in the
+                dataset's env, episode ``i`` reset with seed ``1_000_000 + i`` in both variants;
+  dataset       the mean episode return of the dataset itself (what offline RL should beat).
+
+The variants:
+
+  ours    ``Trainer.fit`` of ``CQLLearner`` / ``IQLLearner`` on ``OfflineDataModule`` (this file,
+          ``--child``), one epoch of ``--steps`` gradient steps; logger, checkpoints, progress bar
+          and validation off; evaluated with ``Policy`` (the greedy action) as
+          ``lightning-rl evaluate`` does;
+  d3rlpy  ``benchmarks/_d3rlpy_offline.py`` under ``--d3rlpy-python``: d3rlpy 2.8's ``CQL`` /
+          ``IQL`` on the same rows exported to its ``MDPDataset`` layout (a truncated episode
+          keeps its final observation as the next observation of its last step), with the same
+          settings (``SETTINGS`` below: network sizes, learning rates, batch size, discount,
+          target step, and each algorithm's own coefficients) and a min-max action scaler to
+          [-1, 1], the range our modules train in. d3rlpy 2.8 pins gymnasium 1.0, so it lives in
+          a virtual environment of its own (``python -m venv d3rlpy-venv && d3rlpy-venv/bin/pip
+          install torch==2.13.0 d3rlpy==2.8.1``).
+
+CQL runs without the Lagrangian (d3rlpy: ``alpha_learning_rate=0`` and ``initial_alpha=1``,
+which leaves its penalty ``5 * (gap - 10)``: the same gradients as our ``cql_weight=5``).
+Every child is a fresh process, one at a time, with ``--threads`` intra-op threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _children import follow_child, print_versions, write_json  # noqa: E402
+
+HIDDEN = [256, 256]
+# The shared settings, as (ours, d3rlpy's) keyword arguments.
+SETTINGS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "cql": (
+        dict(actor_lr=1e-4, critic_lr=3e-4, alpha_lr=1e-4, initial_alpha=1.0, cql_weight=5.0, num_cql_actions=10),
+        dict(
+            actor_learning_rate=1e-4,
+            critic_learning_rate=3e-4,
+            temp_learning_rate=1e-4,
+            initial_temperature=1.0,
+            conservative_weight=5.0,
+            n_action_samples=10,
+            alpha_learning_rate=0.0,
+            initial_alpha=1.0,
+        ),
+    ),
+    "iql": (
+        dict(actor_lr=3e-4, critic_lr=3e-4, value_lr=3e-4, expectile=0.7, beta=3.0, max_weight=100.0),
+        dict(actor_learning_rate=3e-4, critic_learning_rate=3e-4, expectile=0.7, weight_temp=3.0, max_weight=100.0),
+    ),
+}
+COMMON = (dict(gamma=0.99, tau=0.005), dict(gamma=0.99, tau=0.005, batch_size=256))
+BATCH_SIZE = 256
+EVAL_SEED = 1_000_000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--datasets", nargs="+", default=["pendulum/sac-medium-v0", "pendulum/sac-medium-replay-v0"])
+    parser.add_argument("--algos", nargs="+", choices=sorted(SETTINGS), default=sorted(SETTINGS))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    parser.add_argument("--steps", type=int, default=5000, help="gradient steps per run")
+    parser.add_argument("--hidden", nargs="+", type=int, default=HIDDEN, help="hidden layer sizes of every network")
+    parser.add_argument("--eval-episodes", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--d3rlpy-python", default=None, help="a Python with d3rlpy 2.8 (left out: ours only)")
+    parser.add_argument("--json", default=None, help="also write the runs to this file")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child is not None:
+        run_ours(json.loads(args.child))
+        return
+    print_versions()
+    print(f"{args.steps} gradient steps of batch {BATCH_SIZE}, hidden {args.hidden}, {args.threads} thread(s)")
+    runs = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for dataset_id in args.datasets:
+            exported, dataset_mean = export_for_d3rlpy(dataset_id, Path(scratch))
+            for algo in args.algos:
+                for index, seed in enumerate(args.seeds):
+                    variants = ["ours", "d3rlpy"] if args.d3rlpy_python else ["ours"]
+                    for variant in variants[index % len(variants) :] + variants[: index % len(variants)]:
+                        run = {"variant": variant, "algo": algo, "dataset": dataset_id, "seed": seed}
+                        run["dataset_return_mean"] = dataset_mean
+                        run.update(run_child(variant, algo, dataset_id, exported, seed, args))
+                        runs.append(run)
+                        print(
+                            f"  {algo} {dataset_id} seed {seed} {variant:>6}: {run['steps_per_s']:.1f} steps/s, "
+                            f"eval {run['eval_return_mean']:.1f}",
+                            flush=True,
+                        )
+    print_table(runs)
+    if args.json:
+        write_json(args.json, {"args": vars(args), "runs": runs})
+
+
+def export_for_d3rlpy(dataset_id: str, scratch: Path) -> tuple[Path, float]:
+    """Write the dataset's rows in d3rlpy's flat ``MDPDataset`` layout; return the file and the mean episode return."""
+    from lightning_rl.data.minari_io import require_minari
+
+    dataset = require_minari().load_dataset(dataset_id)
+    columns: dict[str, list[np.ndarray]] = {
+        name: [] for name in ("observations", "actions", "rewards", "terminals", "timeouts")
+    }
+    returns = []
+    for episode in dataset.iterate_episodes():
+        steps = len(episode.rewards)
+        terminated = bool(episode.terminations[-1])
+        # A terminated episode ends on its last step; a truncated one keeps its final observation as one
+        # more row (its action and reward unused), which d3rlpy reads as that step's next observation.
+        rows = steps if terminated else steps + 1
+        columns["observations"].append(np.asarray(episode.observations[:rows], dtype=np.float32))
+        actions = np.asarray(episode.actions, dtype=np.float32).reshape(steps, -1)
+        if not terminated:
+            actions = np.concatenate([actions, np.zeros_like(actions[:1])])
+        columns["actions"].append(actions)
+        columns["rewards"].append(np.concatenate([episode.rewards, np.zeros(rows - steps)]).astype(np.float32))
+        ends = np.zeros(rows, dtype=np.float32)
+        ends[-1] = 1.0
+        columns["terminals"].append(ends if terminated else np.zeros(rows, dtype=np.float32))
+        columns["timeouts"].append(np.zeros(rows, dtype=np.float32) if terminated else ends)
+        returns.append(float(np.sum(episode.rewards)))
+    path = scratch / (dataset_id.replace("/", "__") + ".npz")
+    np.savez(path, **{name: np.concatenate(parts) for name, parts in columns.items()})
+    return path, float(np.mean(returns))
+
+
+def run_child(
+    variant: str, algo: str, dataset_id: str, exported: Path, seed: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    ours, theirs = SETTINGS[algo]
+    if variant == "ours":
+        spec = dict(
+            algo=algo,
+            dataset_id=dataset_id,
+            seed=seed,
+            steps=args.steps,
+            hidden=args.hidden,
+            eval_episodes=args.eval_episodes,
+            threads=args.threads,
+            settings={**COMMON[0], **ours},
+        )
+        command = [sys.executable, __file__, "--child", json.dumps(spec)]
+    else:
+        settings = {**COMMON[1], **theirs, "hidden_units": args.hidden}
+        command = [
+            args.d3rlpy_python,
+            str(Path(__file__).with_name("_d3rlpy_offline.py")),
+            "--data",
+            str(exported),
+            "--algo",
+            algo,
+            "--steps",
+            str(args.steps),
+            "--seed",
+            str(seed),
+            "--settings",
+            json.dumps(settings),
+            "--eval-episodes",
+            str(args.eval_episodes),
+            "--eval-seed",
+            str(EVAL_SEED),
+            "--threads",
+            str(args.threads),
+        ]
+    result: dict[str, Any] = {}
+
+    def handle(head: str, line: str, launch: float) -> bool:
+        if head == "RESULT":
+            result.update(json.loads(line.split(" ", 1)[1]))
+            return True
+        return False
+
+    record = {"variant": variant}
+    returncode, other_lines, _ = follow_child(
+        command, record, handle, threads=args.threads, timeout=6 * 3600, show_output=False
+    )
+    if returncode != 0 or not result:
+        raise SystemExit(
+            f"{variant} {algo} {dataset_id} seed {seed} failed ({returncode}):\n" + "\n".join(other_lines[-30:])
+        )
+    return {
+        "steps_per_s": result["steps"] / result["seconds"],
+        "train_s": result["seconds"],
+        "eval_return_mean": float(np.mean(result["eval_returns"])),
+        "eval_returns": result["eval_returns"],
+    }
+
+
+def run_ours(spec: dict[str, Any]) -> None:
+    """The ``ours`` child: train, time the training loop, evaluate greedily; print ``RESULT {...}``."""
+    import torch
+
+    torch.set_num_threads(spec["threads"])
+    from lightning.pytorch import Callback, Trainer, seed_everything
+    from lightning_rl.algorithms.cql import CQLLearner
+    from lightning_rl.algorithms.iql import IQLLearner
+
+    from lightning_rl.cli.evaluate_command import EnvSource, play_episodes
+    from lightning_rl.data import OfflineDataModule
+    from lightning_rl.policy import Policy
+
+    class TrainingTime(Callback):
+        def on_train_batch_start(self, *args: Any) -> None:
+            if not hasattr(self, "start"):
+                self.start = time.perf_counter()
+
+        def on_train_end(self, *args: Any) -> None:
+            self.seconds = time.perf_counter() - self.start
+
+    seed_everything(spec["seed"], verbose=False)
+    learner_class = {"cql": CQLLearner, "iql": IQLLearner}[spec["algo"]]
+    learner = learner_class(model_config={"fcnet_hiddens": spec["hidden"]}, **spec["settings"])
+    data = OfflineDataModule(
+        spec["dataset_id"], batch_size=BATCH_SIZE, updates_per_epoch=spec["steps"], seed=spec["seed"]
+    )
+    timer = TrainingTime()
+    trainer = Trainer(
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        callbacks=[timer],
+        accelerator="cpu",
+        devices=1,
+    )
+    trainer.fit(learner, datamodule=data)
+    env_id = data.evaluation_env_id
+    stats = play_episodes(
+        Policy.from_learner(learner), EnvSource(env_id, {}, [], "the dataset", None), spec["eval_episodes"], EVAL_SEED
+    )
+    result = {"seconds": timer.seconds, "steps": spec["steps"], "eval_returns": stats.returns.tolist()}
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def print_table(runs: list[dict[str, Any]]) -> None:
+    """One row per (algorithm, dataset): each variant's median steps/s and mean eval return over seeds, and the ratios."""
+    print()
+    print(
+        "| algo | dataset | dataset return | ours eval | d3rlpy eval | ours steps/s | d3rlpy steps/s | ours / d3rlpy speed |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    keys = dict.fromkeys((run["algo"], run["dataset"]) for run in runs)
+    for algo, dataset_id in keys:
+        cells = {}
+        for variant in ("ours", "d3rlpy"):
+            chosen = [
+                run for run in runs if (run["algo"], run["dataset"], run["variant"]) == (algo, dataset_id, variant)
+            ]
+            if not chosen:
+                cells[variant] = None
+                continue
+            returns = [run["eval_return_mean"] for run in chosen]
+            spread = f" ± {statistics.stdev(returns):.0f}" if len(returns) > 1 else ""
+            cells[variant] = (
+                f"{statistics.mean(returns):.0f}{spread}",
+                statistics.median(run["steps_per_s"] for run in chosen),
+            )
+        dataset_mean = next(run["dataset_return_mean"] for run in runs if run["dataset"] == dataset_id)
+        ours, theirs = cells["ours"], cells["d3rlpy"]
+        ratio = f"{ours[1] / theirs[1]:.2f}x" if ours and theirs else "-"
+        print(
+            f"| {algo} | {dataset_id} | {dataset_mean:.0f} | {ours[0] if ours else '-'} | {theirs[0] if theirs else '-'} | "
+            f"{ours[1] if ours else 0:.1f} | {theirs[1] if theirs else 0:.1f} | {ratio} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
