@@ -312,6 +312,27 @@ def test_bc_fits_a_cartpole_dataset_and_evaluates_greedy_episodes_in_its_env(tmp
     assert learner.weights_seq_no == 30
 
 
+def test_the_cli_fits_bc_from_a_yaml_config_naming_the_dataset(tmp_path):
+    from lightning_rl.cli import LightningRLCLI
+
+    make_cartpole_dataset("cartpole/heuristic-v0", 2)
+    config = tmp_path / "bc.yaml"
+    config.write_text(
+        "model:\n"
+        "  class_path: lightning_rl.algorithms.bc.BCLearner\n"
+        "  init_args: {model_config: {fcnet_hiddens: [8]}, lr: 0.01}\n"
+        "data:\n"
+        "  class_path: lightning_rl.data.OfflineDataModule\n"
+        "  init_args: {dataset_id: cartpole/heuristic-v0, batch_size: 32, updates_per_epoch: 5, seed: 0, "
+        "evaluation_num_episodes: 1}\n"
+        f"trainer: {{max_epochs: 1, logger: false, enable_checkpointing: false, enable_progress_bar: false, "
+        f"default_root_dir: {tmp_path}}}\n"
+    )
+    cli = LightningRLCLI(args=["fit", "--config", str(config)])
+    assert cli.datamodule.num_env_steps_sampled_lifetime == 5 * 32
+    assert cli.trainer.callback_metrics["eval/num_episodes"] == 1
+
+
 @pytest.mark.slow
 def test_bc_on_a_balancing_dataset_balances(tmp_path):
     make_cartpole_dataset("cartpole/heuristic-v0", 10)

@@ -181,16 +181,22 @@ class EpisodeRows:
         return len(self.obs_index)
 
     def take(self, rows: torch.Tensor, columns: Sequence[str]) -> dict[str, torch.Tensor]:
-        """``columns`` of ``rows`` (an int64 index tensor), gathered with one index operation each."""
+        """``columns`` of ``rows`` (an int64 index tensor), gathered with one ``index_select`` each.
+
+        ``index_select`` costs about half of ``tensor[rows]`` for minibatch-sized gathers, and
+        this runs once per gradient step.
+        """
         out: dict[str, torch.Tensor] = {}
-        index = self.obs_index[rows] if (Columns.OBS in columns or Columns.NEXT_OBS in columns) else None
+        index = None
+        if Columns.OBS in columns or Columns.NEXT_OBS in columns:
+            index = torch.index_select(self.obs_index, 0, rows)
         for column in columns:
             if column == Columns.OBS:
-                out[column] = self.observations[index]
+                out[column] = torch.index_select(self.observations, 0, index)
             elif column == Columns.NEXT_OBS:
-                out[column] = self.observations[index + 1]
+                out[column] = torch.index_select(self.observations, 0, index + 1)
             else:
-                out[column] = self.columns[column][rows]
+                out[column] = torch.index_select(self.columns[column], 0, rows)
         return out
 
 
