@@ -415,8 +415,19 @@ def test_missing_minari_names_the_extra(monkeypatch):
 def test_an_env_the_dataset_cannot_name_must_be_given_for_evaluation(tmp_path):
     make_hand_dataset("test/no-env-v0", [3, 3])  # recorded without an env spec
     data = OfflineDataModule("test/no-env-v0", batch_size=2, updates_per_epoch=2)
+    learner = bc_learner()
     with pytest.raises(ValueError, match=r"not a registered gymnasium id: pass the evaluation env"):
-        offline_trainer(tmp_path).fit(bc_learner(), datamodule=data)
+        offline_trainer(tmp_path).fit(learner, datamodule=data)
+    assert learner.weights_seq_no == 0
+
+
+def test_an_evaluation_env_whose_spaces_are_not_the_datasets_is_refused(tmp_path):
+    make_cartpole_dataset("cartpole/heuristic-v0", 1)
+    data = OfflineDataModule("cartpole/heuristic-v0", env="Pendulum-v1", batch_size=2, updates_per_epoch=2)
+    learner = bc_learner()
+    with pytest.raises(ValueError, match=r"observation space Box\(.*\(4,\).*evaluation env 'Pendulum-v1'.*\(3,\)"):
+        offline_trainer(tmp_path).fit(learner, datamodule=data)
+    assert learner.weights_seq_no == 0  # Lightning asks for the evaluation loader before the first train item
 
 
 @pytest.mark.parametrize(

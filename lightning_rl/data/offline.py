@@ -260,10 +260,25 @@ class OfflineDataModule(LightningDataModule):
     def val_dataloader(self) -> Iterable[TrainItem]:
         """One evaluation item: this rank's share of ``evaluation_num_episodes`` greedy episodes.
 
+        Called by Lightning before the first evaluation (the sanity check, or the first epoch's
+        end); the evaluation envs are built here, so an env that cannot be made, or whose
+        spaces are not the dataset's, fails before any training when a sanity check runs.
+
         Raises:
-            ValueError: If the dataset's env is not a registered gymnasium id and no ``env`` was given.
+            ValueError: If the dataset's env is not a registered gymnasium id and no ``env`` was
+                given, or if the evaluation env's spaces do not fit the dataset's (naming both).
         """
-        _ = self.sampling  # an evaluation env that cannot be made fails here, before any training
+        runner = self.sampling.eval_runner
+        for what, ours, theirs in (
+            ("observation", self.observation_space, runner.observation_space),
+            ("action", self.action_space, runner.action_space),
+        ):
+            if not _spaces_fit(ours, theirs):
+                raise ValueError(
+                    f"the Minari dataset {self.hparams.dataset_id!r} has {what} space {ours}, but its evaluation env "
+                    f"{self._evaluation_env!r} has {what} space {theirs}: pass the env the dataset was recorded in "
+                    "(OfflineDataModule(env=...))"
+                )
         return _Evaluation(self)
 
     def teardown(self, stage: str) -> None:
