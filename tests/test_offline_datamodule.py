@@ -372,6 +372,19 @@ def test_a_corrupt_dataset_is_refused_at_construction(minari_root, damage):
         OfflineDataModule("test/broken-v0")
 
 
+def test_an_episode_that_cannot_be_read_is_refused_before_the_first_step(minari_root, tmp_path):
+    import h5py
+
+    make_hand_dataset("test/lost-actions-v0", [3, 4])
+    with h5py.File(minari_root / "test" / "lost-actions-v0" / "data" / "main_data.hdf5", "a") as file:
+        del file["episode_1/actions"]
+    data = OfflineDataModule("test/lost-actions-v0", batch_size=2, updates_per_epoch=2)  # the metadata is whole
+    learner = bc_learner()
+    with pytest.raises(ValueError, match=r"'test/lost-actions-v0' cannot be read"):
+        offline_trainer(tmp_path, limit_val_batches=0).fit(learner, datamodule=data)
+    assert learner.weights_seq_no == 0
+
+
 def test_a_module_whose_spaces_do_not_fit_the_dataset_is_refused_before_training(tmp_path):
     make_hand_dataset("test/spaces-v0", [3, 3])
     spec = RLModuleSpec(
@@ -438,6 +451,7 @@ def test_an_evaluation_env_whose_spaces_are_not_the_datasets_is_refused(tmp_path
         ({"seed": -1}, "seed must be an int >= 0"),
         ({"evaluation_num_envs": 0}, "evaluation_num_envs must be an int >= 1"),
         ({"in_memory": "yes"}, "in_memory must be a bool"),
+        ({"shuffle": None}, "shuffle must be a bool"),
         ({"env": "NoSuchEnv-v9"}, "NoSuchEnv-v9"),
     ],
 )

@@ -253,6 +253,15 @@ class RowStream:
         """Whether the whole dataset is held in memory."""
         return self.window_rows is None
 
+    def preload(self, position: int) -> None:
+        """Read the window that holds stream position ``position`` now (the whole dataset, in memory).
+
+        Called before training, so that reading costs no train step and a dataset whose
+        episodes cannot be read fails before the first gradient step.
+        """
+        pass_index, offset = divmod(position, self.num_rows)
+        self._window(pass_index, self._locate(pass_index, offset)[0])
+
     def rows(self, start: int, stop: int) -> dict[str, torch.Tensor]:
         """The rows at stream positions ``[start, stop)``, as ``{column: Tensor[stop - start, ...]}``."""
         if not 0 <= start < stop:

@@ -123,9 +123,10 @@ class OfflineDataModule(LightningDataModule):
             _check_positive_int("evaluation_num_envs", evaluation_num_envs)
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise ValueError(f"seed must be an int >= 0 or None, got {seed!r}")
-        for name, value in (("shuffle", shuffle), ("in_memory", in_memory)):
-            if value is not None and not isinstance(value, bool):
-                raise ValueError(f"{name} must be a bool, got {value!r}")
+        if not isinstance(shuffle, bool):
+            raise ValueError(f"shuffle must be a bool, got {shuffle!r}")
+        if in_memory is not None and not isinstance(in_memory, bool):
+            raise ValueError(f"in_memory must be a bool or None, got {in_memory!r}")
         if not isinstance(module_id, str) or not module_id:
             raise ValueError(f"module_id must be a non-empty string, got {module_id!r}")
         if env_kwargs is not None and not isinstance(env_kwargs, dict):
@@ -248,21 +249,26 @@ class OfflineDataModule(LightningDataModule):
         """``updates_per_epoch`` train items, each drawn when Lightning asks for it (sized: no prefetch).
 
         Called by Lightning after the Learner's ``setup`` built its modules, so the Learner is
-        checked against the dataset here, before the first gradient step.
+        checked against the dataset here, before the first gradient step; the rows the first
+        item draws from are read here too (the whole dataset when it is held in memory).
 
         Raises:
-            ValueError: If the Learner's module does not fit the dataset's spaces, or the
-                Learner requires a column a dataset cannot provide (see ``check_learner``).
+            ValueError: If the Learner's module does not fit the dataset's spaces, the Learner
+                requires a column a dataset cannot provide (see ``check_learner``), or the
+                dataset's episodes cannot be read.
         """
         self.check_learner()
+        rank = self._placement()[0]
+        self.stream.preload(self._rows_drawn + rank * self.hparams.batch_size)
         return _Minibatches(self)
 
     def val_dataloader(self) -> Iterable[TrainItem]:
         """One evaluation item: this rank's share of ``evaluation_num_episodes`` greedy episodes.
 
-        Called by Lightning before the first evaluation (the sanity check, or the first epoch's
-        end); the evaluation envs are built here, so an env that cannot be made, or whose
-        spaces are not the dataset's, fails before any training when a sanity check runs.
+        Called by Lightning when a fit starts (before the first train item, and before the
+        sanity check if any) unless evaluation is off (``limit_val_batches=0``), and by
+        ``Trainer.validate``. The evaluation envs are built here, so an env that cannot be made,
+        or whose spaces are not the dataset's, fails before any training.
 
         Raises:
             ValueError: If the dataset's env is not a registered gymnasium id and no ``env`` was
