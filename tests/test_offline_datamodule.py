@@ -318,6 +318,11 @@ def test_bc_fits_a_cartpole_dataset_and_evaluates_greedy_episodes_in_its_env(tmp
     assert float(metrics["eval/episode_return_mean"]) >= 1.0
     assert learner.weights_seq_no == 30
 
+    # Trainer.validate alone evaluates too (no train item drawn, the position kept).
+    (results,) = offline_trainer(tmp_path).validate(learner, datamodule=data, verbose=False)
+    assert results["eval/num_episodes"] == 2
+    assert data.num_env_steps_sampled_lifetime == 30 * 64
+
 
 def test_the_cli_fits_bc_from_a_yaml_config_naming_the_dataset(tmp_path):
     from lightning_rl.cli import LightningRLCLI
