@@ -1,8 +1,9 @@
-"""Data: the environment data modules (on-policy rollouts, off-policy replay) and replay buffers."""
+"""Data: the environment data modules (on-policy rollouts, off-policy replay), the offline one (Minari datasets) and replay buffers."""
 
 from lightning_rl.data.env_datamodule import EnvDataModule
 from lightning_rl.data.episode_datamodule import EpisodeDataModule
 from lightning_rl.data.off_policy import OffPolicyDataModule
+from lightning_rl.data.offline import OfflineDataModule
 from lightning_rl.data.on_policy import OnPolicyDataModule
 from lightning_rl.data.prioritized_replay import PrioritizedReplayBuffer
 from lightning_rl.data.uniform_replay import ReplayBuffer
@@ -11,6 +12,7 @@ __all__ = [
     "EnvDataModule",
     "EpisodeDataModule",
     "OffPolicyDataModule",
+    "OfflineDataModule",
     "OnPolicyDataModule",
     "PrioritizedReplayBuffer",
     "ReplayBuffer",

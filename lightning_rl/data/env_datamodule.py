@@ -33,6 +33,7 @@ from lightning.pytorch import LightningDataModule
 from lightning_rl.core.columns import DEFAULT_MODULE_ID, NUM_ENV_STEPS_SAMPLED_LIFETIME
 from lightning_rl.core.rl_modules import RLModule
 from lightning_rl.core.train_item import TrainingData, TrainItem
+from lightning_rl.data.acting_module import learner_acting_module
 from lightning_rl.data.env_sampling import EnvSampling
 from lightning_rl.data.evaluation_video import EvaluationVideo
 from lightning_rl.data.rank_stats import all_gather_rows
@@ -307,15 +308,7 @@ class EnvDataModule(LightningDataModule, abc.ABC):
         Raises:
             ValueError: If the Learner is not built or has no module ``module_id``.
         """
-        learner = self.trainer.lightning_module
-        if learner.module is None:
-            raise ValueError(f"{type(learner).__name__} is not built; the data module needs its module to sample")
-        if self.hparams.module_id not in learner.module:
-            raise ValueError(
-                f"the Learner has no module {self.hparams.module_id!r} to sample with (module_id of the data "
-                f"module); it has {sorted(learner.module.keys())}"
-            )
-        with learner.module_for_acting(self.hparams.module_id) as module:
+        with learner_acting_module(self.trainer, self.hparams.module_id) as module:
             yield module
 
     def sample_eval_item(self) -> TrainItem:

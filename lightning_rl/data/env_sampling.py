@@ -271,7 +271,10 @@ class EnvSampling:
             record_video: Record the first episode's frames (rank 0, built with
                 ``record_evaluation_video``); ``take_evaluation_video`` returns them.
         """
-        if self.train_runner.normalization is not None:
+        # Without normalization there is nothing to copy, and no training envs need building
+        # (an offline data module evaluates without ever sampling training envs).
+        normalizes = self.normalization.get("normalize_observations") or self.normalization.get("normalize_rewards")
+        if normalizes and self.train_runner.normalization is not None:
             self.eval_runner.normalization.load_state_dict(self.train_runner.normalization.state_dict())
         return self.eval_runner.sample_episodes(
             module, self.evaluation_episodes_per_rank, explore=self.evaluation_explore, record_first_episode=record_video

@@ -1,0 +1,39 @@
+"""The Learner's module that acts in an environment, as every data module borrows it.
+
+A data module never imports the Learner (layers: ``learner | data``): it reaches it through
+the attached Trainer (``trainer.lightning_module``) and asks only for what it needs here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from lightning_rl.core.rl_modules import RLModule
+
+
+@contextlib.contextmanager
+def learner_acting_module(trainer: Any, module_id: str) -> Iterator[RLModule]:
+    """The Trainer's Learner's module ``module_id``, ready to act, for the length of the block.
+
+    Through ``Learner.module_for_acting``: with sharded modules (FSDP2) their whole weights
+    are gathered for the block, a collective call that every rank must make at the same point.
+
+    Args:
+        trainer: The Trainer the data module is attached to.
+        module_id: The data module's ``module_id``.
+
+    Raises:
+        ValueError: If the Learner is not built or has no module ``module_id``.
+    """
+    learner = trainer.lightning_module
+    if learner.module is None:
+        raise ValueError(f"{type(learner).__name__} is not built; the data module needs its module to act")
+    if module_id not in learner.module:
+        raise ValueError(
+            f"the Learner has no module {module_id!r} to act with (module_id of the data module); it has "
+            f"{sorted(learner.module.keys())}"
+        )
+    with learner.module_for_acting(module_id) as module:
+        yield module

@@ -1,0 +1,355 @@
+"""Rows of a local Minari dataset: opened with clear errors, read per episode, served as a shuffled stream.
+
+A Minari episode of ``T`` steps stores ``T + 1`` observations (the last is the final one),
+``T`` actions, rewards, terminations and truncations. Row ``t`` of an episode becomes
+``obs = observations[t]``, ``new_obs = observations[t + 1]`` (so the last row's ``new_obs``
+is the episode's final observation), ``actions``, ``rewards``, ``terminateds``,
+``truncateds`` and, on request, ``value_targets``: the discounted return-to-go within the
+episode, with no bootstrap at a truncation (the dataset holds no values to bootstrap from).
+
+``RowStream`` is an endless, deterministic stream of rows: pass after pass over the
+dataset, each pass in its own order (a generator seeded with ``(seed, pass)``). Any stretch
+``[start, stop)`` of global stream positions can be asked for, so data-parallel ranks take
+disjoint slices of the same stream, and a resumed fit continues from a saved position.
+A small dataset is one window, read into memory once; a large one is read a window of
+episodes at a time (episodes in a per-pass random order, rows shuffled within the window),
+so memory holds at most two windows.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from lightning_rl.core.columns import Columns
+from lightning_rl.data.minari_io import require_minari
+
+#: The columns a dataset row can have (``value_targets`` only when a discount is given).
+DATASET_COLUMNS = (
+    Columns.OBS,
+    Columns.ACTIONS,
+    Columns.REWARDS,
+    Columns.NEXT_OBS,
+    Columns.TERMINATEDS,
+    Columns.TRUNCATEDS,
+    Columns.VALUE_TARGETS,
+)
+# How to make a dataset, for the error about a missing one.
+RECORD_HINT = (
+    "record one with `lightning-rl record --config <config.yaml> --ckpt_path <checkpoint> --num_episodes N "
+    "--dataset_id <id>` (or a recording callback during a fit), or put a Minari dataset under $MINARI_DATASETS_PATH"
+)
+# Window caches hold the window being read and the one before it (a minibatch may straddle both).
+_CACHED_WINDOWS = 2
+
+
+def open_dataset(dataset_id: str) -> Any:
+    """The local Minari dataset ``dataset_id`` (``minari.load_dataset``, never downloading).
+
+    Raises:
+        ImportError: If Minari is not installed (``require_minari``).
+        ValueError: Naming the id, if no such dataset is stored locally (listing the local
+            ids and how to make one), or if its metadata or data file cannot be read.
+    """
+    minari = require_minari()
+    try:
+        return minari.load_dataset(dataset_id, download=False)
+    except FileNotFoundError:
+        with warnings.catch_warnings():  # a misconfigured neighbour warns; it is not this error
+            warnings.simplefilter("ignore")
+            local = sorted(minari.list_local_datasets())
+        raise ValueError(
+            f"dataset_id {dataset_id!r} is not a local Minari dataset (looked under {_datasets_root()}); local "
+            f"datasets: {local or 'none'}. Nothing is downloaded: {RECORD_HINT}"
+        ) from None
+    except Exception as error:  # json, h5py, space and version errors alike: the dataset is unusable
+        raise _unreadable(dataset_id, error) from error
+
+
+def episode_lengths(dataset: Any, dataset_id: str) -> np.ndarray:
+    """Steps of every episode of ``dataset``, ``[num_episodes]`` int64, from its episode metadata.
+
+    Raises:
+        ValueError: Naming the id, if the data file cannot be read (a truncated HDF5 file), an
+            episode has no step count, or the counts do not add up to the dataset's total.
+    """
+    try:
+        metadata = list(dataset.storage.get_episode_metadata(dataset.episode_indices))
+        lengths = np.asarray([int(m["total_steps"]) for m in metadata], dtype=np.int64)
+        total = int(dataset.total_steps)
+    except Exception as error:
+        raise _unreadable(dataset_id, error) from error
+    if len(lengths) == 0 or lengths.sum() == 0:
+        raise ValueError(f"the Minari dataset {dataset_id!r} holds no steps; expected at least one recorded episode")
+    if int(lengths.sum()) != total:
+        raise _unreadable(dataset_id, ValueError(f"its episodes hold {int(lengths.sum())} steps, its metadata {total}"))
+    return lengths
+
+
+def check_row_space(space: gym.Space, what: str, dataset_id: str) -> None:
+    """Raise unless ``space`` is one whose values are plain arrays (Box, Discrete, MultiDiscrete, MultiBinary).
+
+    Raises:
+        ValueError: Naming the space, for Dict, Tuple, Text and other structured spaces.
+    """
+    if not isinstance(space, (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)):
+        raise ValueError(
+            f"the Minari dataset {dataset_id!r} has {what} space {space}; OfflineDataModule reads Box, Discrete, "
+            "MultiDiscrete and MultiBinary spaces (flatten structured spaces when recording)"
+        )
+
+
+def discounted_returns(rewards: np.ndarray, gamma: float) -> np.ndarray:
+    """``sum_k gamma^k r_{t+k}`` to the end of one episode, for every ``t`` (float64, no bootstrap)."""
+    returns = np.empty(len(rewards), dtype=np.float64)
+    running = 0.0
+    for t in range(len(rewards) - 1, -1, -1):
+        running = float(rewards[t]) + gamma * running
+        returns[t] = running
+    return returns
+
+
+class EpisodeRows:
+    """Rows of some episodes, as tensors, with observations stored once per step.
+
+    ``observations`` holds each episode's ``T + 1`` observations back to back; row ``i``'s
+    ``obs`` is ``observations[obs_index[i]]`` and its ``new_obs`` the next one. Rows are in
+    episode order, episode after episode.
+
+    Args:
+        dataset: The Minari dataset.
+        dataset_id: Its id, for errors.
+        episode_indices: Which episodes, in this order.
+        gamma: The discount of ``value_targets``; ``None`` computes none.
+    """
+
+    def __init__(self, dataset: Any, dataset_id: str, episode_indices: Sequence[int], *, gamma: float | None) -> None:
+        observation_space, action_space = dataset.observation_space, dataset.action_space
+        observations, actions, rewards, terminateds, truncateds, returns = [], [], [], [], [], []
+        try:
+            episodes = list(dataset.iterate_episodes([int(i) for i in episode_indices]))
+        except Exception as error:
+            raise _unreadable(dataset_id, error) from error
+        for episode in episodes:
+            steps = len(episode.rewards)
+            lengths = (
+                len(episode.observations),
+                len(episode.actions),
+                len(episode.terminations),
+                len(episode.truncations),
+            )
+            if lengths != (steps + 1, steps, steps, steps):
+                raise _unreadable(
+                    dataset_id,
+                    ValueError(
+                        f"episode {episode.id} has {lengths[0]} observations, {lengths[1]} actions, {steps} rewards, "
+                        f"{lengths[2]} terminations and {lengths[3]} truncations; expected one more observation "
+                        "than steps and one of each other per step"
+                    ),
+                )
+            observations.append(np.asarray(episode.observations))
+            actions.append(np.asarray(episode.actions))
+            rewards.append(np.asarray(episode.rewards, dtype=np.float32))
+            terminateds.append(np.asarray(episode.terminations, dtype=bool))
+            truncateds.append(np.asarray(episode.truncations, dtype=bool))
+            if gamma is not None:
+                returns.append(discounted_returns(episode.rewards, gamma).astype(np.float32))
+        steps_per_episode = np.asarray([len(r) for r in rewards], dtype=np.int64)
+        # Episode e's observations start at (steps before e) + e: each episode has one more.
+        first_obs = np.concatenate([[0], np.cumsum(steps_per_episode + 1)[:-1]])
+        self.obs_index = torch.from_numpy(
+            np.concatenate([first + np.arange(steps) for first, steps in zip(first_obs, steps_per_episode)])
+        )
+        self.observations = _as_tensor(np.concatenate(observations), observation_space)
+        self.columns: dict[str, torch.Tensor] = {
+            Columns.ACTIONS: _as_tensor(np.concatenate(actions), action_space),
+            Columns.REWARDS: torch.from_numpy(np.concatenate(rewards)),
+            Columns.TERMINATEDS: torch.from_numpy(np.concatenate(terminateds)),
+            Columns.TRUNCATEDS: torch.from_numpy(np.concatenate(truncateds)),
+        }
+        if gamma is not None:
+            self.columns[Columns.VALUE_TARGETS] = torch.from_numpy(np.concatenate(returns))
+
+    def __len__(self) -> int:
+        return len(self.obs_index)
+
+    def take(self, rows: torch.Tensor, columns: Sequence[str]) -> dict[str, torch.Tensor]:
+        """``columns`` of ``rows`` (an int64 index tensor), gathered with one ``index_select`` each.
+
+        ``index_select`` costs about half of ``tensor[rows]`` for minibatch-sized gathers, and
+        this runs once per gradient step.
+        """
+        out: dict[str, torch.Tensor] = {}
+        index = None
+        if Columns.OBS in columns or Columns.NEXT_OBS in columns:
+            index = torch.index_select(self.obs_index, 0, rows)
+        for column in columns:
+            if column == Columns.OBS:
+                out[column] = torch.index_select(self.observations, 0, index)
+            elif column == Columns.NEXT_OBS:
+                out[column] = torch.index_select(self.observations, 0, index + 1)
+            else:
+                out[column] = torch.index_select(self.columns[column], 0, rows)
+        return out
+
+
+class RowStream:
+    """An endless, deterministic stream of dataset rows: pass after pass, each shuffled anew.
+
+    Stream position ``g`` is row ``g % R`` of pass ``g // R`` (``R`` rows per pass), so the
+    rows at any position are a function of ``(seed, g)`` alone, whoever asks and whenever.
+
+    Args:
+        dataset: The Minari dataset.
+        dataset_id: Its id, for errors.
+        lengths: ``episode_lengths(dataset)``.
+        columns: The columns ``rows`` returns.
+        seed: Seeds each pass's order (``(seed, pass)``) and each window's (``(seed, pass, window)``).
+        shuffle: Whether passes are shuffled; without it rows come in the dataset's order.
+        window_rows: ``None`` to hold the whole dataset in memory (one window, read on first
+            use); otherwise read windows of consecutive episodes (in the pass's episode order)
+            of about this many rows each, shuffling rows within a window.
+        gamma: The discount of ``value_targets`` (needed only when ``columns`` holds it).
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        dataset_id: str,
+        lengths: np.ndarray,
+        *,
+        columns: Sequence[str],
+        seed: int,
+        shuffle: bool,
+        window_rows: int | None,
+        gamma: float | None,
+    ) -> None:
+        self.dataset = dataset
+        self.dataset_id = dataset_id
+        self.lengths = lengths
+        self.columns = list(columns)
+        self.seed = seed
+        self.shuffle = shuffle
+        self.window_rows = window_rows
+        self.gamma = gamma if Columns.VALUE_TARGETS in self.columns else None
+        self.num_rows = int(lengths.sum())
+        self._resident: EpisodeRows | None = None  # the whole dataset, when held in memory
+        self._layouts: collections.OrderedDict[int, tuple[list[np.ndarray], np.ndarray]] = collections.OrderedDict()
+        self._windows: collections.OrderedDict[tuple[int, int], tuple[EpisodeRows, torch.Tensor]] = (
+            collections.OrderedDict()
+        )
+        #: Windows read from disk so far (streaming only); tests and logs read it.
+        self.num_windows_read = 0
+
+    @property
+    def in_memory(self) -> bool:
+        """Whether the whole dataset is held in memory."""
+        return self.window_rows is None
+
+    def preload(self, position: int) -> None:
+        """Read the window that holds stream position ``position`` now (the whole dataset, in memory).
+
+        Called before training, so that reading costs no train step and a dataset whose
+        episodes cannot be read fails before the first gradient step.
+        """
+        pass_index, offset = divmod(position, self.num_rows)
+        self._window(pass_index, self._locate(pass_index, offset)[0])
+
+    def rows(self, start: int, stop: int) -> dict[str, torch.Tensor]:
+        """The rows at stream positions ``[start, stop)``, as ``{column: Tensor[stop - start, ...]}``."""
+        if not 0 <= start < stop:
+            raise ValueError(f"a stretch of the row stream must have 0 <= start < stop, got [{start}, {stop})")
+        pieces = []
+        position = start
+        while position < stop:
+            pass_index, offset = divmod(position, self.num_rows)
+            window_index, window_start = self._locate(pass_index, offset)
+            rows, order = self._window(pass_index, window_index)
+            first = offset - window_start
+            take = min(stop - position, len(order) - first)
+            pieces.append(rows.take(order[first : first + take], self.columns))
+            position += take
+        if len(pieces) == 1:
+            return pieces[0]
+        return {column: torch.cat([piece[column] for piece in pieces]) for column in self.columns}
+
+    def _locate(self, pass_index: int, offset: int) -> tuple[int, int]:
+        """(window index, the window's first row within the pass) of the pass's row ``offset``."""
+        if self.in_memory:
+            return 0, 0
+        _, starts = self._layout(pass_index)
+        window_index = int(np.searchsorted(starts, offset, side="right")) - 1
+        return window_index, int(starts[window_index])
+
+    def _layout(self, pass_index: int) -> tuple[list[np.ndarray], np.ndarray]:
+        """The episodes of each window of a pass, and each window's first row within it (streaming)."""
+        if pass_index not in self._layouts:
+            num_episodes = len(self.lengths)
+            episodes = (
+                self._generator(pass_index).permutation(num_episodes) if self.shuffle else np.arange(num_episodes)
+            )
+            ends = np.cumsum(self.lengths[episodes])
+            # An episode belongs to the window in which its last row falls: windows of about
+            # window_rows rows that never split an episode (one longer episode is a window alone).
+            _, window_of_episode = np.unique((ends - 1) // self.window_rows, return_inverse=True)
+            boundaries = np.flatnonzero(np.diff(window_of_episode)) + 1
+            windows = np.split(episodes, boundaries)
+            starts = np.concatenate([[0], ends[boundaries - 1]])
+            self._layouts[pass_index] = (windows, starts)
+            while len(self._layouts) > _CACHED_WINDOWS:
+                self._layouts.popitem(last=False)
+        return self._layouts[pass_index]
+
+    def _window(self, pass_index: int, window_index: int) -> tuple[EpisodeRows, torch.Tensor]:
+        """A window's rows and the order the pass visits them in (cached: the current and previous ones)."""
+        key = (pass_index, window_index)
+        if key not in self._windows:
+            if self.in_memory:
+                if self._resident is None:
+                    self._resident = EpisodeRows(
+                        self.dataset, self.dataset_id, self.dataset.episode_indices, gamma=self.gamma
+                    )
+                rows, generator = self._resident, self._generator(pass_index)
+            else:
+                episodes = self._layout(pass_index)[0][window_index]
+                rows = EpisodeRows(self.dataset, self.dataset_id, episodes, gamma=self.gamma)
+                self.num_windows_read += 1
+                generator = self._generator(pass_index, window_index)
+            order = generator.permutation(len(rows)) if self.shuffle else np.arange(len(rows))
+            self._windows[key] = (rows, torch.from_numpy(order))
+            while len(self._windows) > _CACHED_WINDOWS:
+                self._windows.popitem(last=False)
+        self._windows.move_to_end(key)
+        return self._windows[key]
+
+    def _generator(self, *keys: int) -> np.random.Generator:
+        return np.random.default_rng([self.seed, *keys])
+
+
+def _as_tensor(values: np.ndarray, space: gym.Space) -> torch.Tensor:
+    """``values`` in the dtype of ``space`` (int64 for discrete spaces), as a tensor."""
+    if isinstance(space, gym.spaces.Box):
+        dtype = space.dtype
+    elif isinstance(space, gym.spaces.MultiBinary):
+        dtype = np.int8
+    else:
+        dtype = np.int64
+    return torch.from_numpy(np.ascontiguousarray(values, dtype=dtype))
+
+
+def _datasets_root() -> str:
+    return os.environ.get("MINARI_DATASETS_PATH", os.path.join(os.path.expanduser("~"), ".minari", "datasets"))
+
+
+def _unreadable(dataset_id: str, error: BaseException) -> ValueError:
+    return ValueError(
+        f"the Minari dataset {dataset_id!r} cannot be read ({type(error).__name__}: {error}); its files under "
+        f"{_datasets_root()} may be incomplete or corrupt: delete it and record it again ({RECORD_HINT})"
+    )

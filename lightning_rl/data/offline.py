@@ -1,0 +1,491 @@
+"""``OfflineDataModule``: minibatches of a local Minari dataset for ``Trainer.fit``, evaluation in its env.
+
+Each train item is one minibatch of ``batch_size`` rows per rank, for one gradient step:
+``TrainItem(TrainingData(batch={module_id: {column: Tensor}}), timesteps={...},
+update_settings={"num_epochs": 1, "minibatch_size": None, "shuffle_batch_per_epoch": False})``.
+The rows come from one deterministic stream (``dataset_rows.RowStream``): pass after pass
+over the dataset, each pass shuffled by a generator seeded with ``(seed, pass)``. Under N
+data-parallel ranks, item ``k`` is the stretch ``[g, g + N * batch_size)`` of the stream
+(``g`` the rows drawn before it) and rank ``r`` takes its ``r``-th ``batch_size`` rows: the
+ranks train on disjoint rows and yield the same number of items. The position ``g`` is the
+data module's state in checkpoints, so a resumed fit continues with the very rows the
+interrupted one would have drawn next (on any number of ranks), and it is the
+``num_env_steps_sampled_lifetime`` that drives the Learner's schedules.
+
+Evaluation (``val_dataloader``) plays greedy episodes in the dataset's environment with the
+Learner's module, through the same ``EnvSampling`` as the environment data modules, so
+``eval/episode_return_mean``, ``EarlyStopping`` and ``ModelCheckpoint`` work as on-line.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from lightning.pytorch import LightningDataModule
+
+from lightning_rl.core.columns import DEFAULT_MODULE_ID, NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
+from lightning_rl.core.train_item import TrainingData, TrainItem
+from lightning_rl.data.acting_module import learner_acting_module
+from lightning_rl.data.dataset_rows import (
+    DATASET_COLUMNS,
+    RowStream,
+    check_row_space,
+    episode_lengths,
+    open_dataset,
+)
+from lightning_rl.data.env_sampling import EVALUATION_SEED_OFFSET, EnvSampling
+from lightning_rl.env.env_factory import resolve_env
+
+#: Datasets whose rows take more bytes than this are streamed a window at a time (``in_memory=None``).
+IN_MEMORY_LIMIT_BYTES = 2 * 1024**3
+# Evaluation envs stepped together by default (fewer when a rank plays fewer episodes).
+_DEFAULT_EVALUATION_ENVS = 4
+# Every item trains one gradient step on exactly the rows it holds.
+_ONE_STEP_PER_ITEM = {"num_epochs": 1, "minibatch_size": None, "shuffle_batch_per_epoch": False}
+# Keys of ``state_dict``.
+_ROWS_DRAWN, _SEED, _NUM_ROWS = NUM_ENV_STEPS_SAMPLED_LIFETIME, "seed", "num_rows_per_pass"
+
+
+class OfflineDataModule(LightningDataModule):
+    """Trains on a local Minari dataset; evaluates greedy episodes in the dataset's environment.
+
+    Args:
+        dataset_id: The id of a local Minari dataset, as ``minari.load_dataset`` takes it
+            (``"cartpole/ppo-expert-v0"``), under ``$MINARI_DATASETS_PATH`` (default
+            ``~/.minari/datasets``). Nothing is downloaded.
+        batch_size: Rows per gradient step on each rank.
+        updates_per_epoch: Train items (gradient steps) per Lightning epoch; validation,
+            checkpoints and epoch-level logging happen at epoch ends.
+        shuffle: Visit rows in a new random order every pass (seeded); without it rows come in
+            the dataset's order, episode after episode.
+        seed: Seeds the passes' orders and the evaluation envs. ``None`` draws one from numpy's
+            global generator at setup (rank 0's, shared with the other ranks); it is saved in
+            checkpoints, so a resumed fit continues the same stream.
+        module_id: The Learner's module that trains on the rows and acts in evaluation.
+        env: The evaluation environment: a registered gymnasium id or the import path of an
+            env factory. ``None`` uses the id of the dataset's env spec, with the spec's
+            keyword arguments, when that id is registered with gymnasium (the spec's entry
+            point is never used).
+        env_kwargs: Keyword arguments for the evaluation env (over the spec's, with ``env=None``).
+        evaluation_num_episodes: Complete greedy episodes per evaluation, over all ranks (each
+            of N ranks plays ``ceil(evaluation_num_episodes / N)``).
+        evaluation_num_envs: Evaluation envs stepped together; ``None`` for
+            ``min(4, episodes this rank plays)``.
+        in_memory: Hold the whole dataset in memory (``True``) or stream it a window of
+            episodes at a time (``False``); ``None`` holds it when its rows take at most
+            ``IN_MEMORY_LIMIT_BYTES`` (2 GiB).
+        stream_window_rows: When streaming, about how many rows each window holds (whole
+            episodes; at most two windows are in memory). Rows are shuffled within a window,
+            windows are whole episodes in a per-pass random order.
+        sample_timeout_s: The most seconds one evaluation chunk may take (see ``EnvRunner``).
+
+    Raises:
+        ValueError: Naming the argument, for invalid values; for a dataset id that is not a
+            local Minari dataset (listing the local ones) or a dataset that cannot be read;
+            for observation or action spaces other than Box, Discrete, MultiDiscrete or
+            MultiBinary; and for an unknown ``env``.
+        ImportError: If Minari is not installed, naming the extra that installs it.
+    """
+
+    def __init__(
+        self,
+        dataset_id: str,
+        *,
+        batch_size: int = 256,
+        updates_per_epoch: int = 1000,
+        shuffle: bool = True,
+        seed: int | None = None,
+        module_id: str = DEFAULT_MODULE_ID,
+        env: str | None = None,
+        env_kwargs: dict[str, Any] | None = None,
+        evaluation_num_episodes: int = 10,
+        evaluation_num_envs: int | None = None,
+        in_memory: bool | None = None,
+        stream_window_rows: int = 100_000,
+        sample_timeout_s: float | None = 60.0,
+    ) -> None:
+        super().__init__()
+        if not isinstance(dataset_id, str) or not dataset_id:
+            raise ValueError(f"dataset_id must be the id of a local Minari dataset, got {dataset_id!r}")
+        for name, value in (
+            ("batch_size", batch_size),
+            ("updates_per_epoch", updates_per_epoch),
+            ("evaluation_num_episodes", evaluation_num_episodes),
+            ("stream_window_rows", stream_window_rows),
+        ):
+            _check_positive_int(name, value)
+        if evaluation_num_envs is not None:
+            _check_positive_int("evaluation_num_envs", evaluation_num_envs)
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise ValueError(f"seed must be an int >= 0 or None, got {seed!r}")
+        if not isinstance(shuffle, bool):
+            raise ValueError(f"shuffle must be a bool, got {shuffle!r}")
+        if in_memory is not None and not isinstance(in_memory, bool):
+            raise ValueError(f"in_memory must be a bool or None, got {in_memory!r}")
+        if not isinstance(module_id, str) or not module_id:
+            raise ValueError(f"module_id must be a non-empty string, got {module_id!r}")
+        if env_kwargs is not None and not isinstance(env_kwargs, dict):
+            raise ValueError(f"env_kwargs must be a dict or None, got {type(env_kwargs).__name__}")
+        if env is not None:
+            if not isinstance(env, str):
+                raise ValueError(f"env must be a registered gymnasium id or an env factory's import path, got {env!r}")
+            resolve_env(env)  # an unknown id or factory path fails here, before anything runs
+        self.save_hyperparameters()
+        self._dataset = open_dataset(dataset_id)
+        self._lengths = episode_lengths(self._dataset, dataset_id)
+        check_row_space(self._dataset.observation_space, "observation", dataset_id)
+        check_row_space(self._dataset.action_space, "action", dataset_id)
+        self._evaluation_env, self._evaluation_env_kwargs = self._resolve_evaluation_env(env, env_kwargs)
+        # The seed the stream uses: the argument's, or one drawn at setup (then saved in checkpoints).
+        self._seed = seed
+        self._rows_drawn = 0  # stream positions drawn, over all ranks
+        self._stream: RowStream | None = None
+        self._columns: list[str] | None = None  # what the Learner asks for, checked against the dataset
+        self._gamma: float | None = None  # the Learner's discount, when it asks for value_targets
+
+    # ------------------------------------------------------------------------------------
+    # What the Learner and the user read
+    # ------------------------------------------------------------------------------------
+
+    @property
+    def observation_space(self) -> gym.Space:
+        """The dataset's observation space."""
+        return self._dataset.observation_space
+
+    @property
+    def action_space(self) -> gym.Space:
+        """The dataset's action space."""
+        return self._dataset.action_space
+
+    @property
+    def num_rows(self) -> int:
+        """Rows (env steps) in the dataset: one pass."""
+        return int(self._lengths.sum())
+
+    @property
+    def num_env_steps_sampled_lifetime(self) -> int:
+        """Dataset rows trained on so far, summed over all ranks, resumed runs included."""
+        return self._rows_drawn
+
+    @property
+    def in_memory(self) -> bool:
+        """Whether the dataset is held in memory (else streamed a window of episodes at a time)."""
+        if self.hparams.in_memory is not None:
+            return self.hparams.in_memory
+        return self.num_rows * _bytes_per_row(self.observation_space, self.action_space) <= IN_MEMORY_LIMIT_BYTES
+
+    @property
+    def stream(self) -> RowStream:
+        """The row stream (built on first use, after the Learner's columns were checked)."""
+        if self._stream is None:
+            if self._columns is None:
+                raise RuntimeError("the row stream is built once the Learner is known: call train_dataloader first")
+            self._stream = RowStream(
+                self._dataset,
+                self.hparams.dataset_id,
+                self._lengths,
+                columns=self._columns,
+                seed=self._resolved_seed(),
+                shuffle=self.hparams.shuffle,
+                window_rows=None if self.in_memory else self.hparams.stream_window_rows,
+                gamma=self._gamma,
+            )
+        return self._stream
+
+    @functools.cached_property
+    def sampling(self) -> EnvSampling:
+        """This rank's evaluation runner, seeds and episode share (the same as the environment data modules')."""
+        if self._evaluation_env is None:
+            spec = self._dataset.env_spec
+            raise ValueError(
+                f"the Minari dataset {self.hparams.dataset_id!r} was recorded in env "
+                f"{None if spec is None else spec.id!r}, which is not a registered gymnasium id: pass the evaluation "
+                "env as OfflineDataModule(env=...), or fit without evaluation (Trainer(limit_val_batches=0))"
+            )
+        hparams = self.hparams
+        return EnvSampling(
+            self._evaluation_env,
+            env_kwargs=self._evaluation_env_kwargs,
+            wrappers=[],
+            evaluation_wrappers=[],
+            num_envs=_DEFAULT_EVALUATION_ENVS,  # the evaluation default; no training envs are built
+            steps_per_env=1,
+            vectorize_mode="sync",
+            seed=self._resolved_seed(),
+            evaluation_num_episodes=hparams.evaluation_num_episodes,
+            evaluation_num_envs=hparams.evaluation_num_envs,
+            evaluation_explore=False,
+            episode_stats_window=hparams.evaluation_num_episodes,
+            placement=self._placement,
+            sample_timeout_s=hparams.sample_timeout_s,
+            restart_failed_sub_environments=False,
+            on_nonfinite="raise",
+        )
+
+    # ------------------------------------------------------------------------------------
+    # Lightning hooks
+    # ------------------------------------------------------------------------------------
+
+    def setup(self, stage: str) -> None:
+        """Called by Lightning on every rank before the Learner's ``setup``: agree on the seed.
+
+        With ``seed=None``, rank 0 draws it and every rank takes rank 0's (they must shuffle
+        alike to take disjoint slices). Evaluation runners built before the Trainer said which
+        rank this is are rebuilt.
+        """
+        if self._seed is None:
+            drawn = int(np.random.randint(0, 2**31 - 1 - EVALUATION_SEED_OFFSET))
+            trainer = self.trainer
+            self._seed = int(trainer.strategy.broadcast(drawn, src=0)) if trainer is not None else drawn
+        if "sampling" in self.__dict__:
+            self.sampling.close_runners_built_elsewhere()
+
+    def train_dataloader(self) -> Iterable[TrainItem]:
+        """``updates_per_epoch`` train items, each drawn when Lightning asks for it (sized: no prefetch).
+
+        Called by Lightning after the Learner's ``setup`` built its modules, so the Learner is
+        checked against the dataset here, before the first gradient step; the rows the first
+        item draws from are read here too (the whole dataset when it is held in memory).
+
+        Raises:
+            ValueError: If the Learner's module does not fit the dataset's spaces, the Learner
+                requires a column a dataset cannot provide (see ``check_learner``), or the
+                dataset's episodes cannot be read.
+        """
+        self.check_learner()
+        rank = self._placement()[0]
+        self.stream.preload(self._rows_drawn + rank * self.hparams.batch_size)
+        return _Minibatches(self)
+
+    def val_dataloader(self) -> Iterable[TrainItem]:
+        """One evaluation item: this rank's share of ``evaluation_num_episodes`` greedy episodes.
+
+        Called by Lightning when a fit starts (before the first train item, and before the
+        sanity check if any) unless evaluation is off (``limit_val_batches=0``), and by
+        ``Trainer.validate``. The evaluation envs are built here, so an env that cannot be made,
+        or whose spaces are not the dataset's, fails before any training.
+
+        Raises:
+            ValueError: If the dataset's env is not a registered gymnasium id and no ``env`` was
+                given, or if the evaluation env's spaces do not fit the dataset's (naming both).
+        """
+        runner = self.sampling.eval_runner
+        for what, ours, theirs in (
+            ("observation", self.observation_space, runner.observation_space),
+            ("action", self.action_space, runner.action_space),
+        ):
+            if not _spaces_fit(ours, theirs):
+                raise ValueError(
+                    f"the Minari dataset {self.hparams.dataset_id!r} has {what} space {ours}, but its evaluation env "
+                    f"{self._evaluation_env!r} has {what} space {theirs}: pass the env the dataset was recorded in "
+                    "(OfflineDataModule(env=...))"
+                )
+        return _Evaluation(self)
+
+    def teardown(self, stage: str) -> None:
+        """Close the evaluation envs (rebuilt if the data module is used again)."""
+        if "sampling" in self.__dict__:
+            self.sampling.close()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The stream position, saved in Lightning checkpoints.
+
+        Returns:
+            ``{"num_env_steps_sampled_lifetime": rows drawn over all ranks, "seed": the
+            stream's seed (``None`` before setup drew one), "num_rows_per_pass": the dataset's rows}``.
+        """
+        return {_ROWS_DRAWN: self._rows_drawn, _SEED: self._seed, _NUM_ROWS: self.num_rows}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore ``state_dict()``: the next item continues the stream where the checkpoint left it.
+
+        The saved seed replaces this data module's, so the stream is the interrupted one. A
+        dataset whose size changed since is trained on from the same position with a warning.
+        """
+        self._rows_drawn = int(state_dict[_ROWS_DRAWN])
+        if state_dict.get(_SEED) is not None:
+            self._seed = int(state_dict[_SEED])
+            if "sampling" in self.__dict__:  # evaluation seeds follow the restored seed too
+                self.sampling.close()
+                del self.__dict__["sampling"]
+        saved_rows = state_dict.get(_NUM_ROWS)
+        if saved_rows is not None and int(saved_rows) != self.num_rows:
+            warnings.warn(
+                f"the checkpoint was trained on {saved_rows} rows per pass of {self.hparams.dataset_id!r}, which now "
+                f"holds {self.num_rows}: the resumed fit draws other rows than the interrupted one would have",
+                stacklevel=2,
+            )
+        self._stream = None
+
+    # ------------------------------------------------------------------------------------
+    # Items
+    # ------------------------------------------------------------------------------------
+
+    def check_learner(self) -> None:
+        """Check the Trainer's Learner against the dataset and settle the columns to yield.
+
+        Raises:
+            ValueError: If the Learner is not built or has no module ``module_id``; if that
+                module's observation or action space does not fit the dataset's (naming both);
+                if the Learner requires a column no dataset row has; or if it requires
+                ``value_targets`` without a ``gamma`` hyperparameter.
+        """
+        learner = self.trainer.lightning_module
+        module_id = self.hparams.module_id
+        if learner.module is None or module_id not in learner.module:
+            has = None if learner.module is None else sorted(learner.module.keys())
+            raise ValueError(
+                f"{type(learner).__name__} has no module {module_id!r} (module_id of the data module) to train on the "
+                f"dataset; it has {has if has is not None else 'none built'}"
+            )
+        module = learner.module[module_id]
+        for what, ours, theirs in (
+            ("observation", self.observation_space, module.observation_space),
+            ("action", self.action_space, module.action_space),
+        ):
+            if not _spaces_fit(ours, theirs):
+                raise ValueError(
+                    f"the Minari dataset {self.hparams.dataset_id!r} has {what} space {ours}, but the Learner's "
+                    f"module {module_id!r} has {what} space {theirs}: train a module built for the dataset's "
+                    "spaces (leave the spaces out of the module spec to take the dataset's)"
+                )
+        required = list(learner.required_batch_columns(module_id))
+        missing = [column for column in required if column not in DATASET_COLUMNS]
+        if missing:
+            raise ValueError(
+                f"{type(learner).__name__} requires column(s) {missing} for module {self.hparams.module_id!r}, which an "
+                f"offline dataset cannot provide; its rows have {list(DATASET_COLUMNS)}"
+            )
+        gamma = None
+        if Columns.VALUE_TARGETS in required:
+            gamma = learner.hparams.get("gamma")
+            if not isinstance(gamma, (int, float)) or isinstance(gamma, bool) or not 0 <= gamma <= 1:
+                raise ValueError(
+                    f"{type(learner).__name__} requires value_targets, the discounted return-to-go, but has no "
+                    f"hyperparameter gamma in [0, 1] to discount with (got {gamma!r})"
+                )
+        if self._columns != required or self._gamma != gamma:
+            self._stream = None
+        self._columns, self._gamma = required, gamma
+
+    def next_train_item(self) -> TrainItem:
+        """Draw the next minibatch of this rank and move the stream position on by all ranks' rows.
+
+        Every rank must call it the same number of times (they do: every rank yields
+        ``updates_per_epoch`` items per epoch).
+        """
+        rank, world_size = self._placement()
+        batch_size = self.hparams.batch_size
+        start = self._rows_drawn + rank * batch_size
+        batch = self.stream.rows(start, start + batch_size)
+        self._rows_drawn += world_size * batch_size
+        return TrainItem(
+            TrainingData(batch={self.hparams.module_id: batch}),
+            timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: self._rows_drawn},
+            update_settings=dict(_ONE_STEP_PER_ITEM),
+        )
+
+    def sample_eval_item(self) -> TrainItem:
+        """Play this rank's share of the evaluation episodes greedily with the current weights."""
+        with learner_acting_module(self.trainer, self.hparams.module_id) as module:
+            episodes = self.sampling.evaluate(module)
+        return TrainItem(TrainingData(episodes=episodes), timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: self._rows_drawn})
+
+    # ------------------------------------------------------------------------------------
+    # Helpers
+    # ------------------------------------------------------------------------------------
+
+    def _resolved_seed(self) -> int:
+        if self._seed is None:  # used without a Trainer's setup (a script drawing items by hand)
+            self._seed = int(np.random.randint(0, 2**31 - 1 - EVALUATION_SEED_OFFSET))
+        return self._seed
+
+    def _placement(self) -> tuple[int, int]:
+        """(global rank, world size) of the attached Trainer; (0, 1) without one."""
+        trainer = self.trainer
+        if trainer is None:
+            return 0, 1
+        return int(trainer.global_rank), int(trainer.world_size)
+
+    def _resolve_evaluation_env(
+        self, env: str | None, env_kwargs: dict[str, Any] | None
+    ) -> tuple[str | None, dict[str, Any]]:
+        """The evaluation env id (or factory path) and its keyword arguments; ``None`` if the dataset names none usable.
+
+        The dataset's spec is data: only its id, when gymnasium has it registered, and its
+        keyword arguments are used; its entry point is never imported.
+        """
+        if env is not None:
+            return env, dict(env_kwargs or {})
+        spec = self._dataset.env_spec
+        if spec is None or ":" in spec.id or spec.id not in gym.registry:
+            return None, dict(env_kwargs or {})
+        kwargs = {key: value for key, value in (spec.kwargs or {}).items() if key != "render_mode"}
+        registered = gym.registry[spec.id]
+        if spec.max_episode_steps is not None and spec.max_episode_steps != registered.max_episode_steps:
+            kwargs["max_episode_steps"] = spec.max_episode_steps
+        return spec.id, {**kwargs, **(env_kwargs or {})}
+
+
+class _Minibatches:
+    """A sized iterable of train items (sized, so Lightning does not prefetch one)."""
+
+    def __init__(self, datamodule: OfflineDataModule) -> None:
+        self.datamodule = datamodule
+        self.length = datamodule.hparams.updates_per_epoch
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __iter__(self) -> Iterator[TrainItem]:
+        # A generator: nothing is drawn until Lightning asks for an item, so an iterator it
+        # makes and drops (it makes one at setup) moves the stream position not at all.
+        for _ in range(self.length):
+            yield self.datamodule.next_train_item()
+
+
+class _Evaluation:
+    """A one-item iterable: the evaluation episodes, played when it is iterated."""
+
+    def __init__(self, datamodule: OfflineDataModule) -> None:
+        self.datamodule = datamodule
+
+    def __len__(self) -> int:
+        return 1
+
+    def __iter__(self) -> Iterator[TrainItem]:
+        yield self.datamodule.sample_eval_item()
+
+
+def _spaces_fit(dataset_space: gym.Space, module_space: gym.Space | None) -> bool:
+    """Whether a module built for ``module_space`` takes values of ``dataset_space``: same kind and shape.
+
+    Box bounds may differ (a module spec often says ``(-inf, inf)``); sizes of discrete spaces may not.
+    """
+    if module_space is None or type(dataset_space) is not type(module_space):
+        return False
+    if isinstance(dataset_space, gym.spaces.Discrete):
+        return dataset_space.n == module_space.n and dataset_space.start == module_space.start
+    if isinstance(dataset_space, gym.spaces.MultiDiscrete):
+        return np.array_equal(dataset_space.nvec, module_space.nvec)
+    return dataset_space.shape == module_space.shape
+
+
+def _bytes_per_row(observation_space: gym.Space, action_space: gym.Space) -> int:
+    """About how many bytes one row takes in memory (its observation once, action, reward, flags, index)."""
+
+    def size(space: gym.Space) -> int:
+        itemsize = np.dtype(space.dtype).itemsize if isinstance(space, gym.spaces.Box) else 8
+        return int(np.prod(space.shape or (1,))) * itemsize
+
+    return size(observation_space) + size(action_space) + 4 + 2 + 8 + 4
+
+
+def _check_positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
