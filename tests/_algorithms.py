@@ -17,7 +17,9 @@ from lightning.pytorch import LightningDataModule
 
 from lightning_rl import Learner, RLModule, RLModuleSpec
 from lightning_rl.algorithms.bc import BCLearner, BCModule
+from lightning_rl.algorithms.cql import CQLLearner, CQLModule
 from lightning_rl.algorithms.dqn import DQNLearner, DQNModule
+from lightning_rl.algorithms.iql import IQLLearner, IQLModule
 from lightning_rl.algorithms.ppo import PPOLearner, PPOModule
 from lightning_rl.algorithms.sac import SACLearner, SACModule
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME
@@ -212,6 +214,35 @@ ROWS = [
         module_class=SACModule,
         env="Pendulum-v1",
         # Polyak targets after every step; the actor and critic losses draw noise from torch's generator.
+        learner_kwargs=dict(lr=1e-2, minibatch_size=16, gradient_steps=2, tau=0.1),
+        off_policy=True,
+        steps_per_item=2,
+    ),
+    # The offline algorithms train from replay as well (one-step rows, as a dataset's).
+    AlgorithmRow(
+        name="CQL",
+        learner_class=CQLLearner,
+        module_class=CQLModule,
+        env="Pendulum-v1",
+        learner_kwargs=dict(
+            lr=1e-2,
+            actor_lr=None,
+            critic_lr=None,
+            alpha_lr=None,
+            minibatch_size=16,
+            gradient_steps=2,
+            tau=0.1,
+            num_cql_actions=3,
+            lagrangian=True,
+        ),
+        off_policy=True,
+        steps_per_item=2,
+    ),
+    AlgorithmRow(
+        name="IQL",
+        learner_class=IQLLearner,
+        module_class=IQLModule,
+        env="Pendulum-v1",
         learner_kwargs=dict(lr=1e-2, minibatch_size=16, gradient_steps=2, tau=0.1),
         off_policy=True,
         steps_per_item=2,

@@ -13,7 +13,10 @@ from conftest import bc_spec
 
 from lightning_rl import Columns, RLModuleSpec
 from lightning_rl.algorithms.bc import BCLearner, BCModule
+from lightning_rl.algorithms.cql import CQLLearner, CQLModule
 from lightning_rl.algorithms.dqn import DQNLearner, DQNModule
+from lightning_rl.algorithms.iql import IQLLearner, IQLModule
+from lightning_rl.algorithms.marwil import MARWILLearner, MARWILModule
 from lightning_rl.algorithms.ppo import PPOLearner, PPOModule
 from lightning_rl.algorithms.sac import SACLearner, SACModule
 
@@ -24,6 +27,9 @@ ALGORITHMS = [
     (DQNLearner, DQNModule, DISCRETE),
     (SACLearner, SACModule, CONTINUOUS),
     (BCLearner, BCModule, DISCRETE),
+    (MARWILLearner, MARWILModule, DISCRETE),
+    (CQLLearner, CQLModule, CONTINUOUS),
+    (IQLLearner, IQLModule, CONTINUOUS),
 ]
 IDS = [learner_class.__name__ for learner_class, _, _ in ALGORITHMS]
 
