@@ -94,14 +94,14 @@ def main() -> None:
     runs = []
     with tempfile.TemporaryDirectory() as scratch:
         for dataset_id in args.datasets:
-            exported, dataset_mean = export_for_d3rlpy(dataset_id, Path(scratch))
+            exported, dataset_mean, env_id = export_for_d3rlpy(dataset_id, Path(scratch))
             for algo in args.algos:
                 for index, seed in enumerate(args.seeds):
                     variants = ["ours", "d3rlpy"] if args.d3rlpy_python else ["ours"]
                     for variant in variants[index % len(variants) :] + variants[: index % len(variants)]:
                         run = {"variant": variant, "algo": algo, "dataset": dataset_id, "seed": seed}
                         run["dataset_return_mean"] = dataset_mean
-                        run.update(run_child(variant, algo, dataset_id, exported, seed, args))
+                        run.update(run_child(variant, algo, dataset_id, env_id, exported, seed, args))
                         runs.append(run)
                         print(
                             f"  {algo} {dataset_id} seed {seed} {variant:>6}: {run['steps_per_s']:.1f} steps/s, "
@@ -113,8 +113,13 @@ def main() -> None:
         write_json(args.json, {"args": vars(args), "runs": runs})
 
 
-def export_for_d3rlpy(dataset_id: str, scratch: Path) -> tuple[Path, float]:
-    """Write the dataset's rows in d3rlpy's flat ``MDPDataset`` layout; return the file and the mean episode return."""
+def export_for_d3rlpy(dataset_id: str, scratch: Path) -> tuple[Path, float, str]:
+    """Write the dataset's rows in d3rlpy's flat ``MDPDataset`` layout.
+
+    Returns:
+        The file, the mean episode return, and the env (the id of the dataset's env spec) both
+        variants evaluate in.
+    """
     from lightning_rl.data.minari_io import require_minari
 
     dataset = require_minari().load_dataset(dataset_id)
@@ -141,17 +146,18 @@ def export_for_d3rlpy(dataset_id: str, scratch: Path) -> tuple[Path, float]:
         returns.append(float(np.sum(episode.rewards)))
     path = scratch / (dataset_id.replace("/", "__") + ".npz")
     np.savez(path, **{name: np.concatenate(parts) for name, parts in columns.items()})
-    return path, float(np.mean(returns))
+    return path, float(np.mean(returns)), dataset.env_spec.id
 
 
 def run_child(
-    variant: str, algo: str, dataset_id: str, exported: Path, seed: int, args: argparse.Namespace
+    variant: str, algo: str, dataset_id: str, env_id: str, exported: Path, seed: int, args: argparse.Namespace
 ) -> dict[str, Any]:
     ours, theirs = SETTINGS[algo]
     if variant == "ours":
         spec = dict(
             algo=algo,
             dataset_id=dataset_id,
+            env_id=env_id,
             seed=seed,
             steps=args.steps,
             hidden=args.hidden,
@@ -181,6 +187,8 @@ def run_child(
             str(EVAL_SEED),
             "--threads",
             str(args.threads),
+            "--env",
+            env_id,
         ]
     result: dict[str, Any] = {}
 
@@ -247,9 +255,11 @@ def run_ours(spec: dict[str, Any]) -> None:
         devices=1,
     )
     trainer.fit(learner, datamodule=data)
-    env_id = data.evaluation_env_id
     stats = play_episodes(
-        Policy.from_learner(learner), EnvSource(env_id, {}, [], "the dataset", None), spec["eval_episodes"], EVAL_SEED
+        Policy.from_learner(learner),
+        EnvSource(spec["env_id"], {}, [], "the dataset", None),
+        spec["eval_episodes"],
+        EVAL_SEED,
     )
     result = {"seconds": timer.seconds, "steps": spec["steps"], "eval_returns": stats.returns.tolist()}
     print("RESULT " + json.dumps(result), flush=True)
