@@ -70,7 +70,7 @@ def check_dataset_id(dataset_id: str, *, overwrite: bool = False) -> Path:
 
     try:
         parse_dataset_id(dataset_id)
-    except ValueError:
+    except (ValueError, TypeError):  # Minari 0.5.4 raises TypeError for an id without a version
         raise ValueError(
             f"dataset id {dataset_id!r} is malformed: expected (namespace/)name-v(version), "
             "e.g. 'pendulum/sac-medium-v0'"
