@@ -79,12 +79,9 @@ def main() -> None:
         run_dir = runs / "sac_pendulum"
         if args.quick:
             budget = [
-                "--data.max_env_steps",
-                "400",
-                "--data.learning_starts",
-                "100",
-                "--data.rollouts_per_epoch",
-                "200",
+                *("--data.max_env_steps", "300", "--data.learning_starts", "100", "--data.rollouts_per_epoch", "150"),
+                *("--data.evaluation_num_episodes", "2", "--data.evaluation_num_envs", "2"),
+                *("--model.minibatch_size", "32"),
             ]
         else:
             budget = ["--data.max_env_steps", str(args.pendulum_max_env_steps), "--data.rollouts_per_epoch", "250"]
