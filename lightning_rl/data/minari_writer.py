@@ -39,10 +39,12 @@ from lightning_rl.env.episode import SingleAgentEpisode
 #: The environment variable Minari reads its datasets root from (``~/.minari/datasets`` without it).
 DATASETS_PATH_VARIABLE = "MINARI_DATASETS_PATH"
 # Minari warns about every optional metadata field left out; these say nothing about the data.
-_METADATA_WARNINGS = r"^`(code_permalink|author|author_email|eval_env)` is set to None|^env_spec is None"
+_METADATA_WARNINGS = r"^`(code_permalink|author|author_email|eval_env|algorithm_name|description)` is set to None|^env_spec is None"
 # Directories beside the datasets, for a dataset being written or replaced; dot names are not dataset ids.
 _WRITING_PREFIX = ".lightning_rl-writing-"
 _REPLACED_PREFIX = ".lightning_rl-replaced-"
+# Keyword arguments of ``gym.make`` that are fields of an ``EnvSpec``, not arguments of the env.
+_MAKE_SETTINGS = ("max_episode_steps", "disable_env_checker")
 
 
 def datasets_root() -> Path:
@@ -104,7 +106,10 @@ def registered_env_spec(env: Any, env_kwargs: Mapping[str, Any] | None = None, w
     if env_id not in gym.registry:
         return None
     spec = gym.spec(env_id)
-    return dataclasses.replace(spec, kwargs={**spec.kwargs, **dict(env_kwargs or {})})
+    kwargs = dict(env_kwargs or {})
+    # ``gym.make`` takes these itself (they are fields of the spec); the rest go to the env.
+    make_settings = {name: kwargs.pop(name) for name in _MAKE_SETTINGS if name in kwargs}
+    return dataclasses.replace(spec, kwargs={**spec.kwargs, **kwargs}, **make_settings)
 
 
 def write_minari_dataset(
