@@ -11,7 +11,7 @@ Each command is printed before it runs; run them by hand to make one dataset you
 - ``cartpole/mixed-v0``: 200 episodes, half random actions, half that expert, greedy.
 - ``pendulum/sac-medium-replay-v0``: every training episode of a SAC run on Pendulum
   (``examples/sac_pendulum.yaml`` with the ``RecordEpisodes`` callback), stopped by
-  ``EarlyStopping`` once its greedy evaluation passes ``--pendulum_threshold`` (-600), or at
+  ``EarlyStopping`` once its greedy evaluation passes ``--pendulum_threshold`` (-800), or at
   ``--pendulum_max_env_steps``: the random warm-up, then a policy improving from random to medium.
 - ``pendulum/sac-medium-v0``: 200 episodes of that run's last checkpoint, sampling from its
   exploration distribution (``--explore``).
@@ -117,7 +117,7 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=None, help="the datasets root (MINARI_DATASETS_PATH)")
     parser.add_argument("--runs", type=Path, default=Path("lightning_logs/offline_datasets"), help="training runs")
     parser.add_argument("--overwrite", action="store_true", help="replace datasets that exist already")
-    parser.add_argument("--pendulum_threshold", type=float, default=-600.0, help="stop SAC once evaluation passes it")
+    parser.add_argument("--pendulum_threshold", type=float, default=-800.0, help="stop SAC once evaluation passes it")
     parser.add_argument("--pendulum_max_env_steps", type=int, default=10_000, help="stop SAC here at the latest")
     return parser.parse_args()
 
