@@ -72,7 +72,7 @@ def test_an_unknown_subcommand_is_a_usage_error_with_a_suggestion(capsys):
     assert "unknown subcommand 'valdiate'" in error and "did you mean 'validate'?" in error
 
 
-@pytest.mark.parametrize("command", ["evaluate", "export"])
+@pytest.mark.parametrize("command", ["evaluate", "export", "record"])
 def test_evaluate_and_export_run_their_own_module_with_the_remaining_arguments(command, monkeypatch):
     received = []
     module = types.ModuleType(f"lightning_rl.cli.{command}_command")
@@ -80,7 +80,7 @@ def test_evaluate_and_export_run_their_own_module_with_the_remaining_arguments(c
     monkeypatch.setitem(sys.modules, module.__name__, module)
     main([command, "--ckpt_path", "last.ckpt", "--num_episodes", "3"])
     assert received == [["--ckpt_path", "last.ckpt", "--num_episodes", "3"]]
-    assert set(SUBCOMMANDS) == {"fit", "validate", "evaluate", "export"}
+    assert set(SUBCOMMANDS) == {"fit", "validate", "evaluate", "export", "record"}
 
 
 # ---------------------------------------------------------------------------------------------

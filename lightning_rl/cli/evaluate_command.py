@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ from lightning_rl.core.checkpoint import atomic_write
 from lightning_rl.core.spaces import space_to_dict
 from lightning_rl.data.evaluation_video import encode_gif
 from lightning_rl.env.env_factory import make_env, resolve_env, resolve_wrappers
+from lightning_rl.env.episode import SingleAgentEpisode
 from lightning_rl.env.frame_recorder import EpisodeFrameRecorder, env_kwargs_for_video
 from lightning_rl.policy.loading import read_policy_checkpoint
 from lightning_rl.policy.policy import Policy
@@ -51,6 +52,9 @@ from lightning_rl.policy.policy import Policy
 HELD_OUT_SEED_OFFSET = 5_000_000
 #: The first episode's video, in ``--video_dir``.
 VIDEO_FILE_NAME = "evaluation-episode-0.gif"
+
+#: Observations ``[B, *obs_shape]`` to actions ``[B, ...]`` (``Policy.act``, or random actions).
+Act = Callable[[np.ndarray], np.ndarray]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +74,10 @@ class EnvSource:
     wrappers: list[Any]
     origin: str
     base_seed: int | None
+
+    def make_env(self) -> gym.Env:
+        """One copy of the env, its wrappers applied."""
+        return make_env(resolve_env(self.env), self.env_kwargs, resolve_wrappers(self.wrappers))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,9 +250,8 @@ def play_episodes(
     try:
         for index in range(min(num_envs, num_episodes)):
             envs.append(_make_env(source, video_dir if index == 0 else None))
-        _check_env_fits(envs[0], policy, source.env)
-        stats = EpisodeStats(np.zeros(num_episodes), np.zeros(num_episodes, dtype=np.int64))
-        _run_episodes(envs, policy, first_seed, stats)
+        check_env_fits(envs[0], policy, source.env)
+        stats = episode_stats(run_episodes(envs, policy.act, first_seed, num_episodes))
         if video_dir is not None:
             _write_video(envs[0], video_dir / VIDEO_FILE_NAME)
     finally:
@@ -253,33 +260,62 @@ def play_episodes(
     return stats
 
 
-def _run_episodes(envs: list[gym.Env], policy: Policy, first_seed: int, stats: EpisodeStats) -> None:
-    """Step ``envs`` until every episode of ``stats`` is played, adding up its return and length."""
-    num_episodes = len(stats.returns)
+def run_episodes(envs: Sequence[gym.Env], act: Act, first_seed: int, num_episodes: int) -> list[SingleAgentEpisode]:
+    """Play ``num_episodes`` whole episodes in ``envs``, episode ``i`` reset with seed ``first_seed + i``.
+
+    Up to ``len(envs)`` episodes run side by side, their observations acted on in one batch;
+    an env whose episode ends starts the next episode not yet begun. What ``evaluate`` and
+    ``record`` play.
+
+    Args:
+        envs: At most ``num_episodes`` envs (extra ones would start episodes past the last).
+        act: Observations ``[B, *obs_shape]`` to the actions ``[B, ...]`` that are stepped.
+        first_seed: The first episode's seed.
+        num_episodes: How many episodes.
+
+    Returns:
+        The episodes in the order of their seeds, list-backed: every observation (the reset's,
+        then each step's, the final one included), the actions stepped, the env's rewards, and
+        whether each ended terminated or truncated.
+    """
+    episodes = [SingleAgentEpisode() for _ in range(num_episodes)]
     episode_of = list(range(len(envs)))  # the episode each env plays
-    observations = [env.reset(seed=first_seed + episode)[0] for env, episode in zip(envs, episode_of)]
+    observations = []
+    for env, episode in zip(envs, episode_of):
+        obs, _ = env.reset(seed=first_seed + episode)
+        episodes[episode].add_env_reset(np.array(obs))  # a copy: some envs return one array object
+        observations.append(obs)
     next_episode = len(envs)
     playing = list(range(len(envs)))
     while playing:
-        actions = policy.act(np.stack([observations[index] for index in playing]))
+        actions = act(np.stack([observations[index] for index in playing]))
         still_playing = []
         for index, action in zip(playing, actions):
             obs, reward, terminated, truncated, _ = envs[index].step(action)
-            stats.returns[episode_of[index]] += float(reward)
-            stats.lengths[episode_of[index]] += 1
+            episodes[episode_of[index]].add_env_step(
+                np.array(obs), np.array(action), float(reward), terminated=terminated, truncated=truncated
+            )
             if terminated or truncated:
                 if next_episode == num_episodes:
                     continue
                 episode_of[index], next_episode = next_episode, next_episode + 1
                 obs, _ = envs[index].reset(seed=first_seed + episode_of[index])
+                episodes[episode_of[index]].add_env_reset(np.array(obs))
             observations[index] = obs
             still_playing.append(index)
         playing = still_playing
+    return episodes
+
+
+def episode_stats(episodes: Sequence[SingleAgentEpisode]) -> EpisodeStats:
+    """The returns (summed in step order, in float64) and lengths of ``episodes``."""
+    returns = np.array([sum(float(reward) for reward in episode.rewards) for episode in episodes], dtype=np.float64)
+    return EpisodeStats(returns, np.array([len(episode) for episode in episodes], dtype=np.int64))
 
 
 def _make_env(source: EnvSource, video_dir: Path | None) -> gym.Env:
     if video_dir is None:
-        return make_env(resolve_env(source.env), source.env_kwargs, resolve_wrappers(source.wrappers))
+        return source.make_env()
     # The recorder and encoder that write the TensorBoard evaluation videos.
     try:
         env = resolve_env(source.env)
@@ -301,7 +337,8 @@ def _write_video(recorder: EpisodeFrameRecorder, path: Path) -> None:
     atomic_write(path, lambda file: file.write(gif))
 
 
-def _check_env_fits(env: gym.Env, policy: Policy, name: str) -> None:
+def check_env_fits(env: gym.Env, policy: Policy, name: str) -> None:
+    """Raise ``CommandError`` if ``env``'s observation or action space differs from ``policy``'s."""
     # The same comparison a resume makes (``check_checkpoint_fits``): kind, shape, bounds, dtype.
     for kind, env_space, policy_space in (
         ("observation", env.observation_space, policy.observation_space),

@@ -50,6 +50,7 @@ NORMALIZATION_KEYS = (OBSERVATION_NORMALIZATION_KEY, REWARD_NORMALIZATION_KEY)
 
 Placement = Callable[[], tuple[int, int]]
 Gather = Callable[[np.ndarray], np.ndarray]
+EpisodeListener = Callable[[list[SingleAgentEpisode]], None]
 
 
 class EnvSampling:
@@ -130,6 +131,11 @@ class EnvSampling:
         # Counters summed over all ranks, as of the last rollout (or the restored state).
         self._global_env_steps = 0
         self._global_episodes = 0
+        #: Called with this rank's episodes after every training rollout that every rank completed
+        #: (what ``sample`` returns: the ended episodes, then each env's running chunk, whose later
+        #: chunks share its ``id_``). They may read the episodes and copy what they keep, never
+        #: change them: the data module trains on them next. ``RecordEpisodes`` records through it.
+        self.episode_listeners: list[EpisodeListener] = []
 
     # ------------------------------------------------------------------------------------
     # Runners and seeds
@@ -233,7 +239,8 @@ class EnvSampling:
         Returns:
             This rank's episodes and the statistics over all ranks (the keys of
             ``EnvRunner.get_metrics``). The runner's normalization statistics are then those
-            of every rank's observations and returns, the same on every rank.
+            of every rank's observations and returns, the same on every rank. Each of
+            ``episode_listeners`` was called with the episodes before they are returned.
 
         Raises:
             SamplingFailedOnAnotherRank: If another rank's rollout raised (that rank raises
@@ -259,6 +266,8 @@ class EnvSampling:
             normalization.merge_ranks(gathered[:, NUM_RANK_STATS:])
         self._global_env_steps = int(metrics[NUM_ENV_STEPS_SAMPLED_LIFETIME])
         self._global_episodes = int(metrics[NUM_EPISODES_LIFETIME])
+        for listener in self.episode_listeners:
+            listener(episodes)
         return episodes, metrics
 
     def evaluate(self, module: RLModule, *, record_video: bool = False) -> list[SingleAgentEpisode]:

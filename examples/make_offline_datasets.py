@@ -1,0 +1,140 @@
+"""Make the four Minari datasets the offline examples learn from, with the ``lightning-rl`` commands.
+
+    python examples/make_offline_datasets.py                      # all four, into ~/.minari/datasets
+    python examples/make_offline_datasets.py --only cartpole-expert --out /data/minari
+    python examples/make_offline_datasets.py --quick --out /tmp/minari   # tiny budgets (the test)
+
+Each command is printed before it runs; run them by hand to make one dataset yourself:
+
+- ``cartpole/ppo-expert-v0``: PPO trained on CartPole (``examples/ppo_cartpole.yaml``, which
+  stops once evaluation reaches 475), then 100 greedy episodes of its checkpoint.
+- ``cartpole/mixed-v0``: 200 episodes, half random actions, half that expert, greedy.
+- ``pendulum/sac-medium-replay-v0``: every training episode of a SAC run on Pendulum
+  (``examples/sac_pendulum.yaml`` with the ``RecordEpisodes`` callback), stopped by
+  ``EarlyStopping`` once its greedy evaluation passes ``--pendulum_threshold`` (-800), or at
+  ``--pendulum_max_env_steps``: the random warm-up, then a policy improving from random to medium.
+- ``pendulum/sac-medium-v0``: 200 episodes of that run's last checkpoint, sampling from its
+  exploration distribution (``--explore``).
+
+Datasets go to ``--out`` (``$MINARI_DATASETS_PATH``, default ``~/.minari/datasets``); the
+training runs' logs and checkpoints to ``--runs``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+DATASETS = ("cartpole-expert", "cartpole-mixed", "pendulum-medium-replay", "pendulum-medium")
+IDS = {
+    "cartpole-expert": "cartpole/ppo-expert-v0",
+    "cartpole-mixed": "cartpole/mixed-v0",
+    "pendulum-medium-replay": "pendulum/sac-medium-replay-v0",
+    "pendulum-medium": "pendulum/sac-medium-v0",
+}
+
+
+def main() -> None:
+    args = _parse_args()
+    chosen = [args.only] if args.only else list(DATASETS)
+    environment = dict(os.environ)
+    # One torch thread per run unless told otherwise: these small MLPs gain nothing from more, and
+    # threads competing for busy cores slow SAC's one-gradient-step-per-env-step loop many times over.
+    environment.setdefault("OMP_NUM_THREADS", "1")
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        environment["MINARI_DATASETS_PATH"] = str(args.out.resolve())
+    runs = args.runs.resolve()
+    overwrite = ["--overwrite"] if args.overwrite else []
+    episodes = 4 if args.quick else 100
+
+    if {"cartpole-expert", "cartpole-mixed"} & set(chosen):
+        run_dir = runs / "ppo_cartpole"
+        quick = ["--data.max_env_steps", "512", "--data.rollouts_per_epoch", "2"] if args.quick else []
+        _run(
+            ["fit", "--config", "examples/ppo_cartpole.yaml", "--trainer.default_root_dir", str(run_dir), *quick],
+            environment,
+        )
+        expert = _last_checkpoint(run_dir)
+        record = ["record", "--config", "examples/ppo_cartpole.yaml", "--ckpt_path", str(expert), *overwrite]
+        if "cartpole-expert" in chosen:
+            _run([*record, "--num_episodes", str(episodes), "--dataset_id", IDS["cartpole-expert"]], environment)
+        if "cartpole-mixed" in chosen:
+            mixed = [
+                "--num_episodes",
+                str(2 * episodes),
+                "--random_fraction",
+                "0.5",
+                "--dataset_id",
+                IDS["cartpole-mixed"],
+            ]
+            _run([*record, *mixed], environment)
+
+    if {"pendulum-medium-replay", "pendulum-medium"} & set(chosen):
+        run_dir = runs / "sac_pendulum"
+        if args.quick:
+            budget = [
+                *("--data.max_env_steps", "300", "--data.learning_starts", "100", "--data.rollouts_per_epoch", "150"),
+                *("--data.evaluation_num_episodes", "2", "--data.evaluation_num_envs", "2"),
+                *("--model.minibatch_size", "32"),
+            ]
+        else:
+            budget = ["--data.max_env_steps", str(args.pendulum_max_env_steps), "--data.rollouts_per_epoch", "250"]
+        recording = [
+            "--trainer.callbacks+=lightning_rl.callbacks.RecordEpisodes",
+            f"--trainer.callbacks.dataset_id={IDS['pendulum-medium-replay']}",
+            f"--trainer.callbacks.overwrite={str(args.overwrite).lower()}",
+        ]
+        stopping = [
+            "--trainer.callbacks+=EarlyStopping",
+            "--trainer.callbacks.monitor=eval/episode_return_mean",
+            "--trainer.callbacks.mode=max",
+            f"--trainer.callbacks.stopping_threshold={args.pendulum_threshold}",
+            "--trainer.callbacks.patience=1000",
+            "--trainer.callbacks+=ModelCheckpoint",
+            "--trainer.callbacks.save_last=true",
+        ]
+        fit = ["fit", "--config", "examples/sac_pendulum.yaml", "--trainer.default_root_dir", str(run_dir)]
+        _run([*fit, *budget, *recording, *stopping], environment)
+        if "pendulum-medium" in chosen:
+            medium = _last_checkpoint(run_dir)
+            record = ["record", "--config", "examples/sac_pendulum.yaml", "--ckpt_path", str(medium), "--explore"]
+            _run(
+                [*record, "--num_episodes", str(2 * episodes), "--dataset_id", IDS["pendulum-medium"], *overwrite],
+                environment,
+            )
+
+
+def _parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", choices=DATASETS, default=None, help="make this dataset only (and the run it needs)")
+    parser.add_argument("--quick", action="store_true", help="tiny training budgets and few episodes (for tests)")
+    parser.add_argument("--out", type=Path, default=None, help="the datasets root (MINARI_DATASETS_PATH)")
+    parser.add_argument("--runs", type=Path, default=Path("lightning_logs/offline_datasets"), help="training runs")
+    parser.add_argument("--overwrite", action="store_true", help="replace datasets that exist already")
+    parser.add_argument("--pendulum_threshold", type=float, default=-800.0, help="stop SAC once evaluation passes it")
+    parser.add_argument("--pendulum_max_env_steps", type=int, default=10_000, help="stop SAC here at the latest")
+    return parser.parse_args()
+
+
+def _run(command: list[str], environment: dict[str, str]) -> None:
+    """Print ``lightning-rl <command>`` and run it (as ``python -m lightning_rl``, the same entry point)."""
+    print(f"$ lightning-rl {shlex.join(command)}", flush=True)
+    subprocess.run([sys.executable, "-m", "lightning_rl", *command], cwd=REPOSITORY, env=environment, check=True)
+
+
+def _last_checkpoint(run_dir: Path) -> Path:
+    """The newest ``last.ckpt`` under ``run_dir`` (the run just made)."""
+    checkpoints = sorted(run_dir.rglob("last.ckpt"), key=lambda path: path.stat().st_mtime)
+    if not checkpoints:
+        raise SystemExit(f"no last.ckpt under {run_dir}: did the fit save a checkpoint?")
+    return checkpoints[-1]
+
+
+if __name__ == "__main__":
+    main()

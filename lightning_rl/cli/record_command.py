@@ -1,0 +1,277 @@
+"""``lightning-rl record``: play episodes with checkpoints' policies (or random actions) and write them as a Minari dataset.
+
+    lightning-rl record --config examples/sac_pendulum.yaml --ckpt_path last.ckpt \\
+        --num_episodes 200 --dataset_id pendulum/sac-medium-v0 [--explore]
+    lightning-rl record --env CartPole-v1 --ckpt_path expert.ckpt --random_fraction 0.5 \\
+        --num_episodes 200 --dataset_id cartpole/mixed-v0
+
+The env, the policies and the seeds are ``evaluate``'s: the env from ``--env``, ``--config``
+or the (first) checkpoint; each policy through ``Policy.act`` (its saved observation
+normalization, greedy unless ``--explore``, Box actions clipped); episode ``i`` resets with
+seed ``S + i``, ``S`` held out from training by default. ``--ckpt_path`` may be given several
+times, for a mix of policies: the policy episodes are spread evenly over them, in the order
+given, and ``--random_fraction F`` of all episodes (rounded) come first, played with uniformly
+random actions (with ``--random_fraction 1`` no checkpoint is needed). Every episode is played
+to its end (termination or truncation) and stored with its final observation and the env's
+own observations and rewards. The dataset goes to ``$MINARI_DATASETS_PATH`` (default
+``~/.minari/datasets``); an existing id is refused unless ``--overwrite``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from lightning_rl.cli._command_line import (
+    CommandError,
+    OneLineArgumentParser,
+    existing_checkpoint,
+    nonnegative_int,
+    positive_int,
+    run_command,
+    tell,
+)
+from lightning_rl.cli.evaluate_command import (
+    HELD_OUT_SEED_OFFSET,
+    Act,
+    EnvSource,
+    check_env_fits,
+    env_source,
+    episode_stats,
+    run_episodes,
+)
+from lightning_rl.data.minari_writer import check_dataset_id, registered_env_spec, write_minari_dataset
+from lightning_rl.env.episode import SingleAgentEpisode
+from lightning_rl.policy.loading import read_policy_checkpoint
+from lightning_rl.policy.policy import Policy
+
+#: The label of the episodes played with random actions, in the summary and the dataset's metadata.
+RANDOM_SOURCE = "random"
+
+
+@dataclasses.dataclass
+class EpisodeSource:
+    """What plays a share of the episodes.
+
+    Attributes:
+        label: ``"random"``, or the checkpoint's path and ``(greedy)`` / ``(explore)``.
+        act: Observations to actions.
+        num_episodes: How many episodes it plays.
+        policy: The checkpoint's policy (``None`` for random actions).
+    """
+
+    label: str
+    act: Act
+    num_episodes: int
+    policy: Policy | None = None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``record`` command's arguments."""
+    parser = OneLineArgumentParser(
+        prog="lightning-rl record",
+        description="Play episodes with checkpoints' policies or random actions; write them as a Minari dataset.",
+    )
+    parser.add_argument("--dataset_id", required=True, help="the Minari dataset to write, e.g. pendulum/sac-medium-v0")
+    parser.add_argument(
+        "--ckpt_path",
+        action="append",
+        default=[],
+        type=existing_checkpoint,
+        help="a .ckpt file or save_to_path dir; repeat it for a mix of policies (episodes spread evenly)",
+    )
+    parser.add_argument("--num_episodes", type=positive_int, default=100, help="episodes to record (default 100)")
+    parser.add_argument(
+        "--random_fraction",
+        type=_fraction,
+        default=0.0,
+        help="this fraction of the episodes is played with uniformly random actions (default 0; 1 needs no checkpoint)",
+    )
+    parser.add_argument(
+        "--explore", action="store_true", help="sample from the policy's exploration distribution instead of greedy"
+    )
+    parser.add_argument(
+        "--seed",
+        type=nonnegative_int,
+        default=None,
+        help=f"episode i resets with seed+i (default: the run's seed + {HELD_OUT_SEED_OFFSET:,}, held out)",
+    )
+    parser.add_argument(
+        "--env", default=None, help="a registered gymnasium id (or module:Id), overriding the checkpoint's"
+    )
+    parser.add_argument("--config", type=Path, default=None, help="a training config whose data section names the env")
+    parser.add_argument("--module_id", default=None, help="the module that acts, for checkpoints with several")
+    parser.add_argument("--num_envs", type=positive_int, default=8, help="envs stepped together (default 8)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset of that id")
+    parser.add_argument("--description", default=None, help="the dataset's description (Minari metadata)")
+    return parser
+
+
+def main(args: list[str]) -> None:
+    """Run ``lightning-rl record`` with ``args`` (the words after ``record``).
+
+    Bad input (a malformed or existing dataset id, a missing or damaged checkpoint, no
+    checkpoint for policy episodes, an env that cannot be found or does not fit a policy,
+    Minari not installed) ends with one line on stderr and exit status 2.
+    """
+    run_command(build_parser(), args, _record)
+
+
+def _record(args: argparse.Namespace) -> None:
+    check_dataset_id(args.dataset_id, overwrite=args.overwrite)  # before any episode is played
+    num_random = round(args.random_fraction * args.num_episodes)
+    num_policy = args.num_episodes - num_random
+    if num_policy and not args.ckpt_path:
+        raise CommandError(
+            "--ckpt_path is required for policy episodes; pass one (or several), or --random_fraction 1 "
+            "for random actions only"
+        )
+    if num_policy and num_policy < len(args.ckpt_path):
+        raise CommandError(
+            f"--num_episodes {args.num_episodes} leaves {num_policy} policy episodes for {len(args.ckpt_path)} "
+            "checkpoints; record at least one episode per checkpoint"
+        )
+    policies, contents = [], []
+    for path in args.ckpt_path if num_policy else []:
+        module, normalization, content = read_policy_checkpoint(path, args.module_id)
+        policy = Policy(module, observation_normalization=normalization)
+        policy.net.eval()  # acting is inference, as Policy.from_checkpoint
+        policies.append(policy)
+        contents.append(content)
+    source = _env_source(args, contents)
+    spaces = _env_spaces(source, policies)
+    first_seed = args.seed if args.seed is not None else (source.base_seed or 0) + HELD_OUT_SEED_OFFSET
+    # Sampled actions (--explore) come from torch's generator: seeded, a recording is repeatable.
+    torch.manual_seed(first_seed)
+    sources = _episode_sources(policies, args, num_random, num_policy, spaces[1], first_seed)
+    played = _play(sources, source, first_seed, args.num_envs)
+    _report(source, spaces, sources, played, first_seed, args)
+
+
+def _env_source(args: argparse.Namespace, contents: Sequence[dict]) -> EnvSource:
+    if contents:
+        return env_source(args.env, args.config, contents[0], args.ckpt_path[0])
+    if args.env is None and args.config is None:
+        raise CommandError("random episodes need an env: pass --env ID or --config your_config.yaml")
+    return env_source(args.env, args.config, {}, "")
+
+
+def _env_spaces(source: EnvSource, policies: Sequence[Policy]) -> tuple[gym.Space, gym.Space]:
+    """The env's observation and action spaces, checked against every policy's."""
+    env = source.make_env()
+    try:
+        for policy in policies:
+            check_env_fits(env, policy, source.env)
+        return env.observation_space, env.action_space
+    finally:
+        env.close()
+
+
+def _episode_sources(
+    policies: Sequence[Policy],
+    args: argparse.Namespace,
+    num_random: int,
+    num_policy: int,
+    action_space: gym.Space,
+    seed: int,
+) -> list[EpisodeSource]:
+    sources = []
+    if num_random:
+        sources.append(EpisodeSource(RANDOM_SOURCE, _RandomActions(action_space, seed), num_random))
+    share, extra = divmod(num_policy, max(len(policies), 1))
+    mode = "explore" if args.explore else "greedy"
+    for index, (policy, path) in enumerate(zip(policies, args.ckpt_path)):
+        act = _policy_actions(policy, deterministic=not args.explore)
+        sources.append(EpisodeSource(f"{path} ({mode})", act, share + (index < extra), policy))
+    return sources
+
+
+def _play(
+    sources: Sequence[EpisodeSource], source: EnvSource, first_seed: int, num_envs: int
+) -> list[list[SingleAgentEpisode]]:
+    """Each source's episodes: source ``k`` plays the next ``num_episodes`` seeds after source ``k - 1``'s."""
+    envs: list[gym.Env] = []
+    played = []
+    try:
+        for _ in range(min(num_envs, max(share.num_episodes for share in sources))):
+            envs.append(source.make_env())
+        seed = first_seed
+        for share in sources:
+            played.append(run_episodes(envs[: share.num_episodes], share.act, seed, share.num_episodes))
+            seed += share.num_episodes
+    finally:
+        for env in envs:
+            env.close()
+    return played
+
+
+def _report(
+    source: EnvSource,
+    spaces: tuple[gym.Space, gym.Space],
+    sources: Sequence[EpisodeSource],
+    played: Sequence[list[SingleAgentEpisode]],
+    first_seed: int,
+    args: argparse.Namespace,
+) -> None:
+    last_seed = first_seed + args.num_episodes - 1
+    tell(f"{source.env} (env from {source.origin}): {args.num_episodes} episodes, seeds {first_seed}..{last_seed}")
+    if args.seed is None and source.base_seed is None:
+        tell("the run's seed is unknown (drawn at random, or not saved): these seeds may have been trained on")
+    for share, episodes in zip(sources, played):
+        tell(f"  {share.label}: {_summary(episodes)}")
+    episodes = [episode.to_numpy() for group in played for episode in group]
+    labels = ", ".join(f"{share.label} x{share.num_episodes}" for share in sources)
+    path = write_minari_dataset(
+        args.dataset_id,
+        episodes,
+        observation_space=spaces[0],
+        action_space=spaces[1],
+        env_spec=registered_env_spec(source.env, source.env_kwargs, source.wrappers),
+        algorithm_name=f"lightning-rl record: {labels}",
+        description=args.description or f"{args.num_episodes} episodes of {source.env}: {labels}",
+        overwrite=args.overwrite,
+    )
+    tell(f"wrote {args.dataset_id}: {_summary(episodes)} ({path})")
+
+
+def _summary(episodes: Sequence[SingleAgentEpisode]) -> str:
+    stats = episode_stats(episodes)
+    return (
+        f"{len(episodes)} episodes, {int(stats.lengths.sum())} steps, "
+        f"return mean {stats.returns.mean():.3f} std {stats.returns.std():.3f}"
+    )
+
+
+def _policy_actions(policy: Policy, *, deterministic: bool) -> Act:
+    def act(observations: np.ndarray) -> np.ndarray:
+        return policy.act(observations, deterministic=deterministic)
+
+    return act
+
+
+class _RandomActions:
+    """Uniformly random actions of ``action_space`` (seeded with ``seed``), one per observation."""
+
+    def __init__(self, action_space: gym.Space, seed: int) -> None:
+        self.space = action_space
+        self.space.seed(seed)
+
+    def __call__(self, observations: np.ndarray) -> np.ndarray:
+        return np.stack([self.space.sample() for _ in range(len(observations))])
+
+
+def _fraction(text: str) -> float:
+    """A float in ``[0, 1]``; an argparse type."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {value}")
+    return value
