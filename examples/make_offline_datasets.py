@@ -8,7 +8,9 @@ Each command is printed before it runs; run them by hand to make one dataset you
 
 - ``cartpole/ppo-expert-v0``: PPO trained on CartPole (``examples/ppo_cartpole.yaml``, which
   stops once evaluation reaches 475), then 100 greedy episodes of its checkpoint.
-- ``cartpole/mixed-v0``: 200 episodes, half random actions, half that expert, greedy.
+- ``cartpole/mixed-v0``: half the env steps from uniformly random actions, half from that expert
+  (greedy): 1,200 episodes, 96% of them random (about 22 steps each) and 48 expert ones (500
+  steps each), so at the states both visit the data is a 50/50 mix of good and random actions.
 - ``pendulum/sac-medium-replay-v0``: every training episode of a SAC run on Pendulum
   (``examples/sac_pendulum.yaml`` with the ``RecordEpisodes`` callback), stopped by
   ``EarlyStopping`` once its greedy evaluation passes ``--pendulum_threshold`` (-800), or at
@@ -67,9 +69,9 @@ def main() -> None:
         if "cartpole-mixed" in chosen:
             mixed = [
                 "--num_episodes",
-                str(2 * episodes),
+                str(12 * episodes),
                 "--random_fraction",
-                "0.5",
+                "0.96",
                 "--dataset_id",
                 IDS["cartpole-mixed"],
             ]

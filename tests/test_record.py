@@ -410,4 +410,4 @@ def test_make_offline_datasets_quick_makes_the_four_datasets(tmp_path, datasets_
         "pendulum/sac-medium-replay-v0",
         "pendulum/sac-medium-v0",
     ]
-    assert minari.load_dataset("cartpole/mixed-v0").total_episodes == 8
+    assert minari.load_dataset("cartpole/mixed-v0").total_episodes == 48
