@@ -470,3 +470,37 @@ def test_an_evaluation_env_whose_spaces_are_not_the_datasets_is_refused(tmp_path
 def test_invalid_arguments_are_refused_at_construction(kwargs, message):
     with pytest.raises(ValueError, match=message):
         OfflineDataModule("test/any-v0", **kwargs)
+
+
+class RecordEvaluationEpisodes(Callback):
+    """The episodes of every evaluation item."""
+
+    def __init__(self) -> None:
+        self.episodes: list[Any] = []
+
+    def on_validation_batch_start(
+        self, trainer: Trainer, pl_module: Any, batch: Any, batch_idx: int, *args: Any
+    ) -> None:
+        self.episodes.extend(batch.data.episodes)
+
+
+@pytest.mark.parametrize("explore", [False, True])
+def test_evaluation_acts_greedily_unless_evaluation_explore_samples(tmp_path, explore):
+    make_cartpole_dataset("cartpole/heuristic-v0", 2)
+    data = OfflineDataModule("cartpole/heuristic-v0", seed=0, evaluation_num_episodes=4, evaluation_explore=explore)
+    learner = bc_learner()
+    recorder = RecordEvaluationEpisodes()
+    torch.manual_seed(0)
+    offline_trainer(tmp_path, callbacks=[recorder]).validate(learner, datamodule=data, verbose=False)
+
+    obs = torch.as_tensor(np.concatenate([np.asarray(e.observations)[:-1] for e in recorder.episodes]))
+    played = np.concatenate([np.asarray(e.actions) for e in recorder.episodes])
+    with torch.no_grad():
+        greedy = learner.module["default_policy"].forward_inference({Columns.OBS: obs})
+    greedy_actions = (
+        greedy[Columns.ACTION_DIST_INPUTS].argmax(-1).numpy()
+        if Columns.ACTIONS not in greedy
+        else greedy[Columns.ACTIONS].numpy()
+    )
+    # A fresh policy's two actions are about equally likely: sampling departs from the greedy one.
+    assert (played != greedy_actions).any() == explore

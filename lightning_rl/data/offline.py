@@ -52,7 +52,7 @@ _ROWS_DRAWN, _SEED, _NUM_ROWS = NUM_ENV_STEPS_SAMPLED_LIFETIME, "seed", "num_row
 
 
 class OfflineDataModule(LightningDataModule):
-    """Trains on a local Minari dataset; evaluates greedy episodes in the dataset's environment.
+    """Trains on a local Minari dataset; evaluates episodes in the dataset's environment.
 
     Args:
         dataset_id: The id of a local Minari dataset, as ``minari.load_dataset`` takes it
@@ -72,10 +72,12 @@ class OfflineDataModule(LightningDataModule):
             keyword arguments, when that id is registered with gymnasium (the spec's entry
             point is never used).
         env_kwargs: Keyword arguments for the evaluation env (over the spec's, with ``env=None``).
-        evaluation_num_episodes: Complete greedy episodes per evaluation, over all ranks (each
-            of N ranks plays ``ceil(evaluation_num_episodes / N)``).
+        evaluation_num_episodes: Complete episodes per evaluation, over all ranks (each of N
+            ranks plays ``ceil(evaluation_num_episodes / N)``).
         evaluation_num_envs: Evaluation envs stepped together; ``None`` for
             ``min(4, episodes this rank plays)``.
+        evaluation_explore: Whether evaluation samples actions (``forward_exploration``)
+            instead of acting greedily (``forward_inference``), as RLlib evaluates by default.
         in_memory: Hold the whole dataset in memory (``True``) or stream it a window of
             episodes at a time (``False``); ``None`` holds it when its rows take at most
             ``IN_MEMORY_LIMIT_BYTES`` (2 GiB).
@@ -105,6 +107,7 @@ class OfflineDataModule(LightningDataModule):
         env_kwargs: dict[str, Any] | None = None,
         evaluation_num_episodes: int = 10,
         evaluation_num_envs: int | None = None,
+        evaluation_explore: bool = False,
         in_memory: bool | None = None,
         stream_window_rows: int = 100_000,
         sample_timeout_s: float | None = 60.0,
@@ -123,8 +126,9 @@ class OfflineDataModule(LightningDataModule):
             _check_positive_int("evaluation_num_envs", evaluation_num_envs)
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise ValueError(f"seed must be an int >= 0 or None, got {seed!r}")
-        if not isinstance(shuffle, bool):
-            raise ValueError(f"shuffle must be a bool, got {shuffle!r}")
+        for name, value in (("shuffle", shuffle), ("evaluation_explore", evaluation_explore)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be a bool, got {value!r}")
         if in_memory is not None and not isinstance(in_memory, bool):
             raise ValueError(f"in_memory must be a bool or None, got {in_memory!r}")
         if not isinstance(module_id, str) or not module_id:
@@ -219,7 +223,7 @@ class OfflineDataModule(LightningDataModule):
             seed=self._resolved_seed(),
             evaluation_num_episodes=hparams.evaluation_num_episodes,
             evaluation_num_envs=hparams.evaluation_num_envs,
-            evaluation_explore=False,
+            evaluation_explore=hparams.evaluation_explore,
             episode_stats_window=hparams.evaluation_num_episodes,
             placement=self._placement,
             sample_timeout_s=hparams.sample_timeout_s,
@@ -391,7 +395,7 @@ class OfflineDataModule(LightningDataModule):
         )
 
     def sample_eval_item(self) -> TrainItem:
-        """Play this rank's share of the evaluation episodes greedily with the current weights."""
+        """Play this rank's share of the evaluation episodes with the current weights (greedy unless ``evaluation_explore``)."""
         with learner_acting_module(self.trainer, self.hparams.module_id) as module:
             episodes = self.sampling.evaluate(module)
         return TrainItem(TrainingData(episodes=episodes), timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: self._rows_drawn})
