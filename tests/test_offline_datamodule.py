@@ -7,6 +7,7 @@ observations ``[episode, step]`` so that every row says where it came from.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -382,6 +383,21 @@ def test_a_corrupt_dataset_is_refused_at_construction(minari_root, damage):
         (data_dir / "main_data.hdf5").unlink()
     with pytest.raises(ValueError, match=r"'test/broken-v0' cannot be read .*corrupt"):
         OfflineDataModule("test/broken-v0")
+
+
+@pytest.mark.parametrize("space", ["observation_space", "action_space"])
+def test_a_dataset_without_stored_spaces_is_refused_before_minari_builds_its_env(minari_root, space, monkeypatch):
+    """Minari would ``gym.make`` the stored env spec to find a missing space: code named in the data."""
+    make_cartpole_dataset("cartpole/no-spaces-v0", 1)
+    metadata_file = minari_root / "cartpole" / "no-spaces-v0" / "data" / "metadata.json"
+    metadata = json.loads(metadata_file.read_text())
+    del metadata[space]
+    metadata_file.write_text(json.dumps(metadata))
+    made = []
+    monkeypatch.setattr(gym, "make", lambda *args, **kwargs: made.append(args))
+    with pytest.raises(ValueError, match=rf"'cartpole/no-spaces-v0' stores no {space}.*runs code named in the dataset"):
+        OfflineDataModule("cartpole/no-spaces-v0")
+    assert made == []
 
 
 def test_an_episode_that_cannot_be_read_is_refused_before_the_first_step(minari_root, tmp_path):

@@ -138,10 +138,10 @@ def generalized_advantages(
     next_values[:-1] = values[1:]
     next_values[ends] = last_values
     deltas = rewards + gamma * next_values - values
-    return _segmented_discounted_sum(deltas, lengths, gamma * gae_lambda)
+    return segmented_discounted_sum(deltas, lengths, gamma * gae_lambda)
 
 
-def _segmented_discounted_sum(x: Tensor, lengths: Tensor, discount: float) -> Tensor:
+def segmented_discounted_sum(x: Tensor, lengths: Tensor, discount: float) -> Tensor:
     """``y_t = sum_{k >= t} discount^(k - t) * x_k``, restarting at every segment boundary.
 
     The segments are laid out as rows of a zero-padded ``[E, max_len]`` matrix; a zero after

@@ -5,7 +5,10 @@ A Minari episode of ``T`` steps stores ``T + 1`` observations (the last is the f
 ``obs = observations[t]``, ``new_obs = observations[t + 1]`` (so the last row's ``new_obs``
 is the episode's final observation), ``actions``, ``rewards``, ``terminateds``,
 ``truncateds`` and, on request, ``value_targets``: the discounted return-to-go within the
-episode, with no bootstrap at a truncation (the dataset holds no values to bootstrap from).
+episode, with no bootstrap at a truncation. (RLlib's MARWIL adds the value function's
+estimate of a truncated episode's final observation; rows hold no value function, so a
+truncated episode's last steps here have targets below the true return, by
+``gamma^(T - t)`` times the value of its final observation.)
 
 ``RowStream`` is an endless, deterministic stream of rows: pass after pass over the
 dataset, each pass in its own order (a generator seeded with ``(seed, pass)``). Any stretch
@@ -19,7 +22,7 @@ so memory holds at most two windows.
 from __future__ import annotations
 
 import collections
-import os
+import json
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -28,8 +31,9 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from lightning_rl.connectors.episodes import segmented_discounted_sum
 from lightning_rl.core.columns import Columns
-from lightning_rl.data.minari_io import require_minari
+from lightning_rl.data.minari_io import datasets_root, require_minari
 
 #: The columns a dataset row can have (``value_targets`` only when a discount is given).
 DATASET_COLUMNS = (
@@ -59,6 +63,7 @@ def open_dataset(dataset_id: str) -> Any:
             ids and how to make one), or if its metadata or data file cannot be read.
     """
     minari = require_minari()
+    _check_spaces_are_stored(dataset_id)
     try:
         return minari.load_dataset(dataset_id, download=False)
     except FileNotFoundError:
@@ -66,11 +71,39 @@ def open_dataset(dataset_id: str) -> Any:
             warnings.simplefilter("ignore")
             local = sorted(minari.list_local_datasets())
         raise ValueError(
-            f"dataset_id {dataset_id!r} is not a local Minari dataset (looked under {_datasets_root()}); local "
+            f"dataset_id {dataset_id!r} is not a local Minari dataset (looked under {datasets_root()}); local "
             f"datasets: {local or 'none'}. Nothing is downloaded: {RECORD_HINT}"
         ) from None
     except Exception as error:  # json, h5py, space and version errors alike: the dataset is unusable
         raise _unreadable(dataset_id, error) from error
+
+
+def _check_spaces_are_stored(dataset_id: str) -> None:
+    """Refuse a dataset whose metadata lacks its observation or action space, before Minari opens it.
+
+    For such a dataset ``minari.load_dataset`` builds the env named by the stored env spec to
+    learn its spaces, which imports and calls the spec's entry point: code named in the data.
+    Datasets written by Minari's own tools and by this package store both spaces. A missing
+    metadata file is left to ``load_dataset`` (the "not a local dataset" error).
+
+    Raises:
+        ValueError: Naming the id and the missing space, or if the metadata is not JSON.
+    """
+    path = datasets_root() / dataset_id / "data" / "metadata.json"
+    if not path.is_file():
+        return
+    try:
+        metadata = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise _unreadable(dataset_id, error) from error
+    missing = [key for key in ("observation_space", "action_space") if not isinstance(metadata.get(key), str)]
+    if missing:
+        raise ValueError(
+            f"the Minari dataset {dataset_id!r} stores no {' or '.join(missing)} in its metadata; Minari would "
+            "build the env its metadata names to find them, which runs code named in the dataset, and this "
+            "package never does that: record the dataset again with its spaces (Minari's create_dataset_* "
+            "functions store them when given an env or the spaces)"
+        )
 
 
 def episode_lengths(dataset: Any, dataset_id: str) -> np.ndarray:
@@ -106,16 +139,6 @@ def check_row_space(space: gym.Space, what: str, dataset_id: str) -> None:
         )
 
 
-def discounted_returns(rewards: np.ndarray, gamma: float) -> np.ndarray:
-    """``sum_k gamma^k r_{t+k}`` to the end of one episode, for every ``t`` (float64, no bootstrap)."""
-    returns = np.empty(len(rewards), dtype=np.float64)
-    running = 0.0
-    for t in range(len(rewards) - 1, -1, -1):
-        running = float(rewards[t]) + gamma * running
-        returns[t] = running
-    return returns
-
-
 class EpisodeRows:
     """Rows of some episodes, as tensors, with observations stored once per step.
 
@@ -132,7 +155,7 @@ class EpisodeRows:
 
     def __init__(self, dataset: Any, dataset_id: str, episode_indices: Sequence[int], *, gamma: float | None) -> None:
         observation_space, action_space = dataset.observation_space, dataset.action_space
-        observations, actions, rewards, terminateds, truncateds, returns = [], [], [], [], [], []
+        observations, actions, rewards, terminateds, truncateds = [], [], [], [], []
         try:
             episodes = list(dataset.iterate_episodes([int(i) for i in episode_indices]))
         except Exception as error:
@@ -159,8 +182,6 @@ class EpisodeRows:
             rewards.append(np.asarray(episode.rewards, dtype=np.float32))
             terminateds.append(np.asarray(episode.terminations, dtype=bool))
             truncateds.append(np.asarray(episode.truncations, dtype=bool))
-            if gamma is not None:
-                returns.append(discounted_returns(episode.rewards, gamma).astype(np.float32))
         steps_per_episode = np.asarray([len(r) for r in rewards], dtype=np.int64)
         # Episode e's observations start at (steps before e) + e: each episode has one more.
         first_obs = np.concatenate([[0], np.cumsum(steps_per_episode + 1)[:-1]])
@@ -175,7 +196,10 @@ class EpisodeRows:
             Columns.TRUNCATEDS: torch.from_numpy(np.concatenate(truncateds)),
         }
         if gamma is not None:
-            self.columns[Columns.VALUE_TARGETS] = torch.from_numpy(np.concatenate(returns))
+            returns = segmented_discounted_sum(
+                self.columns[Columns.REWARDS].double(), torch.from_numpy(steps_per_episode), gamma
+            )
+            self.columns[Columns.VALUE_TARGETS] = returns.float()
 
     def __len__(self) -> int:
         return len(self.obs_index)
@@ -344,12 +368,8 @@ def _as_tensor(values: np.ndarray, space: gym.Space) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(values, dtype=dtype))
 
 
-def _datasets_root() -> str:
-    return os.environ.get("MINARI_DATASETS_PATH", os.path.join(os.path.expanduser("~"), ".minari", "datasets"))
-
-
 def _unreadable(dataset_id: str, error: BaseException) -> ValueError:
     return ValueError(
         f"the Minari dataset {dataset_id!r} cannot be read ({type(error).__name__}: {error}); its files under "
-        f"{_datasets_root()} may be incomplete or corrupt: delete it and record it again ({RECORD_HINT})"
+        f"{datasets_root()} may be incomplete or corrupt: delete it and record it again ({RECORD_HINT})"
     )

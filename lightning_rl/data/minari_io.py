@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import importlib
+import os
+from pathlib import Path
 from types import ModuleType
 
 #: The pip extra that installs Minari with its HDF5 backend.
 OFFLINE_EXTRA = "lightning-rl[offline]"
+#: The environment variable that says where Minari keeps local datasets.
+DATASETS_PATH_VARIABLE = "MINARI_DATASETS_PATH"
 
 
 def require_minari() -> ModuleType:
@@ -25,3 +29,9 @@ def require_minari() -> ModuleType:
             f'pip install "{OFFLINE_EXTRA}"'
         ) from error
     return minari
+
+
+def datasets_root() -> Path:
+    """The directory Minari keeps local datasets in: ``$MINARI_DATASETS_PATH``, else ``~/.minari/datasets``."""
+    root = os.environ.get(DATASETS_PATH_VARIABLE)
+    return Path(root) if root else Path.home() / ".minari" / "datasets"

@@ -33,11 +33,9 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from lightning_rl.data.minari_io import require_minari
+from lightning_rl.data.minari_io import DATASETS_PATH_VARIABLE, datasets_root, require_minari
 from lightning_rl.env.episode import SingleAgentEpisode
 
-#: The environment variable Minari reads its datasets root from (``~/.minari/datasets`` without it).
-DATASETS_PATH_VARIABLE = "MINARI_DATASETS_PATH"
 # Minari warns about every optional metadata field left out; these say nothing about the data.
 _METADATA_WARNINGS = r"^`(code_permalink|author|author_email|eval_env|algorithm_name|description)` is set to None|^env_spec is None"
 # Directories beside the datasets, for a dataset being written or replaced; dot names are not dataset ids.
@@ -45,12 +43,6 @@ _WRITING_PREFIX = ".lightning_rl-writing-"
 _REPLACED_PREFIX = ".lightning_rl-replaced-"
 # Keyword arguments of ``gym.make`` that are fields of an ``EnvSpec``, not arguments of the env.
 _MAKE_SETTINGS = ("max_episode_steps", "disable_env_checker")
-
-
-def datasets_root() -> Path:
-    """The directory Minari keeps local datasets in: ``$MINARI_DATASETS_PATH``, else ``~/.minari/datasets``."""
-    root = os.environ.get(DATASETS_PATH_VARIABLE)
-    return Path(root) if root else Path.home() / ".minari" / "datasets"
 
 
 def check_dataset_id(dataset_id: str, *, overwrite: bool = False) -> Path:

@@ -1,0 +1,53 @@
+"""The offline example configs run from the command line on the datasets they name.
+
+Each dataset is made with ``lightning-rl record`` (random actions: enough rows to train on,
+quickly) under the id the config names, in a tmp ``MINARI_DATASETS_PATH``; each config then
+fits a few gradient steps and one evaluation episode. ``tests/test_record.py`` runs the
+script that makes the real datasets (``examples/make_offline_datasets.py --quick``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lightning_rl.cli import record_command
+from lightning_rl.cli.lightning_cli import LightningRLCLI
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+CONFIGS = {
+    "bc_cartpole.yaml": ("cartpole/ppo-expert-v0", "CartPole-v1"),
+    "marwil_cartpole.yaml": ("cartpole/mixed-v0", "CartPole-v1"),
+    "cql_pendulum.yaml": ("pendulum/sac-medium-v0", "Pendulum-v1"),
+    "iql_pendulum.yaml": ("pendulum/sac-medium-v0", "Pendulum-v1"),
+}
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_an_offline_example_config_fits_from_the_command_line(config, tmp_path, monkeypatch):
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "datasets"))
+    dataset_id, env = CONFIGS[config]
+    record_command.main(
+        ["--env", env, "--random_fraction", "1", "--num_episodes", "4", "--dataset_id", dataset_id, "--seed", "0"]
+    )
+    cli = LightningRLCLI(
+        args=[
+            "fit",
+            "--config",
+            str(EXAMPLES / config),
+            "--trainer.max_epochs=1",
+            "--trainer.logger=false",
+            "--trainer.callbacks=[]",
+            "--trainer.enable_checkpointing=false",
+            "--trainer.enable_progress_bar=false",
+            f"--trainer.default_root_dir={tmp_path}",
+            "--model.model_config.fcnet_hiddens=[8]",
+            "--data.batch_size=16",
+            "--data.updates_per_epoch=3",
+            "--data.evaluation_num_episodes=1",
+        ]
+    )
+    assert cli.datamodule.hparams.dataset_id == dataset_id
+    assert cli.model.weights_seq_no == 3
+    assert cli.trainer.callback_metrics["eval/num_episodes"] == 1
