@@ -21,6 +21,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from ranks import run_on_ranks
 
 from lightning_rl.algorithms.bc import BCLearner, BCModule
+from lightning_rl.algorithms.sac import SACLearner, SACModule
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
 from lightning_rl.core.rl_module_specs import RLModuleSpec
 from lightning_rl.data import OfflineDataModule
@@ -424,6 +425,57 @@ def test_a_module_whose_spaces_do_not_fit_the_dataset_is_refused_before_training
     learner = BCLearner(spec)
     data = OfflineDataModule("test/spaces-v0", batch_size=2, updates_per_epoch=2)
     with pytest.raises(ValueError, match=r"observation space Box\(-inf, inf, \(2,\).*Box\(-1\.0, 1\.0, \(3,\)"):
+        offline_trainer(tmp_path, limit_val_batches=0).fit(learner, datamodule=data)
+    assert learner.weights_seq_no == 0
+
+
+def make_pendulum_dataset(dataset_id: str) -> None:
+    """Two short Pendulum episodes of random actions (Box actions in [-2, 2])."""
+    env = gym.make("Pendulum-v1", max_episode_steps=5)
+    env.action_space.seed(0)
+    episodes = []
+    for episode in range(2):
+        obs, _ = env.reset(seed=episode)
+        observations, actions, rewards = [obs], [], []
+        for _ in range(5):
+            actions.append(env.action_space.sample())
+            obs, reward, *_ = env.step(actions[-1])
+            observations.append(obs)
+            rewards.append(reward)
+        flags = [False] * 4
+        episodes.append(
+            EpisodeBuffer(
+                observations=np.stack(observations),
+                actions=np.stack(actions),
+                rewards=rewards,
+                terminations=[*flags, False],
+                truncations=[*flags, True],
+            )
+        )
+    minari.create_dataset_from_buffers(dataset_id, episodes, env="Pendulum-v1")
+
+
+def test_a_module_acting_in_other_action_bounds_is_refused_since_actions_are_rescaled_by_them(tmp_path):
+    make_pendulum_dataset("pendulum/random-v0")
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+    spec = RLModuleSpec(
+        module_class=SACModule,
+        observation_space=observation_space,
+        action_space=gym.spaces.Box(-1.0, 1.0, (1,), np.float32),
+        model_config={"fcnet_hiddens": [8]},
+    )
+    data = OfflineDataModule("pendulum/random-v0", batch_size=2, updates_per_epoch=2)
+    learner = SACLearner(spec)
+    with pytest.raises(ValueError, match=r"action space Box\(-2\.0, 2\.0, \(1,\).*Box\(-1\.0, 1\.0, \(1,\)"):
+        offline_trainer(tmp_path, limit_val_batches=0).fit(learner, datamodule=data)
+    assert learner.weights_seq_no == 0
+
+
+def test_n_step_returns_are_refused_on_one_step_dataset_rows(tmp_path):
+    make_pendulum_dataset("pendulum/random-v0")
+    learner = SACLearner(model_config={"fcnet_hiddens": [8]}, n_step=3)
+    data = OfflineDataModule("pendulum/random-v0", batch_size=2, updates_per_epoch=2)
+    with pytest.raises(ValueError, match=r"n_step=3, .* one-step transitions: set n_step=1"):
         offline_trainer(tmp_path, limit_val_batches=0).fit(learner, datamodule=data)
     assert learner.weights_seq_no == 0
 

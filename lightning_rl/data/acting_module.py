@@ -28,12 +28,26 @@ def learner_acting_module(trainer: Any, module_id: str) -> Iterator[RLModule]:
         ValueError: If the Learner is not built or has no module ``module_id``.
     """
     learner = trainer.lightning_module
-    if learner.module is None:
-        raise ValueError(f"{type(learner).__name__} is not built; the data module needs its module to act")
-    if module_id not in learner.module:
-        raise ValueError(
-            f"the Learner has no module {module_id!r} to act with (module_id of the data module); it has "
-            f"{sorted(learner.module.keys())}"
-        )
+    check_learner_has_module(learner, module_id, "to act with")
     with learner.module_for_acting(module_id) as module:
         yield module
+
+
+def check_learner_has_module(learner: Any, module_id: str, purpose: str) -> None:
+    """Raise unless ``learner`` is built and has the module ``module_id``.
+
+    Args:
+        learner: The Trainer's Learner.
+        module_id: The data module's ``module_id``.
+        purpose: What the data module wants the module for, for the error ("to act with").
+
+    Raises:
+        ValueError: Naming the Learner, the module id and the modules it has.
+    """
+    if learner.module is None:
+        raise ValueError(f"{type(learner).__name__} is not built; the data module needs its module {purpose}")
+    if module_id not in learner.module:
+        raise ValueError(
+            f"{type(learner).__name__} has no module {module_id!r} {purpose} (module_id of the data module); it has "
+            f"{sorted(learner.module.keys())}"
+        )

@@ -12,7 +12,7 @@ data module's state in checkpoints, so a resumed fit continues with the very row
 interrupted one would have drawn next (on any number of ranks), and it is the
 ``num_env_steps_sampled_lifetime`` that drives the Learner's schedules.
 
-Evaluation (``val_dataloader``) plays greedy episodes in the dataset's environment with the
+Evaluation (``val_dataloader``) plays episodes (greedy unless ``evaluation_explore``) in the dataset's environment with the
 Learner's module, through the same ``EnvSampling`` as the environment data modules, so
 ``eval/episode_return_mean``, ``EarlyStopping`` and ``ModelCheckpoint`` work as on-line.
 """
@@ -30,7 +30,7 @@ from lightning.pytorch import LightningDataModule
 
 from lightning_rl.core.columns import DEFAULT_MODULE_ID, NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
 from lightning_rl.core.train_item import TrainingData, TrainItem
-from lightning_rl.data.acting_module import learner_acting_module
+from lightning_rl.data.acting_module import check_learner_has_module, learner_acting_module
 from lightning_rl.data.dataset_rows import (
     DATASET_COLUMNS,
     RowStream,
@@ -38,6 +38,7 @@ from lightning_rl.data.dataset_rows import (
     episode_lengths,
     open_dataset,
 )
+from lightning_rl.data.env_datamodule import check_positive_int
 from lightning_rl.data.env_sampling import EVALUATION_SEED_OFFSET, EnvSampling
 from lightning_rl.env.env_factory import resolve_env
 
@@ -121,9 +122,9 @@ class OfflineDataModule(LightningDataModule):
             ("evaluation_num_episodes", evaluation_num_episodes),
             ("stream_window_rows", stream_window_rows),
         ):
-            _check_positive_int(name, value)
+            check_positive_int(name, value)
         if evaluation_num_envs is not None:
-            _check_positive_int("evaluation_num_envs", evaluation_num_envs)
+            check_positive_int("evaluation_num_envs", evaluation_num_envs)
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise ValueError(f"seed must be an int >= 0 or None, got {seed!r}")
         for name, value in (("shuffle", shuffle), ("evaluation_explore", evaluation_explore)):
@@ -267,7 +268,7 @@ class OfflineDataModule(LightningDataModule):
         return _Minibatches(self)
 
     def val_dataloader(self) -> Iterable[TrainItem]:
-        """One evaluation item: this rank's share of ``evaluation_num_episodes`` greedy episodes.
+        """One evaluation item: this rank's share of ``evaluation_num_episodes`` episodes.
 
         Called by Lightning when a fit starts (before the first train item, and before the
         sanity check if any) unless evaluation is off (``limit_val_batches=0``), and by
@@ -283,7 +284,7 @@ class OfflineDataModule(LightningDataModule):
             ("observation", self.observation_space, runner.observation_space),
             ("action", self.action_space, runner.action_space),
         ):
-            if not _spaces_fit(ours, theirs):
+            if not _spaces_fit(ours, theirs, bounds_matter=what == "action"):
                 raise ValueError(
                     f"the Minari dataset {self.hparams.dataset_id!r} has {what} space {ours}, but its evaluation env "
                     f"{self._evaluation_env!r} has {what} space {theirs}: pass the env the dataset was recorded in "
@@ -341,23 +342,24 @@ class OfflineDataModule(LightningDataModule):
         """
         learner = self.trainer.lightning_module
         module_id = self.hparams.module_id
-        if learner.module is None or module_id not in learner.module:
-            has = None if learner.module is None else sorted(learner.module.keys())
-            raise ValueError(
-                f"{type(learner).__name__} has no module {module_id!r} (module_id of the data module) to train on the "
-                f"dataset; it has {has if has is not None else 'none built'}"
-            )
+        check_learner_has_module(learner, module_id, "to train on the dataset")
         module = learner.module[module_id]
         for what, ours, theirs in (
             ("observation", self.observation_space, module.observation_space),
             ("action", self.action_space, module.action_space),
         ):
-            if not _spaces_fit(ours, theirs):
+            if not _spaces_fit(ours, theirs, bounds_matter=what == "action"):
                 raise ValueError(
                     f"the Minari dataset {self.hparams.dataset_id!r} has {what} space {ours}, but the Learner's "
                     f"module {module_id!r} has {what} space {theirs}: train a module built for the dataset's "
                     "spaces (leave the spaces out of the module spec to take the dataset's)"
                 )
+        n_step = learner.hparams.get("n_step")
+        if n_step is not None and n_step != 1:
+            raise ValueError(
+                f"{type(learner).__name__} has n_step={n_step!r}, returns summed over replayed steps, but dataset rows "
+                "are one-step transitions: set n_step=1"
+            )
         required = list(learner.required_batch_columns(module_id))
         missing = [column for column in required if column not in DATASET_COLUMNS]
         if missing:
@@ -405,7 +407,7 @@ class OfflineDataModule(LightningDataModule):
     # ------------------------------------------------------------------------------------
 
     def _resolved_seed(self) -> int:
-        if self._seed is None:  # used without a Trainer's setup (a script drawing items by hand)
+        if self._seed is None:  # the evaluation runner built before setup (reading its spaces early)
             self._seed = int(np.random.randint(0, 2**31 - 1 - EVALUATION_SEED_OFFSET))
         return self._seed
 
@@ -466,10 +468,12 @@ class _Evaluation:
         yield self.datamodule.sample_eval_item()
 
 
-def _spaces_fit(dataset_space: gym.Space, module_space: gym.Space | None) -> bool:
+def _spaces_fit(dataset_space: gym.Space, module_space: gym.Space | None, *, bounds_matter: bool) -> bool:
     """Whether a module built for ``module_space`` takes values of ``dataset_space``: same kind and shape.
 
-    Box bounds may differ (a module spec often says ``(-inf, inf)``); sizes of discrete spaces may not.
+    Sizes of discrete spaces must match. Observation Box bounds may differ (a module spec often
+    says ``(-inf, inf)``); with ``bounds_matter`` (actions) finite bounds must be equal, since
+    SAC, CQL and IQL rescale the data's actions by the module's bounds.
     """
     if module_space is None or type(dataset_space) is not type(module_space):
         return False
@@ -477,7 +481,11 @@ def _spaces_fit(dataset_space: gym.Space, module_space: gym.Space | None) -> boo
         return dataset_space.n == module_space.n and dataset_space.start == module_space.start
     if isinstance(dataset_space, gym.spaces.MultiDiscrete):
         return np.array_equal(dataset_space.nvec, module_space.nvec)
-    return dataset_space.shape == module_space.shape
+    if dataset_space.shape != module_space.shape:
+        return False
+    if bounds_matter and isinstance(dataset_space, gym.spaces.Box) and module_space.is_bounded("both"):
+        return np.array_equal(dataset_space.low, module_space.low) and np.array_equal(dataset_space.high, module_space.high)
+    return True
 
 
 def _bytes_per_row(observation_space: gym.Space, action_space: gym.Space) -> int:
@@ -490,6 +498,3 @@ def _bytes_per_row(observation_space: gym.Space, action_space: gym.Space) -> int
     return size(observation_space) + size(action_space) + 4 + 2 + 8 + 4
 
 
-def _check_positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
