@@ -20,13 +20,14 @@ from _algorithms import ROWS
 from lightning.pytorch import Trainer
 
 from lightning_rl import Policy
+from lightning_rl.algorithms.bc import BCLearner
 from lightning_rl.algorithms.ppo import PPOLearner
 from lightning_rl.algorithms.sac import SACLearner
 from lightning_rl.callbacks import RecordEpisodes
 from lightning_rl.cli import main as cli_main
 from lightning_rl.cli import record_command
 from lightning_rl.cli.evaluate_command import HELD_OUT_SEED_OFFSET
-from lightning_rl.data import OffPolicyDataModule, OnPolicyDataModule
+from lightning_rl.data import OfflineDataModule, OffPolicyDataModule, OnPolicyDataModule
 from lightning_rl.data.minari_writer import registered_env_spec, write_minari_dataset
 from lightning_rl.data.rank_stats import NUM_EPISODES_LIFETIME
 from lightning_rl.env.episode import SingleAgentEpisode
@@ -366,6 +367,16 @@ def test_the_callback_refuses_normalized_runs_and_existing_ids_before_training(d
     with pytest.raises(ValueError, match="exists already"):
         fit(learner, OnPolicyDataModule("CartPole-v1", rollout_fragment_length=16), RecordEpisodes("cartpole/taken-v0"))
     assert learner.global_step == 0
+
+
+def test_the_callback_refuses_an_offline_fit_which_samples_no_training_episodes():
+    record_command.main(
+        ["--env", "CartPole-v1", "--random_fraction", "1", "--num_episodes", "2", "--dataset_id", "cartpole/random-v0"]
+    )
+    learner = BCLearner(model_config={"fcnet_hiddens": [8]})
+    with pytest.raises(ValueError, match="the fit's data module is OfflineDataModule"):
+        fit(learner, OfflineDataModule("cartpole/random-v0", batch_size=8), RecordEpisodes("cartpole/copy-v0"))
+    assert learner.weights_seq_no == 0
 
 
 def test_the_callback_is_set_from_the_command_line(capsys):

@@ -24,6 +24,7 @@ import numpy as np
 from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from lightning_rl.data.env_datamodule import EnvDataModule
 from lightning_rl.data.env_sampling import EnvSampling
 from lightning_rl.data.minari_writer import check_dataset_id, registered_env_spec, write_minari_dataset
 from lightning_rl.env.episode import SingleAgentEpisode
@@ -85,12 +86,13 @@ class RecordEpisodes(Callback):
         if stage != "fit":
             return
         datamodule = trainer.datamodule
-        sampling = getattr(datamodule, "sampling", None)
-        if not isinstance(sampling, EnvSampling):
+        # The environment data modules sample training episodes; an OfflineDataModule's sampling evaluates only.
+        if not isinstance(datamodule, EnvDataModule):
             raise ValueError(
                 f"RecordEpisodes records the episodes an environment data module samples (OnPolicyDataModule, "
                 f"OffPolicyDataModule); the fit's data module is {type(datamodule).__name__}"
             )
+        sampling = datamodule.sampling
         normalized = [name for name, on in sampling.normalization.items() if name.startswith("normalize_") and on]
         if normalized:
             raise ValueError(
