@@ -251,7 +251,11 @@ def play_episodes(
         for index in range(min(num_envs, num_episodes)):
             envs.append(_make_env(source, video_dir if index == 0 else None))
         check_env_fits(envs[0], policy, source.env)
-        stats = episode_stats(run_episodes(envs, policy.act, first_seed, num_episodes))
+        summaries = run_episodes(envs, policy.act, first_seed, num_episodes, keep=_return_and_length)
+        stats = EpisodeStats(
+            np.array([summary[0] for summary in summaries], dtype=np.float64),
+            np.array([summary[1] for summary in summaries], dtype=np.int64),
+        )
         if video_dir is not None:
             _write_video(envs[0], video_dir / VIDEO_FILE_NAME)
     finally:
@@ -260,7 +264,13 @@ def play_episodes(
     return stats
 
 
-def run_episodes(envs: Sequence[gym.Env], act: Act, first_seed: int, num_episodes: int) -> list[SingleAgentEpisode]:
+def run_episodes(
+    envs: Sequence[gym.Env],
+    act: Act,
+    first_seed: int,
+    num_episodes: int,
+    keep: Callable[[SingleAgentEpisode], Any] = lambda episode: episode,
+) -> list[Any]:
     """Play ``num_episodes`` whole episodes in ``envs``, episode ``i`` reset with seed ``first_seed + i``.
 
     Up to ``len(envs)`` episodes run side by side, their observations acted on in one batch;
@@ -272,13 +282,17 @@ def run_episodes(envs: Sequence[gym.Env], act: Act, first_seed: int, num_episode
         act: Observations ``[B, *obs_shape]`` to the actions ``[B, ...]`` that are stepped.
         first_seed: The first episode's seed.
         num_episodes: How many episodes.
+        keep: What to keep of each episode once it ends (the whole episode by default); only
+            the ``len(envs)`` episodes being played are held whole, so keeping less (``evaluate``
+            keeps the return and length) bounds memory for long runs of large observations.
 
     Returns:
-        The episodes in the order of their seeds, list-backed: every observation (the reset's,
-        then each step's, the final one included), the actions stepped, the env's rewards, and
-        whether each ended terminated or truncated.
+        ``keep`` of each episode, in the order of their seeds. An episode is list-backed: every
+        observation (the reset's, then each step's, the final one included), the actions
+        stepped, the env's rewards, and whether it ended terminated or truncated.
     """
-    episodes = [SingleAgentEpisode() for _ in range(num_episodes)]
+    kept: list[Any] = [None] * num_episodes
+    episodes: list[SingleAgentEpisode | None] = [SingleAgentEpisode() for _ in range(num_episodes)]
     episode_of = list(range(len(envs)))  # the episode each env plays
     observations = []
     for env, episode in zip(envs, episode_of):
@@ -296,6 +310,8 @@ def run_episodes(envs: Sequence[gym.Env], act: Act, first_seed: int, num_episode
                 np.array(obs), np.array(action), float(reward), terminated=terminated, truncated=truncated
             )
             if terminated or truncated:
+                kept[episode_of[index]] = keep(episodes[episode_of[index]])
+                episodes[episode_of[index]] = None
                 if next_episode == num_episodes:
                     continue
                 episode_of[index], next_episode = next_episode, next_episode + 1
@@ -304,12 +320,17 @@ def run_episodes(envs: Sequence[gym.Env], act: Act, first_seed: int, num_episode
             observations[index] = obs
             still_playing.append(index)
         playing = still_playing
-    return episodes
+    return kept
+
+
+def _return_and_length(episode: SingleAgentEpisode) -> tuple[float, int]:
+    """An episode's return (summed in step order, in float64) and length."""
+    return sum(float(reward) for reward in episode.rewards), len(episode)
 
 
 def episode_stats(episodes: Sequence[SingleAgentEpisode]) -> EpisodeStats:
     """The returns (summed in step order, in float64) and lengths of ``episodes``."""
-    returns = np.array([sum(float(reward) for reward in episode.rewards) for episode in episodes], dtype=np.float64)
+    returns = np.array([_return_and_length(episode)[0] for episode in episodes], dtype=np.float64)
     return EpisodeStats(returns, np.array([len(episode) for episode in episodes], dtype=np.int64))
 
 
