@@ -87,11 +87,13 @@ def main() -> None:
             ]
         else:
             budget = ["--data.max_env_steps", str(args.pendulum_max_env_steps), "--data.rollouts_per_epoch", "250"]
-        recording = [
-            "--trainer.callbacks+=lightning_rl.callbacks.RecordEpisodes",
-            f"--trainer.callbacks.dataset_id={IDS['pendulum-medium-replay']}",
-            f"--trainer.callbacks.overwrite={str(args.overwrite).lower()}",
-        ]
+        recording = []
+        if "pendulum-medium-replay" in chosen:  # --only pendulum-medium leaves an existing replay dataset alone
+            recording = [
+                "--trainer.callbacks+=lightning_rl.callbacks.RecordEpisodes",
+                f"--trainer.callbacks.dataset_id={IDS['pendulum-medium-replay']}",
+                f"--trainer.callbacks.overwrite={str(args.overwrite).lower()}",
+            ]
         stopping = [
             "--trainer.callbacks+=EarlyStopping",
             "--trainer.callbacks.monitor=eval/episode_return_mean",
