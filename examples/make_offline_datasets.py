@@ -2,6 +2,7 @@
 
     python examples/make_offline_datasets.py                      # all four, into ~/.minari/datasets
     python examples/make_offline_datasets.py --only cartpole-expert --out /data/minari
+    python examples/make_offline_datasets.py --only pendulum-medium-replay pendulum-medium   # one SAC run, both
     python examples/make_offline_datasets.py --quick --out /tmp/minari   # tiny budgets (the test)
 
 Each command is printed before it runs; run them by hand to make one dataset yourself:
@@ -12,8 +13,9 @@ Each command is printed before it runs; run them by hand to make one dataset you
   (greedy): 1,200 episodes, 96% of them random (about 22 steps each) and 48 expert ones (500
   steps each), so at the states both visit the data is a 50/50 mix of good and random actions.
 - ``pendulum/sac-medium-replay-v0``: every training episode of a SAC run on Pendulum
-  (``examples/sac_pendulum.yaml`` with the ``RecordEpisodes`` callback), stopped by
-  ``EarlyStopping`` once its greedy evaluation passes ``--pendulum_threshold`` (-800), or at
+  (``examples/sac_pendulum.yaml`` with the ``RecordEpisodes`` callback and one gradient step per 8
+  env steps, so that it learns slowly enough for its replay to hold some 80 episodes), stopped by
+  ``EarlyStopping`` once its greedy evaluation passes ``--pendulum_threshold`` (-600), or at
   ``--pendulum_max_env_steps``: the random warm-up, then a policy improving from random to medium.
 - ``pendulum/sac-medium-v0``: 200 episodes of that run's last checkpoint, sampling from its
   exploration distribution (``--explore``).
@@ -43,7 +45,7 @@ IDS = {
 
 def main() -> None:
     args = _parse_args()
-    chosen = [args.only] if args.only else list(DATASETS)
+    chosen = list(args.only or DATASETS)
     environment = dict(os.environ)
     # One torch thread per run unless told otherwise: these small MLPs gain nothing from more, and
     # threads competing for busy cores slow SAC's one-gradient-step-per-env-step loop many times over.
@@ -86,7 +88,13 @@ def main() -> None:
                 *("--model.minibatch_size", "32"),
             ]
         else:
-            budget = ["--data.max_env_steps", str(args.pendulum_max_env_steps), "--data.rollouts_per_epoch", "250"]
+            # One gradient step per 8 env steps (train_freq 8, examples/sac_pendulum.yaml takes one per
+            # step): SAC then improves slowly enough that the replay holds some 80 episodes, from random
+            # to medium, rather than the 11 it holds when it learns Pendulum in 2,000 steps.
+            budget = [
+                *("--data.max_env_steps", str(args.pendulum_max_env_steps)),
+                *("--data.train_freq", "8", "--data.rollouts_per_epoch", "125"),
+            ]
         recording = []
         if "pendulum-medium-replay" in chosen:  # --only pendulum-medium leaves an existing replay dataset alone
             recording = [
@@ -116,13 +124,15 @@ def main() -> None:
 
 def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", choices=DATASETS, default=None, help="make this dataset only (and the run it needs)")
+    parser.add_argument(
+        "--only", nargs="+", choices=DATASETS, default=None, help="make these datasets only (and the runs they need)"
+    )
     parser.add_argument("--quick", action="store_true", help="tiny training budgets and few episodes (for tests)")
     parser.add_argument("--out", type=Path, default=None, help="the datasets root (MINARI_DATASETS_PATH)")
     parser.add_argument("--runs", type=Path, default=Path("lightning_logs/offline_datasets"), help="training runs")
     parser.add_argument("--overwrite", action="store_true", help="replace datasets that exist already")
-    parser.add_argument("--pendulum_threshold", type=float, default=-800.0, help="stop SAC once evaluation passes it")
-    parser.add_argument("--pendulum_max_env_steps", type=int, default=10_000, help="stop SAC here at the latest")
+    parser.add_argument("--pendulum_threshold", type=float, default=-600.0, help="stop SAC once evaluation passes it")
+    parser.add_argument("--pendulum_max_env_steps", type=int, default=40_000, help="stop SAC here at the latest")
     return parser.parse_args()
 
 
