@@ -117,16 +117,22 @@ def offline_trainer(root: Path, **kwargs: Any) -> Trainer:
 
 
 class RecordItems(Callback):
-    """The rows and timesteps of every train item a Learner receives."""
+    """The rows of every minibatch and the timesteps of every train item a Learner receives."""
 
     def __init__(self) -> None:
         self.obs: list[np.ndarray] = []
         self.timesteps: list[float] = []
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        self.obs.append(batch.data.batch["default_policy"][Columns.OBS].numpy().copy())
+        assert batch.data.source == "data_iterators" and batch.update_settings == {"minibatch_size": None}
         self.timesteps.append(batch.timesteps[NUM_ENV_STEPS_SAMPLED_LIFETIME])
-        assert batch.update_settings == {"num_epochs": 1, "minibatch_size": None, "shuffle_batch_per_epoch": False}
+        (minibatches,) = batch.data.data_iterators
+        batch.data.data_iterators = [self._recorded(minibatches)]  # the rows, as update_from_iterator draws them
+
+    def _recorded(self, minibatches: Any) -> Any:
+        for minibatch in minibatches:
+            self.obs.append(minibatch["default_policy"][Columns.OBS].numpy().copy())
+            yield minibatch
 
 
 # ----------------------------------------------------------------------------------------
@@ -238,8 +244,22 @@ def test_items_are_minibatches_of_the_learners_columns_counting_rows_as_timestep
     assert learner.weights_seq_no == 4
     assert data.state_dict()[NUM_ENV_STEPS_SAMPLED_LIFETIME] == 16
     # BC asks for obs and actions only: nothing else is gathered.
-    item = data.next_train_item()
-    assert sorted(item.data.batch["default_policy"]) == [Columns.ACTIONS, Columns.OBS]
+    assert sorted(data.next_minibatch()["default_policy"]) == [Columns.ACTIONS, Columns.OBS]
+
+
+def test_an_item_of_several_minibatches_trains_one_step_each_with_the_hooks_around_the_item(tmp_path):
+    make_hand_dataset("test/items-v0", [4, 4, 4, 4])
+    data = OfflineDataModule("test/items-v0", batch_size=2, updates_per_epoch=2, iterations_per_update=3, seed=0)
+    record = RecordItems()
+    learner = bc_learner()
+    updates = []
+    learner.before_gradient_based_update = lambda *, timesteps: updates.append(dict(timesteps))
+    offline_trainer(tmp_path, callbacks=[record], limit_val_batches=0).fit(learner, datamodule=data)
+
+    assert record.timesteps == [6, 12]  # the position after each item's three minibatches
+    assert [len(obs) for obs in record.obs] == [2] * 6
+    assert learner.weights_seq_no == 6
+    assert [u[NUM_ENV_STEPS_SAMPLED_LIFETIME] for u in updates] == [6, 12]
 
 
 def _offline_fit_on_rank(rank: int, world_size: int, root: str) -> dict[str, Any]:
@@ -516,7 +536,7 @@ def test_an_env_the_dataset_cannot_name_must_be_given_for_evaluation(tmp_path):
 
 def test_an_evaluation_env_whose_spaces_are_not_the_datasets_is_refused(tmp_path):
     make_cartpole_dataset("cartpole/heuristic-v0", 1)
-    data = OfflineDataModule("cartpole/heuristic-v0", env="Pendulum-v1", batch_size=2, updates_per_epoch=2)
+    data = OfflineDataModule("cartpole/heuristic-v0", evaluation_env="Pendulum-v1", batch_size=2, updates_per_epoch=2)
     learner = bc_learner()
     with pytest.raises(ValueError, match=r"observation space Box\(.*\(4,\).*evaluation env 'Pendulum-v1'.*\(3,\)"):
         offline_trainer(tmp_path).fit(learner, datamodule=data)
@@ -532,7 +552,10 @@ def test_an_evaluation_env_whose_spaces_are_not_the_datasets_is_refused(tmp_path
         ({"evaluation_num_envs": 0}, "evaluation_num_envs must be an int >= 1"),
         ({"in_memory": "yes"}, "in_memory must be a bool"),
         ({"shuffle": None}, "shuffle must be a bool"),
-        ({"env": "NoSuchEnv-v9"}, "NoSuchEnv-v9"),
+        ({"evaluation_env": "NoSuchEnv-v9"}, "NoSuchEnv-v9"),
+        ({"evaluation_env_kwargs": [1]}, "evaluation_env_kwargs must be a dict"),
+        ({"iterations_per_update": 0}, "iterations_per_update must be an int >= 1"),
+        ({"evaluation_explore": 1}, "evaluation_explore must be a bool"),
     ],
 )
 def test_invalid_arguments_are_refused_at_construction(kwargs, message):

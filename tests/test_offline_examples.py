@@ -51,3 +51,20 @@ def test_an_offline_example_config_fits_from_the_command_line(config, tmp_path, 
     assert cli.datamodule.hparams.dataset_id == dataset_id
     assert cli.model.weights_seq_no == 3
     assert cli.trainer.callback_metrics["eval/num_episodes"] == 1
+
+
+def test_a_config_naming_the_offline_data_module_takes_none_of_the_default_data_modules_settings(capsys):
+    """Lightning's CLI keeps a replaced class's init_args that the new class also takes: none may carry over."""
+    import yaml
+
+    from lightning_rl.cli import main as cli_main
+    from lightning_rl.data import OfflineDataModule
+
+    with pytest.raises(SystemExit):
+        cli_main(["fit", "--config", str(EXAMPLES / "bc_cartpole.yaml"), "--print_config"])
+    printed = yaml.safe_load(capsys.readouterr().out)["data"]["init_args"]
+    defaults = {name: value for name, value in OfflineDataModule.__init__.__kwdefaults__.items()}
+    given = {"dataset_id", "batch_size", "updates_per_epoch", "evaluation_num_episodes"}
+    assert {name: value for name, value in printed.items() if name not in given} == {
+        name: value for name, value in defaults.items() if name not in given
+    }

@@ -1,20 +1,22 @@
 """``OfflineDataModule``: minibatches of a local Minari dataset for ``Trainer.fit``, evaluation in its env.
 
-Each train item is one minibatch of ``batch_size`` rows per rank, for one gradient step:
-``TrainItem(TrainingData(batch={module_id: {column: Tensor}}), timesteps={...},
-update_settings={"num_epochs": 1, "minibatch_size": None, "shuffle_batch_per_epoch": False})``.
+Each train item is an iterator of ``iterations_per_update`` minibatches (one by default) of
+``batch_size`` rows per rank, which the Learner trains on with ``update_from_iterator``, one
+gradient step per minibatch, as RLlib's offline path does:
+``TrainItem(TrainingData(data_iterators=[...]), timesteps={...}, update_settings={"minibatch_size": None})``.
 The rows come from one deterministic stream (``dataset_rows.RowStream``): pass after pass
 over the dataset, each pass shuffled by a generator seeded with ``(seed, pass)``. Under N
-data-parallel ranks, item ``k`` is the stretch ``[g, g + N * batch_size)`` of the stream
+data-parallel ranks, each minibatch is the stretch ``[g, g + N * batch_size)`` of the stream
 (``g`` the rows drawn before it) and rank ``r`` takes its ``r``-th ``batch_size`` rows: the
-ranks train on disjoint rows and yield the same number of items. The position ``g`` is the
+ranks train on disjoint rows and draw the same number of minibatches. The position ``g`` is the
 data module's state in checkpoints, so a resumed fit continues with the very rows the
 interrupted one would have drawn next (on any number of ranks), and it is the
 ``num_env_steps_sampled_lifetime`` that drives the Learner's schedules.
 
-Evaluation (``val_dataloader``) plays episodes (greedy unless ``evaluation_explore``) in the dataset's environment with the
-Learner's module, through the same ``EnvSampling`` as the environment data modules, so
-``eval/episode_return_mean``, ``EarlyStopping`` and ``ModelCheckpoint`` work as on-line.
+Evaluation (``val_dataloader``) plays episodes (greedy unless ``evaluation_explore``) in the
+dataset's environment with the Learner's module, through the same ``EnvSampling`` as the
+environment data modules, so ``eval/episode_return_mean``, ``EarlyStopping`` and
+``ModelCheckpoint`` work as on-line.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import torch
 from lightning.pytorch import LightningDataModule
 
 from lightning_rl.core.columns import DEFAULT_MODULE_ID, NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
@@ -46,8 +49,8 @@ from lightning_rl.env.env_factory import resolve_env
 IN_MEMORY_LIMIT_BYTES = 2 * 1024**3
 # Evaluation envs stepped together by default (fewer when a rank plays fewer episodes).
 _DEFAULT_EVALUATION_ENVS = 4
-# Every item trains one gradient step on exactly the rows it holds.
-_ONE_STEP_PER_ITEM = {"num_epochs": 1, "minibatch_size": None, "shuffle_batch_per_epoch": False}
+# Every minibatch drawn is one gradient step on exactly its rows (not split by the Learner's minibatch_size).
+_EVERY_MINIBATCH_ONE_STEP = {"minibatch_size": None}
 # Keys of ``state_dict``.
 _ROWS_DRAWN, _SEED, _NUM_ROWS = NUM_ENV_STEPS_SAMPLED_LIFETIME, "seed", "num_rows_per_pass"
 
@@ -60,19 +63,27 @@ class OfflineDataModule(LightningDataModule):
             (``"cartpole/ppo-expert-v0"``), under ``$MINARI_DATASETS_PATH`` (default
             ``~/.minari/datasets``). Nothing is downloaded.
         batch_size: Rows per gradient step on each rank.
-        updates_per_epoch: Train items (gradient steps) per Lightning epoch; validation,
+        updates_per_epoch: Train items (updates) per Lightning epoch; validation,
             checkpoints and epoch-level logging happen at epoch ends.
+        iterations_per_update: Minibatches per train item (RLlib's
+            ``dataset_num_iters_per_learner``): the Learner trains on an item with
+            ``update_from_iterator``, one gradient step per minibatch, and its hooks (target-network
+            updates, schedules) run once around the item. Keep 1 for algorithms whose target
+            networks move every step (CQL, IQL); more trims per-update overhead for BC and MARWIL.
         shuffle: Visit rows in a new random order every pass (seeded); without it rows come in
             the dataset's order, episode after episode.
         seed: Seeds the passes' orders and the evaluation envs. ``None`` draws one from numpy's
             global generator at setup (rank 0's, shared with the other ranks); it is saved in
             checkpoints, so a resumed fit continues the same stream.
         module_id: The Learner's module that trains on the rows and acts in evaluation.
-        env: The evaluation environment: a registered gymnasium id or the import path of an
-            env factory. ``None`` uses the id of the dataset's env spec, with the spec's
+        evaluation_env: The evaluation environment: a registered gymnasium id or the import path
+            of an env factory. ``None`` uses the id of the dataset's env spec, with the spec's
             keyword arguments, when that id is registered with gymnasium (the spec's entry
             point is never used).
-        env_kwargs: Keyword arguments for the evaluation env (over the spec's, with ``env=None``).
+        evaluation_env_kwargs: Keyword arguments for the evaluation env (over the spec's, with
+            ``evaluation_env=None``). These two are not named ``env`` and ``env_kwargs`` as in the
+            env data modules: this data module trains on no env, and Lightning's CLI would carry
+            the default data module's ``env`` over into a config that names this class.
         evaluation_num_episodes: Complete episodes per evaluation, over all ranks (each of N
             ranks plays ``ceil(evaluation_num_episodes / N)``).
         evaluation_num_envs: Evaluation envs stepped together; ``None`` for
@@ -91,7 +102,7 @@ class OfflineDataModule(LightningDataModule):
         ValueError: Naming the argument, for invalid values; for a dataset id that is not a
             local Minari dataset (listing the local ones) or a dataset that cannot be read;
             for observation or action spaces other than Box, Discrete, MultiDiscrete or
-            MultiBinary; and for an unknown ``env``.
+            MultiBinary; and for an unknown ``evaluation_env``.
         ImportError: If Minari is not installed, naming the extra that installs it.
     """
 
@@ -101,11 +112,12 @@ class OfflineDataModule(LightningDataModule):
         *,
         batch_size: int = 256,
         updates_per_epoch: int = 1000,
+        iterations_per_update: int = 1,
         shuffle: bool = True,
         seed: int | None = None,
         module_id: str = DEFAULT_MODULE_ID,
-        env: str | None = None,
-        env_kwargs: dict[str, Any] | None = None,
+        evaluation_env: str | None = None,
+        evaluation_env_kwargs: dict[str, Any] | None = None,
         evaluation_num_episodes: int = 10,
         evaluation_num_envs: int | None = None,
         evaluation_explore: bool = False,
@@ -119,6 +131,7 @@ class OfflineDataModule(LightningDataModule):
         for name, value in (
             ("batch_size", batch_size),
             ("updates_per_epoch", updates_per_epoch),
+            ("iterations_per_update", iterations_per_update),
             ("evaluation_num_episodes", evaluation_num_episodes),
             ("stream_window_rows", stream_window_rows),
         ):
@@ -134,18 +147,23 @@ class OfflineDataModule(LightningDataModule):
             raise ValueError(f"in_memory must be a bool or None, got {in_memory!r}")
         if not isinstance(module_id, str) or not module_id:
             raise ValueError(f"module_id must be a non-empty string, got {module_id!r}")
-        if env_kwargs is not None and not isinstance(env_kwargs, dict):
-            raise ValueError(f"env_kwargs must be a dict or None, got {type(env_kwargs).__name__}")
+        if evaluation_env_kwargs is not None and not isinstance(evaluation_env_kwargs, dict):
+            raise ValueError(
+                f"evaluation_env_kwargs must be a dict or None, got {type(evaluation_env_kwargs).__name__}"
+            )
+        env = evaluation_env
         if env is not None:
             if not isinstance(env, str):
-                raise ValueError(f"env must be a registered gymnasium id or an env factory's import path, got {env!r}")
+                raise ValueError(
+                    f"evaluation_env must be a registered gymnasium id or an env factory's import path, got {env!r}"
+                )
             resolve_env(env)  # an unknown id or factory path fails here, before anything runs
         self.save_hyperparameters()
         self._dataset = open_dataset(dataset_id)
         self._lengths = episode_lengths(self._dataset, dataset_id)
         check_row_space(self._dataset.observation_space, "observation", dataset_id)
         check_row_space(self._dataset.action_space, "action", dataset_id)
-        self._evaluation_env, self._evaluation_env_kwargs = self._resolve_evaluation_env(env, env_kwargs)
+        self._evaluation_env, self._evaluation_env_kwargs = self._resolve_evaluation_env(env, evaluation_env_kwargs)
         # The seed the stream uses: the argument's, or one drawn at setup (then saved in checkpoints).
         self._seed = seed
         self._rows_drawn = 0  # stream positions drawn, over all ranks
@@ -210,7 +228,7 @@ class OfflineDataModule(LightningDataModule):
             raise ValueError(
                 f"the Minari dataset {self.hparams.dataset_id!r} was recorded in env "
                 f"{None if spec is None else spec.id!r}, which is not a registered gymnasium id: pass the evaluation "
-                "env as OfflineDataModule(env=...), or fit without evaluation (Trainer(limit_val_batches=0))"
+                "env as OfflineDataModule(evaluation_env=...), or fit without evaluation (Trainer(limit_val_batches=0))"
             )
         hparams = self.hparams
         return EnvSampling(
@@ -276,7 +294,7 @@ class OfflineDataModule(LightningDataModule):
         or whose spaces are not the dataset's, fails before any training.
 
         Raises:
-            ValueError: If the dataset's env is not a registered gymnasium id and no ``env`` was
+            ValueError: If the dataset's env is not a registered gymnasium id and no ``evaluation_env`` was
                 given, or if the evaluation env's spaces do not fit the dataset's (naming both).
         """
         runner = self.sampling.eval_runner
@@ -288,7 +306,7 @@ class OfflineDataModule(LightningDataModule):
                 raise ValueError(
                     f"the Minari dataset {self.hparams.dataset_id!r} has {what} space {ours}, but its evaluation env "
                     f"{self._evaluation_env!r} has {what} space {theirs}: pass the env the dataset was recorded in "
-                    "(OfflineDataModule(env=...))"
+                    "(OfflineDataModule(evaluation_env=...))"
                 )
         return _Evaluation(self)
 
@@ -380,21 +398,34 @@ class OfflineDataModule(LightningDataModule):
         self._columns, self._gamma = required, gamma
 
     def next_train_item(self) -> TrainItem:
-        """Draw the next minibatch of this rank and move the stream position on by all ranks' rows.
+        """The next train item: an iterator of this rank's next ``iterations_per_update`` minibatches.
 
-        Every rank must call it the same number of times (they do: every rank yields
-        ``updates_per_epoch`` items per epoch).
+        The Learner trains on it with ``update_from_iterator`` (one gradient step per
+        minibatch drawn). The minibatches are drawn as the update iterates, each moving the
+        stream position on by all ranks' rows; the item's timesteps are the position after its
+        last minibatch. Every rank must call it the same number of times (they do: every rank
+        yields ``updates_per_epoch`` items per epoch).
         """
+        iterations = self.hparams.iterations_per_update
+        rows_per_iteration = self._placement()[1] * self.hparams.batch_size
+        return TrainItem(
+            TrainingData(data_iterators=[self._minibatches(iterations)]),
+            timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: self._rows_drawn + iterations * rows_per_iteration},
+            update_settings=dict(_EVERY_MINIBATCH_ONE_STEP),
+        )
+
+    def next_minibatch(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Draw this rank's next ``batch_size`` rows, ``{module_id: {column: Tensor}}``; move the position on by all ranks' rows."""
         rank, world_size = self._placement()
         batch_size = self.hparams.batch_size
         start = self._rows_drawn + rank * batch_size
         batch = self.stream.rows(start, start + batch_size)
         self._rows_drawn += world_size * batch_size
-        return TrainItem(
-            TrainingData(batch={self.hparams.module_id: batch}),
-            timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: self._rows_drawn},
-            update_settings=dict(_ONE_STEP_PER_ITEM),
-        )
+        return {self.hparams.module_id: batch}
+
+    def _minibatches(self, count: int) -> Iterator[dict[str, dict[str, torch.Tensor]]]:
+        for _ in range(count):
+            yield self.next_minibatch()
 
     def sample_eval_item(self) -> TrainItem:
         """Play this rank's share of the evaluation episodes with the current weights (greedy unless ``evaluation_explore``)."""
