@@ -353,7 +353,7 @@ class EnvDataModule(LightningDataModule, abc.ABC):
 
     def val_dataloader(self) -> Iterable[TrainItem]:
         """One evaluation item: this rank's share of ``evaluation_num_episodes`` complete episodes."""
-        return _Evaluation(self)
+        return EvaluationIterable(self)
 
     def teardown(self, stage: str) -> None:
         """Close the environments (they are rebuilt, with the counters kept, if the data module is used again)."""
@@ -456,10 +456,10 @@ class _Rollouts:
             yield item
 
 
-class _Evaluation:
-    """A one-item iterable: the evaluation episodes, played when it is iterated."""
+class EvaluationIterable:
+    """A one-item iterable: the data module's ``sample_eval_item()``, played when it is iterated (``val_dataloader``)."""
 
-    def __init__(self, datamodule: EnvDataModule) -> None:
+    def __init__(self, datamodule: Any) -> None:
         self.datamodule = datamodule
 
     def __len__(self) -> int:

@@ -41,7 +41,7 @@ from lightning_rl.data.dataset_rows import (
     episode_lengths,
     open_dataset,
 )
-from lightning_rl.data.env_datamodule import check_positive_int
+from lightning_rl.data.env_datamodule import EvaluationIterable, check_positive_int
 from lightning_rl.data.env_sampling import EVALUATION_SEED_OFFSET, EnvSampling
 from lightning_rl.env.env_factory import resolve_env
 
@@ -298,17 +298,13 @@ class OfflineDataModule(LightningDataModule):
                 given, or if the evaluation env's spaces do not fit the dataset's (naming both).
         """
         runner = self.sampling.eval_runner
-        for what, ours, theirs in (
-            ("observation", self.observation_space, runner.observation_space),
-            ("action", self.action_space, runner.action_space),
-        ):
-            if not _spaces_fit(ours, theirs, bounds_matter=what == "action"):
-                raise ValueError(
-                    f"the Minari dataset {self.hparams.dataset_id!r} has {what} space {ours}, but its evaluation env "
-                    f"{self._evaluation_env!r} has {what} space {theirs}: pass the env the dataset was recorded in "
-                    "(OfflineDataModule(evaluation_env=...))"
-                )
-        return _Evaluation(self)
+        self._check_fits_spaces(
+            runner.observation_space,
+            runner.action_space,
+            f"its evaluation env {self._evaluation_env!r}",
+            "pass the env the dataset was recorded in (OfflineDataModule(evaluation_env=...))",
+        )
+        return EvaluationIterable(self)
 
     def teardown(self, stage: str) -> None:
         """Close the evaluation envs (rebuilt if the data module is used again)."""
@@ -362,16 +358,12 @@ class OfflineDataModule(LightningDataModule):
         module_id = self.hparams.module_id
         check_learner_has_module(learner, module_id, "to train on the dataset")
         module = learner.module[module_id]
-        for what, ours, theirs in (
-            ("observation", self.observation_space, module.observation_space),
-            ("action", self.action_space, module.action_space),
-        ):
-            if not _spaces_fit(ours, theirs, bounds_matter=what == "action"):
-                raise ValueError(
-                    f"the Minari dataset {self.hparams.dataset_id!r} has {what} space {ours}, but the Learner's "
-                    f"module {module_id!r} has {what} space {theirs}: train a module built for the dataset's "
-                    "spaces (leave the spaces out of the module spec to take the dataset's)"
-                )
+        self._check_fits_spaces(
+            module.observation_space,
+            module.action_space,
+            f"the Learner's module {module_id!r}",
+            "train a module built for the dataset's spaces (leave the spaces out of the module spec to take the dataset's)",
+        )
         n_step = learner.hparams.get("n_step")
         if n_step is not None and n_step != 1:
             raise ValueError(
@@ -437,6 +429,20 @@ class OfflineDataModule(LightningDataModule):
     # Helpers
     # ------------------------------------------------------------------------------------
 
+    def _check_fits_spaces(
+        self, observation_space: gym.Space, action_space: gym.Space, whose: str, remedy: str
+    ) -> None:
+        """Raise unless ``whose`` spaces take the dataset's values (``_spaces_fit``), naming both spaces and the remedy."""
+        for what, ours, theirs in (
+            ("observation", self.observation_space, observation_space),
+            ("action", self.action_space, action_space),
+        ):
+            if not _spaces_fit(ours, theirs, bounds_matter=what == "action"):
+                raise ValueError(
+                    f"the Minari dataset {self.hparams.dataset_id!r} has {what} space {ours}, but {whose} has {what} "
+                    f"space {theirs}: {remedy}"
+                )
+
     def _resolved_seed(self) -> int:
         if self._seed is None:  # the evaluation runner built before setup (reading its spaces early)
             self._seed = int(np.random.randint(0, 2**31 - 1 - EVALUATION_SEED_OFFSET))
@@ -486,19 +492,6 @@ class _Minibatches:
             yield self.datamodule.next_train_item()
 
 
-class _Evaluation:
-    """A one-item iterable: the evaluation episodes, played when it is iterated."""
-
-    def __init__(self, datamodule: OfflineDataModule) -> None:
-        self.datamodule = datamodule
-
-    def __len__(self) -> int:
-        return 1
-
-    def __iter__(self) -> Iterator[TrainItem]:
-        yield self.datamodule.sample_eval_item()
-
-
 def _spaces_fit(dataset_space: gym.Space, module_space: gym.Space | None, *, bounds_matter: bool) -> bool:
     """Whether a module built for ``module_space`` takes values of ``dataset_space``: same kind and shape.
 
@@ -515,7 +508,9 @@ def _spaces_fit(dataset_space: gym.Space, module_space: gym.Space | None, *, bou
     if dataset_space.shape != module_space.shape:
         return False
     if bounds_matter and isinstance(dataset_space, gym.spaces.Box) and module_space.is_bounded("both"):
-        return np.array_equal(dataset_space.low, module_space.low) and np.array_equal(dataset_space.high, module_space.high)
+        return np.array_equal(dataset_space.low, module_space.low) and np.array_equal(
+            dataset_space.high, module_space.high
+        )
     return True
 
 
@@ -527,5 +522,3 @@ def _bytes_per_row(observation_space: gym.Space, action_space: gym.Space) -> int
         return int(np.prod(space.shape or (1,))) * itemsize
 
     return size(observation_space) + size(action_space) + 4 + 2 + 8 + 4
-
-
