@@ -40,6 +40,22 @@ def weights(learner: Any, module_id: str = "default_policy") -> dict[str, torch.
     return {name: value.detach().clone() for name, value in learner.module[module_id].state_dict().items()}
 
 
+def assert_same(actual: Any, expected: Any, where: str = "") -> None:
+    """Equal nested dicts/lists of tensors (bit for bit) and plain values; the error names the key."""
+    if isinstance(expected, dict):
+        assert isinstance(actual, dict) and actual.keys() == expected.keys(), f"{where}: keys differ"
+        for key in expected:
+            assert_same(actual[key], expected[key], f"{where}/{key}")
+    elif isinstance(expected, (list, tuple)):
+        assert isinstance(actual, (list, tuple)) and len(actual) == len(expected), f"{where}: lengths differ"
+        for index, (a, e) in enumerate(zip(actual, expected)):
+            assert_same(a, e, f"{where}[{index}]")
+    elif isinstance(expected, torch.Tensor):
+        assert isinstance(actual, torch.Tensor) and torch.equal(actual, expected), f"{where}: tensors differ"
+    else:
+        assert actual == expected, f"{where}: {actual!r} != {expected!r}"
+
+
 def assert_same_tensors(a: dict, b: dict) -> None:
     assert a.keys() == b.keys()
     for key in a:

@@ -11,7 +11,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import loader_of, make_trainer
+from conftest import assert_same, loader_of, make_trainer
 from torch.distributions import Independent, Normal
 
 from lightning_rl import Columns, Policy, RLModuleSpec, TrainingData, TrainItem
@@ -341,21 +341,6 @@ def training_state(learner: IQLLearner) -> dict[str, Any]:
         "optimizers": {name: copy.deepcopy(learner.get_optimizer(MODULE_ID, name).state_dict()) for name in OPTIMIZERS},
         "weights_seq_no": learner.weights_seq_no,
     }
-
-
-def assert_same(a: Any, b: Any) -> None:
-    if isinstance(a, dict):
-        assert a.keys() == b.keys()
-        for key in a:
-            assert_same(a[key], b[key])
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b):
-            assert_same(x, y)
-    elif isinstance(a, torch.Tensor):
-        assert torch.equal(a, b)
-    else:
-        assert a == b
 
 
 def test_a_fit_over_dataset_items_checkpoints_targets_and_all_three_optimizers(tmp_path: Path):

@@ -11,7 +11,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import make_trainer
+from conftest import assert_same, make_trainer
 from lightning.pytorch import Callback, Trainer, seed_everything
 from torch.distributions import Independent, Normal, TanhTransform, TransformedDistribution
 
@@ -370,21 +370,6 @@ class StateAtTrainStart(Callback):
 
     def on_train_start(self, trainer: Trainer, pl_module: Any) -> None:
         self.state = training_state(pl_module)
-
-
-def assert_same(a: Any, b: Any) -> None:
-    if isinstance(a, dict):
-        assert a.keys() == b.keys()
-        for key in a:
-            assert_same(a[key], b[key])
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b):
-            assert_same(x, y)
-    elif isinstance(a, torch.Tensor):
-        assert torch.equal(a, b)
-    else:
-        assert a == b
 
 
 def test_a_checkpoint_restores_target_critics_log_alpha_and_all_three_optimizer_states(tmp_path: Path):

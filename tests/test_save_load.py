@@ -29,7 +29,7 @@ import pytest
 import torch
 import yaml
 from _algorithms import ITEM_ENV_STEPS, ROWS, AlgorithmRow, item_seed, update_standalone
-from conftest import loader_of, make_trainer
+from conftest import assert_same, loader_of, make_trainer
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -71,22 +71,6 @@ def learner_state(learner: Learner) -> dict[str, Any]:
         },
         "weights_seq_no": learner.weights_seq_no,
     }
-
-
-def assert_same(actual: Any, expected: Any, where: str = "") -> None:
-    """Equal nested dicts/lists of tensors (bit for bit) and plain values; the error names the key."""
-    if isinstance(expected, dict):
-        assert isinstance(actual, dict) and actual.keys() == expected.keys(), f"{where}: keys differ"
-        for key in expected:
-            assert_same(actual[key], expected[key], f"{where}/{key}")
-    elif isinstance(expected, (list, tuple)):
-        assert isinstance(actual, (list, tuple)) and len(actual) == len(expected), f"{where}: lengths differ"
-        for index, (a, e) in enumerate(zip(actual, expected)):
-            assert_same(a, e, f"{where}[{index}]")
-    elif isinstance(expected, torch.Tensor):
-        assert isinstance(actual, torch.Tensor) and torch.equal(actual, expected), f"{where}: tensors differ"
-    else:
-        assert actual == expected, f"{where}: {actual!r} != {expected!r}"
 
 
 def assert_same_learner(actual: Learner, expected: Learner) -> None:
