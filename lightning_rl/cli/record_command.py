@@ -151,7 +151,7 @@ def _record(args: argparse.Namespace) -> None:
     torch.manual_seed(first_seed)
     sources = _episode_sources(policies, args, num_random, num_policy, spaces[1], first_seed)
     played = _play(sources, source, first_seed, args.num_envs)
-    _report(source, spaces, sources, played, first_seed, args)
+    _write_and_report(source, spaces, sources, played, first_seed, args)
 
 
 def _env_source(args: argparse.Namespace, contents: Sequence[dict]) -> EnvSource:
@@ -211,7 +211,7 @@ def _play(
     return played
 
 
-def _report(
+def _write_and_report(
     source: EnvSource,
     spaces: tuple[gym.Space, gym.Space],
     sources: Sequence[EpisodeSource],
@@ -219,6 +219,7 @@ def _report(
     first_seed: int,
     args: argparse.Namespace,
 ) -> None:
+    """Print what was played per source, write the episodes as the dataset, and say where."""
     last_seed = first_seed + args.num_episodes - 1
     tell(f"{source.env} (env from {source.origin}): {args.num_episodes} episodes, seeds {first_seed}..{last_seed}")
     if args.seed is None and source.base_seed is None:
