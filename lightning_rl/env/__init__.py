@@ -3,11 +3,15 @@
 from lightning_rl.env.env_errors import EnvFaultError, NonFiniteEnvError, SampleTimeoutError, SubEnvError
 from lightning_rl.env.env_runner import EnvRunner
 from lightning_rl.env.episode import SingleAgentEpisode
+from lightning_rl.env.opponents import OPPONENTS, ConnectFourHeuristicModule, RandomLegalModule
 
 __all__ = [
+    "OPPONENTS",
+    "ConnectFourHeuristicModule",
     "EnvFaultError",
     "EnvRunner",
     "NonFiniteEnvError",
+    "RandomLegalModule",
     "SampleTimeoutError",
     "SingleAgentEpisode",
     "SubEnvError",
