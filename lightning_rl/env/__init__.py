@@ -3,6 +3,7 @@
 from lightning_rl.env.env_errors import EnvFaultError, NonFiniteEnvError, SampleTimeoutError, SubEnvError
 from lightning_rl.env.env_runner import EnvRunner
 from lightning_rl.env.episode import SingleAgentEpisode
+from lightning_rl.env.multi_agent_episode import MultiAgentEpisode
 from lightning_rl.env.opponents import OPPONENTS, ConnectFourHeuristicModule, RandomLegalModule
 
 __all__ = [
@@ -10,6 +11,7 @@ __all__ = [
     "ConnectFourHeuristicModule",
     "EnvFaultError",
     "EnvRunner",
+    "MultiAgentEpisode",
     "NonFiniteEnvError",
     "RandomLegalModule",
     "SampleTimeoutError",
