@@ -24,13 +24,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lightning_rl.core.action_masks import ACTION_MASK, observation_part
 from lightning_rl.core.columns import Columns
 from lightning_rl.core.module_checks import ModelConfigKey
 from lightning_rl.core.rl_modules import RLModule
-
-# PettingZoo's key of the legal-action mask in a masked Dict observation (and the batch column).
-_ACTION_MASK = "action_mask"
-_OBSERVATION = "observation"
 
 _ROWS, _COLUMNS = 6, 7
 # One kernel per direction a line of four can run in; a board convolved with one of them
@@ -45,13 +42,6 @@ _LINE_KERNELS = (
 
 def _is_seed(value: Any) -> bool:
     return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
-
-
-def _observation_shape(space: gym.Space) -> tuple[int, ...] | None:
-    """The shape of the observation part of ``space`` (the ``observation`` entry of a masked Dict)."""
-    if isinstance(space, gym.spaces.Dict) and set(space.spaces) == {_ACTION_MASK, _OBSERVATION}:
-        space = space[_OBSERVATION]
-    return space.shape
 
 
 class _FixedOpponent(RLModule):
@@ -103,17 +93,17 @@ class _FixedOpponent(RLModule):
             ValueError: For a mask of the wrong shape, or a row that allows no action.
         """
         rows, n = obs.shape[0], int(self.action_space.n)
-        mask = batch.get(_ACTION_MASK)
+        mask = batch.get(ACTION_MASK)
         if mask is None:
             return torch.ones(rows, n, dtype=torch.bool, device=obs.device)
         if tuple(mask.shape) != (rows, n):
             raise ValueError(
-                f"{type(self).__name__}: the batch's {_ACTION_MASK!r} has shape {tuple(mask.shape)}, expected "
+                f"{type(self).__name__}: the batch's {ACTION_MASK!r} has shape {tuple(mask.shape)}, expected "
                 f"({rows}, {n}) (one row per observation, one value per action)"
             )
         legal = mask.to(device=obs.device).bool()
         if not bool(legal.any(dim=1).all()):
-            raise ValueError(f"{type(self).__name__}: a row of the batch's {_ACTION_MASK!r} allows no action")
+            raise ValueError(f"{type(self).__name__}: a row of the batch's {ACTION_MASK!r} allows no action")
         return legal
 
     def _uniform_choice(self, candidates: Tensor) -> Tensor:
@@ -156,7 +146,7 @@ class ConnectFourHeuristicModule(_FixedOpponent):
 
     def setup(self) -> None:
         super().setup()
-        shape = _observation_shape(self.observation_space)
+        shape = observation_part(self.observation_space).shape
         if tuple(shape or ()) != (_ROWS, _COLUMNS, 2) or self.action_space.n != _COLUMNS:
             raise ValueError(
                 f"ConnectFourHeuristicModule reads PettingZoo's connect_four board: an observation of shape "
