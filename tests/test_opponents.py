@@ -1,4 +1,4 @@
-"""The fixed opponents on PettingZoo's real connect_four: legal moves only, wins taken, threats blocked, random beaten."""
+"""The fixed opponents on PettingZoo's real connect_four: legal moves only, wins taken, threats blocked."""
 
 from __future__ import annotations
 

@@ -262,11 +262,20 @@ def test_a_main_that_draws_or_loses_does_not_grow_the_league(tmp_path: Path, mai
     assert league.last_win_rate == 0.0 and trainer.callback_metrics["league/win_rate"].item() == 0.0
 
 
-def test_past_the_cap_the_oldest_snapshot_leaves_the_league_and_the_learner(tmp_path: Path):
+def test_past_the_cap_the_oldest_snapshot_leaves_the_league_at_once_and_the_learner_at_the_next_update(tmp_path: Path):
     league = SelfPlayLeague(evaluate_every_n_rollouts=1, evaluation_num_episodes=2, max_league_size=2)
-    learner, trainer = _fit(tmp_path, league, LeagueData(num_items=4))
+    data = LeagueData(num_items=4)
+    learner, trainer = _fit(tmp_path, league, data)
     assert league.league == ["main_v2", "main_v3"] and league.snapshots_added == 4
-    assert list(learner.module.keys()) == [MAIN, "main_v2", "main_v3"]
+    # main_v1 left the league at the last update: no new episode meets it, running ones still may.
+    assert league.retired == ["main_v1"]
+    assert list(learner.module.keys()) == [MAIN, "main_v1", "main_v2", "main_v3"]
+    assert data.matches[-2:] == [("main_v1", 1, True), ("main_v2", 1, True)]
+    assert {data.policy_mapping_fn(agent, MultiAgentEpisode(f"e{k}")) for k in range(50) for agent in AGENTS} == {
+        MAIN,
+        "main_v2",
+        "main_v3",
+    }
     assert trainer.callback_metrics["league/size"].item() == 2
 
 
@@ -293,15 +302,27 @@ def test_a_resumed_fit_continues_the_league_exactly(tmp_path: Path):
 
     assert resumed_league.state_dict() == uninterrupted_league.state_dict()
     assert resumed_league.league == ["main_v2", "main_v3"] and resumed_league.rollouts == 12
+    assert resumed_league.retired == ["main_v1"] and list(resumed.module.keys()) == [
+        MAIN,
+        "main_v1",
+        "main_v2",
+        "main_v3",
+    ]
     assert_same(resumed.get_module_state(), uninterrupted.get_module_state())
 
 
 def test_the_league_state_round_trips_and_a_malformed_one_is_refused():
     league = SelfPlayLeague()
-    state = {"league": ["main_v3", "main_v4"], "snapshots_added": 5, "rollouts": 50, "last_win_rate": 0.7}
+    state = {
+        "league": ["main_v3", "main_v4"],
+        "retired": ["main_v2"],
+        "snapshots_added": 5,
+        "rollouts": 50,
+        "last_win_rate": 0.7,
+    }
     league.load_state_dict(state)
     assert league.state_dict() == state and league.league == ["main_v3", "main_v4"]
-    with pytest.raises(ValueError, match="league \\(list of module ids\\)"):
+    with pytest.raises(ValueError, match="league and retired \\(lists of module ids\\)"):
         league.load_state_dict({**state, "league": "main_v3"})
 
 

@@ -8,7 +8,9 @@ Training episodes seat the main module against an opponent drawn per episode: ma
 snapshot. Every ``evaluate_every_n_rollouts`` train items, main plays the league; once its
 win rate reaches ``win_rate_threshold``, a frozen copy of main joins the league
 (``Learner.add_module``, not in ``policies_to_train``), and past ``max_league_size`` the
-oldest snapshot leaves it (``Learner.remove_module``). The league is part of the checkpoint:
+oldest snapshot leaves it. A snapshot that left the league stays in the Learner until the
+next evaluation (then ``Learner.remove_module``): training episodes begun against it may
+still be running, and their agents keep their modules to the end. The league is part of the checkpoint:
 a resumed fit goes on with the same snapshots (the Learner's checkpoint rebuilds their
 modules), the same count of rollouts and the same snapshot numbering.
 """
@@ -47,7 +49,8 @@ class SelfPlayLeague(Callback):
             possible over the league's members, main in each seat in turn.
         win_rate_threshold: The win rate (over all ranks' evaluation episodes; draws are not
             wins) at which main is added to the league.
-        max_league_size: The most snapshots the league holds; the oldest leaves past it.
+        max_league_size: The most snapshots the league holds; the oldest leaves past it (and the
+            Learner at the next evaluation).
         main_probability: The chance that a training episode's opponent is the current main
             itself rather than a league snapshot.
         snapshot_prefix: Snapshot ``n`` (counting from 0 over the whole fit) gets the module
@@ -103,6 +106,8 @@ class SelfPlayLeague(Callback):
         self.evaluation_explore = evaluation_explore
         #: The snapshots' module ids, oldest first.
         self.league: list[ModuleID] = []
+        #: Snapshots that left the league but not yet the Learner (see the module's docstring).
+        self.retired: list[ModuleID] = []
         #: Snapshots added over the whole fit (removed ones included): the next one's number.
         self.snapshots_added = 0
         #: Train items seen over the whole fit.
@@ -149,12 +154,13 @@ class SelfPlayLeague(Callback):
         datamodule.set_policy_mapping_fn(self.policy_mapping_fn)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """Check that the Learner holds every league member (after any checkpoint was restored).
+        """Check that the Learner holds every snapshot (after any checkpoint was restored).
 
         Raises:
-            ValueError: Naming the members the Learner lacks.
+            ValueError: Naming the snapshots the Learner lacks.
         """
-        missing = [module_id for module_id in self.league if module_id not in _learner(pl_module).module]
+        held = _learner(pl_module).module
+        missing = [module_id for module_id in self.league + self.retired if module_id not in held]
         if missing:
             raise ValueError(
                 f"SelfPlayLeague's league {self.league} was restored, but the Learner lacks {missing}; "
@@ -174,9 +180,10 @@ class SelfPlayLeague(Callback):
             self._log(pl_module, batch, self.update_league(trainer, _learner(pl_module)))
 
     def state_dict(self) -> dict[str, Any]:
-        """The league, counters and last win rate, as plain data."""
+        """The league, the retired snapshots, the counters and the last win rate, as plain data."""
         return {
             "league": list(self.league),
+            "retired": list(self.retired),
             "snapshots_added": self.snapshots_added,
             "rollouts": self.rollouts,
             "last_win_rate": self.last_win_rate,
@@ -188,24 +195,25 @@ class SelfPlayLeague(Callback):
         Raises:
             ValueError: For a state without those entries or with values of the wrong kind.
         """
-        league, added, rollouts = (
-            state_dict.get("league"),
+        league, retired = state_dict.get("league"), state_dict.get("retired")
+        added, rollouts, last = (
             state_dict.get("snapshots_added"),
             state_dict.get("rollouts"),
+            state_dict.get("last_win_rate"),
         )
-        last = state_dict.get("last_win_rate")
         if (
-            not isinstance(league, list)
-            or not all(isinstance(module_id, str) for module_id in league)
+            not _is_module_id_list(league)
+            or not _is_module_id_list(retired)
             or not _is_int(added)
             or not _is_int(rollouts)
             or not (last is None or isinstance(last, float))
         ):
             raise ValueError(
-                "SelfPlayLeague: a checkpoint's state must hold league (list of module ids), snapshots_added and "
-                f"rollouts (ints) and last_win_rate (float or None), got {dict(state_dict)!r}"
+                "SelfPlayLeague: a checkpoint's state must hold league and retired (lists of module ids), "
+                f"snapshots_added and rollouts (ints) and last_win_rate (float or None), got {dict(state_dict)!r}"
             )
-        self.league, self.snapshots_added, self.rollouts, self.last_win_rate = list(league), added, rollouts, last
+        self.league, self.retired = list(league), list(retired)
+        self.snapshots_added, self.rollouts, self.last_win_rate = added, rollouts, last
 
     # ------------------------------------------------------------------------------------
     # The league
@@ -232,7 +240,7 @@ class SelfPlayLeague(Callback):
         return self.league[rng.randrange(len(self.league))]
 
     def update_league(self, trainer: Trainer, learner: Learner) -> float | None:
-        """Evaluate main against the league and add a snapshot of it if it wins often enough.
+        """Drop retired snapshots from the Learner, evaluate main against the league, snapshot main if it wins enough.
 
         An empty league has nothing to measure main against (against itself it wins half of
         the decided games at best), so the first evaluation adds main's first snapshot at once.
@@ -241,6 +249,8 @@ class SelfPlayLeague(Callback):
         Returns:
             Main's win rate against the league, ``None`` when the league was empty.
         """
+        while self.retired:
+            learner.remove_module(self.retired.pop(0))
         if not self.league:
             self._add_snapshot(learner)
             return None
@@ -268,7 +278,7 @@ class SelfPlayLeague(Callback):
         return float(trainer.strategy.reduce(local, reduce_op="mean"))
 
     def _add_snapshot(self, learner: Learner) -> None:
-        """Add a frozen copy of main to the league; remove the oldest snapshot past the cap."""
+        """Add a frozen copy of main to the league; retire the oldest snapshot past the cap."""
         module_id = f"{self.snapshot_prefix}{self.snapshots_added}"
         # The modules trained now stay trained; the snapshot, not among them, is frozen.
         trained = [m for m in learner.module.keys() if learner.should_module_be_updated(m)]
@@ -281,7 +291,7 @@ class SelfPlayLeague(Callback):
         self.league.append(module_id)
         self.snapshots_added += 1
         while len(self.league) > self.max_league_size:
-            learner.remove_module(self.league.pop(0))
+            self.retired.append(self.league.pop(0))
 
     def _log(self, learner: LightningModule, train_item: Any, league_win_rate: float | None) -> None:
         """Log the league's scalars at the train epoch's end, at the env-step count.
@@ -313,6 +323,10 @@ def _learner(pl_module: LightningModule) -> Learner:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_module_id_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(module_id, str) for module_id in value)
 
 
 def _split(total: int, parts: int) -> list[int]:
