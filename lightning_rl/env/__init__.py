@@ -4,6 +4,7 @@ from lightning_rl.env.env_errors import EnvFaultError, NonFiniteEnvError, Sample
 from lightning_rl.env.env_runner import EnvRunner
 from lightning_rl.env.episode import SingleAgentEpisode
 from lightning_rl.env.multi_agent_episode import MultiAgentEpisode
+from lightning_rl.env.multi_agent_runner import MultiAgentEnvRunner
 from lightning_rl.env.opponents import OPPONENTS, ConnectFourHeuristicModule, RandomLegalModule
 
 __all__ = [
@@ -11,6 +12,7 @@ __all__ = [
     "ConnectFourHeuristicModule",
     "EnvFaultError",
     "EnvRunner",
+    "MultiAgentEnvRunner",
     "MultiAgentEpisode",
     "NonFiniteEnvError",
     "RandomLegalModule",
