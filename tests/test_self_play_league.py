@@ -406,6 +406,10 @@ def test_fit_stops_at_the_start_without_the_main_module_or_a_multi_agent_data_mo
         ({"win_rate_threshold": 1.5}, "win_rate_threshold must be a number in \\[0, 1\\]"),
         ({"main_probability": -0.1}, "main_probability must be a number in \\[0, 1\\]"),
         ({"snapshot_prefix": "main.v"}, "must not contain '.'"),
+        ({"snapshot_prefix": ""}, "snapshot_prefix must be a non-empty str"),
+        ({"main_module_id": "v0", "snapshot_prefix": "v"}, "does not make main's id"),
+        ({"seed": 1.5}, "seed must be an int"),
+        ({"evaluation_explore": "yes"}, "evaluation_explore must be True or False"),
         ({"main_module_id": ""}, "non-empty"),
     ],
 )
