@@ -505,7 +505,7 @@ class Learner(
         than overriding this.
         """
         self._check_is_built()
-        modules_to_train = {module_id for module_id in self._module.keys() if self.should_module_be_updated(module_id)}
+        modules_to_train = {mid for mid in self._module.keys() if self.should_module_be_updated(mid)}
         # Pieces may run the modules (GAE's value predictions): sharded ones are gathered whole meanwhile.
         with gathered(self._module):
             return self._learner_connector(

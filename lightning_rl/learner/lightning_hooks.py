@@ -383,7 +383,8 @@ def specs_for_module_spaces(
         raise ValueError("the data module's module_spaces is empty: its policy mapping sends no agent to any module")
     specs = spec.rl_module_specs
     template = specs.get(DEFAULT_MODULE_ID)
-    if len(specs) == 1 and template is not None and template.observation_space is None and template.action_space is None:
+    has_no_spaces = template is not None and template.observation_space is None and template.action_space is None
+    if len(specs) == 1 and has_no_spaces:
         return MultiRLModuleSpec(
             {
                 module_id: dataclasses.replace(template, observation_space=obs_space, action_space=act_space)
