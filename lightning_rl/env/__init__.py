@@ -3,10 +3,12 @@
 from lightning_rl.env.env_errors import EnvFaultError, NonFiniteEnvError, SampleTimeoutError, SubEnvError
 from lightning_rl.env.env_runner import EnvRunner
 from lightning_rl.env.episode import SingleAgentEpisode
+from lightning_rl.env.multi_agent_episode import MultiAgentEpisode
 
 __all__ = [
     "EnvFaultError",
     "EnvRunner",
+    "MultiAgentEpisode",
     "NonFiniteEnvError",
     "SampleTimeoutError",
     "SingleAgentEpisode",
