@@ -365,6 +365,25 @@ def test_agents_with_different_spaces_cannot_share_a_module() -> None:
     }
 
 
+class MixedSpaces(JoinLeave):
+    def observation_space(self, agent: str) -> gym.Space:
+        return OBS if agent == "a" else gym.spaces.Box(0, 1, (3,), np.float32)
+
+
+class TupleSpaces(JoinLeave):
+    def observation_space(self, agent: str) -> gym.Space:
+        return gym.spaces.Tuple((OBS, OBS))
+
+
+def test_a_runner_refuses_spaces_it_cannot_batch_or_share_before_sampling() -> None:
+    with pytest.raises(ValueError, match="'a' and 'b' both map to module 'default_policy'"):
+        MultiAgentEnvRunner(MixedSpaces, num_envs=2)
+    with MultiAgentEnvRunner(MixedSpaces, policy_mapping_fn="per_agent") as runner:
+        assert runner.module_spaces()["b"][0].shape == (3,)
+    with pytest.raises(ValueError, match="agent 'a' has the observation space Tuple"):
+        MultiAgentEnvRunner(TupleSpaces)
+
+
 def test_evaluation_episodes_use_the_mapping_override_and_leave_training_counters_alone() -> None:
     modules = MultiRLModule({name: Fixed(OBS, gym.spaces.Discrete(3), [0.0, 0.0, 0.0]) for name in ("main", "rival")})
     with MultiAgentEnvRunner(TurnGame, num_envs=2, seed=0) as runner:

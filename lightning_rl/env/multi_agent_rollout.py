@@ -46,8 +46,38 @@ class EpisodeRecord:
     agent_modules: dict[AgentID, ModuleID]
 
 
+# The spaces whose values stack into one array per step.
+_ARRAY_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
+
+
 def _is_masked_space(space: gym.Space) -> bool:
     return isinstance(space, gym.spaces.Dict) and set(space.spaces) == _MASKED_KEYS
+
+
+def check_agent_spaces(agent: AgentID, observation_space: gym.Space, action_space: gym.Space) -> None:
+    """Refuse spaces the runner cannot stack into batches.
+
+    Args:
+        agent: The agent, for the message.
+        observation_space: An array space, or PettingZoo's action-mask Dict around one with a
+            ``Discrete`` action space.
+        action_space: An array space.
+
+    Raises:
+        ValueError: Naming the agent and the space.
+    """
+    observed = observation_space.spaces["observation"] if _is_masked_space(observation_space) else observation_space
+    if not isinstance(observed, _ARRAY_SPACES):
+        raise ValueError(
+            f"agent {agent!r} has the observation space {observation_space}; expected an array space (Box, Discrete, "
+            "MultiDiscrete, MultiBinary) or a Dict of exactly 'observation' (an array space) and 'action_mask'"
+        )
+    if not isinstance(action_space, _ARRAY_SPACES):
+        raise ValueError(f"agent {agent!r} has the action space {action_space}; expected an array space")
+    if _is_masked_space(observation_space) and not isinstance(action_space, gym.spaces.Discrete):
+        raise ValueError(
+            f"agent {agent!r} has an action mask with the action space {action_space}; masks need a Discrete one"
+        )
 
 
 class EnvCopy:

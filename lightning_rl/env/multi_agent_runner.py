@@ -20,7 +20,7 @@ import numpy as np
 
 from lightning_rl.core.rl_modules import RLModule
 from lightning_rl.env.multi_agent_episode import AgentID, ModuleID, MultiAgentEpisode
-from lightning_rl.env.multi_agent_rollout import EnvCopy, EpisodeRecord, step_copies
+from lightning_rl.env.multi_agent_rollout import EnvCopy, EpisodeRecord, check_agent_spaces, step_copies
 from lightning_rl.env.pettingzoo_env import PettingZooEnvCreator, make_pettingzoo_env
 from lightning_rl.env.policy_mapping import PolicyMappingFn, module_spaces, resolve_policy_mapping_fn
 
@@ -63,7 +63,8 @@ class MultiAgentEnvRunner:
     Raises:
         ValueError: Naming the argument, for ``num_envs`` or ``episode_stats_window`` below 1, a
             seed that is not an int, an unknown mapping name, an env path that does not resolve,
-            or an env whose agents' spaces clash on one module.
+            an agent space that is not an array space (or an action-mask Dict around one), or
+            agents whose spaces clash on one module.
         ImportError: If PettingZoo is not installed.
     """
 
@@ -88,14 +89,11 @@ class MultiAgentEnvRunner:
         try:
             for _ in range(self.num_envs):
                 self._copies.append(EnvCopy(make_pettingzoo_env(env, env_kwargs), self.policy_mapping_fn))
+                if len(self._copies) == 1:
+                    self._read_spaces(self._copies[0].env)  # fail before building the other copies
         except BaseException:
             self.close()
             raise
-        first = self._copies[0].env
-        self.possible_agents: list[AgentID] = list(first.possible_agents)
-        self._observation_spaces = {agent: first.observation_space(agent) for agent in self.possible_agents}
-        self._action_spaces = {agent: first.action_space(agent) for agent in self.possible_agents}
-        self.module_spaces()  # clashing spaces on one module fail here, before any sampling
 
         self._needs_reset = True
         self._num_full_resets = 0
@@ -111,6 +109,14 @@ class MultiAgentEnvRunner:
     # ------------------------------------------------------------------------------------
     # Agents, spaces and the mapping
     # ------------------------------------------------------------------------------------
+
+    def _read_spaces(self, env: Any) -> None:
+        self.possible_agents: list[AgentID] = list(env.possible_agents)
+        self._observation_spaces = {agent: env.observation_space(agent) for agent in self.possible_agents}
+        self._action_spaces = {agent: env.action_space(agent) for agent in self.possible_agents}
+        for agent in self.possible_agents:
+            check_agent_spaces(agent, self._observation_spaces[agent], self._action_spaces[agent])
+        self.module_spaces()  # clashing spaces on one module fail here, before any sampling
 
     def observation_space(self, agent_id: AgentID) -> gym.Space:
         """Return the observation space of ``agent_id`` (PettingZoo's, a masked Dict included)."""
