@@ -450,6 +450,10 @@ def test_pettingzoo_env_paths_resolve_or_fail_naming_the_path() -> None:
         check_pettingzoo_env_name("gymnasium.spaces")
     with pytest.raises(ValueError, match="import path"):
         check_pettingzoo_env_name("CartPole-v1")
+    with pytest.raises(ValueError, match="did you mean \\['classic/connect_four-v3'"):
+        check_pettingzoo_env_name("classic/connect_fuor-v3")
+    registered = make_pettingzoo_env("classic/connect_four-v3")
+    assert type(registered.unwrapped).__name__ == "raw_env" and registered.possible_agents == ["player_0", "player_1"]
     with pytest.raises(TypeError, match="built a dict"):
         make_pettingzoo_env(dict)
     with pytest.raises(ValueError, match="num_envs must be an int >= 1"):
