@@ -4,10 +4,12 @@ from lightning_rl.env.env_errors import EnvFaultError, NonFiniteEnvError, Sample
 from lightning_rl.env.env_runner import EnvRunner
 from lightning_rl.env.episode import SingleAgentEpisode
 from lightning_rl.env.multi_agent_episode import MultiAgentEpisode
+from lightning_rl.env.multi_agent_runner import MultiAgentEnvRunner
 
 __all__ = [
     "EnvFaultError",
     "EnvRunner",
+    "MultiAgentEnvRunner",
     "MultiAgentEpisode",
     "NonFiniteEnvError",
     "SampleTimeoutError",

@@ -1,0 +1,312 @@
+"""The MultiAgentEnvRunner's step loop: PettingZoo env copies, and one forward pass per module per step.
+
+Each env copy (:class:`EnvCopy`) hides whether its env is a ``ParallelEnv`` (every live agent
+acts at once) or an ``AECEnv`` (one agent acts per env step, the ``agent_selection``) behind
+the same three calls: :meth:`EnvCopy.reset`, :attr:`EnvCopy.waiting` (the agents that must act
+now, with their observations) and :meth:`EnvCopy.step`. :func:`step_copies` then takes one
+step of every copy: it gathers every (copy, agent) that must act, groups the rows by the module
+each agent is mapped to, runs ONE forward pass per module over all its rows, and scatters the
+actions back.
+
+An agent whose observation space is PettingZoo's action-mask Dict (``{"action_mask",
+"observation"}``) is stored with the observation part in its episode's ``observations`` and
+the mask of each step it acted at in ``extra_model_outputs["action_mask"]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from lightning_rl.core.acting import compute_actions
+from lightning_rl.core.columns import DEFAULT_MODULE_ID, Columns
+from lightning_rl.core.rl_modules import MultiRLModule, RLModule
+from lightning_rl.env.multi_agent_episode import ALL_AGENTS, AgentID, ModuleID, MultiAgentEpisode
+from lightning_rl.env.pettingzoo_env import is_parallel_env
+
+ACTION_MASK = "action_mask"
+_MASKED_KEYS = frozenset({ACTION_MASK, "observation"})
+
+# An agent's observation as the module sees it: (observation part, action mask or None).
+AgentObservation = tuple[np.ndarray, np.ndarray | None]
+
+
+@dataclass
+class EpisodeRecord:
+    """What the statistics keep of one completed episode (plain data, for the runner's state)."""
+
+    episode_return: float
+    env_steps: int
+    agent_returns: dict[AgentID, float]
+    agent_modules: dict[AgentID, ModuleID]
+
+
+# The spaces whose values stack into one array per step.
+_ARRAY_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
+
+
+def _is_masked_space(space: gym.Space) -> bool:
+    return isinstance(space, gym.spaces.Dict) and set(space.spaces) == _MASKED_KEYS
+
+
+def check_agent_spaces(agent: AgentID, observation_space: gym.Space, action_space: gym.Space) -> None:
+    """Refuse spaces the runner cannot stack into batches.
+
+    Args:
+        agent: The agent, for the message.
+        observation_space: An array space, or PettingZoo's action-mask Dict around one with a
+            ``Discrete`` action space.
+        action_space: An array space.
+
+    Raises:
+        ValueError: Naming the agent and the space.
+    """
+    observed = observation_space.spaces["observation"] if _is_masked_space(observation_space) else observation_space
+    if not isinstance(observed, _ARRAY_SPACES):
+        raise ValueError(
+            f"agent {agent!r} has the observation space {observation_space}; expected an array space (Box, Discrete, "
+            "MultiDiscrete, MultiBinary) or a Dict of exactly 'observation' (an array space) and 'action_mask'"
+        )
+    if not isinstance(action_space, _ARRAY_SPACES):
+        raise ValueError(f"agent {agent!r} has the action space {action_space}; expected an array space")
+    if _is_masked_space(observation_space) and not isinstance(action_space, gym.spaces.Discrete):
+        raise ValueError(
+            f"agent {agent!r} has an action mask with the action space {action_space}; masks need a Discrete one"
+        )
+
+
+class EnvCopy:
+    """One PettingZoo env and the episode running in it.
+
+    Args:
+        env: The ``ParallelEnv`` or ``AECEnv``.
+        mapping_fn: The policy mapping function new episodes get.
+    """
+
+    def __init__(self, env: Any, mapping_fn: Callable[[AgentID, MultiAgentEpisode], ModuleID]) -> None:
+        self.env = env
+        self.is_parallel = is_parallel_env(env)
+        # Reading `agents` / `agent_selection` through an AEC env's wrappers walks a chain of
+        # __getattr__ calls, several times per step; the unwrapped env holds the same attributes.
+        self._raw = env if self.is_parallel else env.unwrapped
+        self.mapping_fn = mapping_fn
+        self.episode = MultiAgentEpisode(agent_to_module_mapping_fn=mapping_fn)
+        #: ``{agent_id: (observation part, mask)}`` of the agents that must act at the next step.
+        self.waiting: dict[AgentID, AgentObservation] = {}
+        self._masked = {agent: _is_masked_space(env.observation_space(agent)) for agent in env.possible_agents}
+        self.action_spaces: dict[AgentID, gym.Space] = {agent: env.action_space(agent) for agent in env.possible_agents}
+        # The whole episode's per-agent returns and end flags, over all its chunks.
+        self._returns: dict[AgentID, float] = {}
+        self._ended_terminated: dict[AgentID, bool] = {}
+        self._env_steps = 0
+
+    def reset(self, seed: int | None) -> None:
+        """Start a new episode (the running one is abandoned) with ``env.reset(seed=seed)``."""
+        self.episode = MultiAgentEpisode(agent_to_module_mapping_fn=self.mapping_fn)
+        self._returns, self._ended_terminated, self._env_steps = {}, {}, 0
+        if self.is_parallel:
+            observations, _ = self.env.reset(seed=seed)
+        else:
+            self.env.reset(seed=seed)
+            observations = self._aec_observe()[0]
+        split = {agent: self._split(agent, observation) for agent, observation in observations.items()}
+        self.episode.add_env_reset({agent: obs for agent, (obs, _) in split.items()})
+        self.waiting = split
+
+    def step(
+        self, actions: dict[AgentID, Any], env_actions: dict[AgentID, Any], extras: dict[AgentID, dict[str, Any]]
+    ) -> EpisodeRecord | None:
+        """Step the env with the waiting agents' actions and record the step.
+
+        Args:
+            actions: ``{agent_id: action}`` for every waiting agent, as the module chose them
+                (what the episode stores).
+            env_actions: The same actions as the env takes them (ints, clipped Box actions).
+            extras: ``{agent_id: {key: value}}``, the model outputs to store with each action.
+
+        Returns:
+            The completed episode's record when this step ended it (``self.episode`` is then
+            the done episode; call :meth:`reset` next), else ``None``.
+        """
+        if self.is_parallel:
+            observations, rewards, terminateds, truncateds, _ = self.env.step(env_actions)
+        else:
+            (agent,) = env_actions
+            self.env.step(env_actions[agent])
+            observations, rewards, terminateds, truncateds = self._aec_observe()
+        done = not self._raw.agents
+        split = {agent: self._split(agent, observation) for agent, observation in observations.items()}
+        for agent in observations:
+            if terminateds.get(agent) or truncateds.get(agent):
+                self._ended_terminated[agent] = bool(terminateds.get(agent))
+        terminated_all = done and all(self._ended_terminated.get(agent, False) for agent in self._seen_agents())
+        self.episode.add_env_step(
+            {agent: obs for agent, (obs, _) in split.items()}, actions, rewards,
+            terminateds={**terminateds, ALL_AGENTS: terminated_all},
+            truncateds={**truncateds, ALL_AGENTS: done and not terminated_all},
+            extra_model_outputs=extras,
+        )  # fmt: skip
+        self._env_steps += 1
+        self.waiting = {
+            agent: obs for agent, obs in split.items() if not (terminateds.get(agent) or truncateds.get(agent))
+        }
+        if not done:
+            return None
+        self.add_chunk_returns()
+        return EpisodeRecord(
+            episode_return=float(sum(self._returns.values())),
+            env_steps=self._env_steps,
+            agent_returns=dict(self._returns),
+            agent_modules={agent: self.episode.module_for(agent) for agent in self._returns},
+        )
+
+    def add_chunk_returns(self) -> None:
+        """Add the running chunk's per-agent returns to the episode's; call once per chunk, before it is cut."""
+        for agent, value in self.episode.agent_returns().items():
+            self._returns[agent] = self._returns.get(agent, 0.0) + value
+
+    def _seen_agents(self) -> list[AgentID]:
+        return [*self._ended_terminated, *self.episode.agent_ids]
+
+    def _aec_observe(self) -> tuple[dict, dict, dict, dict]:
+        # After an AEC step, every agent the env selects observes: done agents (stepped with None
+        # right away, their final observation recorded) until a live one, who acts next. The
+        # reward `last()` gives is what that agent collected since it last acted.
+        observations, rewards, terminateds, truncateds = {}, {}, {}, {}
+        env, raw = self.env, self._raw
+        while raw.agents:
+            agent = raw.agent_selection
+            observation, reward, terminated, truncated, _ = env.last()
+            observations[agent], rewards[agent] = observation, float(reward)
+            terminateds[agent], truncateds[agent] = bool(terminated), bool(truncated)
+            if not (terminated or truncated):
+                break
+            env.step(None)
+        return observations, rewards, terminateds, truncateds
+
+    def _split(self, agent: AgentID, observation: Any) -> AgentObservation:
+        # Copies: some envs hand out views of arrays they change in place at the next step.
+        if self._masked.get(agent, False):
+            return np.array(observation["observation"]), np.array(observation[ACTION_MASK])
+        return np.array(observation), None
+
+
+def step_copies(copies: list[EnvCopy], module: RLModule, *, explore: bool) -> list[tuple[int, EpisodeRecord]]:
+    """Take one env step in every copy: one forward pass per module over all rows mapped to it.
+
+    Args:
+        copies: The env copies; each must have waiting agents.
+        module: A ``MultiRLModule`` holding every module id the agents map to, or a single
+            ``RLModule`` when every agent maps to ``DEFAULT_MODULE_ID``.
+        explore: Sample actions (``forward_exploration``) or take the most likely ones.
+
+    Returns:
+        ``(copy index, record)`` of each copy whose episode ended in this step.
+
+    Raises:
+        ValueError: If an agent maps to a module id ``module`` does not hold, or the rows of one
+            module mix masked and unmasked observations.
+    """
+    groups: dict[ModuleID, list[tuple[int, AgentID]]] = {}
+    for index, copy in enumerate(copies):
+        for agent in copy.waiting:
+            groups.setdefault(copy.episode.module_for(agent), []).append((index, agent))
+    actions: list[dict[AgentID, Any]] = [{} for _ in copies]
+    env_actions: list[dict[AgentID, Any]] = [{} for _ in copies]
+    extras: list[dict[AgentID, dict[str, Any]]] = [{} for _ in copies]
+    for module_id, rows in groups.items():
+        observations = [copies[index].waiting[agent] for index, agent in rows]
+        out, chosen = _act(_module_for(module, module_id), observations, explore=explore)
+        for row, (index, agent) in enumerate(rows):
+            actions[index][agent] = chosen[row]
+            env_actions[index][agent] = _env_action(chosen[row], copies[index].action_spaces[agent])
+            extras[index][agent] = {key: value[row] for key, value in out.items()}
+    ended = []
+    for index, copy in enumerate(copies):
+        record = copy.step(actions[index], env_actions[index], extras[index])
+        if record is not None:
+            ended.append((index, record))
+    return ended
+
+
+def _module_for(module: RLModule, module_id: ModuleID) -> RLModule:
+    if isinstance(module, MultiRLModule):
+        if module_id not in module:
+            raise ValueError(
+                f"an agent is mapped to module {module_id!r}, which the MultiRLModule lacks; it holds {sorted(module)}"
+            )
+        return module[module_id]
+    if module_id != DEFAULT_MODULE_ID:
+        raise ValueError(
+            f"an agent is mapped to module {module_id!r}, but a single RLModule was given (it acts as "
+            f"{DEFAULT_MODULE_ID!r}); pass a MultiRLModule holding {module_id!r}"
+        )
+    return module
+
+
+def _act(module: RLModule, observations: list[AgentObservation], *, explore: bool) -> tuple[dict, np.ndarray]:
+    """One forward pass of ``module`` over the rows' observations; the actions and per-row outputs as numpy.
+
+    Returns:
+        ``({key: array[B, ...]}`` of every per-row tensor output (``action_mask`` included for
+        masked rows), ``actions[B, ...]``).
+    """
+    param = next(module.parameters(), None)
+    device = param.device if param is not None else torch.device("cpu")
+    obs = torch.from_numpy(np.stack([obs for obs, _ in observations])).to(device)
+    has_mask = [mask is not None for _, mask in observations]
+    if any(has_mask) and not all(has_mask):
+        raise ValueError("the agents mapped to one module must all have action-masked observations, or none")
+    mask = torch.from_numpy(np.stack([mask for _, mask in observations])).to(device) if all(has_mask) else None
+    with torch.inference_mode():
+        out, actions = _masked_compute_actions(module, obs, mask, explore=explore)
+    rows = obs.shape[0]
+    arrays = {
+        key: value.cpu().numpy()
+        for key, value in out.items()
+        if key != Columns.ACTIONS and isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == rows
+    }
+    if mask is not None:
+        arrays[ACTION_MASK] = mask.cpu().numpy()
+    return arrays, actions.cpu().numpy()
+
+
+def _masked_compute_actions(
+    module: RLModule, obs: torch.Tensor, mask: torch.Tensor | None, *, explore: bool
+) -> tuple[dict[str, Any], torch.Tensor]:
+    # The one place that knows how a mask reaches the module: once core's compute_actions
+    # takes `action_mask=`, this becomes `compute_actions(module, obs, explore=..., action_mask=mask)`.
+    if mask is None:
+        out, actions = compute_actions(module, obs, explore=explore)
+        return dict(out), actions
+    forward = module.forward_exploration if explore else module.forward_inference
+    out = dict(forward({Columns.OBS: obs, ACTION_MASK: mask}))
+    if Columns.ACTIONS in out:  # the module chose (and masked) its actions itself
+        return out, out[Columns.ACTIONS]
+    if Columns.ACTION_DIST_INPUTS not in out:
+        raise ValueError(
+            f"{type(module).__name__}'s forward pass returned neither {Columns.ACTIONS!r} nor "
+            f"{Columns.ACTION_DIST_INPUTS!r}; got {sorted(out)}"
+        )
+    logits = out[Columns.ACTION_DIST_INPUTS]
+    logits = torch.where(mask.bool(), logits, torch.finfo(logits.dtype).min)
+    out[Columns.ACTION_DIST_INPUTS] = logits
+    dist_cls = module.get_exploration_action_dist_cls() if explore else module.get_inference_action_dist_cls()
+    dist = dist_cls.from_logits(logits)
+    actions = dist.sample() if explore else dist.deterministic_sample()
+    out[Columns.ACTION_LOGP] = dist.logp(actions)
+    return out, actions
+
+
+def _env_action(action: np.ndarray, space: gym.Space) -> Any:
+    # Discrete actions go to the env as Python ints; Box actions are clipped to their bounds.
+    if isinstance(space, gym.spaces.Discrete):
+        return int(action)
+    if isinstance(space, gym.spaces.Box):
+        return np.clip(action, space.low, space.high)
+    return action

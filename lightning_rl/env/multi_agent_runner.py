@@ -1,0 +1,421 @@
+"""MultiAgentEnvRunner: samples multi-agent episodes from N copies of a PettingZoo env.
+
+The runner keeps its env copies between calls: an episode still running when :meth:`sample`
+returns continues in the next call, as a new chunk with the same ``id_`` (see
+:meth:`MultiAgentEpisode.cut`). At every step, each agent that must act (every live agent of
+a ``ParallelEnv``, the ``agent_selection`` of an ``AECEnv``) in every copy is grouped with
+the others mapped to the same module, and each module runs ONE forward pass over its rows
+(:mod:`lightning_rl.env.multi_agent_rollout` holds the step loop).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from lightning_rl.core.rl_modules import RLModule
+from lightning_rl.env.multi_agent_episode import AgentID, ModuleID, MultiAgentEpisode
+from lightning_rl.env.multi_agent_rollout import EnvCopy, EpisodeRecord, check_agent_spaces, step_copies
+from lightning_rl.env.pettingzoo_env import PettingZooEnvCreator, make_pettingzoo_env
+from lightning_rl.env.policy_mapping import PolicyMappingFn, module_spaces, resolve_policy_mapping_fn
+
+_STATE_KEYS = frozenset(
+    {
+        "num_env_steps_sampled_lifetime",
+        "num_agent_steps_sampled_lifetime",
+        "num_episodes_lifetime",
+        "num_full_resets",
+        "episodes",
+    }
+)
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return int(value)
+
+
+class MultiAgentEnvRunner:
+    """Samples :class:`MultiAgentEpisode` s from ``num_envs`` copies of a PettingZoo env.
+
+    Args:
+        env: An import path (``"mpe2.simple_spread_v3"``, ``"pettingzoo.classic.connect_four_v3"``
+            or ``"package.module.factory"``, see ``pettingzoo_env.check_pettingzoo_env_name``) or a
+            callable returning a ``ParallelEnv`` or ``AECEnv``.
+        env_kwargs: Keyword arguments for the env factory.
+        num_envs: How many env copies step together.
+        policy_mapping_fn: ``"shared"`` (every agent acts with ``DEFAULT_MODULE_ID``),
+            ``"per_agent"`` (each agent with the module of its own id), or a callable
+            ``(agent_id, episode) -> module_id``, called once per agent per episode.
+        seed: Seed of the first reset (copy ``i`` gets ``seed + i``); an episode that ends is
+            followed by an unseeded reset, which continues the copy's random state. A later full
+            reset (:meth:`sample_episodes`, or after :meth:`set_state`) uses fresh seeds derived
+            from ``seed``. ``None`` leaves the envs randomly seeded.
+        episode_stats_window: How many of the latest completed episodes :meth:`get_metrics`'s
+            means cover.
+
+    Raises:
+        ValueError: Naming the argument, for ``num_envs`` or ``episode_stats_window`` below 1, a
+            seed that is not an int, an unknown mapping name, an env path that does not resolve,
+            an agent space that is not an array space (or an action-mask Dict around one), or
+            agents whose spaces clash on one module.
+        ImportError: If PettingZoo is not installed.
+    """
+
+    def __init__(
+        self,
+        env: str | PettingZooEnvCreator,
+        *,
+        env_kwargs: Mapping[str, Any] | None = None,
+        num_envs: int = 1,
+        policy_mapping_fn: str | PolicyMappingFn = "shared",
+        seed: int | None = None,
+        episode_stats_window: int = 100,
+    ) -> None:
+        self.num_envs = _positive_int("num_envs", num_envs)
+        self.episode_stats_window = _positive_int("episode_stats_window", episode_stats_window)
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
+            raise ValueError(f"seed must be an int or None, got {seed!r}")
+        self.seed = None if seed is None else int(seed)
+        self.policy_mapping_fn = resolve_policy_mapping_fn(policy_mapping_fn)
+        self._closed = False
+        self._copies: list[EnvCopy] = []
+        try:
+            for _ in range(self.num_envs):
+                self._copies.append(EnvCopy(make_pettingzoo_env(env, env_kwargs), self.policy_mapping_fn))
+                if len(self._copies) == 1:
+                    self._read_spaces(self._copies[0].env)  # fail before building the other copies
+        except BaseException:
+            self.close()
+            raise
+
+        self._needs_reset = True
+        self._num_full_resets = 0
+        self._num_env_steps_lifetime = 0
+        self._num_agent_steps_lifetime = 0
+        self._num_episodes_lifetime = 0
+        self._episodes: deque[EpisodeRecord] = deque(maxlen=self.episode_stats_window)
+        self._num_env_steps_since = 0
+        self._num_agent_steps_since = 0
+        self._num_episodes_since = 0
+        self._sample_seconds_since = 0.0
+
+    # ------------------------------------------------------------------------------------
+    # Agents, spaces and the mapping
+    # ------------------------------------------------------------------------------------
+
+    def _read_spaces(self, env: Any) -> None:
+        self.possible_agents: list[AgentID] = list(env.possible_agents)
+        self._observation_spaces = {agent: env.observation_space(agent) for agent in self.possible_agents}
+        self._action_spaces = {agent: env.action_space(agent) for agent in self.possible_agents}
+        for agent in self.possible_agents:
+            check_agent_spaces(agent, self._observation_spaces[agent], self._action_spaces[agent])
+        self.module_spaces()  # clashing spaces on one module fail here, before any sampling
+
+    def observation_space(self, agent_id: AgentID) -> gym.Space:
+        """Return the observation space of ``agent_id`` (PettingZoo's, a masked Dict included)."""
+        return self._observation_spaces[agent_id]
+
+    def action_space(self, agent_id: AgentID) -> gym.Space:
+        """Return the action space of ``agent_id``."""
+        return self._action_spaces[agent_id]
+
+    def module_spaces(self) -> dict[ModuleID, tuple[gym.Space, gym.Space]]:
+        """Return ``{module_id: (observation_space, action_space)}`` of the modules the mapping uses.
+
+        Each possible agent is mapped once with a probe episode (see ``policy_mapping.module_spaces``).
+
+        Raises:
+            ValueError: If two agents mapped to one module have different spaces.
+        """
+        return module_spaces(self.possible_agents, self.observation_space, self.action_space, self.policy_mapping_fn)
+
+    def set_policy_mapping_fn(self, policy_mapping_fn: str | PolicyMappingFn) -> None:
+        """Use ``policy_mapping_fn`` for the episodes that start from now on (running ones keep theirs).
+
+        Args:
+            policy_mapping_fn: As the constructor's argument.
+        """
+        self.policy_mapping_fn = resolve_policy_mapping_fn(policy_mapping_fn)
+        for copy in self._copies:
+            copy.mapping_fn = self.policy_mapping_fn
+
+    # ------------------------------------------------------------------------------------
+    # Sampling
+    # ------------------------------------------------------------------------------------
+
+    def sample(self, module: RLModule, *, num_env_steps: int, explore: bool = True) -> list[MultiAgentEpisode]:
+        """Step every env copy ``num_env_steps`` times (an AEC env steps once per agent turn).
+
+        Args:
+            module: A ``MultiRLModule`` holding every module the agents map to (a single
+                ``RLModule`` acts as ``DEFAULT_MODULE_ID``). Each module's
+                ``forward_exploration`` (``forward_inference`` when not exploring) runs once per
+                step over all the agents mapped to it, under ``torch.inference_mode``.
+            num_env_steps: Env steps per copy.
+            explore: Sample actions rather than take the most likely ones.
+
+        Returns:
+            The episodes that ended in this call, in the order they ended (each the chunk
+            sampled in this call), then the chunk of each copy's running episode, which
+            continues in the next call under the same ``id_``. Numpy episodes; each acting
+            step's ``extra_model_outputs`` holds ``action_logp``, ``action_dist_inputs``, the
+            module's other per-row outputs, and ``action_mask`` for masked observations. A
+            running chunk without any completed agent step is not returned yet: it goes on.
+
+        Raises:
+            ValueError: If ``num_env_steps < 1``, the module is stateful, an agent maps to a
+                module the given one lacks, or its forward pass returns neither ``actions`` nor
+                ``action_dist_inputs``.
+        """
+        num_env_steps = _positive_int("num_env_steps", num_env_steps)
+        self._check_module(module)
+        start = time.perf_counter()
+        if self._needs_reset:
+            self._full_reset()
+        completed: list[MultiAgentEpisode] = []
+        for _ in range(num_env_steps):
+            for index, record in step_copies(self._copies, module, explore=explore):
+                completed.append(self._copies[index].episode)
+                self._record(record)
+                self._copies[index].reset(seed=None)
+        running = []
+        for copy in self._copies:
+            if copy.episode.agent_steps():
+                copy.add_chunk_returns()
+                running.append(copy.episode)
+                copy.episode = copy.episode.cut()
+        episodes = [episode.to_numpy() for episode in completed + running]
+        env_steps = sum(episode.env_steps() for episode in episodes)
+        agent_steps = sum(episode.agent_steps() for episode in episodes)
+        self._num_env_steps_lifetime += env_steps
+        self._num_agent_steps_lifetime += agent_steps
+        self._num_env_steps_since += env_steps
+        self._num_agent_steps_since += agent_steps
+        self._sample_seconds_since += time.perf_counter() - start
+        return episodes
+
+    def sample_episodes(
+        self,
+        module: RLModule,
+        *,
+        num_episodes: int,
+        explore: bool = False,
+        policy_mapping_fn: str | PolicyMappingFn | None = None,
+    ) -> list[MultiAgentEpisode]:
+        """Reset every copy and run until ``num_episodes`` complete episodes are collected.
+
+        For evaluation: the training counters and statistics stay as they are, and the next
+        :meth:`sample` starts from fresh episodes (an episode a training :meth:`sample` left
+        running is abandoned: evaluate with a runner of its own to keep training episodes whole).
+
+        Args:
+            module: The modules, as in :meth:`sample`.
+            num_episodes: How many complete episodes to return.
+            explore: As in :meth:`sample`; greedy by default.
+            policy_mapping_fn: The mapping for these episodes (e.g. the main module against an
+                opponent); the runner's own when ``None``.
+
+        Returns:
+            The first ``num_episodes`` episodes to end, whole (``env_t_started == 0``), in the
+            order they ended; episodes still running then are dropped.
+
+        Raises:
+            ValueError: As :meth:`sample`, or for ``num_episodes < 1``.
+        """
+        num_episodes = _positive_int("num_episodes", num_episodes)
+        self._check_module(module)
+        mapping = self.policy_mapping_fn if policy_mapping_fn is None else resolve_policy_mapping_fn(policy_mapping_fn)
+        for copy in self._copies:
+            copy.mapping_fn = mapping
+        finished: list[MultiAgentEpisode] = []
+        try:
+            self._full_reset()
+            while len(finished) < num_episodes:
+                for index, _ in step_copies(self._copies, module, explore=explore):
+                    finished.append(self._copies[index].episode.to_numpy())
+                    self._copies[index].reset(seed=None)
+        finally:
+            for copy in self._copies:
+                copy.mapping_fn = self.policy_mapping_fn
+            self._needs_reset = True  # the copies are mid-way through evaluation episodes
+        return finished[:num_episodes]
+
+    def _full_reset(self) -> None:
+        # Each full reset gets seeds of its own, so neither evaluation nor a resumed run replays
+        # the episodes of the first reset; the first reset uses `seed` itself.
+        base = None if self.seed is None else self.seed + self._num_full_resets * self.num_envs
+        for index, copy in enumerate(self._copies):
+            copy.reset(seed=None if base is None else base + index)
+        self._num_full_resets += 1
+        self._needs_reset = False
+
+    def _check_module(self, module: RLModule) -> None:
+        if not isinstance(module, RLModule):
+            raise TypeError(f"module must be an RLModule or MultiRLModule, got {type(module).__name__}")
+        if module.is_stateful():
+            raise ValueError(
+                f"{type(module).__name__} is stateful; MultiAgentEnvRunner does not carry recurrent states"
+            )
+
+    def _record(self, record: EpisodeRecord) -> None:
+        self._episodes.append(record)
+        self._num_episodes_lifetime += 1
+        self._num_episodes_since += 1
+
+    # ------------------------------------------------------------------------------------
+    # Statistics and state
+    # ------------------------------------------------------------------------------------
+
+    @property
+    def num_env_steps_sampled_lifetime(self) -> int:
+        """Env steps in the episodes :meth:`sample` returned over the runner's life."""
+        return self._num_env_steps_lifetime
+
+    @property
+    def num_agent_steps_sampled_lifetime(self) -> int:
+        """Agent steps (completed transitions of any agent) :meth:`sample` returned over the runner's life."""
+        return self._num_agent_steps_lifetime
+
+    def get_metrics(self) -> dict[str, float]:
+        """Return sampling statistics and start a new period for the per-period ones.
+
+        Returns:
+            Over the last ``episode_stats_window`` completed training episodes (NaN before the
+            first): ``episode_return_mean`` (the sum over agents), ``episode_return_min``,
+            ``episode_return_max``, ``episode_len_mean`` (env steps),
+            ``agent_episode_return_mean/<agent_id>`` per agent seen in the window, and
+            ``module_episode_return_mean/<module_id>`` (the mean over the agent-episodes mapped
+            to that module). Since the last call: ``num_episodes``, ``num_env_steps_sampled``,
+            ``num_agent_steps_sampled``, ``env_steps_per_sec`` (NaN if nothing was sampled). Over
+            the runner's life: ``num_episodes_lifetime``, ``num_env_steps_sampled_lifetime``,
+            ``num_agent_steps_sampled_lifetime``.
+        """
+        nan = float("nan")
+        returns = np.asarray([record.episode_return for record in self._episodes], dtype=np.float64)
+        agent_returns: dict[AgentID, list[float]] = {}
+        module_returns: dict[ModuleID, list[float]] = {}
+        for record in self._episodes:
+            for agent, value in record.agent_returns.items():
+                agent_returns.setdefault(agent, []).append(value)
+                module_returns.setdefault(record.agent_modules[agent], []).append(value)
+        metrics = {
+            "episode_return_mean": float(returns.mean()) if len(returns) else nan,
+            "episode_return_min": float(returns.min()) if len(returns) else nan,
+            "episode_return_max": float(returns.max()) if len(returns) else nan,
+            "episode_len_mean": float(np.mean([r.env_steps for r in self._episodes])) if self._episodes else nan,
+            "num_episodes": float(self._num_episodes_since),
+            "num_episodes_lifetime": float(self._num_episodes_lifetime),
+            "num_env_steps_sampled": float(self._num_env_steps_since),
+            "num_agent_steps_sampled": float(self._num_agent_steps_since),
+            "num_env_steps_sampled_lifetime": float(self._num_env_steps_lifetime),
+            "num_agent_steps_sampled_lifetime": float(self._num_agent_steps_lifetime),
+            "env_steps_per_sec": (
+                self._num_env_steps_since / self._sample_seconds_since if self._sample_seconds_since > 0 else nan
+            ),
+        }
+        metrics.update({f"agent_episode_return_mean/{a}": float(np.mean(v)) for a, v in agent_returns.items()})
+        metrics.update({f"module_episode_return_mean/{m}": float(np.mean(v)) for m, v in module_returns.items()})
+        self._num_episodes_since = self._num_env_steps_since = self._num_agent_steps_since = 0
+        self._sample_seconds_since = 0.0
+        return metrics
+
+    def get_state(self) -> dict[str, Any]:
+        """Return the counters and the statistics window as plain Python data (the envs are not part of it).
+
+        Returns:
+            ``{"num_env_steps_sampled_lifetime": int, "num_agent_steps_sampled_lifetime": int,
+            "num_episodes_lifetime": int, "num_full_resets": int, "episodes": [{"episode_return":
+            float, "env_steps": int, "agent_returns": {agent: float}, "agent_modules": {agent:
+            module}}]}``.
+        """
+        return {
+            "num_env_steps_sampled_lifetime": int(self._num_env_steps_lifetime),
+            "num_agent_steps_sampled_lifetime": int(self._num_agent_steps_lifetime),
+            "num_episodes_lifetime": int(self._num_episodes_lifetime),
+            "num_full_resets": int(self._num_full_resets),
+            "episodes": [
+                {
+                    "episode_return": float(record.episode_return),
+                    "env_steps": int(record.env_steps),
+                    "agent_returns": {str(a): float(v) for a, v in record.agent_returns.items()},
+                    "agent_modules": {str(a): str(m) for a, m in record.agent_modules.items()},
+                }
+                for record in self._episodes
+            ],
+        }
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Continue from :meth:`get_state`'s counters; the next :meth:`sample` resets every copy.
+
+        The reset uses seeds derived from the saved reset count, so a resumed run does not
+        replay the episodes it started with. Per-period counters start afresh.
+
+        Args:
+            state: What :meth:`get_state` returned.
+
+        Raises:
+            ValueError: Naming the missing or unexpected keys, a negative counter, or an episode
+                record without its fields; nothing changes then.
+        """
+        missing, unexpected = sorted(_STATE_KEYS - set(state)), sorted(set(state) - _STATE_KEYS)
+        if missing or unexpected:
+            raise ValueError(f"MultiAgentEnvRunner state: missing keys {missing}, unexpected keys {unexpected}")
+        counters = _STATE_KEYS - {"episodes"}
+        for key in sorted(counters):
+            if isinstance(state[key], bool) or int(state[key]) < 0:
+                raise ValueError(f"MultiAgentEnvRunner state: {key} must be an int >= 0, got {state[key]!r}")
+        try:
+            records = [
+                EpisodeRecord(
+                    float(e["episode_return"]),
+                    int(e["env_steps"]),
+                    {str(a): float(v) for a, v in e["agent_returns"].items()},
+                    {str(a): str(m) for a, m in e["agent_modules"].items()},
+                )  # fmt: skip
+                for e in state["episodes"]
+            ]
+        except (KeyError, TypeError, AttributeError, ValueError) as error:
+            raise ValueError(f"MultiAgentEnvRunner state: an entry of 'episodes' is malformed ({error!r})") from error
+        self._num_env_steps_lifetime = int(state["num_env_steps_sampled_lifetime"])
+        self._num_agent_steps_lifetime = int(state["num_agent_steps_sampled_lifetime"])
+        self._num_episodes_lifetime = int(state["num_episodes_lifetime"])
+        self._num_full_resets = int(state["num_full_resets"])
+        self._episodes = deque(records, maxlen=self.episode_stats_window)
+        self._num_env_steps_since = self._num_agent_steps_since = self._num_episodes_since = 0
+        self._sample_seconds_since = 0.0
+        self._needs_reset = True
+
+    # ------------------------------------------------------------------------------------
+    # Lifetime
+    # ------------------------------------------------------------------------------------
+
+    @property
+    def envs(self) -> list[Any]:
+        """The PettingZoo env copies."""
+        return [copy.env for copy in self._copies]
+
+    def close(self) -> None:
+        """Close every env copy; calling it again is a no-op."""
+        if self._closed:
+            return
+        self._closed = True
+        for copy in self._copies:
+            copy.env.close()
+
+    def __enter__(self) -> MultiAgentEnvRunner:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"MultiAgentEnvRunner(num_envs={self.num_envs}, possible_agents={self.possible_agents}, seed={self.seed})"
+        )
