@@ -282,6 +282,17 @@ def test_an_agent_mapped_to_a_missing_module_is_an_error_naming_it() -> None:
             runner.sample(Fixed(OBS, gym.spaces.Discrete(2), [0.0, 0.0]), num_env_steps=1)
 
 
+def test_episodes_left_running_with_a_removed_module_start_afresh() -> None:
+    current = ["old"]
+    with MultiAgentEnvRunner(JoinLeave, num_envs=2, policy_mapping_fn=lambda agent, episode: current[0]) as runner:
+        before = runner.sample(MultiRLModule({"old": Fixed(OBS, gym.spaces.Discrete(2), [0.0, 0.0])}), num_env_steps=2)
+        current[0] = "new"  # a league swapped the module: "old" is gone from the learner
+        after = runner.sample(MultiRLModule({"new": Fixed(OBS, gym.spaces.Discrete(2), [0.0, 0.0])}), num_env_steps=2)
+    assert all(set(episode.agent_to_module_mapping.values()) == {"old"} for episode in before)
+    assert {episode.id_ for episode in after}.isdisjoint(episode.id_ for episode in before)
+    assert all(episode.env_t_started == 0 and episode.module_for("a") == "new" for episode in after)
+
+
 # ----------------------------------------------------------------------------------------
 # Action masks
 # ----------------------------------------------------------------------------------------
