@@ -165,6 +165,7 @@ def test_turn_based_agents_hold_only_their_turns_with_rewards_collected_between_
     assert y.rewards.tolist() == [a_y[0] - 1, a_y[1] - 1]  # the -1 before y's first move is not a step of y's
     assert x.is_terminated and y.is_terminated
     assert set(x.extra_model_outputs) == {Columns.ACTION_DIST_INPUTS, Columns.ACTION_LOGP}
+    assert module.batch_sizes == [1] * 5  # the two dead steps at the end ran no forward pass
 
 
 @pytest.mark.parametrize("num_env_steps", [1, 2, 3])
@@ -280,6 +281,19 @@ def test_an_agent_mapped_to_a_missing_module_is_an_error_naming_it() -> None:
             runner.sample(MultiRLModule({"b": Fixed(OBS, gym.spaces.Discrete(2), [0.0, 0.0])}), num_env_steps=1)
         with pytest.raises(ValueError, match="single RLModule"):
             runner.sample(Fixed(OBS, gym.spaces.Discrete(2), [0.0, 0.0]), num_env_steps=1)
+
+
+def test_a_new_mapping_applies_to_new_episodes_while_running_ones_keep_theirs() -> None:
+    modules = MultiRLModule(
+        {name: Fixed(OBS, gym.spaces.Discrete(2), [0.0, 0.0]) for name in (DEFAULT_MODULE_ID, "new")}
+    )
+    with MultiAgentEnvRunner(JoinLeave, seed=0) as runner:
+        (running,) = runner.sample(modules, num_env_steps=3)
+        runner.set_policy_mapping_fn(lambda agent, episode: "new")
+        rest, fresh = runner.sample(modules, num_env_steps=4)
+    assert rest.id_ == running.id_ and rest.is_done and fresh.id_ != running.id_
+    assert set(rest.agent_to_module_mapping.values()) == {DEFAULT_MODULE_ID}
+    assert set(fresh.agent_to_module_mapping.values()) == {"new"}
 
 
 def test_episodes_left_running_with_a_removed_module_start_afresh() -> None:
