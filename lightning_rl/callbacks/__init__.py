@@ -6,6 +6,7 @@ Algorithm-specific callbacks live with their algorithm (``KLCoeffAdaptation`` in
 """
 
 from lightning_rl.callbacks.record_episodes import RecordEpisodes
+from lightning_rl.callbacks.self_play import SelfPlayLeague
 from lightning_rl.callbacks.target_network import TargetNetworkUpdate
 
-__all__ = ["RecordEpisodes", "TargetNetworkUpdate"]
+__all__ = ["RecordEpisodes", "SelfPlayLeague", "TargetNetworkUpdate"]

@@ -10,6 +10,7 @@ import torch
 from lightning_rl.connectors.episodes import episodes_to_batch
 from lightning_rl.connectors.pipeline import ConnectorPiece, TrainBatch
 from lightning_rl.env.episode import SingleAgentEpisode
+from lightning_rl.env.multi_agent_episode import MultiAgentEpisode
 
 if TYPE_CHECKING:
     from lightning_rl.core.metrics import MetricsLogger
@@ -20,6 +21,12 @@ MODULE_EPISODES = "module_episodes"
 module's rows, in row order. Written by :class:`AddColumnsFromEpisodes`; pieces that compute
 per-episode columns after it (GAE) read it."""
 
+MODULES_TO_TRAIN = "modules_to_train"
+"""``shared_data`` key: the set of module ids the Learner trains in this update (its
+``policies_to_train``), written by ``Learner.episodes_to_train_batch`` before the pipeline
+runs. :class:`AddColumnsFromEpisodes` gives no rows to the other modules of multi-agent
+episodes (a frozen league snapshot's steps cost nothing); absent, every module gets its rows."""
+
 
 class AddColumnsFromEpisodes(ConnectorPiece):
     """Concatenates the steps of the episodes into columns, one batch per module.
@@ -28,7 +35,9 @@ class AddColumnsFromEpisodes(ConnectorPiece):
     the model outputs recorded while sampling (``action_logp``, ``action_dist_inputs``, ...),
     one row per step (see :func:`~lightning_rl.connectors.episodes.episodes_to_batch`).
     Which episodes feed which module is :meth:`episodes_per_module`'s choice, so several
-    modules' rows can come from the same episodes.
+    modules' rows can come from the same episodes: a multi-agent episode's agents feed the
+    modules their episode maps them to, each agent's steps as one trajectory of its own (so
+    GAE after this piece never runs across agents).
 
     Args:
         module_id: The module single-agent episodes train. ``None``: the only module of the
@@ -52,8 +61,15 @@ class AddColumnsFromEpisodes(ConnectorPiece):
         shared_data: dict[str, Any],
         metrics: MetricsLogger,
     ) -> TrainBatch:
-        """Add each module's columns to ``batch`` and its episodes to ``shared_data[MODULE_EPISODES]``."""
+        """Add each module's columns to ``batch`` and its episodes to ``shared_data[MODULE_EPISODES]``.
+
+        ``shared_data[MODULES_TO_TRAIN]``, when present, limits the modules that get rows
+        from multi-agent episodes (single-agent episodes always feed their one module).
+        """
         module_episodes = self.episodes_per_module(rl_module, episodes)
+        modules_to_train = shared_data.get(MODULES_TO_TRAIN)
+        if modules_to_train is not None and _are_multi_agent(episodes):
+            module_episodes = {mid: eps for mid, eps in module_episodes.items() if mid in modules_to_train}
         shared_data[MODULE_EPISODES] = module_episodes
         for module_id, its_episodes in module_episodes.items():
             device = self.device if self.device is not None else _weights_device(rl_module, module_id)
@@ -63,21 +79,30 @@ class AddColumnsFromEpisodes(ConnectorPiece):
     def episodes_per_module(self, rl_module: MultiRLModule, episodes: Sequence[Any]) -> dict[str, list[Any]]:
         """Which episodes become which module's rows; called once per call, before any column.
 
-        The default sends single-agent episodes to one module (``module_id``, or the only
-        module). Override it to split multi-agent episodes into each agent's single-agent
-        episodes and map the agents to modules; every value must be a list of
+        Single-agent episodes all go to one module (``module_id``, or the only module).
+        Multi-agent episodes are split into one ``SingleAgentEpisode`` per agent, each
+        going to ``episode.module_for(agent_id)``; agents without a step in a chunk are left
+        out. Override it for other episode types; every value must be a non-empty list of
         ``SingleAgentEpisode``.
 
+        Args:
+            rl_module: The Learner's modules.
+            episodes: The update's episodes: all single-agent or all multi-agent.
+
         Raises:
-            ValueError: For a module id the Learner does not have, or no ``module_id`` and a
-                Learner with several modules.
-            TypeError: For an episode that is not a ``SingleAgentEpisode``.
+            ValueError: For a module id the Learner does not have (naming the agent for
+                multi-agent episodes), or no ``module_id`` and a Learner with several modules
+                given single-agent episodes.
+            TypeError: For episodes of other types, or a mix of single- and multi-agent ones.
         """
+        if _are_multi_agent(episodes):
+            return _agent_episodes_per_module(rl_module, episodes)
         for index, episode in enumerate(episodes):
             if not isinstance(episode, SingleAgentEpisode):
                 raise TypeError(
-                    f"episode {index} is a {type(episode).__name__}; AddColumnsFromEpisodes maps SingleAgentEpisodes "
-                    "to one module (override episodes_per_module for other episode types)"
+                    f"episode {index} is a {type(episode).__name__}; AddColumnsFromEpisodes takes a list of "
+                    "SingleAgentEpisodes or a list of MultiAgentEpisodes, not a mix (override episodes_per_module "
+                    "for other episode types)"
                 )
         return {self._target_module_id(rl_module): list(episodes)}
 
@@ -104,6 +129,29 @@ class AddColumnsFromEpisodes(ConnectorPiece):
         if self.device is not None:
             settings.append(f"device={str(self.device)!r}")
         return f"AddColumnsFromEpisodes({', '.join(settings)})"
+
+
+def _are_multi_agent(episodes: Sequence[Any]) -> bool:
+    return bool(episodes) and all(isinstance(episode, MultiAgentEpisode) for episode in episodes)
+
+
+def _agent_episodes_per_module(
+    rl_module: MultiRLModule, episodes: Sequence[MultiAgentEpisode]
+) -> dict[str, list[SingleAgentEpisode]]:
+    """Each module's agent episodes (those with steps), in episode order, then agent order."""
+    per_module: dict[str, list[SingleAgentEpisode]] = {}
+    for index, episode in enumerate(episodes):
+        for agent_id, agent_episode in episode.agent_episodes.items():
+            if len(agent_episode) == 0:
+                continue  # the agent observed but has not completed a step in this chunk
+            module_id = episode.module_for(agent_id)
+            if module_id not in rl_module:
+                raise ValueError(
+                    f"episode {index} (id {episode.id_}) maps agent {agent_id!r} to module {module_id!r}, which the "
+                    f"Learner does not have; it has {sorted(rl_module.keys())}"
+                )
+            per_module.setdefault(module_id, []).append(agent_episode)
+    return per_module
 
 
 def _weights_device(rl_module: MultiRLModule, module_id: str) -> torch.device:

@@ -20,27 +20,41 @@ from lightning_rl.core.rl_modules import RLModule
 
 
 def compute_actions(
-    module: RLModule, obs: torch.Tensor, *, explore: bool, with_logp: bool = True
+    module: RLModule,
+    obs: torch.Tensor,
+    *,
+    explore: bool,
+    with_logp: bool = True,
+    action_mask: torch.Tensor | None = None,
 ) -> tuple[Mapping[str, Any], torch.Tensor]:
     """One forward pass of ``module`` on a batch of observations, and the actions it chooses.
 
     Args:
         module: A single-agent RLModule.
-        obs: Observations ``[B, *obs_shape]`` on the module's device.
+        obs: Observations ``[B, *obs_shape]`` on the module's device (of a masked space: the
+            observation part).
         explore: ``forward_exploration`` and sampled actions; otherwise ``forward_inference``
             and the most likely actions (the greedy policy evaluation uses).
         with_logp: Add the actions' log-probability (what training stores); acting alone
             (``Policy``, an exported graph) leaves it out.
+        action_mask: ``[B, n]``, true (or 1) where an action is legal; passed to the forward
+            pass as the ``action_mask`` column, which masks the distribution inputs so that
+            illegal actions are neither sampled nor chosen greedily. Required for a module on
+            a masked observation space.
 
     Returns:
         The forward pass's outputs (with ``action_logp`` added when the actions were drawn from
         the action distribution and ``with_logp``) and the actions ``[B, ...]``, not clipped.
 
     Raises:
-        ValueError: If the forward pass returns neither ``actions`` nor ``action_dist_inputs``.
+        ValueError: If the forward pass returns neither ``actions`` nor ``action_dist_inputs``, or
+            (from the module) a masked module gets no ``action_mask``.
     """
     forward = module.forward_exploration if explore else module.forward_inference
-    out = forward({Columns.OBS: obs})
+    batch = {Columns.OBS: obs}
+    if action_mask is not None:
+        batch[Columns.ACTION_MASK] = action_mask
+    out = forward(batch)
     actions = out.get(Columns.ACTIONS)
     if actions is not None:
         # The module chose its actions itself (Q-argmax, a squashed Gaussian's mean).

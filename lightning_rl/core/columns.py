@@ -28,6 +28,8 @@ class Columns:
     ADVANTAGES = "advantages"
     VALUE_TARGETS = "value_targets"
     LOSS_MASK = "loss_mask"
+    ACTION_MASK = "action_mask"
+    """Which actions are legal, ``[B, n]`` (see :mod:`lightning_rl.core.action_masks`)."""
     STATE_IN = "state_in"
     STATE_OUT = "state_out"
     EMBEDDINGS = "embeddings"

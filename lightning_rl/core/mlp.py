@@ -14,6 +14,8 @@ from typing import Any
 import gymnasium as gym
 from torch import Tensor, nn
 
+from lightning_rl.core.action_masks import observation_part
+
 DEFAULT_FCNET_HIDDENS: tuple[int, ...] = (256, 256)
 """Hidden layer sizes :func:`build_mlp_from_config` uses when ``fcnet_hiddens`` is unset."""
 
@@ -85,11 +87,13 @@ def flat_obs_dim(space: gym.Space) -> int:
     """Return the size of one observation after :func:`flatten_obs`.
 
     Args:
-        space: A ``Box`` (flattened) or ``Discrete`` (one-hot encoded) observation space.
+        space: A ``Box`` (flattened) or ``Discrete`` (one-hot encoded) observation space, or a
+            masked space (:mod:`~lightning_rl.core.action_masks`) whose observation part is one.
 
     Raises:
         ValueError: For other observation spaces.
     """
+    space = observation_part(space)
     if isinstance(space, gym.spaces.Box):
         return math.prod(space.shape)
     if isinstance(space, gym.spaces.Discrete):
@@ -101,12 +105,15 @@ def flatten_obs(obs: Tensor, space: gym.Space) -> Tensor:
     """Turn a batch of observations into float vectors ``[B, flat_obs_dim(space)]``.
 
     Args:
-        obs: A batch of observations from ``space``, shape ``[B, *space.shape]``.
-        space: A ``Box`` (flattened) or ``Discrete`` (one-hot encoded) observation space.
+        obs: A batch of observations from ``space``, shape ``[B, *space.shape]``; for a masked
+            space, of its observation part (the ``obs`` column; the mask is a column of its own).
+        space: A ``Box`` (flattened) or ``Discrete`` (one-hot encoded) observation space, or a
+            masked space whose observation part is one.
 
     Raises:
         ValueError: For other observation spaces.
     """
+    space = observation_part(space)
     if isinstance(space, gym.spaces.Box):
         # The width from the space, not -1: a batch of no rows has no -1 to infer.
         return obs.reshape(obs.shape[0], math.prod(space.shape)).float()

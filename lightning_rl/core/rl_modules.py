@@ -14,7 +14,8 @@ from typing import Any, ClassVar
 import gymnasium as gym
 from torch import Tensor, nn
 
-from lightning_rl.core.columns import DEFAULT_MODULE_ID
+from lightning_rl.core.action_masks import ACTION_MASK, apply_action_mask, is_action_masked_space
+from lightning_rl.core.columns import DEFAULT_MODULE_ID, Columns
 from lightning_rl.core.distributions import Distribution, distribution_class_for_space
 from lightning_rl.core.module_checks import (
     ModelConfigKey,
@@ -33,6 +34,14 @@ class RLModule(nn.Module):
     all three passes) or override the passes one by one. Batches are ``{column: Tensor}``
     dicts keyed by :class:`~lightning_rl.core.columns.Columns`; the output of each pass
     should hold ``Columns.ACTION_DIST_INPUTS``.
+
+    Action masks: when a batch holds ``action_mask``, the three passes set the
+    action-distribution inputs of illegal actions to the lowest float
+    (:meth:`mask_action_dist_inputs`), so they are never sampled, never chosen greedily and
+    get no gradient. A module on a masked observation space
+    (:func:`~lightning_rl.core.action_masks.is_action_masked_space`) takes the observation part
+    in ``obs`` and requires the ``action_mask`` column. A subclass that overrides a pass
+    calls :meth:`mask_action_dist_inputs` on its outputs itself.
 
     Args:
         observation_space: The space observations come from. ``None`` only for containers
@@ -71,6 +80,8 @@ class RLModule(nn.Module):
         # It stays as given (specs and checkpoints store it so): resolved_model_config() adds the defaults.
         self.model_config = dict(model_config or {})
         self.inference_only = inference_only
+        # Read once here: the passes check it on every call, also inside torch.compile.
+        self._action_masked = is_action_masked_space(observation_space)
         self.setup()
 
     def resolved_model_config(self) -> dict[str, Any]:
@@ -103,17 +114,19 @@ class RLModule(nn.Module):
         """Compute outputs for greedy acting (evaluation, deployment).
 
         Args:
-            batch: ``{column: Tensor}``, at least ``Columns.OBS``.
+            batch: ``{column: Tensor}``, at least ``Columns.OBS`` (and ``action_mask`` on a
+                masked observation space).
         """
-        return self._forward(batch)
+        return self.mask_action_dist_inputs(batch, self._forward(batch))
 
     def forward_exploration(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Compute outputs for exploratory acting (collecting training data).
 
         Args:
-            batch: ``{column: Tensor}``, at least ``Columns.OBS``.
+            batch: ``{column: Tensor}``, at least ``Columns.OBS`` (and ``action_mask`` on a
+                masked observation space).
         """
-        return self._forward(batch)
+        return self.mask_action_dist_inputs(batch, self._forward(batch))
 
     def forward_train(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Compute outputs the loss needs (e.g. value predictions besides action inputs).
@@ -121,7 +134,34 @@ class RLModule(nn.Module):
         Args:
             batch: A train batch ``{column: Tensor}``.
         """
-        return self._forward_train(batch)
+        return self.mask_action_dist_inputs(batch, self._forward_train(batch))
+
+    def mask_action_dist_inputs(self, batch: Mapping[str, Any], outputs: dict[str, Any]) -> dict[str, Any]:
+        """Mask the illegal actions' distribution inputs in ``outputs``; called by the three passes.
+
+        When ``batch`` holds ``action_mask`` and ``outputs`` hold ``action_dist_inputs``, the
+        latter go through :func:`~lightning_rl.core.action_masks.apply_action_mask`; otherwise
+        ``outputs`` are returned as they are. ``outputs`` is changed in place.
+
+        Args:
+            batch: The batch the pass ran on.
+            outputs: What the pass computed.
+
+        Raises:
+            ValueError: If this module's observation space is masked and ``batch`` lacks
+                ``action_mask``, or the mask's shape differs from the inputs'.
+        """
+        mask = batch.get(ACTION_MASK)
+        if mask is None:
+            if self._action_masked:
+                raise ValueError(
+                    f"{type(self).__name__} is built on a masked observation space (keys 'action_mask' and "
+                    f"'observation'), so its batches need the {ACTION_MASK!r} column; the batch has {sorted(batch)}"
+                )
+            return outputs
+        if Columns.ACTION_DIST_INPUTS in outputs:
+            outputs[Columns.ACTION_DIST_INPUTS] = apply_action_mask(outputs[Columns.ACTION_DIST_INPUTS], mask)
+        return outputs
 
     def forward(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Run :meth:`forward_train`, so ``module(batch)`` is the training pass.

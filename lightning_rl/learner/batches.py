@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lightning_rl.core.action_masks import is_action_masked_space, observation_part
 from lightning_rl.core.batch import MultiModuleBatch, to_tensor
 from lightning_rl.core.columns import Columns
 from lightning_rl.core.rl_modules import MultiRLModule
@@ -43,7 +44,9 @@ def prepare_batch(
     Raises:
         ValueError: For anything but a non-empty dict, unknown module ids, a mix of columns
             and module batches, a flat batch for several modules, missing columns, columns
-            of unequal or zero length, and observations or actions of the wrong shape.
+            of unequal or zero length, observations or actions of the wrong shape, and a
+            module on a masked observation space without a fitting ``action_mask`` column
+            (its ``obs`` are checked against the observation part).
     """
     if not isinstance(batch, Mapping) or (not batch and not data_parallel):
         raise ValueError(
@@ -67,8 +70,10 @@ def prepare_batch(
                 f"module {module_id!r}: columns must have the same, non-zero number of rows; got {lengths}"
             )
         rl_module = module[module_id]
-        check_column_shape(module_id, Columns.OBS, columns.get(Columns.OBS), rl_module.observation_space, "observation")
+        obs_space = observation_part(rl_module.observation_space)
+        check_column_shape(module_id, Columns.OBS, columns.get(Columns.OBS), obs_space, "observation")
         check_column_shape(module_id, Columns.ACTIONS, columns.get(Columns.ACTIONS), rl_module.action_space, "action")
+        check_action_mask_column(module_id, columns, rl_module.observation_space)
         prepared[module_id] = columns
     return prepared
 
@@ -159,6 +164,26 @@ def check_column_shape(module_id: str, column: str, values: torch.Tensor | None,
             f"module {module_id!r}: column {column!r} has shape {tuple(values.shape)}, but the {kind} space "
             f"{space} expects [batch, {', '.join(map(str, expected))}]".replace("[batch, ]", "[batch]")
         )
+
+
+def check_action_mask_column(module_id: str, columns: Mapping[str, torch.Tensor], observation_space: Any) -> None:
+    """Raise if a module on a masked observation space lacks a fitting ``action_mask`` column.
+
+    Args:
+        module_id: The module the columns belong to (named in the error).
+        columns: The module's batch, ``{column: Tensor[B, ...]}``.
+        observation_space: The module's observation space; only a masked one
+            (:func:`~lightning_rl.core.action_masks.is_action_masked_space`) is checked.
+    """
+    if not is_action_masked_space(observation_space):
+        return
+    mask = columns.get(Columns.ACTION_MASK)
+    if mask is None:
+        raise ValueError(
+            f"module {module_id!r} is built on a masked observation space, so its batch needs the column "
+            f"{Columns.ACTION_MASK!r} (which actions were legal at each row); it has {sorted(columns)}"
+        )
+    check_column_shape(module_id, Columns.ACTION_MASK, mask, observation_space[Columns.ACTION_MASK], "action mask")
 
 
 def as_train_item(train_item: TrainItem | Mapping[str, Any]) -> TrainItem:

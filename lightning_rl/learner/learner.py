@@ -40,6 +40,7 @@ from lightning.pytorch.trainer.states import TrainerStatus
 from torch.optim import Optimizer
 
 from lightning_rl.connectors import AddColumnsFromEpisodes, ConnectorPipeline, Piece
+from lightning_rl.connectors.add_columns import MODULES_TO_TRAIN
 from lightning_rl.core.batch import MultiModuleBatch
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
 from lightning_rl.core.metrics import MetricsLogger
@@ -84,6 +85,7 @@ from lightning_rl.learner.update_api import UpdateApiMixin
 
 if TYPE_CHECKING:
     from lightning_rl.env.episode import SingleAgentEpisode
+    from lightning_rl.env.multi_agent_episode import MultiAgentEpisode
 
 WHAT_TO_COMPILE = ("forward_train", "complete_update")
 
@@ -433,7 +435,7 @@ class Learner(
 
     def update_from_episodes(
         self,
-        episodes: Sequence[SingleAgentEpisode],
+        episodes: Sequence[SingleAgentEpisode] | Sequence[MultiAgentEpisode],
         *,
         timesteps: Mapping[str, float] | None = None,
         num_epochs: int = 1,
@@ -444,7 +446,9 @@ class Learner(
 
         Args:
             episodes: Single-agent episodes (or chunks of them) for this Learner's one module,
-                sampled by the current weights for on-policy algorithms.
+                or multi-agent ones, whose agents' steps train the modules their episode maps
+                them to (modules not in ``policies_to_train`` get no rows); sampled by the
+                current weights for on-policy algorithms.
             timesteps: As in ``update_from_batch``.
             num_epochs: As in ``update_from_batch``.
             minibatch_size: As in ``update_from_batch``.
@@ -454,8 +458,9 @@ class Learner(
             The results of ``update_from_batch``.
 
         Raises:
-            ValueError: For an empty list, an episode without steps, or a Learner with more
-                than one module (single-agent episodes cannot say which module they are for).
+            ValueError: For an empty list, an episode without steps, single-agent episodes and
+                a Learner with more than one module (they cannot say which module they are
+                for), or a multi-agent episode mapping an agent to a module the Learner lacks.
         """
         self._check_is_built()
         return self.update_from_batch(
@@ -488,17 +493,27 @@ class Learner(
         """Gradient steps taken over the Learner's life (restored with its state)."""
         return self._weights_seq_no
 
-    def episodes_to_train_batch(self, episodes: Sequence[SingleAgentEpisode]) -> dict[str, dict[str, torch.Tensor]]:
+    def episodes_to_train_batch(
+        self, episodes: Sequence[SingleAgentEpisode] | Sequence[MultiAgentEpisode]
+    ) -> dict[str, dict[str, torch.Tensor]]:
         """Run the Learner connector (``learner_connector``) on ``episodes``: ``{module_id: {column: Tensor}}``.
 
-        To add columns, add connector pieces (``learner_connector_pieces`` or an override of
-        ``build_learner_connector``) rather than overriding this.
+        The pieces share ``shared_data``, which starts with ``"modules_to_train"``: the ids
+        ``should_module_be_updated`` says yes to, so multi-agent episodes give no rows (and
+        cost no value predictions) to frozen modules. To add columns, add connector pieces
+        (``learner_connector_pieces`` or an override of ``build_learner_connector``) rather
+        than overriding this.
         """
         self._check_is_built()
+        modules_to_train = {mid for mid in self._module.keys() if self.should_module_be_updated(mid)}
         # Pieces may run the modules (GAE's value predictions): sharded ones are gathered whole meanwhile.
         with gathered(self._module):
             return self._learner_connector(
-                rl_module=self._module, batch={}, episodes=list(episodes), shared_data={}, metrics=self.metrics
+                rl_module=self._module,
+                batch={},
+                episodes=list(episodes),
+                shared_data={MODULES_TO_TRAIN: modules_to_train},
+                metrics=self.metrics,
             )
 
     def required_batch_columns(self, module_id: str) -> list[str]:

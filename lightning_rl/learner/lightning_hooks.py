@@ -15,12 +15,13 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import gymnasium as gym
 import torch
 from lightning.pytorch.strategies import FSDPStrategy
 
 from lightning_rl.core.checkpoint import CHECKPOINT_KEY
-from lightning_rl.core.columns import ALL_MODULES, NUM_ENV_STEPS_SAMPLED_LIFETIME
-from lightning_rl.core.rl_module_specs import MultiRLModuleSpec
+from lightning_rl.core.columns import ALL_MODULES, DEFAULT_MODULE_ID, NUM_ENV_STEPS_SAMPLED_LIFETIME
+from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.train_item import TrainItem
 from lightning_rl.learner import state as learner_state
 from lightning_rl.learner._lightning_private import (
@@ -47,14 +48,21 @@ class LightningHooksMixin:
         """Lightning's hook: build the Learner if it has not been built.
 
         Modules whose spec leaves out the observation or action space take it from the
-        Trainer's data module (``datamodule.observation_space`` / ``.action_space``).
+        Trainer's data module (``datamodule.observation_space`` / ``.action_space``). A
+        multi-agent data module exposes ``module_spaces`` (``{module_id: (observation_space,
+        action_space)}``, the modules its policy mapping sends agents to) instead: a spec of one
+        ``default_policy`` module without spaces (an algorithm's default) then becomes one module
+        per id, each with that spec's class and ``model_config`` and its own spaces; an explicit
+        ``MultiRLModuleSpec`` gets each module's missing spaces from its id (see ``specs_for_module_spaces``).
 
         Raises:
             ValueError: under ``strategy="fsdp"`` (FSDP1: use ``"fsdp2"``); under
                 ``precision="16-mixed"``, whose gradient scaling would hand
                 scaled gradients to the Learner's clipping and non-finite checks; when a space
-                is missing and no data module provides it; and when ``minibatch_size`` is
-                larger than the data module's train batch.
+                is missing and no data module provides it; for a module id the data module's
+                ``module_spaces`` names but an explicit spec lacks, or whose spec's spaces differ
+                from the data module's; and when ``minibatch_size`` is larger than the data
+                module's train batch.
         """
         if isinstance(getattr(self.trainer, "strategy", None), FSDPStrategy):
             # FSDP1 wraps the module and shards flat parameter groups at setup, after which the
@@ -327,6 +335,9 @@ def _ends_an_epoch_that_evaluates(trainer: Any, batch_idx: int) -> bool:
 
 def _with_spaces_from(spec: MultiRLModuleSpec, datamodule: Any) -> MultiRLModuleSpec:
     """``spec`` with every missing observation/action space taken from ``datamodule``."""
+    module_spaces = getattr(datamodule, "module_spaces", None)
+    if module_spaces is not None:
+        return specs_for_module_spaces(spec, module_spaces)
     missing = [
         module_id
         for module_id, module_spec in spec.rl_module_specs.items()
@@ -348,3 +359,67 @@ def _with_spaces_from(spec: MultiRLModuleSpec, datamodule: Any) -> MultiRLModule
             action_space=specs[module_id].action_space or datamodule.action_space,
         )
     return dataclasses.replace(spec, rl_module_specs=specs)
+
+
+def specs_for_module_spaces(
+    spec: MultiRLModuleSpec, module_spaces: Mapping[str, tuple[gym.Space, gym.Space]]
+) -> MultiRLModuleSpec:
+    """The module specs a multi-agent data module's ``module_spaces`` call for.
+
+    Args:
+        spec: The Learner's spec. One ``default_policy`` spec without spaces (what an
+            algorithm's Learner builds from ``model_config``) is a template: the result holds one
+            copy of it per id of ``module_spaces``, with that id's spaces. Any other spec must
+            hold every id of ``module_spaces``; a spec missing a space gets its id's, and specs of
+            ids that ``module_spaces`` does not name (fixed opponents) must carry their own.
+        module_spaces: ``{module_id: (observation_space, action_space)}``.
+
+    Raises:
+        ValueError: For an empty ``module_spaces``; for ids it names that ``spec`` lacks
+            (naming both lists); for a spec whose space differs from its id's; and for a spec
+            without spaces whose id ``module_spaces`` does not name.
+    """
+    if not module_spaces:
+        raise ValueError("the data module's module_spaces is empty: its policy mapping sends no agent to any module")
+    specs = spec.rl_module_specs
+    template = specs.get(DEFAULT_MODULE_ID)
+    has_no_spaces = template is not None and template.observation_space is None and template.action_space is None
+    if len(specs) == 1 and has_no_spaces:
+        return MultiRLModuleSpec(
+            {
+                module_id: dataclasses.replace(template, observation_space=obs_space, action_space=act_space)
+                for module_id, (obs_space, act_space) in module_spaces.items()
+            }
+        )
+    lacking = [module_id for module_id in module_spaces if module_id not in specs]
+    if lacking:
+        raise ValueError(
+            f"the data module maps agents to modules {sorted(module_spaces)}, but the module spec has no module "
+            f"{lacking} (it has {sorted(specs)}); add a spec for each, or leave module_spec out to build one per id"
+        )
+    filled = dict(specs)
+    for module_id, (obs_space, act_space) in module_spaces.items():
+        filled[module_id] = _with_module_spaces(module_id, specs[module_id], obs_space, act_space)
+    without = [mid for mid, s in filled.items() if s.observation_space is None or s.action_space is None]
+    if without:
+        raise ValueError(
+            f"the specs of modules {without} have no observation/action space, and the data module maps no agent "
+            f"to them (it maps agents to {sorted(module_spaces)}): pass their spaces in the module spec"
+        )
+    return dataclasses.replace(spec, rl_module_specs=filled)
+
+
+def _with_module_spaces(
+    module_id: str, module_spec: RLModuleSpec, obs_space: gym.Space, act_space: gym.Space
+) -> RLModuleSpec:
+    """``module_spec`` with its missing spaces set; a space it gives must be the data module's."""
+    for kind, given, expected in (
+        ("observation", module_spec.observation_space, obs_space),
+        ("action", module_spec.action_space, act_space),
+    ):
+        if given is not None and given != expected:
+            raise ValueError(
+                f"module {module_id!r}: the module spec's {kind} space is {given}, but the agents the data module "
+                f"maps to it have {expected}"
+            )
+    return dataclasses.replace(module_spec, observation_space=obs_space, action_space=act_space)

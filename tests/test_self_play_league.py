@@ -1,0 +1,355 @@
+"""The self-play league: matches and win rates, snapshots added and frozen, the cap, the mapping, resume."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from conftest import assert_same, make_trainer
+from lightning.pytorch import Callback, LightningDataModule
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from lightning_rl import Columns, MultiRLModuleSpec, RLModuleSpec
+from lightning_rl.algorithms.ppo import PPOLearner, PPOModule
+from lightning_rl.callbacks import SelfPlayLeague
+from lightning_rl.core.train_item import TrainingData, TrainItem
+from lightning_rl.env.matches import seat_mapping, win_rate
+from lightning_rl.env.multi_agent_episode import MultiAgentEpisode
+
+AGENTS = ["player_0", "player_1"]
+MAIN = "main"
+
+
+def _game(mapping: Any, main_result: float, episode_id: str | None = None) -> MultiAgentEpisode:
+    """A two-turn game over ``AGENTS``: main's agent ends with ``main_result``, the other with its negation."""
+    episode = MultiAgentEpisode(episode_id, agent_to_module_mapping_fn=mapping)
+    episode.add_env_reset({"player_0": 0})
+    episode.add_env_step({"player_1": 0}, {"player_0": 1}, {})
+    returns = {agent: main_result if episode.module_for(agent) == MAIN else -main_result for agent in AGENTS}
+    done = {"player_0": True, "player_1": True, "__all__": True}
+    episode.add_env_step({"player_0": 1, "player_1": 1}, {"player_1": 2}, returns, terminateds=done)
+    return episode
+
+
+class LeagueData(LightningDataModule):
+    """A stand-in for MultiAgentDataModule: PPO batches for main, and matches whose outcome the test picks.
+
+    Args:
+        num_items: Train items per epoch.
+        main_result: Main's return in every match (1 win, 0 draw, -1 loss).
+    """
+
+    possible_agents = AGENTS
+
+    def __init__(self, num_items: int = 4, main_result: float = 1.0) -> None:
+        super().__init__()
+        self.num_items = num_items
+        self.main_result = main_result
+        self.policy_mapping_fn: Any = None
+        self.matches: list[tuple[str, int, bool]] = []  # (opponent, episodes, explore) per call
+        self.main_seats: list[str] = []
+
+    def train_dataloader(self) -> Any:
+        return _BatchesForEveryModule(self.trainer.lightning_module, self.num_items)
+
+    def set_policy_mapping_fn(self, fn: Any) -> None:
+        self.policy_mapping_fn = fn
+
+    def play_episodes(self, *, num_episodes: int, policy_mapping_fn: Any, explore: bool = False) -> list:
+        episodes = [_game(policy_mapping_fn, self.main_result) for _ in range(num_episodes)]
+        opponents = {episode.module_for(agent) for episode in episodes for agent in AGENTS} - {MAIN}
+        self.matches.append((opponents.pop(), num_episodes, explore))
+        self.main_seats += [agent for episode in episodes for agent in AGENTS if episode.module_for(agent) == MAIN]
+        return episodes
+
+
+class _BatchesForEveryModule:
+    """Train items with a PPO batch for every module the Learner holds when the item is made, snapshots included.
+
+    So a snapshot stays unchanged only because it is frozen, not for lack of data.
+    """
+
+    def __init__(self, learner: PPOLearner, num_items: int) -> None:
+        self.learner, self.num_items = learner, num_items
+
+    def __len__(self) -> int:
+        return self.num_items
+
+    def __iter__(self) -> Any:
+        for seed in range(self.num_items):
+            batch = {module_id: _ppo_batch(seed) for module_id in self.learner.module.keys()}
+            yield TrainItem(TrainingData(batch=batch), timesteps={"num_env_steps_sampled_lifetime": 32 * (seed + 1)})
+
+
+def _ppo_batch(seed: int, rows: int = 32) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {
+        Columns.OBS: rng.normal(size=(rows, 4)).astype(np.float32),
+        Columns.ACTIONS: rng.integers(0, 2, rows),
+        Columns.ACTION_LOGP: rng.normal(-0.7, 0.3, rows).astype(np.float32),
+        Columns.ADVANTAGES: rng.normal(size=rows).astype(np.float32),
+        Columns.VALUE_TARGETS: rng.normal(size=rows).astype(np.float32),
+    }
+
+
+def _learner(**kwargs: Any) -> PPOLearner:
+    torch.manual_seed(3)
+    spec = RLModuleSpec(
+        module_class=PPOModule,
+        observation_space=gym.spaces.Box(-np.inf, np.inf, (4,), np.float32),
+        action_space=gym.spaces.Discrete(2),
+        model_config={"fcnet_hiddens": [8]},
+    )
+    return PPOLearner(
+        MultiRLModuleSpec({MAIN: spec}),
+        lr=1e-2,
+        num_epochs=1,
+        minibatch_size=None,
+        shuffle_batch_per_epoch=False,
+        **kwargs,
+    )
+
+
+def _weights(learner: PPOLearner, module_id: str) -> dict[str, torch.Tensor]:
+    return {name: value.detach().clone() for name, value in learner.module[module_id].state_dict().items()}
+
+
+class _RecordSnapshots(Callback):
+    """After the league's hook: the weights of main and of every snapshot at the item it was added."""
+
+    def __init__(self) -> None:
+        self.at_addition: dict[str, tuple[dict, dict]] = {}
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        for module_id in pl_module.module.keys():
+            if module_id != MAIN and module_id not in self.at_addition:
+                self.at_addition[module_id] = (_weights(pl_module, module_id), _weights(pl_module, MAIN))
+
+
+def _fit(tmp_path: Path, league: SelfPlayLeague, data: LeagueData, learner: PPOLearner | None = None, **kwargs) -> Any:
+    learner = learner or _learner()
+    ckpt_path = kwargs.pop("ckpt_path", None)
+    trainer = make_trainer(tmp_path, callbacks=[league, *kwargs.pop("callbacks", [])], **kwargs)
+    trainer.fit(learner, datamodule=data, ckpt_path=ckpt_path)
+    return learner, trainer
+
+
+# ----------------------------------------------------------------------------------------
+# Matches
+# ----------------------------------------------------------------------------------------
+
+
+def test_seat_mapping_seats_main_in_each_seat_in_turn_and_keeps_an_episodes_seats():
+    mapping = seat_mapping(MAIN, "rival", AGENTS)
+    episodes = [MultiAgentEpisode(f"e{k}") for k in range(4)]
+    for k, episode in enumerate(episodes):
+        assert mapping(AGENTS[k % 2], episode) == MAIN
+        assert mapping(AGENTS[1 - k % 2], episode) == "rival"
+    # Asked again (a later chunk of the same episode), an episode keeps its seats.
+    assert [mapping("player_0", episode) for episode in episodes] == [MAIN, "rival", MAIN, "rival"]
+
+
+def test_seat_mapping_refuses_one_module_in_both_roles_too_few_seats_and_unknown_agents():
+    with pytest.raises(ValueError, match="two different modules"):
+        seat_mapping(MAIN, MAIN, AGENTS)
+    with pytest.raises(ValueError, match="at least two distinct agents"):
+        seat_mapping(MAIN, "rival", ["player_0", "player_0"])
+    with pytest.raises(ValueError, match="'player_9' is not one of the seats"):
+        seat_mapping(MAIN, "rival", AGENTS)("player_9", MultiAgentEpisode())
+
+
+def test_win_rate_counts_strictly_larger_returns_and_not_draws():
+    mapping = seat_mapping(MAIN, "rival", AGENTS)
+    episodes = [_game(mapping, result) for result in (1.0, 1.0, 0.0, -1.0)]
+    assert win_rate(episodes, MAIN) == 0.5
+    assert win_rate(episodes, "rival") == 0.25
+
+
+def test_win_rate_refuses_no_episodes_and_episodes_without_the_module_or_an_opponent():
+    with pytest.raises(ValueError, match="no episodes"):
+        win_rate([], MAIN)
+    with pytest.raises(ValueError, match="has no agent of it"):
+        win_rate([_game(seat_mapping(MAIN, "rival", AGENTS), 1.0)], "ghost")
+    with pytest.raises(ValueError, match="has no opponent of it"):
+        win_rate([_game(lambda agent, episode: MAIN, 1.0)], MAIN)
+
+
+# ----------------------------------------------------------------------------------------
+# The training mapping
+# ----------------------------------------------------------------------------------------
+
+
+def _league_with_members(members: list[str], **kwargs: Any) -> SelfPlayLeague:
+    league = SelfPlayLeague(**kwargs)
+    learner = _learner()
+    learner.build()
+    league.on_fit_start(SimpleNamespace(datamodule=LeagueData()), learner)
+    league.league = list(members)
+    return league
+
+
+def _match_ups(league: SelfPlayLeague, count: int) -> list[tuple[str, str]]:
+    return [
+        (league.policy_mapping_fn("player_0", e), league.policy_mapping_fn("player_1", e))
+        for e in (MultiAgentEpisode(f"episode-{k}") for k in range(count))
+    ]
+
+
+def test_the_mapping_gives_one_episode_the_same_answers_and_seats_main_in_both_seats():
+    league = _league_with_members(["main_v0", "main_v1"], main_probability=0.0)
+    match_ups = _match_ups(league, 400)
+    assert match_ups == _match_ups(league, 400)  # the same episode ids: the same answers
+    assert all(match_up.count(MAIN) == 1 for match_up in match_ups)
+    seat_0 = sum(match_up[0] == MAIN for match_up in match_ups)
+    assert 160 < seat_0 < 240
+    opponents = [module_id for match_up in match_ups for module_id in match_up if module_id != MAIN]
+    assert 160 < opponents.count("main_v0") < 240 and opponents.count("main_v1") == 400 - opponents.count("main_v0")
+
+
+def test_the_opponent_is_main_itself_with_main_probability_and_always_while_the_league_is_empty():
+    match_ups = _match_ups(_league_with_members(["main_v0", "main_v1"], main_probability=0.3), 2000)
+    self_play = sum(match_up == (MAIN, MAIN) for match_up in match_ups) / len(match_ups)
+    assert 0.25 < self_play < 0.35
+    assert set(_match_ups(_league_with_members([], main_probability=0.0), 50)) == {(MAIN, MAIN)}
+
+
+def test_another_seed_draws_other_match_ups():
+    members = ["main_v0", "main_v1", "main_v2"]
+    assert _match_ups(_league_with_members(members, seed=0), 50) != _match_ups(
+        _league_with_members(members, seed=1), 50
+    )
+
+
+# ----------------------------------------------------------------------------------------
+# The league under Trainer.fit
+# ----------------------------------------------------------------------------------------
+
+
+def test_a_winning_main_is_snapshotted_and_the_snapshots_stay_frozen(tmp_path: Path):
+    league, recorder = SelfPlayLeague(evaluate_every_n_rollouts=2, evaluation_num_episodes=4), _RecordSnapshots()
+    data = LeagueData(num_items=6, main_result=1.0)
+    learner, trainer = _fit(tmp_path, league, data, callbacks=[recorder])
+
+    # The first evaluation seeds the empty league; each later one (won 4 of 4) adds a snapshot.
+    assert league.league == ["main_v0", "main_v1", "main_v2"] and league.snapshots_added == 3
+    assert list(learner.module.keys()) == [MAIN, "main_v0", "main_v1", "main_v2"]
+    assert [learner.should_module_be_updated(m) for m in learner.module.keys()] == [True, False, False, False]
+    assert league.last_win_rate == 1.0
+    # Each snapshot was main's copy when added, and has not moved since while main kept training.
+    for module_id, (snapshot, main) in recorder.at_addition.items():
+        assert_same(snapshot, main, module_id)
+        assert_same(_weights(learner, module_id), snapshot, module_id)
+    assert not torch.equal(_weights(learner, MAIN)["pi.0.weight"], recorder.at_addition["main_v0"][1]["pi.0.weight"])
+    assert trainer.callback_metrics["league/size"].item() == 3
+    assert trainer.callback_metrics["league/snapshots_added"].item() == 3
+    assert trainer.callback_metrics["league/win_rate"].item() == 1.0
+    # The data module trains with the league's mapping; matches sample actions and play each seat in turn.
+    assert data.policy_mapping_fn == league.policy_mapping_fn
+    assert data.matches == [("main_v0", 4, True), ("main_v0", 2, True), ("main_v1", 2, True)]
+    assert data.main_seats == ["player_0", "player_1"] * 4
+
+
+@pytest.mark.parametrize("main_result", [0.0, -1.0])
+def test_a_main_that_draws_or_loses_does_not_grow_the_league(tmp_path: Path, main_result: float):
+    league = SelfPlayLeague(evaluate_every_n_rollouts=1, evaluation_num_episodes=4)
+    learner, trainer = _fit(tmp_path, league, LeagueData(num_items=3, main_result=main_result))
+    assert league.league == ["main_v0"] and list(learner.module.keys()) == [MAIN, "main_v0"]
+    assert league.last_win_rate == 0.0 and trainer.callback_metrics["league/win_rate"].item() == 0.0
+
+
+def test_past_the_cap_the_oldest_snapshot_leaves_the_league_at_once_and_the_learner_at_the_next_update(tmp_path: Path):
+    league = SelfPlayLeague(evaluate_every_n_rollouts=1, evaluation_num_episodes=2, max_league_size=2)
+    data = LeagueData(num_items=4)
+    learner, trainer = _fit(tmp_path, league, data)
+    assert league.league == ["main_v2", "main_v3"] and league.snapshots_added == 4
+    # main_v1 left the league at the last update: no new episode meets it, running ones still may.
+    assert league.retired == ["main_v1"]
+    assert list(learner.module.keys()) == [MAIN, "main_v1", "main_v2", "main_v3"]
+    assert data.matches[-2:] == [("main_v1", 1, True), ("main_v2", 1, True)]
+    assert {data.policy_mapping_fn(agent, MultiAgentEpisode(f"e{k}")) for k in range(50) for agent in AGENTS} == {
+        MAIN,
+        "main_v2",
+        "main_v3",
+    }
+    assert trainer.callback_metrics["league/size"].item() == 2
+
+
+def test_a_resumed_fit_continues_the_league_exactly(tmp_path: Path):
+    def league() -> SelfPlayLeague:
+        return SelfPlayLeague(evaluate_every_n_rollouts=3, evaluation_num_episodes=2, max_league_size=2)
+
+    uninterrupted_league = league()
+    uninterrupted, _ = _fit(tmp_path / "a", uninterrupted_league, LeagueData(num_items=4), max_epochs=3)
+
+    checkpoints = ModelCheckpoint(dirpath=tmp_path / "ckpts", save_last=True)
+    _fit(
+        tmp_path / "b",
+        league(),
+        LeagueData(num_items=4),
+        max_epochs=2,
+        callbacks=[checkpoints],
+        enable_checkpointing=True,
+    )
+    resumed_league = league()
+    resumed, _ = _fit(
+        tmp_path / "c", resumed_league, LeagueData(num_items=4), max_epochs=3, ckpt_path=checkpoints.last_model_path
+    )
+
+    assert resumed_league.state_dict() == uninterrupted_league.state_dict()
+    assert resumed_league.league == ["main_v2", "main_v3"] and resumed_league.rollouts == 12
+    assert resumed_league.retired == ["main_v1"] and list(resumed.module.keys()) == [
+        MAIN,
+        "main_v1",
+        "main_v2",
+        "main_v3",
+    ]
+    assert_same(resumed.get_module_state(), uninterrupted.get_module_state())
+
+
+def test_the_league_state_round_trips_and_a_malformed_one_is_refused():
+    league = SelfPlayLeague()
+    state = {
+        "league": ["main_v3", "main_v4"],
+        "retired": ["main_v2"],
+        "snapshots_added": 5,
+        "rollouts": 50,
+        "last_win_rate": 0.7,
+    }
+    league.load_state_dict(state)
+    assert league.state_dict() == state and league.league == ["main_v3", "main_v4"]
+    with pytest.raises(ValueError, match="league and retired \\(lists of module ids\\)"):
+        league.load_state_dict({**state, "league": "main_v3"})
+
+
+def test_fit_stops_at_the_start_without_the_main_module_or_a_multi_agent_data_module(tmp_path: Path):
+    with pytest.raises(ValueError, match="trains the module 'hero', but the Learner holds \\['main'\\]"):
+        _fit(tmp_path, SelfPlayLeague("hero"), LeagueData())
+
+    class SingleAgentData(LightningDataModule):
+        def train_dataloader(self) -> Any:
+            return _BatchesForEveryModule(self.trainer.lightning_module, 1)
+
+    with pytest.raises(ValueError, match="SingleAgentData has no \\['possible_agents', 'set_policy_mapping_fn'"):
+        _fit(tmp_path, SelfPlayLeague(), SingleAgentData())
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"evaluate_every_n_rollouts": 0}, "evaluate_every_n_rollouts must be an int >= 1"),
+        ({"evaluation_num_episodes": 2.0}, "evaluation_num_episodes must be an int >= 1"),
+        ({"max_league_size": 0}, "max_league_size must be an int >= 1"),
+        ({"win_rate_threshold": 1.5}, "win_rate_threshold must be a number in \\[0, 1\\]"),
+        ({"main_probability": -0.1}, "main_probability must be a number in \\[0, 1\\]"),
+        ({"snapshot_prefix": "main.v"}, "must not contain '.'"),
+        ({"main_module_id": ""}, "non-empty"),
+    ],
+)
+def test_arguments_out_of_range_are_refused_naming_them(kwargs: dict, message: str):
+    with pytest.raises(ValueError, match=message):
+        SelfPlayLeague(**kwargs)
