@@ -32,6 +32,10 @@ from lightning_rl.env.policy_mapping import (
 torch.set_num_threads(1)
 
 OBS = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+# connect four's spaces: the board planes and the legal columns.
+BOARD = gym.spaces.Dict(
+    {"action_mask": gym.spaces.Box(0, 1, (7,), np.int8), "observation": gym.spaces.Box(0, 1, (6, 7, 2), np.int8)}
+)
 
 
 class TurnGame(AECEnv):
@@ -198,7 +202,7 @@ def test_turn_based_chunks_concatenate_to_the_whole_with_pending_actions_carried
 
 
 def test_connect_four_turns_and_final_rewards() -> None:
-    module = PPOModule(gym.spaces.Box(0, 1, (6, 7, 2), np.int8), gym.spaces.Discrete(7), {"fcnet_hiddens": [8]})
+    module = PPOModule(BOARD, gym.spaces.Discrete(7), {"fcnet_hiddens": [8]})
     with MultiAgentEnvRunner("pettingzoo.classic.connect_four_v3", num_envs=2, seed=0) as runner:
         torch.manual_seed(0)
         episodes = runner.sample_episodes(module, num_episodes=4, explore=True)
@@ -314,8 +318,9 @@ def test_episodes_left_running_with_a_removed_module_start_afresh() -> None:
 
 def test_connect_four_samples_10k_agent_steps_without_an_illegal_move() -> None:
     torch.manual_seed(0)
-    module = PPOModule(gym.spaces.Box(0, 1, (6, 7, 2), np.int8), gym.spaces.Discrete(7), {"fcnet_hiddens": [8]})
+    module = PPOModule(BOARD, gym.spaces.Discrete(7), {"fcnet_hiddens": [8]})
     with MultiAgentEnvRunner("pettingzoo.classic.connect_four_v3", num_envs=16, seed=0) as runner:
+        assert runner.module_spaces() == {DEFAULT_MODULE_ID: (BOARD, gym.spaces.Discrete(7))}
         episodes = runner.sample(module, num_env_steps=640)
     steps = 0
     for episode in episodes:
@@ -336,7 +341,7 @@ def test_masked_actions_get_zero_probability_when_sampling_and_acting_greedily()
     # connect four's masks come from the board; a module that prefers column 0 above all must
     # still never play it once it is full.
     bias = [50.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
-    module = Fixed(gym.spaces.Box(0, 1, (6, 7, 2), np.int8), gym.spaces.Discrete(7), bias)
+    module = Fixed(BOARD, gym.spaces.Discrete(7), bias)
     with MultiAgentEnvRunner("pettingzoo.classic.connect_four_v3", num_envs=2, seed=0) as runner:
         for explore in (True, False):
             for episode in runner.sample_episodes(module, num_episodes=2, explore=explore):
