@@ -17,9 +17,12 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning_rl import Columns, MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.algorithms.ppo import PPOLearner, PPOModule
 from lightning_rl.callbacks import SelfPlayLeague
+from lightning_rl.core.rl_modules import MultiRLModule
 from lightning_rl.core.train_item import TrainingData, TrainItem
 from lightning_rl.env.matches import seat_mapping, win_rate
 from lightning_rl.env.multi_agent_episode import MultiAgentEpisode
+from lightning_rl.env.multi_agent_runner import MultiAgentEnvRunner
+from lightning_rl.env.opponents import ConnectFourHeuristicModule, RandomLegalModule
 
 AGENTS = ["player_0", "player_1"]
 MAIN = "main"
@@ -179,6 +182,21 @@ def test_win_rate_refuses_no_episodes_and_episodes_without_the_module_or_an_oppo
         win_rate([_game(lambda agent, episode: MAIN, 1.0)], MAIN)
 
 
+def test_matches_of_real_connect_four_games_seat_main_in_turn_and_score_the_heuristic_above_random():
+    pytest.importorskip("pettingzoo")
+    runner = MultiAgentEnvRunner("pettingzoo.classic.connect_four_v3", num_envs=1, seed=0)
+    spaces = (runner.observation_space("player_0"), runner.action_space("player_0"))
+    modules = MultiRLModule(
+        {MAIN: ConnectFourHeuristicModule(*spaces, {"seed": 0}), "rival": RandomLegalModule(*spaces, {"seed": 1})}
+    )
+    episodes = runner.sample_episodes(
+        modules, num_episodes=40, policy_mapping_fn=seat_mapping(MAIN, "rival", runner.possible_agents)
+    )
+    main_seats = [agent for episode in episodes for agent in AGENTS if episode.module_for(agent) == MAIN]
+    assert main_seats == AGENTS * 20
+    assert win_rate(episodes, MAIN) >= 0.8 and win_rate(episodes, "rival") <= 0.2
+
+
 # ----------------------------------------------------------------------------------------
 # The training mapping
 # ----------------------------------------------------------------------------------------
@@ -216,6 +234,19 @@ def test_the_opponent_is_main_itself_with_main_probability_and_always_while_the_
     self_play = sum(match_up == (MAIN, MAIN) for match_up in match_ups) / len(match_ups)
     assert 0.25 < self_play < 0.35
     assert set(_match_ups(_league_with_members([], main_probability=0.0), 50)) == {(MAIN, MAIN)}
+
+
+def test_the_runner_plays_training_episodes_with_the_leagues_match_ups():
+    pytest.importorskip("pettingzoo")
+    runner = MultiAgentEnvRunner("pettingzoo.classic.connect_four_v3", num_envs=4, seed=0)
+    spaces = (runner.observation_space("player_0"), runner.action_space("player_0"))
+    modules = MultiRLModule({module_id: RandomLegalModule(*spaces, {"seed": 0}) for module_id in (MAIN, "main_v0")})
+    league = _league_with_members(["main_v0"], main_probability=0.0)
+    runner.set_policy_mapping_fn(league.policy_mapping_fn)
+    episodes = runner.sample(modules, num_env_steps=100)
+    assert len(episodes) > 10
+    for episode in episodes:
+        assert sorted(episode.module_for(agent) for agent in AGENTS) == ["main", "main_v0"]
 
 
 def test_another_seed_draws_other_match_ups():
@@ -311,6 +342,34 @@ def test_a_resumed_fit_continues_the_league_exactly(tmp_path: Path):
     assert_same(resumed.get_module_state(), uninterrupted.get_module_state())
 
 
+def _leagues_under_ddp(rank: int, world_size: int, root: str) -> dict[float, dict[str, Any]]:
+    """Fits on 2 ranks, for two thresholds: rank 0's main wins every match, rank 1's loses every one (a rate of 0.5)."""
+    results = {}
+    for threshold in (0.5, 0.6):
+        league = SelfPlayLeague(evaluate_every_n_rollouts=1, evaluation_num_episodes=2, win_rate_threshold=threshold)
+        data = LeagueData(num_items=3, main_result=1.0 if rank == 0 else -1.0)
+        learner, _ = _fit(Path(root) / str(threshold), league, data, strategy="ddp", devices=world_size)
+        weights = {module_id: _weights(learner, module_id) for module_id in learner.module.keys()}
+        results[threshold] = {
+            "state": league.state_dict(),
+            "weights": {module_id: {k: v.numpy() for k, v in w.items()} for module_id, w in weights.items()},
+        }
+    return results
+
+
+def test_under_ddp_the_win_rate_is_averaged_over_ranks_and_every_rank_grows_the_same_league(tmp_path: Path):
+    from ranks import run_on_ranks
+
+    by_rank = run_on_ranks(_leagues_under_ddp, str(tmp_path))
+    for threshold, league in ((0.5, ["main_v0", "main_v1", "main_v2"]), (0.6, ["main_v0"])):
+        rank_0, rank_1 = by_rank[0][threshold], by_rank[1][threshold]
+        assert rank_0["state"] == rank_1["state"]
+        assert rank_0["state"]["league"] == league and rank_0["state"]["last_win_rate"] == 0.5
+        for module_id, weights in rank_0["weights"].items():
+            for name, value in weights.items():
+                np.testing.assert_array_equal(value, rank_1["weights"][module_id][name], err_msg=f"{module_id}/{name}")
+
+
 def test_the_league_state_round_trips_and_a_malformed_one_is_refused():
     league = SelfPlayLeague()
     state = {
@@ -347,6 +406,10 @@ def test_fit_stops_at_the_start_without_the_main_module_or_a_multi_agent_data_mo
         ({"win_rate_threshold": 1.5}, "win_rate_threshold must be a number in \\[0, 1\\]"),
         ({"main_probability": -0.1}, "main_probability must be a number in \\[0, 1\\]"),
         ({"snapshot_prefix": "main.v"}, "must not contain '.'"),
+        ({"snapshot_prefix": ""}, "snapshot_prefix must be a non-empty str"),
+        ({"main_module_id": "v0", "snapshot_prefix": "v"}, "does not make main's id"),
+        ({"seed": 1.5}, "seed must be an int"),
+        ({"evaluation_explore": "yes"}, "evaluation_explore must be True or False"),
         ({"main_module_id": ""}, "non-empty"),
     ],
 )

@@ -10,9 +10,13 @@ win rate reaches ``win_rate_threshold``, a frozen copy of main joins the league
 (``Learner.add_module``, not in ``policies_to_train``), and past ``max_league_size`` the
 oldest snapshot leaves it. A snapshot that left the league stays in the Learner until the
 next evaluation (then ``Learner.remove_module``): training episodes begun against it may
-still be running, and their agents keep their modules to the end. The league is part of the checkpoint:
-a resumed fit goes on with the same snapshots (the Learner's checkpoint rebuilds their
-modules), the same count of rollouts and the same snapshot numbering.
+still be running, and their agents keep their modules to the end.
+
+The league is part of the checkpoint: a resumed fit goes on with the same snapshots (the
+Learner's checkpoint rebuilds their modules), the same count of rollouts and the same
+snapshot numbering. The data module's own mapping decides which modules the Learner builds
+at the start, so it must map the agents to ``main_module_id`` (with the ``"shared"``
+mapping, pass ``main_module_id="default_policy"``).
 """
 
 from __future__ import annotations
@@ -79,22 +83,18 @@ class SelfPlayLeague(Callback):
         seed: int = 0,
         evaluation_explore: bool = True,
     ) -> None:
-        validate_module_id(main_module_id)
-        validate_module_id(f"{snapshot_prefix}0")
-        if f"{snapshot_prefix}0" == main_module_id or not snapshot_prefix:
-            raise ValueError(f"snapshot_prefix {snapshot_prefix!r} must be non-empty and not make main's id")
-        for name, value in (
-            ("evaluate_every_n_rollouts", evaluate_every_n_rollouts),
-            ("evaluation_num_episodes", evaluation_num_episodes),
-            ("max_league_size", max_league_size),
-        ):
-            if not _is_int(value) or value < 1:
-                raise ValueError(f"SelfPlayLeague: {name} must be an int >= 1, got {value!r}")
-        for name, value in (("win_rate_threshold", win_rate_threshold), ("main_probability", main_probability)):
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= 1:
-                raise ValueError(f"SelfPlayLeague: {name} must be a number in [0, 1], got {value!r}")
-        if not _is_int(seed):
-            raise ValueError(f"SelfPlayLeague: seed must be an int, got {seed!r}")
+        _check_arguments(
+            main_module_id=main_module_id,
+            snapshot_prefix=snapshot_prefix,
+            counts={
+                "evaluate_every_n_rollouts": evaluate_every_n_rollouts,
+                "evaluation_num_episodes": evaluation_num_episodes,
+                "max_league_size": max_league_size,
+            },
+            fractions={"win_rate_threshold": win_rate_threshold, "main_probability": main_probability},
+            seed=seed,
+            evaluation_explore=evaluation_explore,
+        )
         self.main_module_id = main_module_id
         self.evaluate_every_n_rollouts = evaluate_every_n_rollouts
         self.evaluation_num_episodes = evaluation_num_episodes
@@ -313,6 +313,35 @@ class SelfPlayLeague(Callback):
         env_steps = getattr(train_item, "timesteps", {}).get(NUM_ENV_STEPS_SAMPLED_LIFETIME)
         if env_steps is not None:
             log_env_step(learner, env_steps, on_step=False)
+
+
+def _check_arguments(
+    *,
+    main_module_id: Any,
+    snapshot_prefix: Any,
+    counts: dict[str, Any],
+    fractions: dict[str, Any],
+    seed: Any,
+    evaluation_explore: Any,
+) -> None:
+    """Raise ``ValueError`` naming the first of ``SelfPlayLeague``'s arguments that is out of its range."""
+    validate_module_id(main_module_id)
+    if not isinstance(snapshot_prefix, str) or not snapshot_prefix or f"{snapshot_prefix}0" == main_module_id:
+        raise ValueError(
+            f"SelfPlayLeague: snapshot_prefix must be a non-empty str that does not make main's id, got "
+            f"{snapshot_prefix!r}"
+        )
+    validate_module_id(f"{snapshot_prefix}0")
+    for name, value in counts.items():
+        if not _is_int(value) or value < 1:
+            raise ValueError(f"SelfPlayLeague: {name} must be an int >= 1, got {value!r}")
+    for name, value in fractions.items():
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= 1:
+            raise ValueError(f"SelfPlayLeague: {name} must be a number in [0, 1], got {value!r}")
+    if not _is_int(seed):
+        raise ValueError(f"SelfPlayLeague: seed must be an int, got {seed!r}")
+    if not isinstance(evaluation_explore, bool):
+        raise ValueError(f"SelfPlayLeague: evaluation_explore must be True or False, got {evaluation_explore!r}")
 
 
 def _learner(pl_module: LightningModule) -> Learner:
