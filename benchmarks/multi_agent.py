@@ -151,6 +151,8 @@ def run_ours_child(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(args.threads)
     config = REPO_ROOT / args.config
+    # Benchmark the checkout this file is in, whatever lightning_rl is installed (or not).
+    sys.path.insert(0, str(REPO_ROOT))
     try:
         from lightning_rl.cli import LightningRLCLI
         from lightning_rl.data import MultiAgentDataModule  # noqa: F401  (the config needs it)
@@ -259,7 +261,7 @@ def print_table(rows: list[tuple[str, dict[str, dict[str, Any]]]]) -> None:
         print(
             f"{label:<8}{fmt(ours, '.2f'):>12}{fmt(hw, '.2f'):>11}{fmt(rnd, '.2f'):>9}{fmt(diff, '+.2f'):>11}"
             f"{fmt(gain(ours, hw, rnd), '.2f'):>7}{fmt(ours_sps, '.0f'):>14}{fmt(hw_sps, '.0f'):>12}"
-            f"{fmt(ratio(ours_sps, hw_sps), '.2f'):>9}{fmt(steps, 'd'):>11}"
+            f"{fmt(ratio(ours_sps, hw_sps), '.2f'):>9}{fmt(steps, '.0f'):>11}"
         )
     for _, by_variant in rows:
         for record in by_variant.values():
