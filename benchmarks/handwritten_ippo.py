@@ -29,8 +29,8 @@ agents share most of their reward, so the per-agent returns are close to each ot
 
 Run::
 
-    python benchmarks/handwritten_ippo.py --seed 0 --env-steps 300000
-    python benchmarks/handwritten_ippo.py --seed 0 --env-steps 300000 --random   # the baseline
+    python benchmarks/handwritten_ippo.py --seed 0 --env-steps 100000
+    python benchmarks/handwritten_ippo.py --seed 0 --env-steps 100000 --random   # the baseline
 
 It prints ``TRAINING_START time=<unix time>`` once set-up is done, with ``--verbose`` one
 progress line per ``--log-every`` rollouts, and at the end one JSON line: ``env_steps``,
@@ -75,7 +75,7 @@ RETURN_WINDOW = 100  # episodes in the training-return mean
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--env-steps", type=int, default=300_000, help="env steps (over all copies) to train for")
+    parser.add_argument("--env-steps", type=int, default=100_000, help="env steps (over all copies) to train for")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     parser.add_argument("--random", action="store_true", help="uniform random actions and no updates: the baseline")
     parser.add_argument("--verbose", action="store_true", help="print the training return every --log-every rollouts")

@@ -39,7 +39,7 @@ Run::
 
     python benchmarks/multi_agent.py                                   # seeds 0 1 2, all variants
     python benchmarks/multi_agent.py --variants handwritten random --seeds 0 1 2
-    python benchmarks/multi_agent.py --env-steps 100000 --json multi_agent.json
+    python benchmarks/multi_agent.py --env-steps 200000 --json multi_agent.json
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 VARIANTS = ("ours", "handwritten", "random")
 DEFAULT_CONFIG = "examples/ppo_simple_spread.yaml"
-DEFAULT_ENV_STEPS = 200_000  # the example's max_env_steps
+DEFAULT_ENV_STEPS = 100_000  # the example's max_env_steps
 AGENT_RETURN_PREFIX = "agent_episode_return_mean/"
 STEPS_PER_S_TARGET = 0.85  # ours' env steps/s / the hand-written loop's, at least
 
