@@ -42,7 +42,7 @@ def _random_masks(rows: int, seed: int) -> torch.Tensor:
     return masks
 
 
-def test_a_dict_with_exactly_action_mask_and_observation_is_a_masked_space_and_its_observation_part_is_the_inner_space():
+def test_a_dict_of_exactly_action_mask_and_observation_is_a_masked_space_whose_observation_part_is_the_inner_one():
     assert is_action_masked_space(MASKED_SPACE)
     assert observation_part(MASKED_SPACE) == OBS_PART
     extra_key = gym.spaces.Dict({**MASKED_SPACE.spaces, "other": gym.spaces.Discrete(2)})

@@ -117,11 +117,19 @@ def test_concat_keeps_the_action_dtype_after_an_empty_chunk() -> None:
     start = SingleAgentEpisode("e", observations=np.zeros((1, 2), np.float32))
     step = SingleAgentEpisode(
         "e", observations=np.zeros((2, 2), np.float32), actions=np.array([1]), rewards=[1.0],
-        extra_model_outputs={"action_logp": np.array([-0.5], np.float32)},
+        extra_model_outputs={
+            "action_logp": np.array([-0.5], np.float32),
+            "action_dist_inputs": np.array([[0.1, 0.2]], np.float32),
+            "action_mask": np.array([[1, 0]], np.int8),
+        },
     )
     start.concat_episode(step)
     assert start.actions.dtype == step.actions.dtype and start.actions.tolist() == [1]
-    assert start.extra_model_outputs["action_logp"].dtype == np.float32
+    # Outputs of several dimensions and integer ones come through as the chunk has them
+    # (a turn-based agent's chunk is often empty: it was waiting for its turn when the chunk was cut).
+    for key, values in step.extra_model_outputs.items():
+        assert start.extra_model_outputs[key].dtype == values.dtype, key
+        np.testing.assert_array_equal(start.extra_model_outputs[key], values)
 
 
 def test_concat_fills_missing_infos() -> None:

@@ -32,6 +32,10 @@ from lightning_rl.env.policy_mapping import (
 torch.set_num_threads(1)
 
 OBS = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+# connect four's spaces: the board planes and the legal columns.
+BOARD = gym.spaces.Dict(
+    {"action_mask": gym.spaces.Box(0, 1, (7,), np.int8), "observation": gym.spaces.Box(0, 1, (6, 7, 2), np.int8)}
+)
 
 
 class TurnGame(AECEnv):
@@ -165,6 +169,7 @@ def test_turn_based_agents_hold_only_their_turns_with_rewards_collected_between_
     assert y.rewards.tolist() == [a_y[0] - 1, a_y[1] - 1]  # the -1 before y's first move is not a step of y's
     assert x.is_terminated and y.is_terminated
     assert set(x.extra_model_outputs) == {Columns.ACTION_DIST_INPUTS, Columns.ACTION_LOGP}
+    assert module.batch_sizes == [1] * 5  # the two dead steps at the end ran no forward pass
 
 
 @pytest.mark.parametrize("num_env_steps", [1, 2, 3])
@@ -197,7 +202,7 @@ def test_turn_based_chunks_concatenate_to_the_whole_with_pending_actions_carried
 
 
 def test_connect_four_turns_and_final_rewards() -> None:
-    module = PPOModule(gym.spaces.Box(0, 1, (6, 7, 2), np.int8), gym.spaces.Discrete(7), {"fcnet_hiddens": [8]})
+    module = PPOModule(BOARD, gym.spaces.Discrete(7), {"fcnet_hiddens": [8]})
     with MultiAgentEnvRunner("pettingzoo.classic.connect_four_v3", num_envs=2, seed=0) as runner:
         torch.manual_seed(0)
         episodes = runner.sample_episodes(module, num_episodes=4, explore=True)
@@ -282,6 +287,30 @@ def test_an_agent_mapped_to_a_missing_module_is_an_error_naming_it() -> None:
             runner.sample(Fixed(OBS, gym.spaces.Discrete(2), [0.0, 0.0]), num_env_steps=1)
 
 
+def test_a_new_mapping_applies_to_new_episodes_while_running_ones_keep_theirs() -> None:
+    modules = MultiRLModule(
+        {name: Fixed(OBS, gym.spaces.Discrete(2), [0.0, 0.0]) for name in (DEFAULT_MODULE_ID, "new")}
+    )
+    with MultiAgentEnvRunner(JoinLeave, seed=0) as runner:
+        (running,) = runner.sample(modules, num_env_steps=3)
+        runner.set_policy_mapping_fn(lambda agent, episode: "new")
+        rest, fresh = runner.sample(modules, num_env_steps=4)
+    assert rest.id_ == running.id_ and rest.is_done and fresh.id_ != running.id_
+    assert set(rest.agent_to_module_mapping.values()) == {DEFAULT_MODULE_ID}
+    assert set(fresh.agent_to_module_mapping.values()) == {"new"}
+
+
+def test_episodes_left_running_with_a_removed_module_start_afresh() -> None:
+    current = ["old"]
+    with MultiAgentEnvRunner(JoinLeave, num_envs=2, policy_mapping_fn=lambda agent, episode: current[0]) as runner:
+        before = runner.sample(MultiRLModule({"old": Fixed(OBS, gym.spaces.Discrete(2), [0.0, 0.0])}), num_env_steps=2)
+        current[0] = "new"  # a league swapped the module: "old" is gone from the learner
+        after = runner.sample(MultiRLModule({"new": Fixed(OBS, gym.spaces.Discrete(2), [0.0, 0.0])}), num_env_steps=2)
+    assert all(set(episode.agent_to_module_mapping.values()) == {"old"} for episode in before)
+    assert {episode.id_ for episode in after}.isdisjoint(episode.id_ for episode in before)
+    assert all(episode.env_t_started == 0 and episode.module_for("a") == "new" for episode in after)
+
+
 # ----------------------------------------------------------------------------------------
 # Action masks
 # ----------------------------------------------------------------------------------------
@@ -289,8 +318,9 @@ def test_an_agent_mapped_to_a_missing_module_is_an_error_naming_it() -> None:
 
 def test_connect_four_samples_10k_agent_steps_without_an_illegal_move() -> None:
     torch.manual_seed(0)
-    module = PPOModule(gym.spaces.Box(0, 1, (6, 7, 2), np.int8), gym.spaces.Discrete(7), {"fcnet_hiddens": [8]})
+    module = PPOModule(BOARD, gym.spaces.Discrete(7), {"fcnet_hiddens": [8]})
     with MultiAgentEnvRunner("pettingzoo.classic.connect_four_v3", num_envs=16, seed=0) as runner:
+        assert runner.module_spaces() == {DEFAULT_MODULE_ID: (BOARD, gym.spaces.Discrete(7))}
         episodes = runner.sample(module, num_env_steps=640)
     steps = 0
     for episode in episodes:
@@ -311,7 +341,7 @@ def test_masked_actions_get_zero_probability_when_sampling_and_acting_greedily()
     # connect four's masks come from the board; a module that prefers column 0 above all must
     # still never play it once it is full.
     bias = [50.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
-    module = Fixed(gym.spaces.Box(0, 1, (6, 7, 2), np.int8), gym.spaces.Discrete(7), bias)
+    module = Fixed(BOARD, gym.spaces.Discrete(7), bias)
     with MultiAgentEnvRunner("pettingzoo.classic.connect_four_v3", num_envs=2, seed=0) as runner:
         for explore in (True, False):
             for episode in runner.sample_episodes(module, num_episodes=2, explore=explore):
@@ -363,6 +393,25 @@ def test_agents_with_different_spaces_cannot_share_a_module() -> None:
         "x": (OBS, action),
         "y": (spaces["y"], action),
     }
+
+
+class MixedSpaces(JoinLeave):
+    def observation_space(self, agent: str) -> gym.Space:
+        return OBS if agent == "a" else gym.spaces.Box(0, 1, (3,), np.float32)
+
+
+class TupleSpaces(JoinLeave):
+    def observation_space(self, agent: str) -> gym.Space:
+        return gym.spaces.Tuple((OBS, OBS))
+
+
+def test_a_runner_refuses_spaces_it_cannot_batch_or_share_before_sampling() -> None:
+    with pytest.raises(ValueError, match="'a' and 'b' both map to module 'default_policy'"):
+        MultiAgentEnvRunner(MixedSpaces, num_envs=2)
+    with MultiAgentEnvRunner(MixedSpaces, policy_mapping_fn="per_agent") as runner:
+        assert runner.module_spaces()["b"][0].shape == (3,)
+    with pytest.raises(ValueError, match="agent 'a' has the observation space Tuple"):
+        MultiAgentEnvRunner(TupleSpaces)
 
 
 def test_evaluation_episodes_use_the_mapping_override_and_leave_training_counters_alone() -> None:
@@ -431,6 +480,10 @@ def test_pettingzoo_env_paths_resolve_or_fail_naming_the_path() -> None:
         check_pettingzoo_env_name("gymnasium.spaces")
     with pytest.raises(ValueError, match="import path"):
         check_pettingzoo_env_name("CartPole-v1")
+    with pytest.raises(ValueError, match="did you mean \\['classic/connect_four-v3'"):
+        check_pettingzoo_env_name("classic/connect_fuor-v3")
+    registered = make_pettingzoo_env("classic/connect_four-v3")
+    assert type(registered.unwrapped).__name__ == "raw_env" and registered.possible_agents == ["player_0", "player_1"]
     with pytest.raises(TypeError, match="built a dict"):
         make_pettingzoo_env(dict)
     with pytest.raises(ValueError, match="num_envs must be an int >= 1"):

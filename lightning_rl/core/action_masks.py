@@ -31,7 +31,7 @@ _MASKED_KEYS = frozenset({ACTION_MASK, OBSERVATION})
 
 
 def is_action_masked_space(space: gym.Space | None) -> bool:
-    """Whether ``space`` is a masked observation space: a ``Dict`` with exactly the keys ``action_mask`` and ``observation``.
+    """Whether ``space`` is a masked observation space: a ``Dict`` of exactly ``action_mask`` and ``observation``.
 
     Args:
         space: An observation space, or ``None`` (a container module has none).

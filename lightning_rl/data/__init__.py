@@ -1,7 +1,8 @@
-"""Data: the environment data modules (on-policy rollouts, off-policy replay), the offline one (Minari datasets) and replay buffers."""
+"""Data: the environment data modules (on-policy rollouts, off-policy replay, multi-agent rollouts), the offline one (Minari datasets) and replay buffers."""
 
 from lightning_rl.data.env_datamodule import EnvDataModule
 from lightning_rl.data.episode_datamodule import EpisodeDataModule
+from lightning_rl.data.multi_agent import MultiAgentDataModule
 from lightning_rl.data.off_policy import OffPolicyDataModule
 from lightning_rl.data.offline import OfflineDataModule
 from lightning_rl.data.on_policy import OnPolicyDataModule
@@ -11,6 +12,7 @@ from lightning_rl.data.uniform_replay import ReplayBuffer
 __all__ = [
     "EnvDataModule",
     "EpisodeDataModule",
+    "MultiAgentDataModule",
     "OffPolicyDataModule",
     "OfflineDataModule",
     "OnPolicyDataModule",

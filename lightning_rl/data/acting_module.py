@@ -10,7 +10,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from lightning_rl.core.rl_modules import RLModule
+from lightning_rl.core.rl_modules import MultiRLModule, RLModule
 
 
 @contextlib.contextmanager
@@ -31,6 +31,24 @@ def learner_acting_module(trainer: Any, module_id: str) -> Iterator[RLModule]:
     check_learner_has_module(learner, module_id, "to act with")
     with learner.module_for_acting(module_id) as module:
         yield module
+
+
+@contextlib.contextmanager
+def learner_acting_modules(trainer: Any) -> Iterator[MultiRLModule]:
+    """All of the Trainer's Learner's modules, ready to act, for the length of the block (multi-agent sampling).
+
+    Through ``Learner.module_for_acting()`` (no module id): with sharded modules (FSDP2) their
+    whole weights are gathered for the block, a collective call that every rank makes at the
+    same point.
+
+    Raises:
+        ValueError: If the Learner is not built.
+    """
+    learner = trainer.lightning_module
+    if learner.module is None:
+        raise ValueError(f"{type(learner).__name__} is not built; the data module needs its modules to act with")
+    with learner.module_for_acting() as modules:
+        yield modules
 
 
 def check_learner_has_module(learner: Any, module_id: str, purpose: str) -> None:

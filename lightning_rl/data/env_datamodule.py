@@ -349,7 +349,7 @@ class EnvDataModule(LightningDataModule, abc.ABC):
     def train_dataloader(self) -> Iterable[TrainItem]:
         """One epoch of train items, each sampled when Lightning asks for it (a sized iterable: no prefetch)."""
         self._restore_state_saved_by_episode_datamodule()
-        return _Rollouts(self)
+        return Rollouts(self)
 
     def val_dataloader(self) -> Iterable[TrainItem]:
         """One evaluation item: this rank's share of ``evaluation_num_episodes`` complete episodes."""
@@ -434,8 +434,12 @@ class EnvDataModule(LightningDataModule, abc.ABC):
             self.load_state_dict(checkpoint[FORMER_STATE_KEY])
 
 
-class _Rollouts:
-    """A sized iterable of train items (sized, so Lightning does not prefetch one)."""
+class Rollouts:
+    """A sized iterable of train items (sized, so Lightning does not prefetch one).
+
+    ``datamodule`` is any data module with ``sample_train_item()``, ``_rollouts_left()``,
+    ``num_env_steps_sampled_lifetime`` and a ``max_env_steps`` hyperparameter.
+    """
 
     def __init__(self, datamodule: EnvDataModule) -> None:
         self.datamodule = datamodule

@@ -333,8 +333,11 @@ class SingleAgentEpisode:
         if self._is_numpy:
             # An episode without steps has placeholder arrays of no particular dtype: take
             # the chunk's arrays instead of concatenating (which would change their dtype).
+            # Read once, before the fields below change this episode's length.
+            had_steps = len(self) > 0
+
             def joined(mine: np.ndarray, theirs: Any) -> np.ndarray:
-                return np.concatenate([mine, np.asarray(theirs)]) if len(self) else np.asarray(theirs)
+                return np.concatenate([mine, np.asarray(theirs)]) if had_steps else np.asarray(theirs)
 
             self.observations = np.concatenate([self.observations, np.asarray(other.observations[1:])])
             if len(other):

@@ -270,6 +270,11 @@ class MultiAgentEpisode:
         return module_id
 
     @property
+    def agent_to_module_mapping(self) -> dict[AgentID, ModuleID]:
+        """``{agent_id: module_id}`` of every agent mapped so far in this episode (earlier chunks included); a copy."""
+        return dict(self._agent_to_module)
+
+    @property
     def agent_ids(self) -> list[AgentID]:
         """The agents with an episode in this chunk, in the order they first observed."""
         return list(self.agent_episodes)

@@ -24,13 +24,16 @@ import numpy as np
 import torch
 
 from lightning_rl.core.acting import compute_actions
+from lightning_rl.core.action_masks import (
+    ACTION_MASK,
+    is_action_masked_space,
+    observation_part,
+    split_masked_observation,
+)
 from lightning_rl.core.columns import DEFAULT_MODULE_ID, Columns
 from lightning_rl.core.rl_modules import MultiRLModule, RLModule
 from lightning_rl.env.multi_agent_episode import ALL_AGENTS, AgentID, ModuleID, MultiAgentEpisode
 from lightning_rl.env.pettingzoo_env import is_parallel_env
-
-ACTION_MASK = "action_mask"
-_MASKED_KEYS = frozenset({ACTION_MASK, "observation"})
 
 # An agent's observation as the module sees it: (observation part, action mask or None).
 AgentObservation = tuple[np.ndarray, np.ndarray | None]
@@ -46,8 +49,34 @@ class EpisodeRecord:
     agent_modules: dict[AgentID, ModuleID]
 
 
-def _is_masked_space(space: gym.Space) -> bool:
-    return isinstance(space, gym.spaces.Dict) and set(space.spaces) == _MASKED_KEYS
+# The spaces whose values stack into one array per step.
+_ARRAY_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
+
+
+def check_agent_spaces(agent: AgentID, observation_space: gym.Space, action_space: gym.Space) -> None:
+    """Refuse spaces the runner cannot stack into batches.
+
+    Args:
+        agent: The agent, for the message.
+        observation_space: An array space, or PettingZoo's action-mask Dict around one with a
+            ``Discrete`` action space.
+        action_space: An array space.
+
+    Raises:
+        ValueError: Naming the agent and the space.
+    """
+    observed = observation_part(observation_space)
+    if not isinstance(observed, _ARRAY_SPACES):
+        raise ValueError(
+            f"agent {agent!r} has the observation space {observation_space}; expected an array space (Box, Discrete, "
+            "MultiDiscrete, MultiBinary) or a Dict of exactly 'observation' (an array space) and 'action_mask'"
+        )
+    if not isinstance(action_space, _ARRAY_SPACES):
+        raise ValueError(f"agent {agent!r} has the action space {action_space}; expected an array space")
+    if is_action_masked_space(observation_space) and not isinstance(action_space, gym.spaces.Discrete):
+        raise ValueError(
+            f"agent {agent!r} has an action mask with the action space {action_space}; masks need a Discrete one"
+        )
 
 
 class EnvCopy:
@@ -68,7 +97,7 @@ class EnvCopy:
         self.episode = MultiAgentEpisode(agent_to_module_mapping_fn=mapping_fn)
         #: ``{agent_id: (observation part, mask)}`` of the agents that must act at the next step.
         self.waiting: dict[AgentID, AgentObservation] = {}
-        self._masked = {agent: _is_masked_space(env.observation_space(agent)) for agent in env.possible_agents}
+        self._masked = {agent: is_action_masked_space(env.observation_space(agent)) for agent in env.possible_agents}
         self.action_spaces: dict[AgentID, gym.Space] = {agent: env.action_space(agent) for agent in env.possible_agents}
         # The whole episode's per-agent returns and end flags, over all its chunks.
         self._returns: dict[AgentID, float] = {}
@@ -162,7 +191,8 @@ class EnvCopy:
     def _split(self, agent: AgentID, observation: Any) -> AgentObservation:
         # Copies: some envs hand out views of arrays they change in place at the next step.
         if self._masked.get(agent, False):
-            return np.array(observation["observation"]), np.array(observation[ACTION_MASK])
+            observation, mask = split_masked_observation(observation)
+            return np.array(observation), np.array(mask)
         return np.array(observation), None
 
 
@@ -234,7 +264,7 @@ def _act(module: RLModule, observations: list[AgentObservation], *, explore: boo
         raise ValueError("the agents mapped to one module must all have action-masked observations, or none")
     mask = torch.from_numpy(np.stack([mask for _, mask in observations])).to(device) if all(has_mask) else None
     with torch.inference_mode():
-        out, actions = _masked_compute_actions(module, obs, mask, explore=explore)
+        out, actions = compute_actions(module, obs, explore=explore, action_mask=mask)
     rows = obs.shape[0]
     arrays = {
         key: value.cpu().numpy()
@@ -244,33 +274,6 @@ def _act(module: RLModule, observations: list[AgentObservation], *, explore: boo
     if mask is not None:
         arrays[ACTION_MASK] = mask.cpu().numpy()
     return arrays, actions.cpu().numpy()
-
-
-def _masked_compute_actions(
-    module: RLModule, obs: torch.Tensor, mask: torch.Tensor | None, *, explore: bool
-) -> tuple[dict[str, Any], torch.Tensor]:
-    # The one place that knows how a mask reaches the module: once core's compute_actions
-    # takes `action_mask=`, this becomes `compute_actions(module, obs, explore=..., action_mask=mask)`.
-    if mask is None:
-        out, actions = compute_actions(module, obs, explore=explore)
-        return dict(out), actions
-    forward = module.forward_exploration if explore else module.forward_inference
-    out = dict(forward({Columns.OBS: obs, ACTION_MASK: mask}))
-    if Columns.ACTIONS in out:  # the module chose (and masked) its actions itself
-        return out, out[Columns.ACTIONS]
-    if Columns.ACTION_DIST_INPUTS not in out:
-        raise ValueError(
-            f"{type(module).__name__}'s forward pass returned neither {Columns.ACTIONS!r} nor "
-            f"{Columns.ACTION_DIST_INPUTS!r}; got {sorted(out)}"
-        )
-    logits = out[Columns.ACTION_DIST_INPUTS]
-    logits = torch.where(mask.bool(), logits, torch.finfo(logits.dtype).min)
-    out[Columns.ACTION_DIST_INPUTS] = logits
-    dist_cls = module.get_exploration_action_dist_cls() if explore else module.get_inference_action_dist_cls()
-    dist = dist_cls.from_logits(logits)
-    actions = dist.sample() if explore else dist.deterministic_sample()
-    out[Columns.ACTION_LOGP] = dist.logp(actions)
-    return out, actions
 
 
 def _env_action(action: np.ndarray, space: gym.Space) -> Any:

@@ -18,9 +18,9 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from lightning_rl.core.rl_modules import RLModule
+from lightning_rl.core.rl_modules import MultiRLModule, RLModule
 from lightning_rl.env.multi_agent_episode import AgentID, ModuleID, MultiAgentEpisode
-from lightning_rl.env.multi_agent_rollout import EnvCopy, EpisodeRecord, step_copies
+from lightning_rl.env.multi_agent_rollout import EnvCopy, EpisodeRecord, check_agent_spaces, step_copies
 from lightning_rl.env.pettingzoo_env import PettingZooEnvCreator, make_pettingzoo_env
 from lightning_rl.env.policy_mapping import PolicyMappingFn, module_spaces, resolve_policy_mapping_fn
 
@@ -63,7 +63,8 @@ class MultiAgentEnvRunner:
     Raises:
         ValueError: Naming the argument, for ``num_envs`` or ``episode_stats_window`` below 1, a
             seed that is not an int, an unknown mapping name, an env path that does not resolve,
-            or an env whose agents' spaces clash on one module.
+            an agent space that is not an array space (or an action-mask Dict around one), or
+            agents whose spaces clash on one module.
         ImportError: If PettingZoo is not installed.
     """
 
@@ -88,14 +89,11 @@ class MultiAgentEnvRunner:
         try:
             for _ in range(self.num_envs):
                 self._copies.append(EnvCopy(make_pettingzoo_env(env, env_kwargs), self.policy_mapping_fn))
+                if len(self._copies) == 1:
+                    self._read_spaces(self._copies[0].env)  # fail before building the other copies
         except BaseException:
             self.close()
             raise
-        first = self._copies[0].env
-        self.possible_agents: list[AgentID] = list(first.possible_agents)
-        self._observation_spaces = {agent: first.observation_space(agent) for agent in self.possible_agents}
-        self._action_spaces = {agent: first.action_space(agent) for agent in self.possible_agents}
-        self.module_spaces()  # clashing spaces on one module fail here, before any sampling
 
         self._needs_reset = True
         self._num_full_resets = 0
@@ -111,6 +109,14 @@ class MultiAgentEnvRunner:
     # ------------------------------------------------------------------------------------
     # Agents, spaces and the mapping
     # ------------------------------------------------------------------------------------
+
+    def _read_spaces(self, env: Any) -> None:
+        self.possible_agents: list[AgentID] = list(env.possible_agents)
+        self._observation_spaces = {agent: env.observation_space(agent) for agent in self.possible_agents}
+        self._action_spaces = {agent: env.action_space(agent) for agent in self.possible_agents}
+        for agent in self.possible_agents:
+            check_agent_spaces(agent, self._observation_spaces[agent], self._action_spaces[agent])
+        self.module_spaces()  # clashing spaces on one module fail here, before any sampling
 
     def observation_space(self, agent_id: AgentID) -> gym.Space:
         """Return the observation space of ``agent_id`` (PettingZoo's, a masked Dict included)."""
@@ -162,6 +168,8 @@ class MultiAgentEnvRunner:
             step's ``extra_model_outputs`` holds ``action_logp``, ``action_dist_inputs``, the
             module's other per-row outputs, and ``action_mask`` for masked observations. A
             running chunk without any completed agent step is not returned yet: it goes on.
+            An episode left running with a module that ``module`` no longer holds (a league
+            removed it) is abandoned, and its copy starts a new one.
 
         Raises:
             ValueError: If ``num_env_steps < 1``, the module is stateful, an agent maps to a
@@ -171,14 +179,19 @@ class MultiAgentEnvRunner:
         num_env_steps = _positive_int("num_env_steps", num_env_steps)
         self._check_module(module)
         start = time.perf_counter()
-        if self._needs_reset:
-            self._full_reset()
         completed: list[MultiAgentEpisode] = []
-        for _ in range(num_env_steps):
-            for index, record in step_copies(self._copies, module, explore=explore):
-                completed.append(self._copies[index].episode)
-                self._record(record)
-                self._copies[index].reset(seed=None)
+        try:
+            if self._needs_reset:
+                self._full_reset()
+            self._restart_episodes_of_removed_modules(module)
+            for _ in range(num_env_steps):
+                for index, record in step_copies(self._copies, module, explore=explore):
+                    completed.append(self._copies[index].episode)
+                    self._record(record)
+                    self._copies[index].reset(seed=None)
+        except BaseException:
+            self._needs_reset = True  # the envs moved on without the episodes' record of it
+            raise
         running = []
         for copy in self._copies:
             if copy.episode.agent_steps():
@@ -240,6 +253,16 @@ class MultiAgentEnvRunner:
                 copy.mapping_fn = self.policy_mapping_fn
             self._needs_reset = True  # the copies are mid-way through evaluation episodes
         return finished[:num_episodes]
+
+    def _restart_episodes_of_removed_modules(self, module: RLModule) -> None:
+        # A league removes old snapshots: an episode still running with a module that is gone
+        # cannot go on, so its copy starts a new episode (mapped afresh). A new episode mapped
+        # to a missing module is still an error, raised by the first step.
+        if not isinstance(module, MultiRLModule):
+            return
+        for copy in self._copies:
+            if any(module_id not in module for module_id in copy.episode.agent_to_module_mapping.values()):
+                copy.reset(seed=None)
 
     def _full_reset(self) -> None:
         # Each full reset gets seeds of its own, so neither evaluation nor a resumed run replays

@@ -193,6 +193,7 @@ def _completes_four(boards: Tensor) -> Tensor:
 
 OPPONENTS: dict[str, type[RLModule]] = {
     "random": RandomLegalModule,
-    "connect_four_heuristic": ConnectFourHeuristicModule,
+    "heuristic": ConnectFourHeuristicModule,
 }
-"""The fixed opponents an evaluation can name: ``{name: RLModule class}``."""
+"""The fixed opponents an evaluation can name: ``{name: RLModule class}``. The names are the
+suffixes of the win rates logged against them (``eval/win_rate_vs_heuristic``)."""

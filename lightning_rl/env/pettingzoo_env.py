@@ -4,7 +4,10 @@ A config file names a PettingZoo env the way PettingZoo's own modules are laid o
 
 - a module, ``"mpe2.simple_spread_v3"`` or ``"pettingzoo.classic.connect_four_v3"``: its
   ``parallel_env(**env_kwargs)`` when it has one, else its ``env(**env_kwargs)`` (AEC);
-- or ``"package.module.factory"``: a callable returning a ``ParallelEnv`` or an ``AECEnv``.
+- or ``"package.module.factory"``: a callable returning a ``ParallelEnv`` or an ``AECEnv``;
+- or an id in PettingZoo's own registry (``"classic/connect_four-v3"``, built with
+  ``pettingzoo.make``: the parallel version when one is registered, else the AEC one), which
+  avoids the deprecation warning PettingZoo 1.27 gives for some of its old module paths.
 
 PettingZoo is an optional dependency (``pip install 'lightning-rl[multiagent]'``); it is
 imported here only when an env is built or checked.
@@ -12,6 +15,8 @@ imported here only when an env is built or checked.
 
 from __future__ import annotations
 
+import difflib
+import functools
 import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -35,22 +40,30 @@ def check_pettingzoo_env_name(env: str) -> PettingZooEnvCreator:
 
     Args:
         env: A module path (``"mpe2.simple_spread_v3"``: its ``parallel_env``, else its
-            ``env``) or the path of a factory (``"package.module.factory"``).
+            ``env``), the path of a factory (``"package.module.factory"``), or a PettingZoo
+            registry id (``"classic/connect_four-v3"``).
 
     Returns:
         The callable to build the env with ``**env_kwargs``.
 
     Raises:
         ImportError: If PettingZoo is not installed.
-        ValueError: Naming ``env``, when it is not a dotted path, its module cannot be
-            imported, the module has neither ``parallel_env`` nor ``env``, or the factory
-            is missing or not callable.
+        ValueError: Naming ``env``, when it is neither a registry id nor a dotted path (with
+            the closest registry ids), its module cannot be imported, the module has neither
+            ``parallel_env`` nor ``env``, or the factory is missing or not callable.
     """
-    _pettingzoo()
+    pettingzoo = _pettingzoo()
+    if isinstance(env, str) and env in pettingzoo.parallel_registry:
+        return functools.partial(pettingzoo.make, "parallel", env)
+    if isinstance(env, str) and env in pettingzoo.aec_registry:
+        return functools.partial(pettingzoo.make, "aec", env)
     if not isinstance(env, str) or not env or any(not part.isidentifier() for part in env.split(".")):
+        known = [*pettingzoo.parallel_registry, *pettingzoo.aec_registry]
+        close = difflib.get_close_matches(str(env), known, n=3)
         raise ValueError(
-            f"a PettingZoo env must be named by an import path such as 'mpe2.simple_spread_v3' or "
-            f"'package.module.factory', got {env!r}"
+            f"a PettingZoo env is named by an import path such as 'mpe2.simple_spread_v3' or "
+            f"'package.module.factory', or by a PettingZoo registry id such as 'classic/connect_four-v3'; "
+            f"got {env!r}" + (f" (did you mean {close}?)" if close else "")
         )
     module = _import_module_if_exists(env)
     if module is not None:

@@ -20,6 +20,7 @@ from lightning_rl.learner.result_keys import EPISODE_RETURN_MEAN
 
 if TYPE_CHECKING:
     from lightning_rl.env.episode import SingleAgentEpisode
+    from lightning_rl.env.multi_agent_episode import MultiAgentEpisode
 
 
 class EvaluationMetrics(nn.Module):
@@ -41,8 +42,10 @@ class EvaluationMetrics(nn.Module):
             }
         )
 
-    def update(self, episodes: Sequence[SingleAgentEpisode]) -> None:
+    def update(self, episodes: Sequence[SingleAgentEpisode] | Sequence[MultiAgentEpisode]) -> None:
         """Add ``episodes`` (complete evaluation episodes) to this epoch's statistics.
+
+        A multi-agent episode's return is the sum over its agents and its length its env steps.
 
         Raises:
             ValueError: For no episodes (an evaluation item always holds at least one).

@@ -312,11 +312,12 @@ class Learner(
         return self._module
 
     @contextlib.contextmanager
-    def module_for_acting(self, module_id: str) -> Iterator[RLModule]:
+    def module_for_acting(self, module_id: str | None = None) -> Iterator[RLModule]:
         """The module ``module_id``, ready to act in an environment for the length of the block.
 
         Data modules sample with it: ``with learner.module_for_acting(module_id) as module: ...``.
-        Unsharded, it is the trained module itself. When the modules are sharded (FSDP2),
+        With no ``module_id`` the block gets every module (the ``MultiRLModule``), as multi-agent
+        sampling needs. Unsharded, it is the trained module itself. When the modules are sharded (FSDP2),
         their whole weights are gathered in place for the block and the slices restored after
         it: one collective call that every rank makes at the same point (the data modules do,
         once per rollout and per evaluation). So acting needs no collective call per env step,
@@ -327,10 +328,10 @@ class Learner(
             ValueError: If the Learner is not built or has no module ``module_id``.
         """
         self._check_is_built()
-        if module_id not in self._module:
+        if module_id is not None and module_id not in self._module:
             raise ValueError(f"{type(self).__name__} has no module {module_id!r}; it has {sorted(self._module.keys())}")
         with gathered(self._module):
-            yield self._module[module_id]
+            yield self._module if module_id is None else self._module[module_id]
 
     @property
     def module_spec(self) -> MultiRLModuleSpec:
@@ -505,7 +506,7 @@ class Learner(
         than overriding this.
         """
         self._check_is_built()
-        modules_to_train = {module_id for module_id in self._module.keys() if self.should_module_be_updated(module_id)}
+        modules_to_train = {mid for mid in self._module.keys() if self.should_module_be_updated(mid)}
         # Pieces may run the modules (GAE's value predictions): sharded ones are gathered whole meanwhile.
         with gathered(self._module):
             return self._learner_connector(

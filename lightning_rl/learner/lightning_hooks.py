@@ -166,7 +166,9 @@ class LightningHooksMixin:
         """Lightning's hook: add evaluation episodes to the epoch's statistics, logged as ``eval/{key}``.
 
         ``eval_item`` is what ``EnvDataModule.val_dataloader()`` yields: a ``TrainItem`` whose
-        data is complete episodes played by ``forward_inference``. The statistics are torchmetrics
+        data is complete episodes played by ``forward_inference`` (single- or multi-agent; a
+        multi-agent episode's return is the sum over its agents), and whose ``env_runners``
+        statistics, if any, are logged as ``eval/{key}`` too (``MultiAgentDataModule``'s win rates). The statistics are torchmetrics
         aggregators (``learner.eval_metrics``, see ``EvaluationMetrics``) logged as objects, so
         Lightning computes them over the whole epoch and all ranks, then resets them; the return
         mean is also on the progress bar as ``eval_return``. They are written at the item's
@@ -175,6 +177,10 @@ class LightningHooksMixin:
         self.eval_metrics.update(eval_item.data.episodes)
         for key, metric in self.eval_metrics.items():
             self.log(f"eval/{key}", metric, on_step=False, on_epoch=True)
+        # Statistics the data module computed itself (win rates against fixed opponents): every
+        # rank plays an equal share, so the mean over items and ranks is the mean over all games.
+        for key, value in eval_item.env_runners.items():
+            self.log(f"eval/{key}", float(value), on_step=False, on_epoch=True, sync_dist=True, batch_size=1)
         return_mean = self.eval_metrics.return_mean
         self.log("eval_return", return_mean, prog_bar=True, logger=False, on_step=False, on_epoch=True)
         env_steps = eval_item.timesteps.get(
@@ -383,7 +389,8 @@ def specs_for_module_spaces(
         raise ValueError("the data module's module_spaces is empty: its policy mapping sends no agent to any module")
     specs = spec.rl_module_specs
     template = specs.get(DEFAULT_MODULE_ID)
-    if len(specs) == 1 and template is not None and template.observation_space is None and template.action_space is None:
+    has_no_spaces = template is not None and template.observation_space is None and template.action_space is None
+    if len(specs) == 1 and has_no_spaces:
         return MultiRLModuleSpec(
             {
                 module_id: dataclasses.replace(template, observation_space=obs_space, action_space=act_space)

@@ -1,0 +1,345 @@
+"""Cooperative multi-agent PPO on mpe2's simple_spread_v3: our ``Trainer.fit`` versus a hand-written IPPO.
+
+What it measures, per seed, at the same env-step budget: the mean per-agent training return
+over the last 100 completed episodes, and the training loop's env steps per second. Both
+variants run the same algorithm with the same settings (MAPPO's MPE settings as the starting
+point, see ``benchmarks/handwritten_ippo.py``): one policy shared by the 3 agents, 8 env copies
+x 100 steps per rollout (2400 agent steps), 10 epochs of minibatches of 800 agent steps, lr
+7e-4, gamma 0.99, GAE lambda 0.95 along each agent's own trajectory, clip 0.2, vf_coef 0.5
+(unclipped MSE), entropy 0.01, global-norm clip 0.5, separate [64, 64] tanh policy and value
+MLPs, Adam eps 1e-5, per-minibatch advantage normalization, truncations bootstrapped.
+
+  ours         ``Trainer.fit`` of ``examples/ppo_simple_spread.yaml`` through ``LightningRLCLI``
+               (this file, ``--child ours``), validation off (``limit_val_batches 0``), env copy
+               i seeded with ``seed + i``;
+  handwritten  ``benchmarks/handwritten_ippo.py``: single-file plain torch + PettingZoo IPPO;
+  random       the hand-written loop with uniform random actions and no updates (``--random``),
+               for ``--random-env-steps`` env steps: the baseline the returns must clear.
+
+"Per-agent return": the hand-written loop divides each completed episode's return summed over
+agents by the number of agents; ours is the mean over agents of the train item's
+``agent_episode_return_mean/<agent>`` statistics (each over the runner's window of the last 100
+completed episodes), read from the last train item in ``on_train_batch_start``, i.e. after the
+last rollout and before its update, as the hand-written loop reads it. (Ours'
+``episode_return_mean`` is RLlib's sum over agents, 3x the per-agent number.)
+
+"env steps/s": env steps sampled / seconds of the training loop (first rollout to the end of
+the last update; ours from ``on_train_start`` to ``on_train_end``), so start-up is left out.
+
+Each run is a fresh subprocess, one at a time, ``--threads`` torch/OMP/MKL threads each; per
+seed the variants' order rotates. The children print ``TRAINING_START time=<unix time>`` when
+set-up is done and one JSON line with their result (``UNAVAILABLE reason=...`` when they cannot
+run). The verdict is the issue's targets on the medians over seeds: ours' per-agent return >=
+the hand-written one's and above random, and ours' env steps/s >= 0.85x the hand-written
+loop's; ``gain`` is (ours - random) / (handwritten - random), how much of the hand-written
+loop's improvement over random ours gets. Timings on a shared machine drift by +-25%: compare
+within one invocation, and repeat it.
+
+Run::
+
+    python benchmarks/multi_agent.py                                   # seeds 0 1 2, all variants
+    python benchmarks/multi_agent.py --variants handwritten random --seeds 0 1 2
+    python benchmarks/multi_agent.py --env-steps 200000 --json multi_agent.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+# Siblings: this directory is on sys.path when a benchmark runs as a script.
+from _children import fmt, follow_child, parse_fields, print_versions, rotated, write_json
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO_ROOT = BENCH_DIR.parent
+VARIANTS = ("ours", "handwritten", "random")
+DEFAULT_CONFIG = "examples/ppo_simple_spread.yaml"
+DEFAULT_ENV_STEPS = 100_000  # the example's max_env_steps
+AGENT_RETURN_PREFIX = "agent_episode_return_mean/"
+STEPS_PER_S_TARGET = 0.85  # ours' env steps/s / the hand-written loop's, at least
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    parser.add_argument("--env-steps", type=int, default=DEFAULT_ENV_STEPS, help="training budget of every run")
+    parser.add_argument("--random-env-steps", type=int, default=8000, help="env steps of the random baseline")
+    parser.add_argument("--threads", type=int, default=1, help="OMP/MKL threads and torch.set_num_threads of every run")
+    parser.add_argument("--config", default=DEFAULT_CONFIG, help="our run's config (relative to the repo root)")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before a run is killed")
+    parser.add_argument("--json", metavar="PATH", help="also write every run and the summary to this JSON file")
+    parser.add_argument("--show-output", action="store_true", help="echo the children's other output lines")
+    parser.add_argument("--child", choices=["ours"], help=argparse.SUPPRESS)  # internal: run ours here
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)  # the --child's seed
+    args = parser.parse_args(argv)
+    for name in ("env_steps", "random_env_steps", "threads"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    return args
+
+
+# ----------------------------------------------------------------------------------------
+# The `ours` child: Trainer.fit of the example config, reporting like the hand-written loop
+# ----------------------------------------------------------------------------------------
+
+
+def make_report_callback() -> Any:
+    """A Lightning callback that times the training loop and keeps the last train item's statistics."""
+    import lightning.pytorch as pl
+
+    class ReportTrainingStats(pl.Callback):
+        """Prints ``TRAINING_START`` when fit's loop starts; keeps what the result line needs.
+
+        ``on_train_batch_start`` sees each train item after its rollout and before its update:
+        its ``env_runners`` statistics hold the lifetime counters and the per-agent returns.
+        """
+
+        def __init__(self) -> None:
+            self.stats: dict[str, Any] = {}
+            self.start = self.end = math.nan
+
+        def on_train_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
+            self.start = time.time()
+            print(f"TRAINING_START time={self.start:.6f}", flush=True)
+
+        def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+            stats = getattr(batch, "env_runners", None)
+            if stats:
+                self.stats = dict(stats)
+
+        def on_train_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
+            self.end = time.time()
+
+    return ReportTrainingStats()
+
+
+def ours_result(stats: dict[str, Any], wall_s: float, seed: int) -> dict[str, Any]:
+    """The hand-written loop's result fields, from the last train item's ``env_runners`` statistics.
+
+    Raises:
+        KeyError: When the statistics lack the lifetime counters or the per-agent returns.
+    """
+    agent_returns = [float(v) for k, v in stats.items() if k.startswith(AGENT_RETURN_PREFIX)]
+    missing = [k for k in ("num_env_steps_sampled_lifetime", "num_agent_steps_sampled_lifetime") if k not in stats]
+    if missing or not agent_returns:
+        raise KeyError(f"the train item's env_runners lack {missing or AGENT_RETURN_PREFIX + '*'}; got {sorted(stats)}")
+    env_steps = int(stats["num_env_steps_sampled_lifetime"])
+    return {
+        "env_steps": env_steps,
+        "agent_steps": int(stats["num_agent_steps_sampled_lifetime"]),
+        "wall_s": round(wall_s, 3),
+        "env_steps_per_s": round(env_steps / wall_s, 1),
+        "return_mean_per_agent": round(statistics.fmean(agent_returns), 3),
+        "seed": seed,
+        "random": False,
+    }
+
+
+def run_ours_child(args: argparse.Namespace) -> None:
+    """``--child ours``: one Trainer.fit of the example config, ending with the result's JSON line."""
+    import logging
+    import warnings
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    config = REPO_ROOT / args.config
+    # Benchmark the checkout this file is in, whatever lightning_rl is installed (or not).
+    sys.path.insert(0, str(REPO_ROOT))
+    try:
+        from lightning_rl.cli import LightningRLCLI
+        from lightning_rl.data import MultiAgentDataModule  # noqa: F401  (the config needs it)
+    except ImportError as error:
+        print(f"UNAVAILABLE reason={error}", flush=True)
+        return
+    if not config.is_file():
+        print(f"UNAVAILABLE reason=no config {config}", flush=True)
+        return
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", module="lightning")
+
+    cli = LightningRLCLI(
+        args=[
+            "--config", str(config),
+            "--seed_everything", str(args.seed),
+            "--data.init_args.seed", str(args.seed),       # env copy i starts from seed + i, as the hand-written loop
+            "--data.init_args.max_env_steps", str(args.env_steps),
+            "--trainer.logger", "false",
+            "--trainer.enable_checkpointing", "false",
+            "--trainer.enable_progress_bar", "false",
+            "--trainer.enable_model_summary", "false",
+            "--trainer.limit_val_batches", "0",            # time training only, like the hand-written loop
+            "--trainer.callbacks", "[]",
+        ],
+        run=False,
+        save_config_callback=None,                          # no config.yaml written into the repo
+    )  # fmt: skip
+    report = make_report_callback()
+    cli.trainer.callbacks.append(report)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    result = ours_result(report.stats, report.end - report.start, args.seed)
+    result["threads"] = torch.get_num_threads()
+    print(json.dumps(result), flush=True)
+
+
+# ----------------------------------------------------------------------------------------
+# The driver: one fresh subprocess per (seed, variant), in sequence
+# ----------------------------------------------------------------------------------------
+
+
+def child_command(variant: str, seed: int, args: argparse.Namespace) -> list[str]:
+    common = ["--seed", str(seed), "--threads", str(args.threads)]
+    if variant == "ours":
+        return [sys.executable, str(Path(__file__).resolve()), "--child", "ours", "--config", args.config,
+                "--env-steps", str(args.env_steps), *common]  # fmt: skip
+    hand_written = [sys.executable, str(BENCH_DIR / "handwritten_ippo.py"), *common]
+    if variant == "random":
+        return [*hand_written, "--random", "--env-steps", str(args.random_env_steps)]
+    return [*hand_written, "--env-steps", str(args.env_steps)]
+
+
+def run_child(variant: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Launch one run, follow its lines, and return its record (``status`` OK, UNAVAILABLE or ERROR)."""
+    record: dict[str, Any] = {"variant": variant, "seed": seed, "status": "ERROR", "setup_s": None}
+
+    def handle(head: str, line: str, launch: float) -> bool:
+        if head == "UNAVAILABLE":
+            record.update(status="UNAVAILABLE", reason=parse_fields(line).get("reason", ""))
+            return True
+        if not line.startswith("{"):
+            return False
+        result = json.loads(line)
+        result.pop("setup_s", None)  # the driver measures it from the launch, for every variant alike
+        record.update(result, status="OK")
+        return True
+
+    returncode, other_lines, _ = follow_child(
+        child_command(variant, seed, args), record, handle,
+        threads=args.threads, timeout=args.timeout, show_output=args.show_output,
+    )  # fmt: skip
+    record["returncode"] = returncode
+    if returncode != 0 or record["status"] == "ERROR":
+        record["status"] = "ERROR"
+        record["error_tail"] = other_lines[-15:]
+    return record
+
+
+def value_of(records: dict[str, dict[str, Any]], variant: str, key: str) -> float | None:
+    record = records.get(variant)
+    return record[key] if record is not None and record["status"] == "OK" else None
+
+
+def gain(ours: float | None, handwritten: float | None, random: float | None) -> float | None:
+    """(ours - random) / (handwritten - random): the share of the hand-written loop's gain over random that ours gets."""
+    if None in (ours, handwritten, random) or handwritten == random:
+        return None
+    return (ours - random) / (handwritten - random)
+
+
+def ratio(ours: float | None, handwritten: float | None) -> float | None:
+    return None if ours is None or not handwritten else ours / handwritten
+
+
+def print_table(rows: list[tuple[str, dict[str, dict[str, Any]]]]) -> None:
+    """One line per seed (and the medians): per-agent returns, env steps/s, and ours against the hand-written loop."""
+    print(
+        f"\n{'seed':<8}{'ours return':>12}{'hw return':>11}{'random':>9}{'ours - hw':>11}{'gain':>7}"
+        f"{'ours steps/s':>14}{'hw steps/s':>12}{'ours/hw':>9}{'env steps':>11}"
+    )
+    for label, by_variant in rows:
+        ours, hw, rnd = (value_of(by_variant, v, "return_mean_per_agent") for v in VARIANTS)
+        ours_sps, hw_sps = (value_of(by_variant, v, "env_steps_per_s") for v in ("ours", "handwritten"))
+        diff = None if ours is None or hw is None else ours - hw
+        steps = value_of(by_variant, "handwritten", "env_steps") or value_of(by_variant, "ours", "env_steps")
+        print(
+            f"{label:<8}{fmt(ours, '.2f'):>12}{fmt(hw, '.2f'):>11}{fmt(rnd, '.2f'):>9}{fmt(diff, '+.2f'):>11}"
+            f"{fmt(gain(ours, hw, rnd), '.2f'):>7}{fmt(ours_sps, '.0f'):>14}{fmt(hw_sps, '.0f'):>12}"
+            f"{fmt(ratio(ours_sps, hw_sps), '.2f'):>9}{fmt(steps, '.0f'):>11}"
+        )
+    for _, by_variant in rows:
+        for record in by_variant.values():
+            if record["status"] == "ERROR":
+                print(f"{record['variant']} seed {record['seed']}: exit code {record['returncode']}; last output:")
+                for line in record.get("error_tail", []):
+                    print(f"    | {line}")
+
+
+def medians(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per variant, a record of the medians over its successful runs (absent: no successful run)."""
+    summary: dict[str, dict[str, Any]] = {}
+    for variant in VARIANTS:
+        runs = [r for r in records if r["variant"] == variant and r["status"] == "OK"]
+        if runs:
+            summary[variant] = {"variant": variant, "status": "OK", "runs": len(runs)}
+            for key in ("return_mean_per_agent", "env_steps_per_s", "env_steps"):
+                summary[variant][key] = statistics.median(r[key] for r in runs)
+    return summary
+
+
+def verdict(summary: dict[str, dict[str, Any]]) -> str:
+    """The issue's targets on the medians, as one line."""
+    ours, hw, rnd = (value_of(summary, v, "return_mean_per_agent") for v in VARIANTS)
+    if ours is None or hw is None:
+        return "verdict: n/a (needs ours and handwritten)"
+    speed = ratio(value_of(summary, "ours", "env_steps_per_s"), value_of(summary, "handwritten", "env_steps_per_s"))
+    checks = [
+        (f"return ours {ours:.2f} >= hand-written {hw:.2f}", ours >= hw),
+        (
+            f"env steps/s ours/hw {speed:.2f}x >= {STEPS_PER_S_TARGET}x",
+            speed is not None and speed >= STEPS_PER_S_TARGET,
+        ),
+    ]
+    if rnd is not None:
+        checks.append((f"above random {rnd:.2f}", ours > rnd))
+    parts = [f"{text} {'PASS' if ok else 'FAIL'}" for text, ok in checks]
+    return f"verdict: {'PASS' if all(ok for _, ok in checks) else 'FAIL'}: " + "; ".join(parts)
+
+
+def main() -> None:
+    args = parse_args()
+    if args.child == "ours":
+        run_ours_child(args)
+        return
+
+    variants = list(dict.fromkeys(args.variants))
+    info = print_versions()
+    print(
+        f"variants {variants}, seeds {args.seeds}, {args.env_steps} env steps (random: {args.random_env_steps}); "
+        f"threads: OMP_NUM_THREADS=MKL_NUM_THREADS={args.threads}, torch.set_num_threads({args.threads}) in every run"
+    )
+    records: list[dict[str, Any]] = []
+    rows: list[tuple[str, dict[str, dict[str, Any]]]] = []
+    for index, seed in enumerate(args.seeds):
+        by_variant: dict[str, dict[str, Any]] = {}
+        for variant in rotated(variants, index):
+            if variant not in variants:  # became unavailable at an earlier seed
+                continue
+            record = run_child(variant, seed, args)
+            if record["status"] == "UNAVAILABLE":
+                print(f"{variant}: unavailable ({record.get('reason', '')}); going on without it")
+                variants.remove(variant)
+                continue
+            print(f"seed {seed} {variant}: {record['status']} {fmt(record.get('return_mean_per_agent'), '.2f')} "
+                  f"per agent, {fmt(record.get('env_steps_per_s'), '.0f')} env steps/s", flush=True)  # fmt: skip
+            by_variant[variant] = record
+            records.append(record)
+        rows.append((str(seed), by_variant))
+
+    summary = medians(records)
+    print_table([*rows, ("median", summary)])
+    print(verdict(summary))
+    if args.json:
+        payload = {"config": {k: v for k, v in vars(args).items() if k not in ("child", "seed")},
+                   "versions": info, "runs": records, "summary": summary}  # fmt: skip
+        write_json(args.json, payload)
+
+
+if __name__ == "__main__":
+    main()

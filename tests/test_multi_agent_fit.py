@@ -1,0 +1,176 @@
+"""``MultiAgentDataModule`` under ``Trainer.fit``: PettingZoo envs, policy mapping, evaluation, DDP."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch import Trainer, seed_everything
+from ranks import run_on_ranks
+
+pytest.importorskip("pettingzoo")
+pytest.importorskip("mpe2")
+
+from lightning_rl.algorithms.ppo import PPOLearner  # noqa: E402
+from lightning_rl.data import MultiAgentDataModule  # noqa: E402
+
+
+def _trainer(**kwargs: Any) -> Trainer:
+    settings = dict(
+        accelerator="cpu", devices=1, max_epochs=-1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=1, num_sanity_val_steps=0,
+    )  # fmt: skip
+    settings.update(kwargs)
+    return Trainer(**settings)
+
+
+def _weights(learner: PPOLearner) -> dict[str, torch.Tensor]:
+    return {name: value.detach().clone() for name, value in learner.module.state_dict().items()}
+
+
+def _main(agent_id: str, episode: Any) -> str:
+    return "main"
+
+
+def test_a_shared_policy_on_simple_spread_trains_and_logs_agent_and_module_returns():
+    seed_everything(0)
+    learner = PPOLearner(model_config={"fcnet_hiddens": [16]}, num_epochs=1, minibatch_size=64)
+    data = MultiAgentDataModule(
+        "mpe2.simple_spread_v3", env_kwargs={"max_cycles": 10}, num_envs=2, rollout_fragment_length=15, seed=0,
+        rollouts_per_epoch=2, max_env_steps=60, evaluation_num_episodes=2,
+    )  # fmt: skip
+    trainer = _trainer()
+    trainer.fit(learner, datamodule=data)
+
+    assert sorted(learner.module.keys()) == ["default_policy"]
+    # 2 copies x 15 env steps per rollout, 2 rollouts; every agent acts at every env step.
+    assert data.num_env_steps_sampled_lifetime == 60
+    assert data.num_agent_steps_sampled_lifetime == 180
+    metrics = trainer.callback_metrics
+    agent_returns = [float(metrics[f"env_runners/agent_episode_return_mean/agent_{i}"]) for i in range(3)]
+    module_return = float(metrics["env_runners/module_episode_return_mean/default_policy"])
+    assert all(math.isfinite(value) and value < 0 for value in agent_returns)  # distances are penalties
+    assert module_return == pytest.approx(np.mean(agent_returns), rel=1e-5)
+    # The env's return is the sum over its agents; so is evaluation's.
+    assert float(metrics["env_runners/episode_return_mean"]) == pytest.approx(sum(agent_returns), rel=1e-5)
+    assert math.isfinite(float(metrics["eval/episode_return_mean"]))
+    assert float(metrics["eval/episode_len_mean"]) == 10
+    assert float(metrics["default_policy/num_module_steps_trained"]) > 0
+
+
+def test_one_module_per_agent_in_a_turn_based_game_trains_both_players():
+    seed_everything(0)
+    learner = PPOLearner(model_config={"fcnet_hiddens": [16]}, num_epochs=1, minibatch_size=32)
+    data = MultiAgentDataModule(
+        "pettingzoo.classic.connect_four_v3", policy_mapping_fn="per_agent", num_envs=2,
+        rollout_fragment_length=40, seed=0, rollouts_per_epoch=1, max_env_steps=80, evaluation_num_episodes=1,
+    )  # fmt: skip
+    trainer = _trainer(limit_val_batches=0)
+    learner_spaces = data.module_spaces
+    assert sorted(learner_spaces) == ["player_0", "player_1"]
+    trainer.fit(learner, datamodule=data)
+    assert sorted(learner.module.keys()) == ["player_0", "player_1"]
+    for module_id in ("player_0", "player_1"):
+        optimizer = learner.get_optimizer(module_id)
+        assert optimizer.state, f"{module_id}'s optimizer never stepped"
+        assert learner.module[module_id].observation_space == learner_spaces[module_id][0]
+    # Connect four takes one move per env step: agent steps equal env steps, minus moves still pending.
+    assert 0 < data.num_agent_steps_sampled_lifetime <= data.num_env_steps_sampled_lifetime
+
+
+def test_evaluation_plays_fixed_opponents_in_both_seats_and_logs_win_rates():
+    seed_everything(0)
+    learner = PPOLearner(model_config={"fcnet_hiddens": [16]})
+    data = MultiAgentDataModule(
+        "pettingzoo.classic.connect_four_v3", policy_mapping_fn=_main, num_envs=3, seed=0,
+        evaluation_num_episodes=6, evaluation_opponents=["random", "heuristic"], evaluation_module_id="main",
+    )  # fmt: skip
+    seen: list[Any] = []
+    sample_eval = data.sample_eval_item
+
+    def recording_eval():
+        item = sample_eval()
+        seen.append(item)
+        return item
+
+    data.sample_eval_item = recording_eval
+    trainer = _trainer()
+    trainer.validate(learner, datamodule=data)
+
+    (item,) = seen
+    assert len(item.data.episodes) == 6
+    rates = {key: float(value) for key, value in trainer.callback_metrics.items() if key.startswith("eval/win_rate")}
+    assert set(rates) == {"eval/win_rate_vs_random", "eval/win_rate_vs_heuristic"}
+    # 6 games each: a rate is a count of wins over 6.
+    for value in rates.values():
+        assert 0 <= value <= 1 and (value * 6) == pytest.approx(round(value * 6))
+
+
+def test_evaluation_opponents_need_a_module_and_known_names():
+    with pytest.raises(ValueError, match="evaluation_module_id"):
+        MultiAgentDataModule("pettingzoo.classic.connect_four_v3", evaluation_opponents=["random"])
+    with pytest.raises(ValueError, match="unknown opponents \\['grandmaster'\\]"):
+        MultiAgentDataModule(
+            "pettingzoo.classic.connect_four_v3", evaluation_opponents=["grandmaster"], evaluation_module_id="main"
+        )
+    with pytest.raises(ValueError, match="policy_mapping_fn"):
+        MultiAgentDataModule("pettingzoo.classic.connect_four_v3", policy_mapping_fn="everyone_for_themselves")
+
+
+def _two_modules_on_rank(rank: int, world_size: int) -> dict[str, Any]:
+    from lightning.pytorch import Trainer, seed_everything
+
+    from lightning_rl.algorithms.ppo import PPOLearner
+    from lightning_rl.data import MultiAgentDataModule
+
+    seed_everything(0)
+    learner = PPOLearner(model_config={"fcnet_hiddens": [16]}, num_epochs=2, minibatch_size=16)
+    data = MultiAgentDataModule(
+        "pettingzoo.classic.connect_four_v3", policy_mapping_fn="per_agent", num_envs=2,
+        rollout_fragment_length=30, seed=0, rollouts_per_epoch=2, max_env_steps=240,
+    )  # fmt: skip
+    trainer = Trainer(
+        accelerator="cpu", strategy="ddp", devices=world_size, max_epochs=-1, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+    )  # fmt: skip
+    first_obs, start = [], {}
+    sample = data.sample_train_item
+
+    def recording_sample():
+        if not start:  # the first rollout: the weights as built, before any update
+            start.update({name: value.detach().clone().numpy() for name, value in learner.module.state_dict().items()})
+        item = sample()
+        first_obs.append(np.array(item.data.episodes[0].agent_episodes["player_0"].observations[1]))
+        return item
+
+    data.sample_train_item = recording_sample
+    trainer.fit(learner, datamodule=data)
+    return {
+        "weights": {name: value.detach().clone().numpy() for name, value in learner.module.state_dict().items()},
+        "start": start,
+        "modules": sorted(learner.module.keys()),
+        "env_steps": data.num_env_steps_sampled_lifetime,
+        "first_obs": first_obs,
+    }
+
+
+def test_two_ddp_ranks_train_two_modules_identically_on_their_own_games():
+    ranks = run_on_ranks(_two_modules_on_rank, world_size=2)
+    for result in ranks:
+        assert result["modules"] == ["player_0", "player_1"]
+        assert result["env_steps"] == 240  # 2 ranks x 2 copies x 30 moves, twice: the budget, over all ranks
+    weights_0, weights_1 = ranks[0]["weights"], ranks[1]["weights"]
+    assert weights_0.keys() == weights_1.keys()
+    for name in weights_0:
+        np.testing.assert_array_equal(weights_0[name], weights_1[name], err_msg=name)
+    # Both modules learned, and the ranks played different games (their envs are seeded apart).
+    for module_id in ("player_0", "player_1"):
+        moved = [
+            name for name in weights_0
+            if name.startswith(f"_rl_modules.{module_id}.") and not np.array_equal(weights_0[name], ranks[0]["start"][name])
+        ]  # fmt: skip
+        assert moved, f"{module_id} did not train"
+    assert any(not np.array_equal(a, b) for a, b in zip(ranks[0]["first_obs"], ranks[1]["first_obs"]))
