@@ -434,3 +434,31 @@ def test_fit_stops_at_the_start_without_the_main_module_or_a_multi_agent_data_mo
 def test_arguments_out_of_range_are_refused_naming_them(kwargs: dict, message: str):
     with pytest.raises(ValueError, match=message):
         SelfPlayLeague(**kwargs)
+
+
+def _connect_four_fit(root: Path, budget: int, ckpt_path: str | None = None) -> tuple[PPOLearner, SelfPlayLeague, Any]:
+    from lightning_rl.data import MultiAgentDataModule
+
+    torch.manual_seed(0)
+    league = SelfPlayLeague(evaluate_every_n_rollouts=1, evaluation_num_episodes=2, win_rate_threshold=0.0)
+    data = MultiAgentDataModule(
+        "pettingzoo.classic.connect_four_v3", num_envs=2, rollout_fragment_length=16, seed=0,
+        rollouts_per_epoch=2, max_env_steps=budget, evaluation_num_episodes=2,
+    )  # fmt: skip
+    learner = PPOLearner(model_config={"fcnet_hiddens": [8]}, num_epochs=1, minibatch_size=None)
+    checkpoints = ModelCheckpoint(dirpath=root / "ckpts", save_last=True)
+    trainer = make_trainer(root, max_epochs=-1, callbacks=[league, checkpoints], enable_checkpointing=True)
+    trainer.fit(learner, datamodule=data, ckpt_path=ckpt_path)
+    return learner, league, checkpoints
+
+
+def test_snapshots_added_mid_fit_on_connect_four_are_restored_on_resume(tmp_path: Path):
+    pytest.importorskip("pettingzoo")
+    first, first_league, checkpoints = _connect_four_fit(tmp_path / "a", budget=64)
+    assert first_league.league == ["main_v0", "main_v1"]
+    resumed, resumed_league, _ = _connect_four_fit(tmp_path / "b", budget=128, ckpt_path=checkpoints.last_model_path)
+    # Restored, then two more rollouts: two more snapshots, numbered on.
+    assert resumed_league.rollouts == 4 and resumed_league.league == ["main_v0", "main_v1", "main_v2", "main_v3"]
+    for module_id in first_league.league:
+        assert_same(_weights(resumed, module_id), _weights(first, module_id), module_id)
+    assert not resumed.should_module_be_updated("main_v0") and resumed.should_module_be_updated(MAIN)
