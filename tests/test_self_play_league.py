@@ -23,9 +23,12 @@ from lightning_rl.env.matches import seat_mapping, win_rate
 from lightning_rl.env.multi_agent_episode import MultiAgentEpisode
 from lightning_rl.env.multi_agent_runner import MultiAgentEnvRunner
 from lightning_rl.env.opponents import ConnectFourHeuristicModule, RandomLegalModule
+from lightning_rl.env.policy_mapping import module_spaces
 
 AGENTS = ["player_0", "player_1"]
 MAIN = "main"
+OBS_SPACE = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+ACT_SPACE = gym.spaces.Discrete(2)
 
 
 def _game(mapping: Any, main_result: float, episode_id: str | None = None) -> MultiAgentEpisode:
@@ -62,6 +65,10 @@ class LeagueData(LightningDataModule):
 
     def set_policy_mapping_fn(self, fn: Any) -> None:
         self.policy_mapping_fn = fn
+
+    @property
+    def module_spaces(self) -> dict[str, tuple[gym.Space, gym.Space]]:
+        return module_spaces(AGENTS, lambda agent: OBS_SPACE, lambda agent: ACT_SPACE, self.policy_mapping_fn)
 
     def play_episodes(self, *, num_episodes: int, policy_mapping_fn: Any, explore: bool = False) -> list:
         episodes = [_game(policy_mapping_fn, self.main_result) for _ in range(num_episodes)]
@@ -103,10 +110,7 @@ def _ppo_batch(seed: int, rows: int = 32) -> dict[str, np.ndarray]:
 def _learner(**kwargs: Any) -> PPOLearner:
     torch.manual_seed(3)
     spec = RLModuleSpec(
-        module_class=PPOModule,
-        observation_space=gym.spaces.Box(-np.inf, np.inf, (4,), np.float32),
-        action_space=gym.spaces.Discrete(2),
-        model_config={"fcnet_hiddens": [8]},
+        module_class=PPOModule, observation_space=OBS_SPACE, action_space=ACT_SPACE, model_config={"fcnet_hiddens": [8]}
     )
     return PPOLearner(
         MultiRLModuleSpec({MAIN: spec}),
@@ -206,7 +210,7 @@ def _league_with_members(members: list[str], **kwargs: Any) -> SelfPlayLeague:
     league = SelfPlayLeague(**kwargs)
     learner = _learner()
     learner.build()
-    league.on_fit_start(SimpleNamespace(datamodule=LeagueData()), learner)
+    league.setup(SimpleNamespace(datamodule=LeagueData()), learner, "fit")
     league.league = list(members)
     return league
 
@@ -283,6 +287,13 @@ def test_a_winning_main_is_snapshotted_and_the_snapshots_stay_frozen(tmp_path: P
     assert data.policy_mapping_fn == league.policy_mapping_fn
     assert data.matches == [("main_v0", 4, True), ("main_v0", 2, True), ("main_v1", 2, True)]
     assert data.main_seats == ["player_0", "player_1"] * 4
+
+
+def test_the_leagues_mapping_is_installed_before_the_learner_builds_so_it_builds_main_alone(tmp_path: Path):
+    learner = PPOLearner(model_config={"fcnet_hiddens": [8]}, num_epochs=1, minibatch_size=None)
+    league = SelfPlayLeague(evaluate_every_n_rollouts=2)
+    _fit(tmp_path, league, LeagueData(num_items=2), learner=learner)
+    assert list(learner.module.keys()) == [MAIN, "main_v0"]
 
 
 @pytest.mark.parametrize("main_result", [0.0, -1.0])
@@ -386,14 +397,21 @@ def test_the_league_state_round_trips_and_a_malformed_one_is_refused():
 
 
 def test_fit_stops_at_the_start_without_the_main_module_or_a_multi_agent_data_module(tmp_path: Path):
-    with pytest.raises(ValueError, match="trains the module 'hero', but the Learner holds \\['main'\\]"):
+    # The league's mapping sends the agents to 'hero': the Learner's setup finds its spec lacks it.
+    with pytest.raises(ValueError, match="maps agents to modules \\['hero'\\], but the module spec has no module"):
         _fit(tmp_path, SelfPlayLeague("hero"), LeagueData())
+
+    class LeagueDataWithoutModuleSpaces(LeagueData):
+        module_spaces = None
+
+    with pytest.raises(ValueError, match="trains the module 'hero', but the Learner holds \\['main'\\]"):
+        _fit(tmp_path, SelfPlayLeague("hero"), LeagueDataWithoutModuleSpaces())
 
     class SingleAgentData(LightningDataModule):
         def train_dataloader(self) -> Any:
             return _BatchesForEveryModule(self.trainer.lightning_module, 1)
 
-    with pytest.raises(ValueError, match="SingleAgentData has no \\['possible_agents', 'set_policy_mapping_fn'"):
+    with pytest.raises(ValueError, match="SingleAgentData has no \\['set_policy_mapping_fn', 'play_episodes'\\]"):
         _fit(tmp_path, SelfPlayLeague(), SingleAgentData())
 
 
@@ -416,3 +434,31 @@ def test_fit_stops_at_the_start_without_the_main_module_or_a_multi_agent_data_mo
 def test_arguments_out_of_range_are_refused_naming_them(kwargs: dict, message: str):
     with pytest.raises(ValueError, match=message):
         SelfPlayLeague(**kwargs)
+
+
+def _connect_four_fit(root: Path, budget: int, ckpt_path: str | None = None) -> tuple[PPOLearner, SelfPlayLeague, Any]:
+    from lightning_rl.data import MultiAgentDataModule
+
+    torch.manual_seed(0)
+    league = SelfPlayLeague(evaluate_every_n_rollouts=1, evaluation_num_episodes=2, win_rate_threshold=0.0)
+    data = MultiAgentDataModule(
+        "pettingzoo.classic.connect_four_v3", num_envs=2, rollout_fragment_length=16, seed=0,
+        rollouts_per_epoch=2, max_env_steps=budget, evaluation_num_episodes=2,
+    )  # fmt: skip
+    learner = PPOLearner(model_config={"fcnet_hiddens": [8]}, num_epochs=1, minibatch_size=None)
+    checkpoints = ModelCheckpoint(dirpath=root / "ckpts", save_last=True)
+    trainer = make_trainer(root, max_epochs=-1, callbacks=[league, checkpoints], enable_checkpointing=True)
+    trainer.fit(learner, datamodule=data, ckpt_path=ckpt_path)
+    return learner, league, checkpoints
+
+
+def test_snapshots_added_mid_fit_on_connect_four_are_restored_on_resume(tmp_path: Path):
+    pytest.importorskip("pettingzoo")
+    first, first_league, checkpoints = _connect_four_fit(tmp_path / "a", budget=64)
+    assert first_league.league == ["main_v0", "main_v1"]
+    resumed, resumed_league, _ = _connect_four_fit(tmp_path / "b", budget=128, ckpt_path=checkpoints.last_model_path)
+    # Restored, then two more rollouts: two more snapshots, numbered on.
+    assert resumed_league.rollouts == 4 and resumed_league.league == ["main_v0", "main_v1", "main_v2", "main_v3"]
+    for module_id in first_league.league:
+        assert_same(_weights(resumed, module_id), _weights(first, module_id), module_id)
+    assert not resumed.should_module_be_updated("main_v0") and resumed.should_module_be_updated(MAIN)

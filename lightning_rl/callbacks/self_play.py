@@ -14,9 +14,9 @@ still be running, and their agents keep their modules to the end.
 
 The league is part of the checkpoint: a resumed fit goes on with the same snapshots (the
 Learner's checkpoint rebuilds their modules), the same count of rollouts and the same
-snapshot numbering. The data module's own mapping decides which modules the Learner builds
-at the start, so it must map the agents to ``main_module_id`` (with the ``"shared"``
-mapping, pass ``main_module_id="default_policy"``).
+snapshot numbering. The league's mapping is installed on the data module in the callback's
+``setup``, which Lightning runs before the Learner's: the Learner then builds the modules
+that mapping uses, ``main_module_id`` alone at the start.
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ from lightning_rl.env.multi_agent_episode import AgentID, ModuleID, MultiAgentEp
 from lightning_rl.learner import Learner
 from lightning_rl.learner.env_step_logging import log_env_step
 
-# What the callback needs of the fit's data module (``MultiAgentDataModule`` has all three).
-_DATAMODULE_API = ("possible_agents", "set_policy_mapping_fn", "play_episodes")
+# What the callback needs of the fit's data module (``MultiAgentDataModule`` has them); the
+# agents come from its ``possible_agents``, or from those of its ``train_runner``.
+_DATAMODULE_API = ("set_policy_mapping_fn", "play_episodes")
 
 WIN_RATE_KEY = "league/win_rate"
 SIZE_KEY = "league/size"
@@ -125,22 +126,20 @@ class SelfPlayLeague(Callback):
     # Lightning hooks
     # ------------------------------------------------------------------------------------
 
-    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """Check the Learner and the data module, then install the league's mapping for training episodes.
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        """At the start of ``fit``: check the data module and install the league's mapping on it.
 
-        The mapping reads the league when it is called, so a league restored from a
-        checkpoint after this hook (as some strategies restore) is the one it draws from.
+        Lightning calls this before the Learner's ``setup``, which builds the modules the data
+        module's mapping uses (``module_spaces``): with the league's mapping and an empty
+        league, that is ``main_module_id`` alone. The mapping reads the league when it is
+        called, so a league restored from a checkpoint later is the one it draws from.
 
         Raises:
-            ValueError: See the class.
+            ValueError: For a data module without ``possible_agents``, ``set_policy_mapping_fn``
+                and ``play_episodes``, or an env of fewer than two agents.
         """
-        learner = _learner(pl_module)
-        if self.main_module_id not in learner.module:
-            raise ValueError(
-                f"SelfPlayLeague trains the module {self.main_module_id!r}, but the Learner holds "
-                f"{sorted(learner.module.keys())}; map the agents to it (the data module's policy_mapping_fn) "
-                "or pass main_module_id"
-            )
+        if stage != "fit":
+            return
         datamodule = trainer.datamodule
         missing = [name for name in _DATAMODULE_API if not hasattr(datamodule, name)]
         if missing:
@@ -148,10 +147,23 @@ class SelfPlayLeague(Callback):
                 f"SelfPlayLeague needs a multi-agent data module (MultiAgentDataModule) with {list(_DATAMODULE_API)}; "
                 f"{type(datamodule).__name__} has no {missing}"
             )
-        self._agents = list(datamodule.possible_agents)
+        self._agents = _possible_agents(datamodule)
         if len(self._agents) < 2:
             raise ValueError(f"SelfPlayLeague needs a game of two or more agents, the env has {self._agents}")
         datamodule.set_policy_mapping_fn(self.policy_mapping_fn)
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Check that the Learner holds the main module.
+
+        Raises:
+            ValueError: For a Learner without ``main_module_id`` (e.g. one given a spec of other modules).
+        """
+        learner = _learner(pl_module)
+        if self.main_module_id not in learner.module:
+            raise ValueError(
+                f"SelfPlayLeague trains the module {self.main_module_id!r}, but the Learner holds "
+                f"{sorted(learner.module.keys())}; give the Learner a spec for it, or pass main_module_id"
+            )
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Check that the Learner holds every snapshot (after any checkpoint was restored).
@@ -342,6 +354,21 @@ def _check_arguments(
         raise ValueError(f"SelfPlayLeague: seed must be an int, got {seed!r}")
     if not isinstance(evaluation_explore, bool):
         raise ValueError(f"SelfPlayLeague: evaluation_explore must be True or False, got {evaluation_explore!r}")
+
+
+def _possible_agents(datamodule: Any) -> list[AgentID]:
+    """The env's agents: the data module's ``possible_agents``, else its training runner's.
+
+    Raises:
+        ValueError: If the data module has neither.
+    """
+    source = datamodule if hasattr(datamodule, "possible_agents") else getattr(datamodule, "train_runner", None)
+    if source is None or not hasattr(source, "possible_agents"):
+        raise ValueError(
+            f"SelfPlayLeague needs the env's agents: {type(datamodule).__name__} has neither possible_agents nor a "
+            "train_runner with them"
+        )
+    return list(source.possible_agents)
 
 
 def _learner(pl_module: LightningModule) -> Learner:
