@@ -411,7 +411,7 @@ def test_fit_stops_at_the_start_without_the_main_module_or_a_multi_agent_data_mo
         def train_dataloader(self) -> Any:
             return _BatchesForEveryModule(self.trainer.lightning_module, 1)
 
-    with pytest.raises(ValueError, match="SingleAgentData has no \\['set_policy_mapping_fn', 'play_episodes'\\]"):
+    with pytest.raises(ValueError, match="SingleAgentData has no \\['possible_agents', 'set_policy_mapping_fn', 'play_episodes'\\]"):
         _fit(tmp_path, SelfPlayLeague(), SingleAgentData())
 
 

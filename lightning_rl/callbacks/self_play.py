@@ -37,7 +37,7 @@ from lightning_rl.learner.env_step_logging import log_env_step
 
 # What the callback needs of the fit's data module (``MultiAgentDataModule`` has them); the
 # agents come from its ``possible_agents``, or from those of its ``train_runner``.
-_DATAMODULE_API = ("set_policy_mapping_fn", "play_episodes")
+_DATAMODULE_API = ("possible_agents", "set_policy_mapping_fn", "play_episodes")
 
 WIN_RATE_KEY = "league/win_rate"
 SIZE_KEY = "league/size"
@@ -147,7 +147,7 @@ class SelfPlayLeague(Callback):
                 f"SelfPlayLeague needs a multi-agent data module (MultiAgentDataModule) with {list(_DATAMODULE_API)}; "
                 f"{type(datamodule).__name__} has no {missing}"
             )
-        self._agents = _possible_agents(datamodule)
+        self._agents = list(datamodule.possible_agents)
         if len(self._agents) < 2:
             raise ValueError(f"SelfPlayLeague needs a game of two or more agents, the env has {self._agents}")
         datamodule.set_policy_mapping_fn(self.policy_mapping_fn)
@@ -354,21 +354,6 @@ def _check_arguments(
         raise ValueError(f"SelfPlayLeague: seed must be an int, got {seed!r}")
     if not isinstance(evaluation_explore, bool):
         raise ValueError(f"SelfPlayLeague: evaluation_explore must be True or False, got {evaluation_explore!r}")
-
-
-def _possible_agents(datamodule: Any) -> list[AgentID]:
-    """The env's agents: the data module's ``possible_agents``, else its training runner's.
-
-    Raises:
-        ValueError: If the data module has neither.
-    """
-    source = datamodule if hasattr(datamodule, "possible_agents") else getattr(datamodule, "train_runner", None)
-    if source is None or not hasattr(source, "possible_agents"):
-        raise ValueError(
-            f"SelfPlayLeague needs the env's agents: {type(datamodule).__name__} has neither possible_agents nor a "
-            "train_runner with them"
-        )
-    return list(source.possible_agents)
 
 
 def _learner(pl_module: LightningModule) -> Learner:

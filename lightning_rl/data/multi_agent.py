@@ -175,6 +175,11 @@ class MultiAgentDataModule(LightningDataModule):
         return self._make_runner(num_envs, self._rank_seed(_EVALUATION_SEED_OFFSET))
 
     @property
+    def possible_agents(self) -> list[str]:
+        """Every agent the env may have, as PettingZoo's ``possible_agents`` lists them."""
+        return list(self.train_runner.possible_agents)
+
+    @property
     def module_spaces(self) -> dict[str, tuple[Any, Any]]:
         """``{module_id: (observation_space, action_space)}`` of every module the mapping uses.
 
