@@ -219,3 +219,21 @@ def test_module_spaces_naming_a_module_the_spec_lacks_or_with_other_spaces_are_r
         specs_for_module_spaces(wrong, {"p0": PER_AGENT_SPACES["p0"]})
     with pytest.raises(ValueError, match="module_spaces is empty"):
         specs_for_module_spaces(spec, {})
+
+
+def test_a_fixed_opponent_without_parameters_joins_the_learner_without_an_optimizer():
+    from lightning_rl.env.opponents import RandomLegalModule
+
+    masked = gym.spaces.Dict(
+        {"action_mask": gym.spaces.Box(0, 1, (3,), np.int8), "observation": gym.spaces.Box(-1, 1, (4,), np.float32)}
+    )
+    learner = PPOLearner(
+        MultiRLModuleSpec({"main": RLModuleSpec(PPOModule, masked, gym.spaces.Discrete(3))}), policies_to_train=["main"]
+    )
+    learner.build()
+    learner.add_module(
+        module_id="random", module_spec=RLModuleSpec(RandomLegalModule, masked, gym.spaces.Discrete(3), {"seed": 0})
+    )
+    assert sorted(learner.module.keys()) == ["main", "random"]
+    assert [name for name in learner._named_optimizers if name.startswith("random")] == []
+    assert [name for name in learner._named_optimizers if name.startswith("main")]

@@ -270,7 +270,11 @@ class OptimizersMixin:
 
         Sharding (FSDP2) builds every optimizer again this way; one registered otherwise
         (``register_optimizer`` after ``build``) could not be, and is refused before sharding.
+        A module without parameters (a fixed opponent such as ``RandomLegalModule``) has
+        nothing to optimize and gets no optimizer.
         """
+        if not any(True for _ in self.module[module_id].parameters()):
+            return
         self._optimizer_registry.configuring = True
         try:
             self.configure_optimizers_for_module(module_id=module_id, config=self.config_for_module(module_id))
