@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -174,3 +175,39 @@ def test_two_ddp_ranks_train_two_modules_identically_on_their_own_games():
         ]  # fmt: skip
         assert moved, f"{module_id} did not train"
     assert any(not np.array_equal(a, b) for a, b in zip(ranks[0]["first_obs"], ranks[1]["first_obs"]))
+
+
+@pytest.mark.parametrize(
+    ("config", "overrides", "logged"),
+    [
+        (
+            "ppo_simple_spread.yaml",
+            ["--data.init_args.num_envs", "2", "--data.init_args.max_env_steps", "400"],
+            "env_runners/agent_episode_return_mean/agent_2",
+        ),
+        (
+            "ppo_connect_four_selfplay.yaml",
+            ["--data.init_args.num_envs", "4", "--data.init_args.rollout_fragment_length", "32",
+             "--data.init_args.max_env_steps", "1024", "--model.init_args.minibatch_size", "64"],
+            "eval/win_rate_vs_heuristic",
+        ),
+    ],
+)  # fmt: skip
+def test_the_multi_agent_example_configs_run_from_the_command_line(tmp_path, config, overrides, logged):
+    from lightning_rl.cli import LightningRLCLI
+
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    cli = LightningRLCLI(
+        args=[
+            "fit", "--config", str(examples / config), "--trainer.default_root_dir", str(tmp_path),
+            "--trainer.enable_progress_bar", "false", "--data.init_args.rollout_fragment_length", "25",
+            "--data.init_args.rollouts_per_epoch", "8", "--data.init_args.evaluation_num_episodes", "4",
+            *overrides,
+        ]
+    )  # fmt: skip
+    assert logged in cli.trainer.callback_metrics
+    assert (tmp_path / "lightning_logs/version_0/checkpoints/last.ckpt").exists()
+    if config.startswith("ppo_connect_four"):
+        # 8 rollouts, the league evaluated after the 5th: main_v0 joined, frozen.
+        assert sorted(cli.model.module.keys()) == ["main", "main_v0"]
+        assert not cli.model.should_module_be_updated("main_v0")
