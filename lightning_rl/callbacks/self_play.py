@@ -35,8 +35,7 @@ from lightning_rl.env.multi_agent_episode import AgentID, ModuleID, MultiAgentEp
 from lightning_rl.learner import Learner
 from lightning_rl.learner.env_step_logging import log_env_step
 
-# What the callback needs of the fit's data module (``MultiAgentDataModule`` has them); the
-# agents come from its ``possible_agents``, or from those of its ``train_runner``.
+# What the callback needs of the fit's data module (``MultiAgentDataModule`` has them).
 _DATAMODULE_API = ("possible_agents", "set_policy_mapping_fn", "play_episodes")
 
 WIN_RATE_KEY = "league/win_rate"
