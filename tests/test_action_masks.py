@@ -178,3 +178,18 @@ def test_a_masked_modules_batch_is_checked_against_the_observation_part_and_the_
         learner.update_from_batch({**batch, Columns.OBS: np.zeros((3, 6), np.float32)})
     with pytest.raises(ValueError, match="column 'action_mask' has shape \\(3, 3\\).*expects \\[batch, 4\\]"):
         learner.update_from_batch({**batch, ACTION_MASK: np.ones((3, 3), np.int8)})
+
+
+def test_a_module_that_picks_actions_itself_and_ignores_the_mask_is_stopped_before_the_env():
+    from lightning_rl.core.rl_modules import RLModule
+
+    class AlwaysFirst(RLModule):
+        def _forward(self, batch):
+            return {"actions": torch.zeros(len(batch["obs"]), dtype=torch.long)}
+
+    module = AlwaysFirst(observation_space=gym.spaces.Box(-1, 1, (2,)), action_space=gym.spaces.Discrete(3))
+    obs = torch.zeros(2, 2)
+    _, actions = compute_actions(module, obs, explore=True, action_mask=torch.tensor([[1, 1, 0], [1, 0, 1]]))
+    assert actions.tolist() == [0, 0]
+    with pytest.raises(ValueError, match="AlwaysFirst chose the illegal action 0 in row 1"):
+        compute_actions(module, obs, explore=True, action_mask=torch.tensor([[1, 1, 0], [0, 1, 1]]))

@@ -211,3 +211,38 @@ def test_the_multi_agent_example_configs_run_from_the_command_line(tmp_path, con
         # 8 rollouts, the league evaluated after the 5th: main_v0 joined, frozen.
         assert sorted(cli.model.module.keys()) == ["main", "main_v0"]
         assert not cli.model.should_module_be_updated("main_v0")
+
+
+def test_evaluation_plays_exactly_the_games_it_starts_long_ones_included():
+    from lightning_rl.env.multi_agent_runner import MultiAgentEnvRunner
+    from lightning_rl.env.opponents import RandomLegalModule
+
+    runner = MultiAgentEnvRunner("pettingzoo.classic.connect_four_v3", num_envs=8, seed=0)
+    space, actions = runner.observation_space("player_0"), runner.action_space("player_0")
+    random_player = RandomLegalModule(observation_space=space, action_space=actions, model_config={"seed": 0})
+    episodes = runner.sample_episodes(random_player, num_episodes=5)
+    lengths = [len(episode) for episode in episodes]
+    # 5 games on 5 of the 8 copies, each played to its end: as long as random games run (~21 moves),
+    # not just the first 5 of 8 to finish.
+    assert len(episodes) == 5 and all(episode.is_done for episode in episodes)
+    assert len({episode.id_ for episode in episodes}) == 5
+    reference = [len(e) for e in MultiAgentEnvRunner("pettingzoo.classic.connect_four_v3", num_envs=1, seed=0)
+                 .sample_episodes(random_player, num_episodes=20)]  # fmt: skip
+    assert np.mean(lengths) > 0.6 * np.mean(reference)
+    runner.close()
+
+
+def test_a_data_module_used_again_goes_on_from_its_last_seeds_and_statistics():
+    seed_everything(0)
+    learner = PPOLearner(model_config={"fcnet_hiddens": [8]}, num_epochs=1, minibatch_size=32)
+    data = MultiAgentDataModule(
+        "mpe2.simple_spread_v3", env_kwargs={"max_cycles": 5}, num_envs=1, rollout_fragment_length=10, seed=0,
+        rollouts_per_epoch=1, max_env_steps=10,
+    )  # fmt: skip
+    _trainer(limit_val_batches=0).fit(learner, datamodule=data)
+    first_state = data.state_dict()["train_runner"]
+    data.hparams.max_env_steps = 20
+    _trainer(limit_val_batches=0).fit(learner, datamodule=data)
+    second_state = data.state_dict()["train_runner"]
+    assert second_state["num_episodes_lifetime"] > first_state["num_episodes_lifetime"]
+    assert data.num_env_steps_sampled_lifetime == 20

@@ -57,7 +57,10 @@ def compute_actions(
     out = forward(batch)
     actions = out.get(Columns.ACTIONS)
     if actions is not None:
-        # The module chose its actions itself (Q-argmax, a squashed Gaussian's mean).
+        # The module chose its actions itself (Q-argmax, a squashed Gaussian's mean): only it
+        # can honour a mask, so a module that ignores it fails here, not in the env.
+        if action_mask is not None:
+            _check_legal(module, actions, action_mask)
         return out, actions
     if Columns.ACTION_DIST_INPUTS not in out:
         raise ValueError(
@@ -85,3 +88,14 @@ def clip_actions(actions: torch.Tensor, action_space: gym.Space) -> torch.Tensor
     low = torch.as_tensor(action_space.low, dtype=actions.dtype, device=actions.device)
     high = torch.as_tensor(action_space.high, dtype=actions.dtype, device=actions.device)
     return torch.maximum(torch.minimum(actions, high), low)
+
+
+def _check_legal(module: RLModule, actions: torch.Tensor, action_mask: torch.Tensor) -> None:
+    legal = action_mask.bool().gather(1, actions.long().reshape(-1, 1)).squeeze(1)
+    if not bool(legal.all()):
+        row = int((~legal).nonzero()[0])
+        raise ValueError(
+            f"{type(module).__name__} chose the illegal action {int(actions.reshape(-1)[row])} in row {row} (its "
+            "action_mask forbids it): this module picks its actions itself and does not honour action masks; "
+            "act on masked observations with a module that returns action_dist_inputs (PPO, BC, MARWIL)"
+        )

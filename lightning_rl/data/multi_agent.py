@@ -157,7 +157,7 @@ class MultiAgentDataModule(LightningDataModule):
         # The training runner's statistics while it is closed between stages (see ``teardown``).
         self._train_runner_state: dict[str, Any] | None = None
         # The random stream actions are sampled from (see ``_sampling_stream``), made on first use.
-        self._sampling_rng_state: torch.Tensor | None = None
+        self._sampling_rng_state: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------------------------
     # Runners, spaces and the mapping
@@ -165,8 +165,11 @@ class MultiAgentDataModule(LightningDataModule):
 
     @functools.cached_property
     def train_runner(self) -> MultiAgentEnvRunner:
-        """This rank's training env copies (built on first use)."""
-        return self._make_runner(self.hparams.num_envs, self._rank_seed(0))
+        """This rank's training env copies (built on first use; rebuilt, they go on from the last ones' statistics)."""
+        runner = self._make_runner(self.hparams.num_envs, self._rank_seed(0))
+        if self._train_runner_state is not None:
+            runner.set_state(self._train_runner_state)
+        return runner
 
     @functools.cached_property
     def eval_runner(self) -> MultiAgentEnvRunner:
@@ -232,7 +235,7 @@ class MultiAgentDataModule(LightningDataModule):
             with the env- and agent-step counters summed over the ranks as timesteps.
         """
         runner = self.train_runner
-        with self._acting_modules() as modules, self._sampling_stream():
+        with self._acting_modules() as modules, self._sampling_stream(_device_of(modules)):
             episodes = runner.sample(modules, num_env_steps=self.hparams.rollout_fragment_length, explore=True)
         metrics = self._metrics_over_ranks(runner.get_metrics())
         self._num_env_steps_lifetime += int(metrics["num_env_steps_sampled"])
@@ -317,12 +320,19 @@ class MultiAgentDataModule(LightningDataModule):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore ``state_dict()``: a resumed run continues the counters and episode statistics."""
+        """Restore ``state_dict()``: a resumed run continues the counters and episode statistics.
+
+        Every rank restores rank 0's runner statistics (its episode window; the env seeds stay
+        apart by rank).
+        """
         self._num_env_steps_lifetime = int(state_dict[NUM_ENV_STEPS_SAMPLED_LIFETIME])
         self._num_agent_steps_lifetime = int(state_dict[NUM_AGENT_STEPS_SAMPLED_LIFETIME])
-        self._sampling_rng_state = state_dict.get("sampling_rng_state")
+        # Lightning hands every rank rank 0's state: rank 0 goes on with its own stream, the other
+        # ranks start streams of their own (seeded by rank and progress), never rank 0's.
+        rank = self._placement()[0]
+        self._sampling_rng_state = state_dict.get("sampling_rng_state") if rank == 0 else None
         self._train_runner_state = state_dict.get("train_runner")
-        if self._train_runner_state is not None:
+        if self._train_runner_state is not None and "train_runner" in self.__dict__:
             self.train_runner.set_state(self._train_runner_state)
 
     # ------------------------------------------------------------------------------------
@@ -340,21 +350,31 @@ class MultiAgentDataModule(LightningDataModule):
         )
 
     @contextlib.contextmanager
-    def _sampling_stream(self) -> Iterator[None]:
-        """Sample training actions from this rank's own CPU random stream, kept between rollouts.
+    def _sampling_stream(self, device: torch.device) -> Iterator[None]:
+        """Sample training actions from this rank's own random stream, kept between rollouts.
 
-        ``seed_everything`` gives every rank the same torch generator, and a board game resets
-        to the same position on every rank: drawn from the shared stream, the ranks would play
-        the very same games. The stream is seeded from the rank's env seed and saved in
-        checkpoints, so a run is reproducible and a resumed one goes on drawing where it stopped;
-        the global generator (minibatch shuffling) is left as it was.
+        ``seed_everything`` gives every rank the same torch generators, and a board game resets
+        to the same position on every rank: drawn from the shared streams, the ranks would play
+        the very same games. This stream (the CPU generator's, and the acting device's when the
+        modules act on a GPU) is seeded from the rank's env seed and saved in checkpoints, so a
+        run is reproducible and a resumed one goes on drawing where it stopped; the global
+        generators (minibatch shuffling) are left as they were.
         """
+        on_cuda = device.type == "cuda"
         if self._sampling_rng_state is None:
-            self._sampling_rng_state = torch.Generator().manual_seed(self._rank_seed(0)).get_state()
-        with torch.random.fork_rng(devices=[]):
-            torch.set_rng_state(self._sampling_rng_state)
+            self._sampling_rng_state = {"seed": self._rank_seed(0) + self._num_env_steps_lifetime}
+        state = self._sampling_rng_state
+        with torch.random.fork_rng(devices=[device] if on_cuda else [], device_type="cuda"):
+            if "cpu" in state:
+                torch.set_rng_state(state["cpu"])
+            else:
+                torch.manual_seed(state["seed"])  # seeds the GPUs' generators too
+            if on_cuda and "cuda" in state:
+                torch.cuda.set_rng_state(state["cuda"], device)
             yield
-            self._sampling_rng_state = torch.get_rng_state()
+            state["cpu"] = torch.get_rng_state()
+            if on_cuda:
+                state["cuda"] = torch.cuda.get_rng_state(device)
 
     @contextlib.contextmanager
     def _acting_modules(self) -> Iterator[MultiRLModule]:
@@ -436,6 +456,6 @@ class MultiAgentDataModule(LightningDataModule):
         return merged
 
 
-def _device_of(module: Any) -> Any:
+def _device_of(module: Any) -> torch.device:
     tensor = next(module.parameters(), None)
-    return tensor.device if tensor is not None else "cpu"
+    return tensor.device if tensor is not None else torch.device("cpu")

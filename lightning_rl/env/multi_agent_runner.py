@@ -230,8 +230,9 @@ class MultiAgentEnvRunner:
                 opponent); the runner's own when ``None``.
 
         Returns:
-            The first ``num_episodes`` episodes to end, whole (``env_t_started == 0``), in the
-            order they ended; episodes still running then are dropped.
+            ``num_episodes`` whole episodes (``env_t_started == 0``), in the order they ended:
+            exactly that many are started (copies beyond it stay idle), and all are played out,
+            so long games count as much as short ones.
 
         Raises:
             ValueError: As :meth:`sample`, or for ``num_episodes < 1``.
@@ -244,10 +245,21 @@ class MultiAgentEnvRunner:
         finished: list[MultiAgentEpisode] = []
         try:
             self._full_reset()
-            while len(finished) < num_episodes:
-                for index, _ in step_copies(self._copies, module, explore=explore):
+            # Exactly num_episodes games are started and every one is played to its end: keeping
+            # the first ones to finish instead would over-weight short games (quick blunders).
+            active = list(range(min(self.num_envs, num_episodes)))
+            started = len(active)
+            while active:
+                ended = step_copies([self._copies[index] for index in active], module, explore=explore)
+                for position, _ in ended:
+                    index = active[position]
                     finished.append(self._copies[index].episode.to_numpy())
-                    self._copies[index].reset(seed=None)
+                    if started < num_episodes:
+                        self._copies[index].reset(seed=None)
+                        started += 1
+                for position in sorted((position for position, _ in ended), reverse=True):
+                    if self._copies[active[position]].episode.is_done:
+                        del active[position]
         finally:
             for copy in self._copies:
                 copy.mapping_fn = self.policy_mapping_fn
