@@ -246,3 +246,32 @@ def test_a_data_module_used_again_goes_on_from_its_last_seeds_and_statistics():
     second_state = data.state_dict()["train_runner"]
     assert second_state["num_episodes_lifetime"] > first_state["num_episodes_lifetime"]
     assert data.num_env_steps_sampled_lifetime == 20
+
+
+def test_each_rank_samples_from_its_own_stream_also_after_a_resume():
+    from types import SimpleNamespace
+
+    def data_on_rank(rank: int) -> MultiAgentDataModule:
+        data = MultiAgentDataModule("pettingzoo.classic.connect_four_v3", seed=0)
+        data.trainer = SimpleNamespace(global_rank=rank, world_size=2)
+        return data
+
+    def draws(data: MultiAgentDataModule) -> list[float]:
+        with data._sampling_stream(torch.device("cpu")):
+            return torch.rand(3).tolist()
+
+    rank_0, rank_1 = data_on_rank(0), data_on_rank(1)
+    assert draws(rank_0) != draws(rank_1)
+    saved = rank_0.state_dict()  # Lightning writes rank 0's state, and every rank loads it
+    resumed_0, resumed_1 = data_on_rank(0), data_on_rank(1)
+    resumed_0.load_state_dict(saved)
+    resumed_1.load_state_dict(saved)
+    next_0 = draws(resumed_0)
+    assert next_0 == draws(rank_0)  # rank 0 goes on where it stopped
+    assert draws(resumed_1) != next_0
+    # The global generator (minibatch shuffling) is left where it was.
+    torch.manual_seed(5)
+    expected = torch.rand(1)
+    torch.manual_seed(5)
+    draws(resumed_1)
+    assert torch.rand(1) == expected

@@ -316,7 +316,7 @@ class MultiAgentDataModule(LightningDataModule):
             NUM_ENV_STEPS_SAMPLED_LIFETIME: self._num_env_steps_lifetime,
             NUM_AGENT_STEPS_SAMPLED_LIFETIME: self._num_agent_steps_lifetime,
             "train_runner": runner.get_state() if runner is not None else self._train_runner_state,
-            "sampling_rng_state": self._sampling_rng_state,
+            "sampling_rng_state": _copied(self._sampling_rng_state),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -330,7 +330,7 @@ class MultiAgentDataModule(LightningDataModule):
         # Lightning hands every rank rank 0's state: rank 0 goes on with its own stream, the other
         # ranks start streams of their own (seeded by rank and progress), never rank 0's.
         rank = self._placement()[0]
-        self._sampling_rng_state = state_dict.get("sampling_rng_state") if rank == 0 else None
+        self._sampling_rng_state = _copied(state_dict.get("sampling_rng_state")) if rank == 0 else None
         self._train_runner_state = state_dict.get("train_runner")
         if self._train_runner_state is not None and "train_runner" in self.__dict__:
             self.train_runner.set_state(self._train_runner_state)
@@ -459,3 +459,10 @@ class MultiAgentDataModule(LightningDataModule):
 def _device_of(module: Any) -> torch.device:
     tensor = next(module.parameters(), None)
     return tensor.device if tensor is not None else torch.device("cpu")
+
+
+def _copied(rng_state: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A copy of a sampling stream's state, so that a saved or loaded state never moves with the stream."""
+    if rng_state is None:
+        return None
+    return {key: value.clone() if isinstance(value, torch.Tensor) else value for key, value in rng_state.items()}
