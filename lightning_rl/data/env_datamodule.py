@@ -36,7 +36,7 @@ from lightning_rl.core.train_item import TrainingData, TrainItem
 from lightning_rl.data.acting_module import learner_acting_module
 from lightning_rl.data.env_sampling import EnvSampling
 from lightning_rl.data.evaluation_video import EvaluationVideo
-from lightning_rl.data.rank_stats import all_gather_rows
+from lightning_rl.data.rank_stats import all_gather_rows, trainer_placement
 from lightning_rl.env.env_factory import resolve_env
 from lightning_rl.env.env_runner import EnvRunner, check_fault_arguments
 from lightning_rl.env.frame_recorder import check_records_frames
@@ -391,10 +391,7 @@ class EnvDataModule(LightningDataModule, abc.ABC):
 
     def _placement(self) -> tuple[int, int]:
         """(global rank, world size) of the attached Trainer; (0, 1) without one."""
-        trainer = self.trainer
-        if trainer is None:
-            return 0, 1
-        return int(trainer.global_rank), int(trainer.world_size)
+        return trainer_placement(self.trainer)
 
     def _gather(self, local: np.ndarray) -> np.ndarray:
         """Every rank's ``local`` vector, ``[world_size, len(local)]``, in rank order."""

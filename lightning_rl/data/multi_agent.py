@@ -32,7 +32,7 @@ from lightning_rl.core.rl_modules import MultiRLModule
 from lightning_rl.core.train_item import TrainingData, TrainItem
 from lightning_rl.data.acting_module import learner_acting_modules
 from lightning_rl.data.env_datamodule import EvaluationIterable, Rollouts, check_positive_int
-from lightning_rl.data.rank_stats import all_gather_rows
+from lightning_rl.data.rank_stats import all_gather_rows, trainer_placement
 from lightning_rl.env.matches import seat_mapping, win_rate
 from lightning_rl.env.multi_agent_episode import MultiAgentEpisode
 from lightning_rl.env.multi_agent_runner import MultiAgentEnvRunner
@@ -420,10 +420,7 @@ class MultiAgentDataModule(LightningDataModule):
 
     def _placement(self) -> tuple[int, int]:
         """(global rank, world size) of the attached Trainer; (0, 1) without one."""
-        trainer = self.trainer
-        if trainer is None:
-            return 0, 1
-        return int(trainer.global_rank), int(trainer.world_size)
+        return trainer_placement(self.trainer)
 
     def _rollouts_left(self) -> int:
         """Rollouts in the next epoch: ``rollouts_per_epoch``, fewer when ``max_env_steps`` nears."""

@@ -43,6 +43,7 @@ from lightning_rl.data.dataset_rows import (
 )
 from lightning_rl.data.env_datamodule import EvaluationIterable, check_positive_int
 from lightning_rl.data.env_sampling import EVALUATION_SEED_OFFSET, EnvSampling
+from lightning_rl.data.rank_stats import trainer_placement
 from lightning_rl.env.env_factory import resolve_env
 
 #: Datasets whose rows take more bytes than this are streamed a window at a time (``in_memory=None``).
@@ -450,10 +451,7 @@ class OfflineDataModule(LightningDataModule):
 
     def _placement(self) -> tuple[int, int]:
         """(global rank, world size) of the attached Trainer; (0, 1) without one."""
-        trainer = self.trainer
-        if trainer is None:
-            return 0, 1
-        return int(trainer.global_rank), int(trainer.world_size)
+        return trainer_placement(self.trainer)
 
     def _resolve_evaluation_env(
         self, env: str | None, env_kwargs: dict[str, Any] | None

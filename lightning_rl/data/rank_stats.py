@@ -166,3 +166,10 @@ def saved_global_counts(state: dict[str, Any]) -> tuple[int, int]:
     env_steps = state.get(NUM_ENV_STEPS_SAMPLED_LIFETIME, runner_state.get(NUM_ENV_STEPS_SAMPLED_LIFETIME, 0))
     episodes = state.get(NUM_EPISODES_LIFETIME, runner_state.get(NUM_EPISODES_LIFETIME, 0))
     return int(env_steps), int(episodes)
+
+
+def trainer_placement(trainer: Any) -> tuple[int, int]:
+    """(global rank, world size) of a data module's Trainer; (0, 1) without one."""
+    if trainer is None:
+        return 0, 1
+    return int(trainer.global_rank), int(trainer.world_size)

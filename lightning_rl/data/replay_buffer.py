@@ -16,7 +16,7 @@ The names off-policy code imports, gathered from the small modules that hold the
 from lightning_rl.data.prioritized_replay import PrioritizedReplayBuffer
 
 # The tree under its former private name, which tests/test_replay_buffer.py imports from here.
-from lightning_rl.data.priority_tree import PriorityTree as _PriorityTree
+from lightning_rl.data.priority_tree import PriorityTree as _PriorityTree  # noqa: F401
 from lightning_rl.data.replay_n_step import BATCH_INDEXES, N_STEP, WEIGHTS
 from lightning_rl.data.uniform_replay import ReplayBuffer
 
