@@ -81,13 +81,19 @@ def test_bad_config_values_fail_at_start_with_a_message_naming_them(tmp_path, fl
     assert not (tmp_path / "lightning_logs").exists()  # nothing ran
 
 
-def test_the_examples_are_valid_configs():
+def test_the_examples_are_valid_configs(capsys):
+    # The command itself once, then every example in this process: a process per example costs
+    # its imports each time, several seconds apiece.
+    result = subprocess.run(
+        [sys.executable, "-m", "lightning_rl", "fit", "--config", CARTPOLE, "--print_config"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
     for path in sorted(str(path) for path in Path(CARTPOLE).parent.glob("*.yaml")):
-        result = subprocess.run(
-            [sys.executable, "-m", "lightning_rl", "fit", "--config", path, "--print_config"],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        assert result.returncode == 0, result.stderr
+        with pytest.raises(SystemExit) as exit_info:
+            LightningRLCLI(args=["fit", "--config", path, "--print_config"])
+        assert exit_info.value.code in (0, None), f"{path}: {capsys.readouterr().err}"
+        assert "class_path" in capsys.readouterr().out, path
 
 
 @pytest.mark.parametrize(
