@@ -27,6 +27,7 @@ from torch.optim import Optimizer
 
 from lightning_rl.core.batch import MultiModuleBatch, num_rows
 from lightning_rl.core.columns import ALL_MODULES
+from lightning_rl.learner._lightning_private import step_without_dispatch
 from lightning_rl.learner.data_parallel import is_wrapped_in_ddp, unused_parameter_anchor
 from lightning_rl.learner.optimizers import clip_gradients
 from lightning_rl.learner.result_keys import NUM_NON_FINITE_UPDATES_SKIPPED, TOTAL_LOSS_KEY
@@ -97,7 +98,8 @@ class GradientStepMixin:
         """Backpropagate the total loss; return ``{param_ref: gradient}``.
 
         The registered parameters' gradients are reset first. Under a running Trainer this
-        backpropagates with ``manual_backward``; under DDP the loss also touches every
+        backpropagates with ``manual_backward`` (plain ``backward()`` when nothing listens to
+        Lightning's per-step hooks: see ``_lightning_private.step_hooks_have_listeners``); under DDP the loss also touches every
         parameter (``data_parallel.unused_parameter_anchor``), so no rank's backward waits.
         With sharded modules (FSDP2) it adds the anchor of this step's sharded pass
         (``_sharded_forward_train``) instead, and afterwards averages the gradients of the
@@ -117,7 +119,8 @@ class GradientStepMixin:
         if anchor is not None:
             total = anchor if total is None else total + anchor
         if isinstance(total, torch.Tensor) and total.requires_grad:
-            self.manual_backward(total) if trainer is not None else total.backward()
+            # Lightning's manual_backward adds only its hooks' dispatch when no one listens to them.
+            self.manual_backward(total) if trainer is not None and self._dispatch_step_hooks else total.backward()
         if self._sharding_mesh is not None:
             reduce_replicated_gradients(list(registry.params.values()), self._sharding_mesh)
         return {ref: param.grad for ref, param in registry.params.items() if param.grad is not None}
@@ -208,10 +211,11 @@ class GradientStepMixin:
 
     def _step(self, optimizer: Optimizer, under_trainer: bool) -> None:
         if under_trainer:
-            # Lightning's wrapper runs the strategy's and precision plugin's step logic.
+            # Lightning's wrapper runs the strategy's and precision plugin's step logic and counts the step.
             if optimizer not in self._optimizer_wrappers:  # apply_gradients called outside an update
-                self._optimizer_wrappers = self._lightning_optimizer_map()
-            self._optimizer_wrappers[optimizer].step()
+                self._attach_trainer_step()
+            wrapper = self._optimizer_wrappers[optimizer]
+            wrapper.step() if self._dispatch_step_hooks else step_without_dispatch(wrapper)
         else:
             optimizer.step()
 

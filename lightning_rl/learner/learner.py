@@ -9,7 +9,10 @@ they need more than one Adam per module, the optimizers (``configure_optimizers_
 The same code runs standalone (``learner.build()``, then ``learner.update_from_batch(...)``)
 and under ``Trainer.fit``; attached to a running Trainer it backpropagates with
 ``manual_backward`` and steps Lightning's optimizer wrappers, so strategies (DDP), precision
-plugins and checkpoints see every step.
+plugins, callbacks and checkpoints see every step. When nothing listens to the per-step hooks
+(no callback, module, strategy, precision plugin or profiler overrides or records them), the
+step calls ``backward()`` and the optimizer itself and only counts the step in the Trainer's
+progress: the same arithmetic, without Lightning's dispatch (``step_hooks_have_listeners``).
 
 The Learner's surface (RLlib's method names) is assembled from parts, each in its own
 file and readable on its own, as Lightning assembles ``LightningModule`` from hook mixins:
@@ -48,7 +51,7 @@ from lightning_rl.core.module_checks import check_known_keys
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec, spec_or_default
 from lightning_rl.core.rl_modules import MultiRLModule, RLModule
 from lightning_rl.core.schedules import Schedule, ScheduleSetting
-from lightning_rl.learner._lightning_private import attached_trainer
+from lightning_rl.learner._lightning_private import attached_trainer, step_hooks_have_listeners
 from lightning_rl.learner.batches import prepare_batch
 from lightning_rl.learner.callback import LearnerCallback
 from lightning_rl.learner.evaluation import EvaluationMetrics
@@ -258,6 +261,9 @@ class Learner(
         self._forward_train_fn: Callable[[MultiModuleBatch], dict[str, Any]] | None = None
         self._minibatch_step_fn: Callable[[MultiModuleBatch], bool] | None = None
         self._optimizer_wrappers: dict[Optimizer, Any] = {}
+        # Whether the running Trainer's per-step hooks have listeners (step_hooks_have_listeners);
+        # set with the wrappers at each update, and True until then: dispatching is never wrong.
+        self._dispatch_step_hooks = True
         self._own_callbacks: list[Callback] | None = None
         # The modules the current update trains (agreed over all ranks); None outside updates.
         self._modules_in_update: set[str] | None = None
@@ -585,6 +591,13 @@ class Learner(
             callbacks = trainer.callbacks
         return [c for c in callbacks if isinstance(c, LearnerCallback)]
 
+    def _attach_trainer_step(self) -> None:
+        """Look up, once per update, how the running Trainer takes a step: its optimizer wrappers, and
+        whether anything listens to its per-step hooks (else the steps skip Lightning's dispatch)."""
+        self._optimizer_wrappers = self._lightning_optimizer_map()
+        trainer = self._running_trainer()
+        self._dispatch_step_hooks = trainer is None or step_hooks_have_listeners(trainer, self)
+
     def _lightning_optimizer_map(self) -> dict[Optimizer, Any]:
         """``{optimizer: its LightningOptimizer wrapper}`` under a running Trainer; ``{}`` otherwise."""
         if not self._is_running_under_trainer():
@@ -621,7 +634,7 @@ class Learner(
         trainer = attached_trainer(self)
         if trainer is not None:
             trainer.strategy.optimizers = list(self._optimizer_registry.named.values())
-            self._optimizer_wrappers = self._lightning_optimizer_map()
+            self._attach_trainer_step()
 
     def _checked_overrides(self, module_id: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
         where = f"config overrides for module {module_id!r}"

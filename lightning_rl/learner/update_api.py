@@ -151,7 +151,7 @@ class UpdateApiMixin:
                 raise ValueError(f"{name} must be an int >= 1 or None, got {value!r}")
         timesteps = dict(timesteps or {})
         self.before_gradient_based_update(timesteps=timesteps)
-        self._optimizer_wrappers = self._lightning_optimizer_map()
+        self._attach_trainer_step()
         trained, num_iters_trained = StepsTrained({}, 0, 0), 0
         for batch in _draws(iterator, num_iters):
             prepared = self._prepare_batch(batch) if batch is not None else {}
@@ -189,7 +189,7 @@ class UpdateApiMixin:
         without data, see ``update``).
         """
         self.before_gradient_based_update(timesteps=timesteps)
-        self._optimizer_wrappers = self._lightning_optimizer_map()
+        self._attach_trainer_step()
         trained = self._gradient_steps(
             batch, num_epochs=num_epochs, minibatch_size=minibatch_size, shuffle_batch_per_epoch=shuffle_batch_per_epoch
         )
