@@ -113,6 +113,8 @@ def test_the_target_carries_no_gradient_and_the_train_pass_also_gives_the_online
     fwd_out = learner.module[MODULE_ID].forward_train(batch)
     torch.testing.assert_close(fwd_out[Q_VALUES], batch[Columns.OBS])
     torch.testing.assert_close(fwd_out[Q_VALUES_NEXT], batch[Columns.NEXT_OBS])
+    # Only double Q's argmax reads the online next values: no graph is kept for them.
+    assert fwd_out[Q_VALUES].requires_grad and not fwd_out[Q_VALUES_NEXT].requires_grad
     target = learner.module[MODULE_ID].forward_target(batch)[Q_TARGET_NEXT]
     torch.testing.assert_close(target, batch[Columns.NEXT_OBS].flip(-1))
 

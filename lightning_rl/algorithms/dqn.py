@@ -125,15 +125,16 @@ class DQNModule(RLModule, TargetNetworkAPI):
     def _forward_train(self, batch: dict[str, Any]) -> dict[str, Any]:
         """``Q(s, .)`` of ``obs`` and, if the batch has ``new_obs``, the online ``Q(s', .)`` too.
 
-        Both come from one pass over the concatenated observations (one matrix product per
-        layer instead of two); only the first half carries the loss's gradient.
+        The online ``Q(s', .)`` only picks double Q's bootstrap action (an argmax, which has
+        no gradient), so it is computed without autograd: one pass over ``obs`` and
+        ``new_obs`` together would backpropagate through twice the rows, half of them with
+        zero gradient, and cost more than the second forward pass it saves.
         """
-        obs = flatten_obs(batch[Columns.OBS], self.observation_space)
+        q_values = self.q_net(flatten_obs(batch[Columns.OBS], self.observation_space))
         if Columns.NEXT_OBS not in batch:
-            return {Q_VALUES: self.q_net(obs)}
-        next_obs = flatten_obs(batch[Columns.NEXT_OBS], self.observation_space)
-        # Split by both sizes: split(len(obs)) gives one piece for a batch of no rows.
-        q_values, q_values_next = self.q_net(torch.cat([obs, next_obs])).split([len(obs), len(next_obs)])
+            return {Q_VALUES: q_values}
+        with torch.no_grad():
+            q_values_next = self.q_net(flatten_obs(batch[Columns.NEXT_OBS], self.observation_space))
         return {Q_VALUES: q_values, Q_VALUES_NEXT: q_values_next}
 
     def make_target_networks(self) -> None:
