@@ -109,7 +109,8 @@ def test_every_episode_replays_in_gymnasium_from_its_first_observation() -> None
             np.testing.assert_allclose(episode.observations[t + 1], obs, atol=1e-5, err_msg=f"step {t}")
             assert episode.rewards[t] == reward
             last = t == len(episode) - 1
-            assert (terminated, truncated) == ((episode.is_terminated, episode.is_truncated) if last else (False, False))
+            expected_ends = (episode.is_terminated, episode.is_truncated) if last else (False, False)
+            assert (terminated, truncated) == expected_ends, f"step {t}"
 
 
 # ----------------------------------------------------------------------------------------
@@ -434,7 +435,10 @@ def test_ppo_fits_cartpole_with_vectorize_mode_envpool_from_the_cli(tmp_path: Pa
         ({"env": "ale_py:ALE/Pong-v5"}, r"EnvPool has no env .*use vectorize_mode='sync' or 'async'"),
         ({"env": lambda: gym.make("CartPole-v1")}, r"by EnvPool id .*not from a callable"),
         ({"wrappers": ["gymnasium.wrappers.NormalizeObservation"]}, r"cannot apply wrappers \(1 given\)"),
-        ({"env_kwargs": {"render_mode": "rgb_array"}}, r"env_kwargs \['render_mode'\] are not options .*max_episode_steps"),
+        (
+            {"env_kwargs": {"render_mode": "rgb_array"}},
+            r"env_kwargs \['render_mode'\] are not options .*max_episode_steps",
+        ),
         ({"record_video": True}, r"cannot record videos"),
         ({"restart_failed_sub_environments": True}, r"cannot restart one failed env"),
         ({"vectorize_mode": "threads"}, r"vectorize_mode must be one of \('sync', 'async', 'envpool'\)"),
@@ -450,7 +454,9 @@ def test_the_data_module_refuses_at_construction() -> None:
     with pytest.raises(ValueError, match="cannot record videos"):
         OnPolicyDataModule("CartPole-v1", vectorize_mode="envpool", evaluation_video=1)
     with pytest.raises(ValueError, match="cannot apply wrappers"):
-        OnPolicyDataModule("CartPole-v1", vectorize_mode="envpool", evaluation_wrappers=["gymnasium.wrappers.ClipReward"])
+        OnPolicyDataModule(
+            "CartPole-v1", vectorize_mode="envpool", evaluation_wrappers=["gymnasium.wrappers.ClipReward"]
+        )
     with pytest.raises(ValueError, match="EnvPool has no env"):
         OnPolicyDataModule("NoSuchEnv-v0", vectorize_mode="envpool")
 

@@ -162,13 +162,19 @@ def check_envpool_arguments(
 
 
 def envpool_options(env_id: str) -> dict[str, Any]:
-    """The ``env_kwargs`` EnvPool's ``env_id`` takes, with their defaults (its spec's config, less what the pool sets)."""
+    """The ``env_kwargs`` EnvPool's ``env_id`` takes, with their defaults.
+
+    Its spec's config, less what the pool sets itself.
+    """
     config = import_envpool().make_spec(env_id).config._asdict()  # a namedtuple
     return {key: value for key, value in config.items() if key not in _RESERVED_CONFIG_KEYS}
 
 
 def envpool_time_limit(env_id: str, env_kwargs: Mapping[str, Any] | None) -> int | None:
-    """The ``max_episode_steps`` an EnvPool env runs with: ``env_kwargs``'s, else its spec's default (``None`` if it has none)."""
+    """The ``max_episode_steps`` an EnvPool env runs with.
+
+    ``env_kwargs``'s, else its spec's default; ``None`` if it has none.
+    """
     if env_kwargs and "max_episode_steps" in env_kwargs:
         return int(env_kwargs["max_episode_steps"])
     default = envpool_options(env_id).get("max_episode_steps")
@@ -176,7 +182,10 @@ def envpool_time_limit(env_id: str, env_kwargs: Mapping[str, Any] | None) -> int
 
 
 def make_envpool(env_id: str, num_envs: int, env_seeds: list[int], env_kwargs: Mapping[str, Any]) -> Any:
-    """Make an EnvPool of ``num_envs`` envs in sync mode (``batch_size == num_envs``), env ``i`` seeded ``env_seeds[i]``."""
+    """Make an EnvPool of ``num_envs`` envs in sync mode (``batch_size == num_envs``).
+
+    Env ``i`` is seeded ``env_seeds[i]``.
+    """
     return import_envpool().make(
         env_id, env_type="gymnasium", num_envs=num_envs, batch_size=num_envs,
         seed=env_seeds[0], env_seed=env_seeds, **env_kwargs,
