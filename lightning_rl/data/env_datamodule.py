@@ -37,7 +37,7 @@ from lightning_rl.data.acting_module import learner_acting_module
 from lightning_rl.data.env_sampling import EnvSampling
 from lightning_rl.data.evaluation_video import EvaluationVideo
 from lightning_rl.data.rank_stats import all_gather_rows, trainer_placement
-from lightning_rl.env.env_factory import resolve_env
+from lightning_rl.env.env_factory import check_envpool_arguments, check_vectorize_mode, resolve_env
 from lightning_rl.env.env_runner import EnvRunner, check_fault_arguments
 from lightning_rl.env.frame_recorder import check_records_frames
 from lightning_rl.env.normalization import check_normalization_arguments
@@ -85,8 +85,11 @@ class EnvDataModule(LightningDataModule, abc.ABC):
             when a training wrapper changes rewards (``NormalizeReward``, ``ClipReward``),
             so that ``eval/episode_return_mean`` stays in the env's own units.
         num_envs: Environments stepped together (one vector env) per rollout, per rank.
-        vectorize_mode: ``"sync"`` (envs stepped in this process) or ``"async"`` (one
-            subprocess per env, worth it for slow environments).
+        vectorize_mode: ``"sync"`` (envs stepped in this process), ``"async"`` (one
+            subprocess per env, worth it for slow environments) or ``"envpool"`` (EnvPool's
+            C++ threads, ``pip install "lightning-rl[envpool]"``: ``env`` must be an id EnvPool
+            has, ``env_kwargs`` its EnvPool options; no wrappers, evaluation videos or
+            ``restart_failed_sub_environments``; see ``lightning_rl.env.envpool_vector_env``).
         seed: Base seed of the envs. Rank ``r``'s training env ``i`` first resets with
             ``seed + r * 10_000_000 + i`` and its evaluation env ``i`` with ``seed + 1_000_003
             + r * 10_000_000 + i``; later resets move on by ``num_envs`` seeds each. So rank 0
@@ -143,7 +146,9 @@ class EnvDataModule(LightningDataModule, abc.ABC):
 
     Raises:
         ValueError: Naming the argument, for an unknown env id or factory path, invalid sizes,
-            a negative seed, or invalid normalization settings.
+            a negative seed, or invalid normalization settings; with ``vectorize_mode="envpool"``,
+            for what EnvPool cannot build (named with what it supports).
+        ImportError: For ``vectorize_mode="envpool"`` without envpool installed.
     """
 
     #: Whether train items hand the Learner a replay buffer instead of episodes.
@@ -157,7 +162,7 @@ class EnvDataModule(LightningDataModule, abc.ABC):
         wrappers: Sequence[WrapperSpec] | None = None,
         evaluation_wrappers: Sequence[WrapperSpec] | None = None,
         num_envs: int = 1,
-        vectorize_mode: Literal["sync", "async"] = "sync",
+        vectorize_mode: Literal["sync", "async", "envpool"] = "sync",
         seed: int | None = None,
         rollouts_per_epoch: int = 10,
         max_env_steps: int | None = None,
@@ -176,7 +181,16 @@ class EnvDataModule(LightningDataModule, abc.ABC):
         normalization_gamma: float = 0.99,
     ) -> None:
         super().__init__()
-        if isinstance(env, str):
+        check_vectorize_mode(vectorize_mode)
+        if vectorize_mode == "envpool":
+            # What EnvPool cannot build fails here, before anything runs (its ids need not be
+            # in gymnasium's registry).
+            check_envpool_arguments(
+                env, env_kwargs, [*(wrappers or ()), *(evaluation_wrappers or ())],
+                record_video=evaluation_video is not None,
+                restart_failed_sub_environments=restart_failed_sub_environments,
+            )  # fmt: skip
+        elif isinstance(env, str):
             resolve_env(env)  # an unknown id or factory path fails here, before anything runs
         if not isinstance(env, str) and not callable(env):
             raise ValueError(f"env must be a gymnasium id or a callable that makes an env, got {env!r}")
@@ -194,8 +208,6 @@ class EnvDataModule(LightningDataModule, abc.ABC):
         ):
             if value is not None:
                 check_positive_int(name, value)
-        if vectorize_mode not in ("sync", "async"):
-            raise ValueError(f"vectorize_mode must be 'sync' or 'async', got {vectorize_mode!r}")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise ValueError(f"seed must be an int >= 0 or None, got {seed!r}")
         check_fault_arguments(sample_timeout_s, restart_failed_sub_environments, on_nonfinite)

@@ -13,7 +13,7 @@ the data module's business.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -30,6 +30,7 @@ from lightning_rl.data.rank_stats import (
     raise_if_a_rank_failed,
     saved_global_counts,
 )
+from lightning_rl.env.env_factory import VectorizeMode
 from lightning_rl.env.env_runner import EnvRunner
 from lightning_rl.env.episode import SingleAgentEpisode
 from lightning_rl.env.nonfinite import OnNonFinite
@@ -63,7 +64,7 @@ class EnvSampling:
         evaluation_wrappers: The evaluation envs' wrappers.
         num_envs: Training envs stepped together.
         steps_per_env: Vector steps per rollout (``EnvRunner.rollout_fragment_length``).
-        vectorize_mode: ``"sync"`` or ``"async"``.
+        vectorize_mode: ``"sync"``, ``"async"`` or ``"envpool"``.
         seed: The base seed; ``None`` draws one from numpy's global generator on first use.
         evaluation_num_episodes: Evaluation episodes over all ranks.
         evaluation_num_envs: Evaluation envs; ``None`` for ``min(num_envs, this rank's episodes)``.
@@ -90,7 +91,7 @@ class EnvSampling:
         evaluation_wrappers: list[Any],
         num_envs: int,
         steps_per_env: int,
-        vectorize_mode: Literal["sync", "async"],
+        vectorize_mode: VectorizeMode,
         seed: int | None,
         evaluation_num_episodes: int,
         evaluation_num_envs: int | None,

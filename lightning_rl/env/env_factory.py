@@ -29,6 +29,10 @@ except ImportError:  # pragma: no cover - depends on the installed gymnasium
     AutoresetMode = None  # type: ignore[assignment,misc]
 
 EnvCreator = Callable[..., gym.Env]
+#: How the runner's env copies step: gymnasium's ``SyncVectorEnv`` or ``AsyncVectorEnv``, or an
+#: EnvPool C++ pool (:mod:`lightning_rl.env.envpool_vector_env`, an optional extra).
+VectorizeMode = Literal["sync", "async", "envpool"]
+VECTORIZE_MODES: tuple[str, ...] = ("sync", "async", "envpool")
 WrapperSpec = str | Mapping[str, Any] | Callable[[gym.Env], gym.Env]
 
 # The spaces the runner's numpy buffers can hold as one array per step.
@@ -43,6 +47,37 @@ def check_autoreset_support() -> None:
     """
     if AutoresetMode is None:
         raise RuntimeError(f"EnvRunner needs gymnasium >= 1.1 (AutoresetMode.SAME_STEP); found {gym.__version__}")
+
+
+def check_vectorize_mode(vectorize_mode: str) -> None:
+    """Raise a ``ValueError`` naming ``vectorize_mode`` unless it is one of :data:`VECTORIZE_MODES`."""
+    if vectorize_mode not in VECTORIZE_MODES:
+        raise ValueError(f"vectorize_mode must be one of {VECTORIZE_MODES}, got {vectorize_mode!r}")
+
+
+def check_envpool_arguments(
+    env: Any,
+    env_kwargs: Mapping[str, Any] | None,
+    wrappers: Sequence[Any] | None,
+    *,
+    record_video: bool = False,
+    restart_failed_sub_environments: bool = False,
+) -> str:
+    """Check the env arguments for ``vectorize_mode="envpool"``; return the EnvPool env id.
+
+    The EnvPool module is imported here, not at the top: ``import lightning_rl`` never needs
+    envpool. See ``envpool_vector_env.check_envpool_arguments`` for the rules.
+
+    Raises:
+        ImportError: If envpool is not installed (naming the extra that installs it).
+        ValueError: Naming what EnvPool cannot do and what it supports.
+    """
+    from lightning_rl.env import envpool_vector_env
+
+    return envpool_vector_env.check_envpool_arguments(
+        env, env_kwargs, wrappers, record_video=record_video,
+        restart_failed_sub_environments=restart_failed_sub_environments,
+    )  # fmt: skip
 
 
 def resolve_env(env: str) -> str | EnvCreator:
@@ -186,26 +221,41 @@ def make_vector_env(
     env_kwargs: dict[str, Any],
     wrappers: Sequence[Callable[[gym.Env], gym.Env]],
     num_envs: int,
-    vectorize_mode: Literal["sync", "async"],
+    vectorize_mode: VectorizeMode,
     *,
     restart_failed_sub_environments: bool = False,
+    seed: int | None = None,
 ) -> gym.vector.VectorEnv:
     """Build ``num_envs`` copies as one vector env in ``AutoresetMode.SAME_STEP``.
 
-    Each copy is wrapped last in a ``SubEnvGuard`` that knows its index, so that its
-    failures are named (or, with ``restart_failed_sub_environments``, mended).
+    Each gymnasium copy is wrapped last in a ``SubEnvGuard`` that knows its index, so that its
+    failures are named (or, with ``restart_failed_sub_environments``, mended). An EnvPool pool
+    has no per-env objects to guard: its arguments were checked by
+    :func:`check_envpool_arguments`.
 
     Args:
-        env, env_kwargs, wrappers: As for :func:`make_env`.
+        env, env_kwargs, wrappers: As for :func:`make_env` (for ``"envpool"``: an EnvPool id,
+            its EnvPool options, no wrappers).
         num_envs: How many copies.
-        vectorize_mode: ``"sync"`` (``SyncVectorEnv``) or ``"async"`` (``AsyncVectorEnv``).
+        vectorize_mode: ``"sync"`` (``SyncVectorEnv``), ``"async"`` (``AsyncVectorEnv``) or
+            ``"envpool"`` (``EnvPoolVectorEnv``).
         restart_failed_sub_environments: Rebuild a copy that raises instead of raising.
+        seed: ``"envpool"`` only: the seed the pool is made with, which should be the seed
+            of the first reset (EnvPool seeds its envs when the pool is made; a reset with
+            another seed makes a new pool). Gymnasium copies are seeded at reset.
 
     Raises:
         ValueError: If the observation or action space is not an array space (Box,
             Discrete, MultiDiscrete, MultiBinary); the vector env is closed first.
         SubEnvError: If an async worker exited while building its env.
     """
+    if vectorize_mode == "envpool":
+        from lightning_rl.env.envpool_vector_env import EnvPoolVectorEnv, envpool_time_limit
+
+        time_limit = envpool_time_limit(str(env), env_kwargs)
+        return _check_array_spaces(
+            EnvPoolVectorEnv(str(env), num_envs, env_kwargs=env_kwargs, seed=seed, time_limit=time_limit)
+        )
     make_one = functools.partial(make_env, env, env_kwargs, wrappers)
     is_async = vectorize_mode == "async"
     runner_pid = os.getpid() if is_async else None
@@ -221,6 +271,11 @@ def make_vector_env(
         raise SubEnvError(
             f"an async env worker exited while building its env ({type(error).__name__}); its traceback is above"
         ) from error
+    return _check_array_spaces(vector_env)
+
+
+def _check_array_spaces(vector_env: gym.vector.VectorEnv) -> gym.vector.VectorEnv:
+    """``vector_env`` if its spaces are array spaces; else close it and raise a ``ValueError`` naming the space."""
     for name, space in (
         ("observation", vector_env.single_observation_space),
         ("action", vector_env.single_action_space),

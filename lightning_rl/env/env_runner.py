@@ -25,7 +25,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -33,8 +33,11 @@ import numpy as np
 from lightning_rl.core.rl_modules import RLModule
 from lightning_rl.env.env_factory import (
     EnvCreator,
+    VectorizeMode,
     WrapperSpec,
     check_autoreset_support,
+    check_envpool_arguments,
+    check_vectorize_mode,
     make_vector_env,
     resolve_env,
     resolve_wrappers,
@@ -69,7 +72,11 @@ class EnvRunner:
             {"min_reward": -1, "max_reward": 1}}`` (the form config files use).
         num_envs: How many env copies step together.
         vectorize_mode: ``"sync"`` steps the copies one after the other in this process
-            (best for fast envs); ``"async"`` steps each in its own subprocess.
+            (best for fast envs); ``"async"`` steps each in its own subprocess; ``"envpool"``
+            steps them in EnvPool's C++ threads (``pip install "lightning-rl[envpool]"``;
+            ``env`` must be an id EnvPool has, with its EnvPool options as ``env_kwargs``, no
+            wrappers, ``record_video`` or ``restart_failed_sub_environments``; see
+            :mod:`lightning_rl.env.envpool_vector_env` for what else differs).
         rollout_fragment_length: Vector steps per :meth:`sample` call; each yields
             ``num_envs`` env steps.
         seed: Seed of the first reset (env ``i`` gets ``seed + i``); later full resets (from
@@ -111,8 +118,11 @@ class EnvRunner:
             ``on_nonfinite``, a ``sample_timeout_s`` that is not a positive number, or an
             env whose observation or action space is not an array space (Box, Discrete,
             MultiDiscrete, MultiBinary), observations to normalize that are not a Box, or
-            invalid normalization arguments.
+            invalid normalization arguments; with ``vectorize_mode="envpool"``, for what EnvPool
+            cannot build (an id it lacks, a callable, wrappers, other ``env_kwargs``,
+            ``record_video``, ``restart_failed_sub_environments``).
         TypeError: If ``env`` or a wrapper is neither a string nor a callable.
+        ImportError: For ``vectorize_mode="envpool"`` without envpool installed.
         RuntimeError: If the installed gymnasium is older than 1.1 (no SAME_STEP autoreset).
     """
 
@@ -123,7 +133,7 @@ class EnvRunner:
         env_kwargs: dict[str, Any] | None = None,
         wrappers: Sequence[WrapperSpec] | None = None,
         num_envs: int = 1,
-        vectorize_mode: Literal["sync", "async"] = "sync",
+        vectorize_mode: VectorizeMode = "sync",
         rollout_fragment_length: int = 200,
         seed: int | None = None,
         episode_stats_window: int = 100,
@@ -146,11 +156,17 @@ class EnvRunner:
         ):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if vectorize_mode not in ("sync", "async"):
-            raise ValueError(f"vectorize_mode must be 'sync' or 'async', got {vectorize_mode!r}")
+        check_vectorize_mode(vectorize_mode)
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
             raise ValueError(f"seed must be an int or None, got {seed!r}")
-        if isinstance(env, str):
+        if vectorize_mode == "envpool":
+            # EnvPool's ids are its own (gymnasium's registry need not have them), and what
+            # works on gymnasium env objects cannot work there: refused here, by name.
+            env = check_envpool_arguments(
+                env, env_kwargs, wrappers, record_video=record_video,
+                restart_failed_sub_environments=restart_failed_sub_environments,
+            )  # fmt: skip
+        elif isinstance(env, str):
             env = resolve_env(env)
         elif not callable(env):
             raise TypeError(f"env must be a registered env id or a callable returning a gym.Env, got {env!r}")
@@ -168,6 +184,9 @@ class EnvRunner:
         build = functools.partial(
             make_vector_env, env, env_kwargs, wrappers, self.num_envs,
             vectorize_mode, restart_failed_sub_environments=restart_failed_sub_environments,
+            # EnvPool seeds its envs when the pool is made: with the first reset's seed, that
+            # reset needs no second pool.
+            seed=self.seed if vectorize_mode == "envpool" else None,
         )
         timeout = None if sample_timeout_s is None else float(sample_timeout_s)
         self._vector = GuardedVectorEnv(build, sample_timeout_s=timeout, restart=restart_failed_sub_environments)
