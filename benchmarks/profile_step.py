@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
+import gc
 import logging
 import time
 import warnings
@@ -334,6 +335,7 @@ def main() -> None:
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     print(f"torch {torch.__version__}, lightning {lightning.__version__}; torch.set_num_threads({args.threads})")
     for algo in ("dqn", "ppo") if args.algo == "both" else (args.algo,):
+        gc.collect()  # the garbage of the previous algorithm's fit is not collected within the next one's
         ours, hand, items, hand_steps = profile_dqn(args) if algo == "dqn" else profile_ppo(args)
         our_steps = hand_steps  # the same steps per item in both: the config's
         print_table(algo, ours, hand, items, hand_steps, our_steps)
