@@ -1,4 +1,4 @@
-"""A cache of ``lightning-rl fit --help`` and ``validate --help``, so that they answer in a fraction of a second.
+"""A cache of ``lightning-rl fit --help``, ``validate --help`` and ``fit --model.help PPOLearner``, so that they answer in a fraction of a second.
 
 Building that help needs the whole parser, so torch and Lightning (about 6 s of imports on
 a 2-core machine, before any parser is built). The text depends only on the installed code,
@@ -7,12 +7,15 @@ depends on has changed: the Python environment (``sys.prefix``), the versions of
 Lightning, jsonargparse (and the docstring parsers it reads help from) and gymnasium, every
 source file of this package (path, size and modification time), the terminal width and the
 environment variables jsonargparse and Lightning read. Any change makes the next call build
-the help again. Only the two-word forms ``SUBCOMMAND --help`` / ``-h`` are cached; anything
-else (``--config x.yaml --help``, ``--model.help PPOLearner``) depends on more than the
-installed code and is always built.
+the help again. Cached are the forms whose text depends on nothing else: ``SUBCOMMAND --help``
+/ ``-h``, and a class's help, ``SUBCOMMAND --KEY.help CLASS`` (``--model.help PPOLearner``,
+``--data.help OffPolicyDataModule``) where ``CLASS`` is a short name (resolved among the classes
+this package and Lightning import, nothing of the user's) or a dotted path into
+``lightning_rl`` or ``lightning``. Anything else (``--config x.yaml --help``, ``--model.help
+my_package.MyLearner``) depends on more than the installed code and is always built.
 
 The cache lives in ``$XDG_CACHE_HOME/lightning_rl`` (``~/.cache/lightning_rl`` by default),
-one file per subcommand and terminal width; a cache that cannot be read or written is
+one file per help text and terminal width; a cache that cannot be read or written is
 skipped, never an error.
 """
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -30,32 +34,53 @@ _DISTRIBUTIONS = ("torch", "lightning", "jsonargparse", "gymnasium", "docstring-
 # Environment variables that change how jsonargparse and Lightning build the parser.
 _ENV_PREFIXES = ("JSONARGPARSE_", "PL_")
 _HELP_FLAGS = ("-h", "--help")
+# A class's help flag (``--model.help``, ``--trainer.logger.help``) and the class names whose
+# help depends on installed code only: short names, and dotted paths into this package or Lightning.
+_CLASS_HELP_FLAG = re.compile(r"--[A-Za-z_][\w.]*\.help", re.ASCII)
+_INSTALLED_CLASS = re.compile(r"[A-Za-z_]\w*|(lightning_rl|lightning)(\.[A-Za-z_]\w*)+", re.ASCII)
+_MAX_NAME = 200  # longer class names are not cached (file names have limits)
 
 
 class HelpCache:
-    """The saved help text of one subcommand, valid while its key matches.
+    """The saved help text of one subcommand, or of one class's arguments under it, valid while its key matches.
 
     Args:
         subcommand: ``"fit"`` or ``"validate"``.
         directory: Where the text is kept.
+        class_help: For a class's help, its flag and class name (``("--model.help", "PPOLearner")``);
+            ``None`` for the subcommand's own help.
     """
 
-    def __init__(self, subcommand: str, directory: Path) -> None:
+    def __init__(self, subcommand: str, directory: Path, class_help: tuple[str, str] | None = None) -> None:
         self.columns = shutil.get_terminal_size().columns
-        self.path = directory / f"help-{subcommand}-{self.columns}.txt"
-        self.key = _key(subcommand, self.columns)
+        topic = subcommand
+        if class_help is not None:  # ("--model.help", "PPOLearner"): one file per flag and class
+            flag, name = class_help
+            topic = f"{subcommand}-{flag.lstrip('-')}-{name}"
+        self.path = directory / f"help-{topic}-{self.columns}.txt"
+        self.key = _key(topic, self.columns)
 
     @classmethod
     def for_args(cls, args: list[str], subcommands: tuple[str, ...]) -> HelpCache | None:
-        """The cache for ``args`` when they ask only for a subcommand's help, else ``None``.
+        """The cache for ``args`` when they ask only for a help that depends on installed code, else ``None``.
 
         Args:
-            args: The command's arguments, without the program name.
+            args: The command's arguments, without the program name: ``SUBCOMMAND --help``
+                (or ``-h``), or ``SUBCOMMAND --KEY.help CLASS`` (see the module's docstring).
             subcommands: The subcommands whose help may be cached.
         """
-        if len(args) != 2 or args[0] not in subcommands or args[1] not in _HELP_FLAGS:
+        if not args or args[0] not in subcommands:
             return None
-        return cls(args[0], _cache_directory())
+        if len(args) == 2 and args[1] in _HELP_FLAGS:
+            return cls(args[0], _cache_directory())
+        if (
+            len(args) == 3
+            and _CLASS_HELP_FLAG.fullmatch(args[1])
+            and len(args[2]) <= _MAX_NAME
+            and _INSTALLED_CLASS.fullmatch(args[2])
+        ):
+            return cls(args[0], _cache_directory(), class_help=(args[1], args[2]))
+        return None
 
     def read(self) -> str | None:
         """The saved text if it was saved under the current key, else ``None``."""
@@ -81,11 +106,11 @@ def _cache_directory() -> Path:
     return Path(base) / "lightning_rl"
 
 
-def _key(subcommand: str, columns: int) -> str:
-    """A digest of everything the help text of ``subcommand`` depends on."""
+def _key(topic: str, columns: int) -> str:
+    """A digest of everything the help text of ``topic`` (a subcommand, or a subcommand's class help) depends on."""
     digest = hashlib.sha256()
     # sys.prefix: two environments sharing one checkout (and one cache) may differ in what is installed.
-    digest.update(f"{subcommand}\n{columns}\n{sys.version}\n{sys.prefix}\n".encode())
+    digest.update(f"{topic}\n{columns}\n{sys.version}\n{sys.prefix}\n".encode())
     for name in _DISTRIBUTIONS:
         try:
             version = importlib.metadata.version(name)
