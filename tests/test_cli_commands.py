@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from _registered_envs import EPISODE_STEPS, NAMESPACED_ID
 from conftest import bc_spec
 from test_cli import CARTPOLE, REPO, quick
 
+import lightning_rl.cli.lightning_cli as lightning_cli
 from lightning_rl.cli import SUBCOMMANDS, main
 from lightning_rl.cli.help_cache import HelpCache
 from lightning_rl.cli.lightning_cli import TRAINER_SUBCOMMANDS, LightningRLCLI
@@ -22,6 +24,13 @@ from lightning_rl.env.env_factory import resolve_env
 from lightning_rl.env.env_runner import EnvRunner
 
 TESTS = Path(__file__).resolve().parent
+# Optional packages that only some features need (ONNX export, Minari datasets, PettingZoo envs,
+# MuJoCo envs, rendering, the SB3 baseline), measured at 10-230 ms of import each beside torch
+# and Lightning on a 2-core machine: none of them may load on the way to a PPO fit's first steps.
+OPTIONAL_HEAVY_IMPORTS = (
+    "onnx", "onnxruntime", "onnxscript", "minari", "h5py", "pettingzoo", "mujoco", "pygame", "imageio",
+    "stable_baselines3",
+)  # fmt: skip
 # Subprocesses import this checkout and the tests' env module, on one intra-op thread.
 PRELUDE = "import torch; torch.set_num_threads(1); "
 
@@ -103,15 +112,36 @@ def test_fit_help_is_answered_from_the_cache_that_the_first_call_writes(tmp_path
     assert "LIGHTNING LOADED" in first.stderr and "NO LIGHTNING" in second.stderr
 
 
-def test_the_help_cache_holds_only_bare_subcommand_help_and_is_dropped_when_the_key_changes(tmp_path, monkeypatch):
+def test_the_help_cache_holds_only_help_that_depends_on_installed_code_and_is_dropped_when_the_key_changes(
+    tmp_path, monkeypatch
+):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    for args in (["fit"], ["fit", "--config", "x.yaml", "--help"], ["fit", "--model.help", "PPOLearner"], ["x", "-h"]):
-        assert HelpCache.for_args(args, ("fit", "validate")) is None
+    not_cached = (
+        ["fit"],
+        ["fit", "--config", "x.yaml", "--help"],
+        ["x", "-h"],
+        ["fit", "--model.help", "my_package.MyLearner"],  # the user's code: not in the key
+        ["fit", "--model.help", "PPOLearner", "--seed_everything", "1"],
+        ["fit", "--model.help", "../PPOLearner"],
+        ["fit", "--model", "PPOLearner"],
+    )
+    for args in not_cached:
+        assert HelpCache.for_args(args, ("fit", "validate")) is None, args
     cache = HelpCache.for_args(["fit", "-h"], ("fit", "validate"))
     assert cache is not None and cache.read() is None
     cache.write("usage: lightning-rl fit ...\n")
     assert HelpCache.for_args(["fit", "--help"], ("fit", "validate")).read() == "usage: lightning-rl fit ...\n"
     assert HelpCache.for_args(["validate", "--help"], ("fit", "validate")).read() is None
+    # A class's help has a file of its own, per flag and class name.
+    model_help = HelpCache.for_args(["fit", "--model.help", "PPOLearner"], ("fit", "validate"))
+    assert model_help is not None and model_help.read() is None
+    model_help.write("usage: PPOLearner ...\n")
+    assert HelpCache.for_args(["fit", "--model.help", "PPOLearner"], ("fit", "validate")).read() == "usage: PPOLearner ...\n"
+    for args in (["fit", "--model.help", "DQNLearner"], ["fit", "--data.help", "PPOLearner"], ["validate", "--model.help", "PPOLearner"]):
+        assert HelpCache.for_args(args, ("fit", "validate")).read() is None, args
+    assert HelpCache.for_args(["fit", "--help"], ("fit", "validate")).read() == "usage: lightning-rl fit ...\n"
+    dotted = HelpCache.for_args(["fit", "--data.help", "lightning_rl.data.OffPolicyDataModule"], ("fit", "validate"))
+    assert dotted is not None
     # jsonargparse reads JSONARGPARSE_* variables when it builds the parser: another value, another help.
     monkeypatch.setenv("JSONARGPARSE_DEFAULT_ENV", "true")
     assert HelpCache.for_args(["fit", "--help"], ("fit", "validate")).read() is None
@@ -121,11 +151,24 @@ def test_the_help_cache_holds_only_bare_subcommand_help_and_is_dropped_when_the_
     "flag,name,argument",
     [("--model.help", "PPOLearner", "--model.clip_param"), ("--data.help", "OffPolicyDataModule", "--data.train_freq")],
 )
-def test_help_of_a_class_by_its_short_name(flag, name, argument, capsys):
+def test_help_of_a_class_by_its_short_name_is_built_once_then_read_from_the_cache(
+    flag, name, argument, capsys, monkeypatch, tmp_path
+):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # a cache of this test's own
     with pytest.raises(SystemExit) as exit_:
         main(["fit", flag, name])
     assert exit_.value.code == 0
-    assert argument in capsys.readouterr().out
+    built = capsys.readouterr().out
+    assert argument in built
+
+    def not_built_again(*args, **kwargs):
+        raise AssertionError("the class's help was built again instead of read from the cache")
+
+    monkeypatch.setattr(lightning_cli, "LightningRLCLI", not_built_again)
+    with pytest.raises(SystemExit) as exit_:
+        main(["fit", flag, name])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out == built
 
 
 def test_a_config_names_classes_by_short_name_and_the_env_by_a_factory_path(tmp_path):
@@ -217,6 +260,30 @@ def test_an_unknown_env_id_fails_before_anything_runs_with_a_message_naming_it(t
 # ---------------------------------------------------------------------------------------------
 # A clean run
 # ---------------------------------------------------------------------------------------------
+
+
+def test_the_start_up_path_imports_no_optional_heavy_package(tmp_path):
+    """The package, every public name, every subpackage and a one-rollout fit of the example load none of them.
+
+    The start-up costs of ``lightning-rl fit`` are imports; this fails when an eager import of
+    an optional feature's package comes back (a timing assertion would be flaky, this is not).
+    """
+    args = ["fit", "--config", CARTPOLE, "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_progress_bar",
+            "false", "--data.init_args.max_env_steps", "256", "--data.init_args.rollouts_per_epoch", "1",
+            "--data.init_args.evaluation_num_episodes", "1", "--model.init_args.num_epochs", "1"]  # fmt: skip
+    code = (
+        "import importlib, json, pkgutil, sys\n"
+        "import lightning_rl\n"
+        "for name in lightning_rl.__all__: getattr(lightning_rl, name)\n"
+        "for module in pkgutil.iter_modules(lightning_rl.__path__):\n"
+        "    if module.ispkg: importlib.import_module(f'lightning_rl.{module.name}')\n"
+        f"from lightning_rl.cli import main; main({args!r})\n"
+        f"print(json.dumps(sorted(name for name in {OPTIONAL_HEAVY_IMPORTS!r} if name in sys.modules)))"
+    )
+    result = run_python(PRELUDE + code, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt").exists()
+    assert json.loads(result.stdout.splitlines()[-1]) == [], "imported on the start-up path"
 
 
 def test_a_clean_fit_of_the_example_prints_no_warning(tmp_path):
