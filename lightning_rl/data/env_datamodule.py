@@ -37,8 +37,9 @@ from lightning_rl.data.acting_module import learner_acting_module
 from lightning_rl.data.env_sampling import EnvSampling
 from lightning_rl.data.evaluation_video import EvaluationVideo
 from lightning_rl.data.rank_stats import all_gather_rows, trainer_placement
-from lightning_rl.env.env_factory import check_envpool_arguments, check_vectorize_mode, resolve_env
+from lightning_rl.env.env_factory import check_vectorize_mode, resolve_env
 from lightning_rl.env.env_runner import EnvRunner, check_fault_arguments
+from lightning_rl.env.envpool_vector_env import check_envpool_arguments
 from lightning_rl.env.frame_recorder import check_records_frames
 from lightning_rl.env.normalization import check_normalization_arguments
 

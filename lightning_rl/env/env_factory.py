@@ -21,6 +21,7 @@ import gymnasium as gym
 
 from lightning_rl.core.checkpoint import import_class
 from lightning_rl.env.env_errors import SubEnvError
+from lightning_rl.env.envpool_vector_env import EnvPoolVectorEnv, envpool_time_limit  # envpool itself: on use
 from lightning_rl.env.sub_env_guard import make_guarded_env
 
 try:  # gymnasium >= 1.1
@@ -53,31 +54,6 @@ def check_vectorize_mode(vectorize_mode: str) -> None:
     """Raise a ``ValueError`` naming ``vectorize_mode`` unless it is one of :data:`VECTORIZE_MODES`."""
     if vectorize_mode not in VECTORIZE_MODES:
         raise ValueError(f"vectorize_mode must be one of {VECTORIZE_MODES}, got {vectorize_mode!r}")
-
-
-def check_envpool_arguments(
-    env: Any,
-    env_kwargs: Mapping[str, Any] | None,
-    wrappers: Sequence[Any] | None,
-    *,
-    record_video: bool = False,
-    restart_failed_sub_environments: bool = False,
-) -> str:
-    """Check the env arguments for ``vectorize_mode="envpool"``; return the EnvPool env id.
-
-    The EnvPool module is imported here, not at the top: ``import lightning_rl`` never needs
-    envpool. See ``envpool_vector_env.check_envpool_arguments`` for the rules.
-
-    Raises:
-        ImportError: If envpool is not installed (naming the extra that installs it).
-        ValueError: Naming what EnvPool cannot do and what it supports.
-    """
-    from lightning_rl.env import envpool_vector_env
-
-    return envpool_vector_env.check_envpool_arguments(
-        env, env_kwargs, wrappers, record_video=record_video,
-        restart_failed_sub_environments=restart_failed_sub_environments,
-    )  # fmt: skip
 
 
 def resolve_env(env: str) -> str | EnvCreator:
@@ -231,7 +207,7 @@ def make_vector_env(
     Each gymnasium copy is wrapped last in a ``SubEnvGuard`` that knows its index, so that its
     failures are named (or, with ``restart_failed_sub_environments``, mended). An EnvPool pool
     has no per-env objects to guard: its arguments were checked by
-    :func:`check_envpool_arguments`.
+    :func:`~lightning_rl.env.envpool_vector_env.check_envpool_arguments`.
 
     Args:
         env, env_kwargs, wrappers: As for :func:`make_env` (for ``"envpool"``: an EnvPool id,
@@ -250,8 +226,6 @@ def make_vector_env(
         SubEnvError: If an async worker exited while building its env.
     """
     if vectorize_mode == "envpool":
-        from lightning_rl.env.envpool_vector_env import EnvPoolVectorEnv, envpool_time_limit
-
         time_limit = envpool_time_limit(str(env), env_kwargs)
         return _check_array_spaces(
             EnvPoolVectorEnv(str(env), num_envs, env_kwargs=env_kwargs, seed=seed, time_limit=time_limit)

@@ -36,12 +36,12 @@ from lightning_rl.env.env_factory import (
     VectorizeMode,
     WrapperSpec,
     check_autoreset_support,
-    check_envpool_arguments,
     check_vectorize_mode,
     make_vector_env,
     resolve_env,
     resolve_wrappers,
 )
+from lightning_rl.env.envpool_vector_env import check_envpool_arguments
 from lightning_rl.env.episode import SingleAgentEpisode
 from lightning_rl.env.frame_recorder import EpisodeFrameRecorder, env_kwargs_for_video
 from lightning_rl.env.guarded_vector_env import GuardedVectorEnv
