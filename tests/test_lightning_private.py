@@ -18,7 +18,14 @@ from lightning.pytorch.strategies import DDPStrategy
 from torch.nn.parallel import DistributedDataParallel
 
 from lightning_rl.algorithms.bc import BCLearner
-from lightning_rl.learner._lightning_private import attached_trainer, trainer_writes_logs_now, wrap_model_for_strategy
+from lightning_rl.learner._lightning_private import (
+    _STEP_HOOKS,
+    attached_trainer,
+    step_hooks_have_listeners,
+    step_without_dispatch,
+    trainer_writes_logs_now,
+    wrap_model_for_strategy,
+)
 
 
 class _Record(Callback):
@@ -50,6 +57,38 @@ def test_trainer_writes_logs_now_follows_log_every_n_steps(tmp_path):
     # fallback would answer True every time.
     assert record.seen == [False, True, False, True]
     assert isinstance(type(trainer._logger_connector).should_update_logs, property)
+
+
+def test_step_hooks_have_listeners_reads_hooks_every_dispatching_class_still_defines(tmp_path):
+    # Each name must exist on its class: a renamed one would make every step take the full
+    # dispatch (correct, but the speed-up silently gone).
+    for base, names in _STEP_HOOKS.items():
+        for name in names:
+            assert callable(getattr(base, name, None)), f"{base.__name__}.{name}"
+    assert LightningModule()._fabric is None  # a module run by the Trainer, not by Fabric
+    record = _Record(step_hooks_have_listeners)
+    make_trainer(tmp_path, callbacks=[record]).fit(BCLearner(module_spec=bc_spec()), loader_of([random_batch()] * 2))
+    assert record.seen == [False, False]
+
+
+def test_step_without_dispatch_steps_and_counts_as_the_wrappers_step(tmp_path):
+    record = _Record(lambda trainer, module: callable(trainer.strategy._lightning_optimizers[0]._on_before_step))
+    learner = BCLearner(module_spec=bc_spec())
+    trainer = make_trainer(tmp_path, callbacks=[record])
+    trainer.fit(learner, loader_of([random_batch()] * 2))
+    assert record.seen == [True, True]
+    # The fit loop's brackets count each step in the progress behind global_step, as LightningOptimizer.step does.
+    steps_before = trainer.global_step
+    assert steps_before > 0
+    loop = trainer.fit_loop.epoch_loop.manual_optimization
+    wrapper = trainer.strategy._lightning_optimizers[0]
+    wrapper._on_before_step, wrapper._on_after_step = loop._on_before_step, loop._on_after_step
+    weights = [p.detach().clone() for p in learner.parameters()]
+    for p in learner.parameters():
+        p.grad = torch.ones_like(p)
+    step_without_dispatch(wrapper)
+    assert trainer.global_step == steps_before + 1
+    assert any(not torch.equal(before, after) for before, after in zip(weights, learner.parameters()))
 
 
 def _free_port() -> int:

@@ -99,11 +99,11 @@ class GradientStepMixin:
 
         The registered parameters' gradients are reset first. Under a running Trainer this
         backpropagates with ``manual_backward`` (plain ``backward()`` when nothing listens to
-        Lightning's per-step hooks: see ``_lightning_private.step_hooks_have_listeners``); under DDP the loss also touches every
-        parameter (``data_parallel.unused_parameter_anchor``), so no rank's backward waits.
-        With sharded modules (FSDP2) it adds the anchor of this step's sharded pass
-        (``_sharded_forward_train``) instead, and afterwards averages the gradients of the
-        parameters FSDP left whole (``sharding.reduce_replicated_gradients``).
+        Lightning's per-step hooks: ``_lightning_private.step_hooks_have_listeners``); under
+        DDP the loss also touches every parameter (``data_parallel.unused_parameter_anchor``),
+        so no rank's backward waits. With sharded modules (FSDP2) it adds the anchor of this
+        step's sharded pass (``_sharded_forward_train``) instead, and afterwards averages the
+        gradients of the parameters FSDP left whole (``sharding.reduce_replicated_gradients``).
         """
         registry = self._optimizer_registry
         registry.clear_grads()
