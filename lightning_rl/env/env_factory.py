@@ -15,7 +15,7 @@ import functools
 import importlib
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import gymnasium as gym
 
@@ -33,7 +33,7 @@ EnvCreator = Callable[..., gym.Env]
 #: How the runner's env copies step: gymnasium's ``SyncVectorEnv`` or ``AsyncVectorEnv``, or an
 #: EnvPool C++ pool (:mod:`lightning_rl.env.envpool_vector_env`, an optional extra).
 VectorizeMode = Literal["sync", "async", "envpool"]
-VECTORIZE_MODES: tuple[str, ...] = ("sync", "async", "envpool")
+VECTORIZE_MODES: tuple[str, ...] = get_args(VectorizeMode)
 WrapperSpec = str | Mapping[str, Any] | Callable[[gym.Env], gym.Env]
 
 # The spaces the runner's numpy buffers can hold as one array per step.
