@@ -262,3 +262,84 @@ def test_a_user_piece_adds_a_column_computed_from_the_columns_before_it():
     batch = run(pipeline, value_modules(p0=0.1), hand_checkable_episodes())["p0"]
     torch.testing.assert_close(batch["value_target_sign"], torch.sign(batch[Columns.VALUE_TARGETS]))
     assert len(batch["value_target_sign"]) == len(batch[Columns.OBS]) == 9
+
+
+def sb3_style_gae(rewards, values, dones, truncated, final_values, last_values, gamma, lam):
+    """Stable-Baselines3's formulation on ``[T, N]`` arrays (``RolloutBuffer.compute_returns_and_advantage``).
+
+    A truncated step's reward gets ``gamma * V(final_obs)`` added (SB3's ``collect_rollouts``),
+    every episode end stops the recursion, and the rollout's last step bootstraps from the value
+    of the next observation unless it ended an episode.
+    """
+    rewards = rewards + gamma * np.where(truncated, final_values, 0.0)
+    num_steps = len(rewards)
+    advantages = np.zeros_like(rewards)
+    running = np.zeros(rewards.shape[1])
+    for t in reversed(range(num_steps)):
+        next_values = last_values if t == num_steps - 1 else values[t + 1]
+        not_done = 1.0 - dones[t]
+        delta = rewards[t] + gamma * next_values * not_done - values[t]
+        running = delta + gamma * lam * not_done * running
+        advantages[t] = running
+    return advantages
+
+
+def test_gae_over_runner_style_chunks_equals_sb3s_formulation_on_the_same_rollout():
+    # A [T, N] rollout cut into episodes as the EnvRunner cuts it: an ended episode ends with its
+    # true final observation (not the next episode's reset one), a running chunk with the next
+    # observation. Terminations, truncations and episodes cut by the rollout end all occur.
+    gamma, lam, num_steps, num_envs = 0.98, 0.8, 12, 3
+    rng = np.random.default_rng(0)
+    obs = rng.normal(size=(num_steps + 1, num_envs, 2)).astype(np.float32)  # obs[T]: after the rollout
+    final_obs = rng.normal(size=(num_steps, num_envs, 2)).astype(np.float32)  # where an episode ended
+    rewards = rng.uniform(0.0, 2.0, size=(num_steps, num_envs)).astype(np.float32)
+    terminated = np.zeros((num_steps, num_envs), dtype=bool)
+    truncated = np.zeros((num_steps, num_envs), dtype=bool)
+    terminated[[2, 7], [0, 0]] = True
+    truncated[[4, 11], [1, 1]] = True  # env 1's second episode is truncated on the rollout's last step
+    terminated[5, 2] = True
+
+    weights = torch.tensor([0.7, -1.3])
+
+    def compute_values(batch):
+        return torch.tanh(batch[Columns.OBS] @ weights) * 3.0
+
+    def value_of(array):
+        return compute_values({Columns.OBS: torch.as_tensor(array)}).double().numpy()
+
+    episodes, rows, start = [], [], [0] * num_envs
+    for t, i in zip(*np.nonzero(terminated | truncated)):
+        s = start[i]
+        episode_obs = np.concatenate([obs[s : t + 1, i], final_obs[t, i][None]])
+        episodes.append(
+            SingleAgentEpisode(
+                observations=episode_obs, actions=np.zeros(t + 1 - s, dtype=np.int64), rewards=rewards[s : t + 1, i],
+                terminated=bool(terminated[t, i]), truncated=bool(truncated[t, i]),
+            )
+        )  # fmt: skip
+        rows += [(k, i) for k in range(s, t + 1)]
+        start[i] = t + 1
+    for i in range(num_envs):
+        if start[i] < num_steps:
+            episodes.append(
+                SingleAgentEpisode(
+                    observations=obs[start[i] :, i], actions=np.zeros(num_steps - start[i], dtype=np.int64),
+                    rewards=rewards[start[i] :, i],
+                )
+            )  # fmt: skip
+            rows += [(k, i) for k in range(start[i], num_steps)]
+
+    batch = episodes_to_batch(episodes, CPU)
+    add_value_targets_and_advantages(batch, episodes, compute_values, gamma=gamma, gae_lambda=lam)
+    expected = sb3_style_gae(
+        rewards.astype(np.float64),
+        value_of(obs[:-1].reshape(-1, 2)).reshape(num_steps, num_envs),
+        (terminated | truncated).astype(np.float64),
+        truncated,
+        value_of(final_obs.reshape(-1, 2)).reshape(num_steps, num_envs),
+        value_of(obs[-1]),
+        gamma,
+        lam,
+    )
+    steps, envs = (np.array(index) for index in zip(*rows))
+    np.testing.assert_allclose(batch[Columns.ADVANTAGES].numpy(), expected[steps, envs], rtol=1e-5, atol=1e-5)
