@@ -46,11 +46,11 @@ on the issue's targets: ours' median wall time <= 1.15x the hand-written script'
 The env steps a seed needs are deterministic for a given variant (same numbers on every
 invocation), but each variant has its own random streams, so seed s of one is not seed s of
 another; a change that only moves float rounding (e.g. fused Adam) reshuffles them too. Over
-seeds 0-9 the medians were 60.5k env steps (SB3), 62k (hand-written) and 63k-71k (ours, at
-two package commits), each ranging over ~55k-97k with about one run in ten collapsing and
-never getting there; seeds 0-2 happen to favour SB3 (55-58k). So the wall-time medians of 3
-seeds carry that luck. Read ms/step and setup s for the speed of the code, and use
-``--seeds 0 1 2 3 4 5 6 7 8 9`` for the verdict. A shared 2-core machine adds +-25% timing
+seeds 0-49 the medians were 62.0k env steps (SB3), 64.1k (hand-written) and 64.9k (ours), no
+difference beyond luck (README, "PPO on CartPole, end to end"), each ranging over ~50k-97k with
+about one run in fifty never getting there; seeds 0-9 happen to be unlucky for ours (70.9k)
+and seeds 0-2 to favour SB3 (55-58k). So the wall-time medians of a few seeds carry that luck.
+Read ms/step and setup s for the speed of the code, and use 20 or more seeds for the verdict. A shared 2-core machine adds +-25% timing
 noise: compare within one invocation, and repeat it.
 
 Run::
