@@ -21,17 +21,19 @@ from __future__ import annotations
 
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import torch
 from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 
-from lightning_rl import Columns, RLModuleSpec
-from lightning_rl.algorithms.ppo import PPOLearner, PPOModule
+from lightning_rl import Columns
+from lightning_rl.algorithms.ppo import PPOLearner
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME
 from lightning_rl.env.episode import SingleAgentEpisode
+
+# A sibling: this directory is on sys.path when a benchmark runs as a script.
+from ppo_update_vs_sb3 import cartpole_spec, copy_sb3_weights, print_weight_differences
 
 NUM_ENVS, NUM_STEPS, TIME_LIMIT, GAMMA, GAE_LAMBDA = 8, 32, 20, 0.98, 0.8
 
@@ -124,32 +126,14 @@ def main() -> None:
     model._update_current_progress_remaining(model.num_timesteps, total_timesteps)
     progress = model._current_progress_remaining
 
-    spec = RLModuleSpec(
-        module_class=PPOModule,
-        observation_space=gym.spaces.Box(-np.inf, np.inf, (4,), np.float32),
-        action_space=gym.spaces.Discrete(2),
-        model_config={"fcnet_hiddens": [64, 64]},
-    )
     # The schedules of examples/ppo_cartpole.yaml, at SB3's timestep.
     learner = PPOLearner(
-        spec, lr=[[0, 1e-3], [100_000, 0.0]], clip_param=[[0, 0.2], [100_000, 0.0]], gamma=GAMMA,
+        cartpole_spec(), lr=[[0, 1e-3], [100_000, 0.0]], clip_param=[[0, 0.2], [100_000, 0.0]], gamma=GAMMA,
         gae_lambda=GAE_LAMBDA, num_epochs=20, minibatch_size=256, grad_clip=0.5, vf_loss_coeff=0.5,
         vf_clip_param=None, entropy_coeff=0.0,
     )  # fmt: skip
     learner.build()
-    ours, policy = learner.module["default_policy"], model.policy
-    pairs = {
-        "pi[0]": (ours.pi[0], policy.mlp_extractor.policy_net[0]),
-        "pi[2]": (ours.pi[2], policy.mlp_extractor.policy_net[2]),
-        "pi[4]": (ours.pi[4], policy.action_net),
-        "vf[0]": (ours.vf[0], policy.mlp_extractor.value_net[0]),
-        "vf[2]": (ours.vf[2], policy.mlp_extractor.value_net[2]),
-        "vf[4]": (ours.vf[4], policy.value_net),
-    }
-    with torch.no_grad():
-        for mine, theirs in pairs.values():
-            mine.weight.copy_(theirs.weight)
-            mine.bias.copy_(theirs.bias)
+    pairs = copy_sb3_weights(learner, model)
 
     episodes, rows = episodes_from_sb3_rollout(model, recorder.steps)
     buffer = model.rollout_buffer
@@ -176,11 +160,7 @@ def main() -> None:
     before = {name: theirs.weight.detach().clone() for name, (_, theirs) in pairs.items()}
     model.train()
     print(f"one update at SB3's progress {progress:.4f} (timestep {model.num_timesteps})")
-    print(f"{'layer':8s} {'max |ours - sb3|':>18s} {'max |sb3 change|':>18s}")
-    for name, (mine, theirs) in pairs.items():
-        diff = float((mine.weight - theirs.weight).detach().abs().max())
-        moved = float((theirs.weight - before[name]).detach().abs().max())
-        print(f"{name:8s} {diff:18.2e} {moved:18.2e}")
+    print_weight_differences(pairs, before)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from stable_baselines3 import PPO
 from stable_baselines3.common.env_util import make_vec_env
+from torch import nn
 
 from lightning_rl import Columns, RLModuleSpec
 from lightning_rl.algorithms.ppo import PPOLearner, PPOModule
@@ -36,31 +37,12 @@ def main() -> None:
     model._update_current_progress_remaining(model.num_timesteps, total_timesteps)
     progress = model._current_progress_remaining
 
-    spec = RLModuleSpec(
-        module_class=PPOModule,
-        observation_space=gym.spaces.Box(-np.inf, np.inf, (4,), np.float32),
-        action_space=gym.spaces.Discrete(2),
-        model_config={"fcnet_hiddens": [64, 64]},
-    )
     learner = PPOLearner(
-        spec, lr=1e-3 * progress, clip_param=0.2 * progress, num_epochs=20, minibatch_size=256,
+        cartpole_spec(), lr=1e-3 * progress, clip_param=0.2 * progress, num_epochs=20, minibatch_size=256,
         grad_clip=0.5, vf_loss_coeff=0.5, vf_clip_param=None, entropy_coeff=0.0,
     )  # fmt: skip
     learner.build()
-    ours = learner.module["default_policy"]
-    policy = model.policy
-    pairs = {
-        "pi[0]": (ours.pi[0], policy.mlp_extractor.policy_net[0]),
-        "pi[2]": (ours.pi[2], policy.mlp_extractor.policy_net[2]),
-        "pi[4]": (ours.pi[4], policy.action_net),
-        "vf[0]": (ours.vf[0], policy.mlp_extractor.value_net[0]),
-        "vf[2]": (ours.vf[2], policy.mlp_extractor.value_net[2]),
-        "vf[4]": (ours.vf[4], policy.value_net),
-    }
-    with torch.no_grad():
-        for mine, theirs in pairs.values():
-            mine.weight.copy_(theirs.weight)
-            mine.bias.copy_(theirs.bias)
+    pairs = copy_sb3_weights(learner, model)
     before = {name: theirs.weight.detach().clone() for name, (_, theirs) in pairs.items()}
 
     buffer = model.rollout_buffer
@@ -75,6 +57,39 @@ def main() -> None:
     learner.update_from_batch(batch, num_epochs=20, minibatch_size=256)
 
     print(f"torch {torch.__version__}; one update of 20 epochs at lr {1e-3 * progress:.6f}, clip {0.2 * progress:.4f}")
+    print_weight_differences(pairs, before)
+
+
+def cartpole_spec() -> RLModuleSpec:
+    """Our ``PPOModule`` for CartPole with SB3's ``MlpPolicy`` sizes: separate [64, 64] policy and value MLPs."""
+    return RLModuleSpec(
+        module_class=PPOModule,
+        observation_space=gym.spaces.Box(-np.inf, np.inf, (4,), np.float32),
+        action_space=gym.spaces.Discrete(2),
+        model_config={"fcnet_hiddens": [64, 64]},
+    )
+
+
+def copy_sb3_weights(learner: PPOLearner, model: PPO) -> dict[str, tuple[nn.Linear, nn.Linear]]:
+    """Load SB3's weights into the built ``learner``'s module; return ``{layer: (ours, SB3's)}``."""
+    ours, policy = learner.module["default_policy"], model.policy
+    pairs = {
+        "pi[0]": (ours.pi[0], policy.mlp_extractor.policy_net[0]),
+        "pi[2]": (ours.pi[2], policy.mlp_extractor.policy_net[2]),
+        "pi[4]": (ours.pi[4], policy.action_net),
+        "vf[0]": (ours.vf[0], policy.mlp_extractor.value_net[0]),
+        "vf[2]": (ours.vf[2], policy.mlp_extractor.value_net[2]),
+        "vf[4]": (ours.vf[4], policy.value_net),
+    }
+    with torch.no_grad():
+        for mine, theirs in pairs.values():
+            mine.weight.copy_(theirs.weight)
+            mine.bias.copy_(theirs.bias)
+    return pairs
+
+
+def print_weight_differences(pairs: dict[str, tuple[nn.Linear, nn.Linear]], before: dict[str, torch.Tensor]) -> None:
+    """Per layer, how far our weights are from SB3's after both updated, beside how far SB3's moved."""
     print(f"{'layer':8s} {'max |ours - sb3|':>18s} {'max |sb3 change|':>18s}")
     for name, (mine, theirs) in pairs.items():
         diff = float((mine.weight - theirs.weight).detach().abs().max())
