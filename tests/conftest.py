@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader
 
 from lightning_rl import Columns, RLModuleSpec
 from lightning_rl.algorithms.bc import BCModule
+from lightning_rl.core.train_item import TrainingData, TrainItem
 
 # One intra-op thread: tests may run beside other processes on 2 cores (see README).
 torch.set_num_threads(1)
@@ -34,6 +35,16 @@ def random_batch(rows: int = 64, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     obs = rng.normal(size=(rows, 4)).astype(np.float32)
     return {Columns.OBS: obs, Columns.ACTIONS: (obs[:, 0] > 0).astype(np.int64)}
+
+
+def random_train_items(count: int, rows: int = 48) -> list[TrainItem]:
+    """``count`` train items of ``random_batch(rows, seed=i)``, with the env steps sampled so far as timesteps."""
+    return [
+        TrainItem(
+            TrainingData(batch=random_batch(rows, seed=i)), timesteps={"num_env_steps_sampled_lifetime": rows * (i + 1)}
+        )
+        for i in range(count)
+    ]
 
 
 def weights(learner: Any, module_id: str = "default_policy") -> dict[str, torch.Tensor]:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import assert_same_tensors, bc_spec, loader_of, make_trainer, random_batch, weights
+from conftest import assert_same_tensors, bc_spec, loader_of, make_trainer, random_batch, random_train_items, weights
 from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
@@ -20,15 +20,6 @@ from lightning_rl.core.train_item import TrainingData, TrainItem
 SETTINGS = dict(num_epochs=2, minibatch_size=16, lr=1e-2, grad_clip=0.5)
 
 
-def _items(count: int) -> list[TrainItem]:
-    return [
-        TrainItem(
-            TrainingData(batch=random_batch(48, seed=i)), timesteps={"num_env_steps_sampled_lifetime": 48 * (i + 1)}
-        )
-        for i in range(count)
-    ]
-
-
 def _learner(**kwargs: Any) -> BCLearner:
     torch.manual_seed(7)
     learner = BCLearner(module_spec=bc_spec(), **{**SETTINGS, **kwargs})
@@ -39,7 +30,7 @@ def _learner(**kwargs: Any) -> BCLearner:
 def test_an_update_under_trainer_fit_equals_a_standalone_update(tmp_path: Path):
     standalone, fitted = _learner(), _learner()
     assert_same_tensors(weights(standalone), weights(fitted))
-    items = _items(3)
+    items = random_train_items(3)
     for item in items:
         standalone.update_from_batch(item.data.batch, timesteps=item.timesteps, num_epochs=2, minibatch_size=16)
     make_trainer(tmp_path).fit(fitted, loader_of(items))
@@ -50,7 +41,7 @@ def test_an_update_under_trainer_fit_equals_a_standalone_update(tmp_path: Path):
 def test_trainer_fit_builds_an_unbuilt_learner_and_logs_results(tmp_path: Path):
     learner = BCLearner(module_spec=bc_spec(), **SETTINGS)
     trainer = make_trainer(tmp_path, logger=CSVLogger(tmp_path), log_every_n_steps=1)
-    trainer.fit(learner, loader_of(_items(2)))
+    trainer.fit(learner, loader_of(random_train_items(2)))
     metrics = trainer.callback_metrics
     assert f"{DEFAULT_MODULE_ID}/total_loss" in metrics
     assert metrics[f"{ALL_MODULES}/num_env_steps_trained_lifetime"].item() == 2 * 2 * 48
@@ -74,7 +65,7 @@ class RecordingCallback(LearnerCallback):
 
 def test_learner_callbacks_run_before_and_after_every_update(tmp_path: Path):
     callback = RecordingCallback()
-    make_trainer(tmp_path, callbacks=[callback]).fit(_learner(), loader_of(_items(2)))
+    make_trainer(tmp_path, callbacks=[callback]).fit(_learner(), loader_of(random_train_items(2)))
     assert callback.calls == [("before", 48), ("after", 48), ("before", 96), ("after", 96)]
 
 
@@ -92,7 +83,7 @@ def test_add_and_remove_module_while_fit_runs(tmp_path: Path):
     swap = SwapModulesMidFit()
     learner = _learner(num_epochs=1, minibatch_size=None)
     trainer = make_trainer(tmp_path, callbacks=[swap])
-    trainer.fit(learner, loader_of(_items(2)))
+    trainer.fit(learner, loader_of(random_train_items(2)))
     assert list(learner.module.keys()) == ["rookie"]
     # The Trainer now holds (and saves) exactly the rookie's optimizer, which stepped once with lr 0.05.
     assert trainer.optimizers == [learner.get_optimizer("rookie")]
@@ -108,7 +99,7 @@ def test_add_and_remove_module_while_fit_runs(tmp_path: Path):
 
 
 def test_resume_from_a_model_checkpoint_continues_exactly(tmp_path: Path):
-    items = _items(2)
+    items = random_train_items(2)
     uninterrupted = _learner()
     make_trainer(tmp_path / "a", max_epochs=2).fit(uninterrupted, loader_of(items))
 
@@ -130,7 +121,7 @@ def test_resume_from_a_model_checkpoint_continues_exactly(tmp_path: Path):
 def test_load_from_checkpoint_rebuilds_the_learner_with_weights_only_loading(tmp_path: Path):
     learner = _learner()
     trainer = make_trainer(tmp_path)
-    trainer.fit(learner, loader_of(_items(1)))
+    trainer.fit(learner, loader_of(random_train_items(1)))
     trainer.save_checkpoint(tmp_path / "bc.ckpt")
     # The whole Lightning checkpoint is plain data: torch's safe loader accepts it.
     torch.load(tmp_path / "bc.ckpt", weights_only=True)
@@ -142,11 +133,11 @@ def test_load_from_checkpoint_rebuilds_the_learner_with_weights_only_loading(tmp
 def test_resume_from_a_mismatched_checkpoint_names_the_file_and_keys(tmp_path: Path):
     wide = BCLearner(module_spec=bc_spec((32,)), **SETTINGS)
     trainer = make_trainer(tmp_path)
-    trainer.fit(wide, loader_of(_items(1)))
+    trainer.fit(wide, loader_of(random_train_items(1)))
     trainer.save_checkpoint(tmp_path / "wide.ckpt")
     narrow = _learner()
     with pytest.raises(ValueError, match=r"wide\.ckpt.*pi\.0\.weight': module has \(8, 4\), state has \(32, 4\)"):
-        make_trainer(tmp_path, max_epochs=2).fit(narrow, loader_of(_items(1)), ckpt_path=tmp_path / "wide.ckpt")
+        make_trainer(tmp_path, max_epochs=2).fit(narrow, loader_of(random_train_items(1)), ckpt_path=tmp_path / "wide.ckpt")
 
 
 def test_fp16_gradient_scaling_is_refused_with_a_clear_error():

@@ -15,13 +15,12 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import assert_same_tensors, bc_spec, loader_of, make_trainer, random_batch, weights
+from conftest import assert_same_tensors, bc_spec, loader_of, make_trainer, random_train_items, weights
 from lightning.pytorch import Callback
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import Strategy
 
 from lightning_rl.algorithms.bc import BCLearner
-from lightning_rl.core.train_item import TrainingData, TrainItem
 from lightning_rl.learner._lightning_private import step_hooks_have_listeners
 
 NUM_ITEMS, ROWS, MINIBATCH, EPOCHS = 3, 48, 16, 2
@@ -56,18 +55,11 @@ class LearnerWithGradientHook(BCLearner):
         self.hook_calls += 1
 
 
-def _items() -> list[TrainItem]:
-    return [
-        TrainItem(TrainingData(batch=random_batch(ROWS, seed=i)), timesteps={"num_env_steps_sampled_lifetime": ROWS * (i + 1)})
-        for i in range(NUM_ITEMS)
-    ]
-
-
 def _fit(tmp_path: Path, learner_cls: type = BCLearner, **trainer_kwargs: Any) -> tuple[BCLearner, Any]:
     torch.manual_seed(7)
     learner = learner_cls(module_spec=bc_spec(), num_epochs=EPOCHS, minibatch_size=MINIBATCH, lr=1e-2, grad_clip=0.5)
     trainer = make_trainer(tmp_path, **trainer_kwargs)
-    trainer.fit(learner, loader_of(_items()))
+    trainer.fit(learner, loader_of(random_train_items(NUM_ITEMS, ROWS)))
     return learner, trainer
 
 
@@ -89,7 +81,7 @@ def dispatch_count(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
 def test_a_listening_callback_gets_every_per_step_hook(tmp_path: Path, dispatch_count: dict[str, int]):
     callback = CountingCallback()
     _fit(tmp_path, callbacks=[callback])
-    assert callback.calls == {"on_before_backward": STEPS, "on_after_backward": STEPS, "on_before_optimizer_step": STEPS}
+    assert callback.calls == dict.fromkeys(("on_before_backward", "on_after_backward", "on_before_optimizer_step"), STEPS)
     assert dispatch_count == {"backward": STEPS, "optimizer_step": STEPS}
 
 
