@@ -592,19 +592,20 @@ class Learner(
         return [c for c in callbacks if isinstance(c, LearnerCallback)]
 
     def _attach_trainer_step(self) -> None:
-        """Look up, once per update, how the running Trainer takes a step: its optimizer wrappers, and
-        whether anything listens to its per-step hooks (else the steps skip Lightning's dispatch)."""
-        self._optimizer_wrappers = self._lightning_optimizer_map()
-        trainer = self._running_trainer()
-        self._dispatch_step_hooks = trainer is None or step_hooks_have_listeners(trainer, self)
+        """Look up, once per update, how the running Trainer takes a step.
 
-    def _lightning_optimizer_map(self) -> dict[Optimizer, Any]:
-        """``{optimizer: its LightningOptimizer wrapper}`` under a running Trainer; ``{}`` otherwise."""
-        if not self._is_running_under_trainer():
-            return {}
+        Sets ``{optimizer: its LightningOptimizer wrapper}`` (``{}`` without a running Trainer)
+        and whether anything listens to the Trainer's per-step hooks (else the steps skip
+        Lightning's dispatch).
+        """
+        trainer = self._running_trainer()
+        if trainer is None:
+            self._optimizer_wrappers, self._dispatch_step_hooks = {}, True
+            return
         wrappers = self.optimizers()
         wrappers = wrappers if isinstance(wrappers, list) else [wrappers]
-        return {wrapper.optimizer: wrapper for wrapper in wrappers}
+        self._optimizer_wrappers = {wrapper.optimizer: wrapper for wrapper in wrappers}
+        self._dispatch_step_hooks = step_hooks_have_listeners(trainer, self)
 
     def _rebuild_optimizers(self, state: Mapping[str, Any]) -> None:
         """Register every module's optimizers anew (on its current parameters) and load ``state`` into them.
