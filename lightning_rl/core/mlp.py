@@ -1,17 +1,20 @@
 """MLP builders and observation flattening for modules built from a ``model_config``.
 
-The algorithm modules (BC, PPO, DQN, SAC) build their networks from ``model_config`` keys
+The algorithm modules (BC, PPO, DQN, SAC, ...) build their networks from ``model_config`` keys
 ``fcnet_hiddens`` and ``fcnet_activation``, and feed them observations flattened to one
-float vector per row; these helpers are that shared part.
+float vector per row as gymnasium's ``gym.spaces.flatten`` lays them out (image observations
+go through a CNN first: :mod:`lightning_rl.core.encoders`); these helpers are that shared part.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
+import torch
 from torch import Tensor, nn
 
 from lightning_rl.core.action_masks import observation_part
@@ -31,8 +34,33 @@ _ACTIVATIONS: dict[str, type[nn.Module] | None] = {
     "linear": None,
 }
 
+# The observation spaces flatten_obs takes, each as gym.spaces.flatten lays it out.
+_FLATTENABLE_SPACES = (
+    gym.spaces.Box,
+    gym.spaces.Discrete,
+    gym.spaces.MultiDiscrete,
+    gym.spaces.MultiBinary,
+    gym.spaces.Dict,
+)
+
 ACTIVATION_NAMES: frozenset[str] = frozenset(_ACTIVATIONS)
-"""The ``fcnet_activation`` names :func:`build_mlp` accepts."""
+"""The ``fcnet_activation`` (and ``conv_activation``) names :func:`make_activation` accepts."""
+
+
+def make_activation(name: str) -> nn.Module | None:
+    """A new activation layer by name; ``None`` for ``"linear"`` (no activation).
+
+    Args:
+        name: One of :data:`ACTIVATION_NAMES`: ``"tanh"``, ``"relu"``, ``"silu"`` (or
+            ``"swish"``), ``"elu"``, ``"linear"``.
+
+    Raises:
+        ValueError: For an unknown activation name.
+    """
+    if name not in _ACTIVATIONS:
+        raise ValueError(f"Unknown activation {name!r}; choose one of {sorted(_ACTIVATIONS)}.")
+    activation_cls = _ACTIVATIONS[name]
+    return None if activation_cls is None else activation_cls()
 
 
 def build_mlp(
@@ -53,12 +81,12 @@ def build_mlp(
     """
     if activation not in _ACTIVATIONS:
         raise ValueError(f"Unknown fcnet_activation {activation!r}; choose one of {sorted(_ACTIVATIONS)}.")
-    activation_cls = _ACTIVATIONS[activation]
     layers: list[nn.Module] = []
     for size in hiddens:
         layers.append(nn.Linear(in_dim, size))
-        if activation_cls is not None:
-            layers.append(activation_cls())
+        activation_layer = make_activation(activation)
+        if activation_layer is not None:
+            layers.append(activation_layer)
         in_dim = size
     if out_dim is not None:
         layers.append(nn.Linear(in_dim, out_dim))
@@ -84,39 +112,69 @@ def build_mlp_from_config(
 
 
 def flat_obs_dim(space: gym.Space) -> int:
-    """Return the size of one observation after :func:`flatten_obs`.
+    """Return the size of one observation after :func:`flatten_obs` (``gym.spaces.flatdim``).
 
     Args:
-        space: A ``Box`` (flattened) or ``Discrete`` (one-hot encoded) observation space, or a
-            masked space (:mod:`~lightning_rl.core.action_masks`) whose observation part is one.
+        space: A ``Box``, ``Discrete``, ``MultiDiscrete``, ``MultiBinary`` or ``Dict`` observation
+            space, or a masked space (:mod:`~lightning_rl.core.action_masks`) whose observation
+            part is one.
 
     Raises:
         ValueError: For other observation spaces.
     """
-    space = observation_part(space)
-    if isinstance(space, gym.spaces.Box):
-        return math.prod(space.shape)
-    if isinstance(space, gym.spaces.Discrete):
-        return int(space.n)
-    raise ValueError(f"Unsupported observation space {space}; supported: Box and Discrete.")
+    return gym.spaces.flatdim(_flattenable(space))
 
 
 def flatten_obs(obs: Tensor, space: gym.Space) -> Tensor:
-    """Turn a batch of observations into float vectors ``[B, flat_obs_dim(space)]``.
+    """Turn a batch of observations into float vectors ``[B, flat_obs_dim(space)]``, as ``gym.spaces.flatten`` does.
+
+    ``Box``: flattened; ``Discrete``: one-hot; ``MultiDiscrete``: the one-hots of its dims side
+    by side; ``MultiBinary``: flattened 0/1; ``Dict``: the observations already hold
+    gymnasium's flat layout of the Dict (:func:`~lightning_rl.core.flat_dict.flat_dict_layout`),
+    which is kept. Values are converted to float32 as they are, never rescaled (images are
+    :mod:`~lightning_rl.core.encoders`' business).
 
     Args:
-        obs: A batch of observations from ``space``, shape ``[B, *space.shape]``; for a masked
-            space, of its observation part (the ``obs`` column; the mask is a column of its own).
-        space: A ``Box`` (flattened) or ``Discrete`` (one-hot encoded) observation space, or a
-            masked space whose observation part is one.
+        obs: A batch of observations from ``space``, shape ``[B, *space.shape]`` (``[B,
+            flatdim]`` for a ``Dict``); for a masked space, of its observation part (the ``obs``
+            column; the mask is a column of its own).
+        space: As for :func:`flat_obs_dim`.
 
     Raises:
         ValueError: For other observation spaces.
     """
-    space = observation_part(space)
-    if isinstance(space, gym.spaces.Box):
-        # The width from the space, not -1: a batch of no rows has no -1 to infer.
-        return obs.reshape(obs.shape[0], math.prod(space.shape)).float()
+    space = _flattenable(space)
+    rows = obs.shape[0]
     if isinstance(space, gym.spaces.Discrete):
         return nn.functional.one_hot(obs.long() - int(space.start), int(space.n)).float()
-    raise ValueError(f"Unsupported observation space {space}; supported: Box and Discrete.")
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return multi_discrete_one_hot(obs, space.nvec.reshape(-1).tolist(), space.start.reshape(-1).tolist())
+    # The width from the space, not -1: a batch of no rows has no -1 to infer. math.prod rather
+    # than gym.spaces.flatdim for Boxes: torch.compile traces it without a graph break.
+    width = gym.spaces.flatdim(space) if isinstance(space, gym.spaces.Dict) else math.prod(space.shape)
+    return obs.reshape(rows, width).float()
+
+
+def multi_discrete_one_hot(obs: Tensor, sizes: Sequence[int], starts: Sequence[int]) -> Tensor:
+    """The one-hots of a batch of ``MultiDiscrete`` values side by side, ``[B, sum(sizes)]`` float32.
+
+    Args:
+        obs: ``[B, *nvec.shape]`` values.
+        sizes: ``nvec``, flattened, as Python ints (constants to ``torch.compile``).
+        starts: The space's ``start``, flattened alike.
+    """
+    # Each dim's one-hot begins where the previous dims' end.
+    offsets = [0, *itertools.accumulate(sizes)][:-1]
+    shift = torch.as_tensor([offset - start for offset, start in zip(offsets, starts)], device=obs.device)
+    columns = obs.reshape(obs.shape[0], len(sizes)).long() + shift
+    return torch.zeros((obs.shape[0], sum(sizes)), device=obs.device).scatter_(1, columns, 1.0)
+
+
+def _flattenable(space: gym.Space) -> gym.Space:
+    """The observation part of ``space``, if :func:`flatten_obs` takes it; else a ValueError naming it."""
+    space = observation_part(space)
+    if not isinstance(space, _FLATTENABLE_SPACES):
+        raise ValueError(
+            f"Unsupported observation space {space}; supported: Box, Discrete, MultiDiscrete, MultiBinary and Dict."
+        )
+    return space

@@ -107,6 +107,11 @@ class ModelConfigKey:
         """A switch: ``True`` or ``False``."""
         return cls(default, "True or False", lambda value: isinstance(value, bool))
 
+    @classmethod
+    def choice(cls, default: str, choices: Sequence[str]) -> ModelConfigKey:
+        """One of a few names, such as ``image_layout``'s."""
+        return cls(default, f"one of {list(choices)}", lambda value: isinstance(value, str) and value in choices)
+
 
 def check_known_keys(given: Iterable[Any], valid: Iterable[str], what: str, *, where: str = "") -> None:
     """Raise ValueError for the first of ``given`` not in ``valid``, naming the closest valid one.
