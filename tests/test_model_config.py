@@ -37,7 +37,10 @@ def test_a_misspelled_model_config_key_names_the_closest_valid_one():
 
 
 def test_an_unknown_key_with_no_close_match_lists_the_valid_keys():
-    expected = r"unknown model_config key 'zzz'\. Valid keys: \['fcnet_activation', 'fcnet_hiddens'\]"
+    expected = (
+        r"unknown model_config key 'zzz'\. Valid keys: \['conv_activation', 'conv_filters', 'fcnet_activation', "
+        r"'fcnet_hiddens', 'image_layout'\]"
+    )
     with pytest.raises(ValueError, match=expected):
         SACLearner(model_config={"zzz": 1})
 
@@ -128,12 +131,14 @@ def test_add_module_refuses_a_bad_config_and_leaves_the_modules_as_they_were():
 def test_the_defaults_fill_the_keys_left_out_and_model_config_stays_as_given():
     module = RLModuleSpec(SACModule, OBS, BOX, {"fcnet_hiddens": [4]}).build()
     assert module.model_config == {"fcnet_hiddens": [4]}
-    assert module.resolved_model_config() == {"fcnet_hiddens": [4], "fcnet_activation": "relu"}
+    encoder_defaults = {"conv_filters": None, "conv_activation": "relu", "image_layout": "auto"}
+    assert module.resolved_model_config() == {"fcnet_hiddens": [4], "fcnet_activation": "relu", **encoder_defaults}
     assert PPOModule(OBS, DISCRETE, {}).resolved_model_config() == {
         "fcnet_hiddens": [256, 256],
         "fcnet_activation": "tanh",
         "vf_share_layers": False,
         "free_log_std": True,
+        **encoder_defaults,
     }
 
 

@@ -8,13 +8,8 @@ import torch
 
 from lightning_rl.core.columns import Columns
 from lightning_rl.core.distributions import distribution_class_for_space
-from lightning_rl.core.mlp import (
-    DEFAULT_FCNET_ACTIVATION,
-    DEFAULT_FCNET_HIDDENS,
-    build_mlp_from_config,
-    flat_obs_dim,
-    flatten_obs,
-)
+from lightning_rl.core.encoders import OBSERVATION_ENCODER_KEYS, build_observation_encoder
+from lightning_rl.core.mlp import DEFAULT_FCNET_ACTIVATION, DEFAULT_FCNET_HIDDENS, build_mlp_from_config
 from lightning_rl.core.module_checks import ModelConfigKey
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.rl_modules import RLModule
@@ -22,24 +17,29 @@ from lightning_rl.learner.learner import Learner, LearnerConfig, algorithm_modul
 
 
 class BCModule(RLModule):
-    """An MLP policy: observations in, action distribution inputs out.
+    """A policy: observations through an observation encoder ``pi_obs_encoder`` and an MLP ``pi`` to action inputs.
 
-    ``model_config`` takes ``fcnet_hiddens`` and ``fcnet_activation``. Discrete actions get
-    categorical logits; Box actions a diagonal Gaussian (mean and log-std per dimension).
+    ``model_config`` takes ``fcnet_hiddens`` and ``fcnet_activation``, and ``conv_filters``,
+    ``conv_activation`` and ``image_layout`` for image observations
+    (:mod:`lightning_rl.core.encoders`; the encoder of flat observations has no weights).
+    Discrete actions get categorical logits; Box actions a diagonal Gaussian (mean and log-std
+    per dimension).
     """
 
     model_config_keys = {
         "fcnet_hiddens": ModelConfigKey.layer_sizes(DEFAULT_FCNET_HIDDENS),
         "fcnet_activation": ModelConfigKey.activation(DEFAULT_FCNET_ACTIVATION),
+        **OBSERVATION_ENCODER_KEYS,
     }
 
     def setup(self) -> None:
         out_dim = distribution_class_for_space(self.action_space).required_input_dim(self.action_space)
-        self.pi = build_mlp_from_config(flat_obs_dim(self.observation_space), self.resolved_model_config(), out_dim)
+        config = self.resolved_model_config()
+        self.pi_obs_encoder = build_observation_encoder(self.observation_space, config)
+        self.pi = build_mlp_from_config(self.pi_obs_encoder.out_dim, config, out_dim)
 
     def _forward(self, batch: dict[str, Any]) -> dict[str, Any]:
-        obs = flatten_obs(batch[Columns.OBS], self.observation_space)
-        return {Columns.ACTION_DIST_INPUTS: self.pi(obs)}
+        return {Columns.ACTION_DIST_INPUTS: self.pi(self.pi_obs_encoder(batch[Columns.OBS]))}
 
 
 class BCLearner(Learner):

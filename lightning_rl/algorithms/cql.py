@@ -62,7 +62,6 @@ from lightning_rl.algorithms.sac import (
     squashed_gaussian_logp,
 )
 from lightning_rl.core.columns import Columns
-from lightning_rl.core.mlp import flatten_obs
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.schedules import Schedule, ScheduleSetting
 from lightning_rl.learner.learner import LearnerConfig, algorithm_module_spec, default_adam
@@ -127,13 +126,13 @@ class CQLModule(SACModule):
             ``min_i Q'_i(s', a')`` and ``log pi(a'|s')``, each ``[B]``.
         """
         with torch.no_grad():
-            obs = flatten_obs(next_obs, self.observation_space)
+            features = self.pi_obs_encoder(next_obs)
             if soft:
-                actions, logp = self.sample_actions(obs)
+                actions, logp = self.sample_actions(features)
             else:
-                mean, _ = self.action_dist_params(obs)
+                mean, _ = self.action_dist_params(features)
                 actions, logp = torch.tanh(mean), mean.new_zeros(mean.shape[0])
-            q_in = torch.cat([obs, actions], dim=-1)
+            q_in = torch.cat([self.critic_features(next_obs, target=True), actions], dim=-1)
             return torch.min(self.target_qf(q_in), self.target_qf_twin(q_in)).squeeze(-1), logp
 
     def conservative_q_values(self, obs: Tensor, next_obs: Tensor, num_actions: int) -> Tensor:
@@ -153,12 +152,12 @@ class CQLModule(SACModule):
             ``[2, B, 3N]``: for ``qf`` and ``qf_twin``, the values of the uniform actions, then the
             policy's at ``s``, then the policy's at ``s'``.
         """
-        flat_obs = flatten_obs(obs, self.observation_space)
-        rows, dim = flat_obs.shape[0], self.action_dim
+        features = self.critic_features(obs)
+        rows, dim = features.shape[0], self.action_dim
         with torch.no_grad():
-            uniform = torch.empty(rows, num_actions, dim, device=flat_obs.device).uniform_(-1.0, 1.0)
+            uniform = torch.empty(rows, num_actions, dim, device=features.device).uniform_(-1.0, 1.0)
             # One actor pass over s and s' together.
-            both = torch.cat([flat_obs, flatten_obs(next_obs, self.observation_space)])
+            both = self.pi_obs_encoder(torch.cat([obs, next_obs]))
             mean, log_std = (x.unsqueeze(1) for x in self.action_dist_params(both))
             pre_tanh = mean + log_std.exp() * torch.randn(2 * rows, num_actions, dim, device=mean.device)
             policy_logp = squashed_gaussian_logp(pre_tanh, mean, log_std)  # [2B, N]
@@ -167,7 +166,7 @@ class CQLModule(SACModule):
             uniform_logp = policy_logp.new_full((rows, num_actions), -dim * math.log(2.0))
             log_density = torch.cat([uniform_logp, policy_logp[:rows], policy_logp[rows:]], dim=1)  # [B, 3N]
         samples = actions.shape[1]
-        q_in = torch.cat([flat_obs.unsqueeze(1).expand(rows, samples, flat_obs.shape[1]), actions], dim=-1)
+        q_in = torch.cat([features.unsqueeze(1).expand(rows, samples, features.shape[1]), actions], dim=-1)
         q_in = q_in.reshape(rows * samples, -1)
         values = torch.stack([self.qf(q_in).view(rows, samples), self.qf_twin(q_in).view(rows, samples)])
         return values - log_density

@@ -30,7 +30,8 @@ from torch import Tensor, nn
 
 from lightning_rl.algorithms.off_policy import OffPolicyLearner, bootstrap_discounts, row_weights
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
-from lightning_rl.core.mlp import DEFAULT_FCNET_HIDDENS, build_mlp, flat_obs_dim, flatten_obs
+from lightning_rl.core.encoders import OBSERVATION_ENCODER_KEYS, ObservationEncoder, build_observation_encoder
+from lightning_rl.core.mlp import DEFAULT_FCNET_HIDDENS, build_mlp
 from lightning_rl.core.module_checks import ModelConfigKey
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.rl_modules import RLModule
@@ -66,6 +67,9 @@ class DQNModule(RLModule, TargetNetworkAPI):
             stream ``A(s, a)``, combined as ``Q = V + A - mean_a A`` (Wang et al., 2016;
             default ``False``). All hidden layers but the last are shared; each stream has
             its own copy of the last one.
+        ``conv_filters``, ``conv_activation``, ``image_layout``: the CNN of image observations
+            (:mod:`lightning_rl.core.encoders`), the first part of the Q network (and so of its
+            target copy); the encoder of flat observations has no weights.
 
     The ``epsilon`` buffer (a float32 scalar, saved in checkpoints) is the probability that
     ``forward_exploration`` takes a uniformly random action; ``DQNLearner`` sets it from its
@@ -79,6 +83,7 @@ class DQNModule(RLModule, TargetNetworkAPI):
         "fcnet_hiddens": ModelConfigKey.layer_sizes(DEFAULT_FCNET_HIDDENS),
         "fcnet_activation": ModelConfigKey.activation(DEFAULT_DQN_ACTIVATION),
         "dueling": ModelConfigKey.flag(False),
+        **OBSERVATION_ENCODER_KEYS,
     }
 
     def setup(self) -> None:
@@ -90,7 +95,7 @@ class DQNModule(RLModule, TargetNetworkAPI):
         self.num_actions = int(self.action_space.n)
         self.action_start = int(self.action_space.start)
         self.q_net = QNetwork(
-            flat_obs_dim(self.observation_space),
+            build_observation_encoder(self.observation_space, config),
             self.num_actions,
             hiddens=list(config["fcnet_hiddens"]),
             activation=config["fcnet_activation"],
@@ -103,7 +108,7 @@ class DQNModule(RLModule, TargetNetworkAPI):
 
     def compute_q_values(self, obs: Tensor) -> Tensor:
         """``Q(s, .)`` of a batch of observations from the online network, ``[B, num_actions]``."""
-        return self.q_net(flatten_obs(obs, self.observation_space))
+        return self.q_net(obs)
 
     def forward_inference(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Greedy actions ``argmax_a Q(s, a)`` and the Q values."""
@@ -130,11 +135,11 @@ class DQNModule(RLModule, TargetNetworkAPI):
         ``new_obs`` together would backpropagate through twice the rows, half of them with
         zero gradient, and cost more than the second forward pass it saves.
         """
-        q_values = self.q_net(flatten_obs(batch[Columns.OBS], self.observation_space))
+        q_values = self.q_net(batch[Columns.OBS])
         if Columns.NEXT_OBS not in batch:
             return {Q_VALUES: q_values}
         with torch.no_grad():
-            q_values_next = self.q_net(flatten_obs(batch[Columns.NEXT_OBS], self.observation_space))
+            q_values_next = self.q_net(batch[Columns.NEXT_OBS])
         return {Q_VALUES: q_values, Q_VALUES_NEXT: q_values_next}
 
     def make_target_networks(self) -> None:
@@ -153,14 +158,14 @@ class DQNModule(RLModule, TargetNetworkAPI):
         """
         if self.target_q_net is None:
             raise ValueError("this DQNModule was built with inference_only=True and has no target network")
-        return {Q_TARGET_NEXT: self.target_q_net(flatten_obs(batch[Columns.NEXT_OBS], self.observation_space))}
+        return {Q_TARGET_NEXT: self.target_q_net(batch[Columns.NEXT_OBS])}
 
 
 class QNetwork(nn.Module):
-    """An MLP from flat observations to one Q value per action, optionally dueling.
+    """An observation encoder and an MLP from observations to one Q value per action, optionally dueling.
 
     Args:
-        obs_dim: Size of the flat observation.
+        obs_encoder: The observation encoder (``obs_encoder``; its ``out_dim`` is the MLP's input size).
         num_actions: Number of actions (outputs).
         hiddens: Hidden layer sizes.
         activation: Their activation (see ``build_mlp``).
@@ -168,9 +173,13 @@ class QNetwork(nn.Module):
             of the last hidden layer) combined as ``V + A - mean(A)``.
     """
 
-    def __init__(self, obs_dim: int, num_actions: int, *, hiddens: list[int], activation: str, dueling: bool) -> None:
+    def __init__(
+        self, obs_encoder: ObservationEncoder, num_actions: int, *, hiddens: list[int], activation: str, dueling: bool
+    ) -> None:
         super().__init__()
         self.dueling = dueling
+        self.obs_encoder = obs_encoder
+        obs_dim = obs_encoder.out_dim
         if not dueling:
             self.q = build_mlp(obs_dim, hiddens, activation, num_actions)
             return
@@ -181,6 +190,8 @@ class QNetwork(nn.Module):
         self.advantage = build_mlp(features, stream, activation, num_actions)
 
     def forward(self, obs: Tensor) -> Tensor:
+        """``Q(s, .)`` of a batch of observations (the ``obs`` column), ``[B, num_actions]``."""
+        obs = self.obs_encoder(obs)
         if not self.dueling:
             return self.q(obs)
         features = self.encoder(obs)
@@ -201,7 +212,8 @@ class DQNLearner(OffPolicyLearner):
         module_spec: What to build; ``None`` builds a :class:`DQNModule` from ``model_config``
             with the spaces of the Trainer's data module.
         model_config: The ``DQNModule``'s settings when ``module_spec`` is ``None``
-            (``fcnet_hiddens``, ``fcnet_activation``, ``dueling``).
+            (``fcnet_hiddens``, ``fcnet_activation``, ``dueling``, ``conv_filters``, ``conv_activation``,
+            ``image_layout``).
         lr: Learning rate of the Adam optimizer: a number or a schedule ``[[timestep, lr], ...]``.
         double_q: Whether the online network chooses the bootstrap action (double DQN)
             instead of the target network.

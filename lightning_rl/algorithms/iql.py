@@ -34,7 +34,9 @@ from torch import Tensor, nn
 from lightning_rl.algorithms.off_policy import OffPolicyLearner, bootstrap_discounts, row_weights
 from lightning_rl.core.columns import Columns
 from lightning_rl.core.distributions import DiagGaussian
-from lightning_rl.core.mlp import build_mlp, flat_obs_dim, flatten_obs
+from lightning_rl.algorithms.sac import critic_target_pairs
+from lightning_rl.core.encoders import OBSERVATION_ENCODER_KEYS, build_observation_encoder
+from lightning_rl.core.mlp import build_mlp
 from lightning_rl.core.module_checks import ModelConfigKey
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.rl_modules import RLModule
@@ -89,7 +91,12 @@ class IQLModule(RLModule, TargetNetworkAPI):
     ``model_config`` keys:
         ``fcnet_hiddens``: hidden layer sizes of every network (default ``[256, 256]``).
         ``fcnet_activation``: their activation (default ``"relu"``).
+        ``conv_filters``, ``conv_activation``, ``image_layout``: the CNN of image observations
+            (:mod:`lightning_rl.core.encoders`).
 
+    Observations go through an observation encoder first: ``pi_obs_encoder`` for the actor,
+    ``qf_obs_encoder`` for both critics (its target copy ``target_qf_obs_encoder``) and
+    ``vf_obs_encoder`` for the value network; those of flat observations have no weights.
     The actor ``pi`` maps observations to pre-``tanh`` means; its Gaussian has mean
     ``tanh(pi(s))`` in ``[-1, 1]`` and, per action dim, the state-independent log standard
     deviation ``-5 + 7 * sigmoid(log_std_logit)`` (d3rlpy's ``NormalPolicy`` with a std
@@ -108,6 +115,7 @@ class IQLModule(RLModule, TargetNetworkAPI):
     model_config_keys = {
         "fcnet_hiddens": ModelConfigKey.layer_sizes(IQL_FCNET_HIDDENS),
         "fcnet_activation": ModelConfigKey.activation(IQL_FCNET_ACTIVATION),
+        **OBSERVATION_ENCODER_KEYS,
     }
 
     def setup(self) -> None:
@@ -118,7 +126,6 @@ class IQLModule(RLModule, TargetNetworkAPI):
             raise ValueError(f"IQLModule rescales its actions to the Box's bounds, which must be finite; got {space}")
         config = self.resolved_model_config()
         hiddens, activation = list(config["fcnet_hiddens"]), config["fcnet_activation"]
-        obs_dim = flat_obs_dim(self.observation_space)
         self.action_dim = math.prod(space.shape)
 
         low = torch.as_tensor(space.low, dtype=torch.float32).reshape(-1)
@@ -127,26 +134,33 @@ class IQLModule(RLModule, TargetNetworkAPI):
         self.register_buffer("action_center", (high + low) / 2, persistent=False)
         self.register_buffer("action_scale", (high - low) / 2, persistent=False)
 
-        self.pi = build_mlp(obs_dim, hiddens, activation, self.action_dim)
+        self.pi_obs_encoder = build_observation_encoder(self.observation_space, config)
+        self.pi = build_mlp(self.pi_obs_encoder.out_dim, hiddens, activation, self.action_dim)
         self.log_std_logit = nn.Parameter(torch.zeros(self.action_dim))
         if not self.inference_only:
-            self.qf = build_mlp(obs_dim + self.action_dim, hiddens, activation, 1)
-            self.qf_twin = build_mlp(obs_dim + self.action_dim, hiddens, activation, 1)
-            self.vf = build_mlp(obs_dim, hiddens, activation, 1)
+            self.qf_obs_encoder = build_observation_encoder(self.observation_space, config)
+            critic_in = self.qf_obs_encoder.out_dim + self.action_dim
+            self.qf = build_mlp(critic_in, hiddens, activation, 1)
+            self.qf_twin = build_mlp(critic_in, hiddens, activation, 1)
+            self.vf_obs_encoder = build_observation_encoder(self.observation_space, config)
+            self.vf = build_mlp(self.vf_obs_encoder.out_dim, hiddens, activation, 1)
             self.make_target_networks()
 
     # ---- TargetNetworkAPI ----------------------------------------------------------------
 
     def make_target_networks(self) -> None:
-        """Frozen copies of both critics (``target_qf``, ``target_qf_twin``)."""
+        """Frozen copies of the critics' observation encoder and both critics (``target_qf_obs_encoder``,
+        ``target_qf``, ``target_qf_twin``)."""
+        self.target_qf_obs_encoder = make_target_network(self.qf_obs_encoder)
         self.target_qf = make_target_network(self.qf)
         self.target_qf_twin = make_target_network(self.qf_twin)
 
     def get_target_network_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
-        """The two ``(critic, target critic)`` pairs; none for an inference-only module."""
+        """The ``(online, target)`` pairs: the critics' observation encoder if it has weights (a CNN),
+        then both critics; none for an inference-only module."""
         if self.inference_only:
             return []
-        return [(self.qf, self.target_qf), (self.qf_twin, self.target_qf_twin)]
+        return critic_target_pairs(self)
 
     def forward_target(self, batch: dict[str, Any]) -> dict[str, Any]:
         """The target critics' Q-values of ``batch``'s observations and env-space actions.
@@ -154,7 +168,7 @@ class IQLModule(RLModule, TargetNetworkAPI):
         Returns:
             ``{"qf_target_preds": [B], "qf_twin_target_preds": [B]}``.
         """
-        q_in = self._critic_input(batch)
+        q_in = self._critic_input(batch, target=True)
         return {
             QF_TARGET_PREDS: self.target_qf(q_in).squeeze(-1),
             QF_TWIN_TARGET_PREDS: self.target_qf_twin(q_in).squeeze(-1),
@@ -171,13 +185,14 @@ class IQLModule(RLModule, TargetNetworkAPI):
         """Map flat ``[B, d]`` actions in ``[-1, 1]`` to env space ``[B, *action_shape]`` in ``[low, high]``."""
         return (self.action_center + self.action_scale * actions).reshape(actions.shape[0], *self.action_space.shape)
 
-    def action_dist_params(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+    def action_dist_params(self, features: Tensor) -> tuple[Tensor, Tensor]:
         """The Gaussian's means ``tanh(pi(s))`` and its log standard deviations, each ``[B, d]``.
 
         Args:
-            obs: Flat observations ``[B, obs_dim]``.
+            features: The actor's features of the observations, ``pi_obs_encoder(obs)`` (flat
+                observations: the flattened observations), ``[B, pi_obs_encoder.out_dim]``.
         """
-        mean = torch.tanh(self.pi(obs))
+        mean = torch.tanh(self.pi(features))
         log_std = LOG_STD_MIN + torch.sigmoid(self.log_std_logit) * (LOG_STD_MAX - LOG_STD_MIN)
         return mean, log_std.expand_as(mean)
 
@@ -185,12 +200,12 @@ class IQLModule(RLModule, TargetNetworkAPI):
 
     def forward_inference(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Greedy env-space ``actions``: the Gaussian's mean, rescaled to the Box."""
-        mean, _ = self.action_dist_params(flatten_obs(batch[Columns.OBS], self.observation_space))
+        mean, _ = self.action_dist_params(self.pi_obs_encoder(batch[Columns.OBS]))
         return {Columns.ACTIONS: self.unnormalize_actions(mean)}
 
     def forward_exploration(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Sampled env-space ``actions``: ``mean + std * noise`` clipped to ``[-1, 1]``, rescaled to the Box."""
-        mean, log_std = self.action_dist_params(flatten_obs(batch[Columns.OBS], self.observation_space))
+        mean, log_std = self.action_dist_params(self.pi_obs_encoder(batch[Columns.OBS]))
         sample = (mean + log_std.exp() * torch.randn_like(mean)).clamp(-1.0, 1.0)
         return {Columns.ACTIONS: self.unnormalize_actions(sample)}
 
@@ -208,24 +223,26 @@ class IQLModule(RLModule, TargetNetworkAPI):
         """
         if self.inference_only:
             raise ValueError("this IQLModule was built with inference_only=True and has no critics to train")
-        obs = flatten_obs(batch[Columns.OBS], self.observation_space)
-        q_in = torch.cat([obs, self.normalize_actions(batch[Columns.ACTIONS])], dim=-1)
-        mean, log_std = self.action_dist_params(obs)
+        obs = batch[Columns.OBS]
+        q_in = self._critic_input(batch)
+        mean, log_std = self.action_dist_params(self.pi_obs_encoder(obs))
         out = {
             Columns.ACTION_DIST_INPUTS: torch.cat([mean, log_std], dim=-1),
             QF_PREDS: self.qf(q_in).squeeze(-1),
             QF_TWIN_PREDS: self.qf_twin(q_in).squeeze(-1),
-            Columns.VF_PREDS: self.vf(obs).squeeze(-1),
+            Columns.VF_PREDS: self.vf(self.vf_obs_encoder(obs)).squeeze(-1),
         }
         with torch.no_grad():
-            out[QF_TARGET_MIN] = torch.min(self.target_qf(q_in), self.target_qf_twin(q_in)).squeeze(-1)
+            target_in = self._critic_input(batch, target=True)
+            out[QF_TARGET_MIN] = torch.min(self.target_qf(target_in), self.target_qf_twin(target_in)).squeeze(-1)
             if Columns.NEXT_OBS in batch:
-                out[VF_NEXT] = self.vf(flatten_obs(batch[Columns.NEXT_OBS], self.observation_space)).squeeze(-1)
+                out[VF_NEXT] = self.vf(self.vf_obs_encoder(batch[Columns.NEXT_OBS])).squeeze(-1)
         return out
 
-    def _critic_input(self, batch: dict[str, Any]) -> Tensor:
-        obs = flatten_obs(batch[Columns.OBS], self.observation_space)
-        return torch.cat([obs, self.normalize_actions(batch[Columns.ACTIONS])], dim=-1)
+    def _critic_input(self, batch: dict[str, Any], *, target: bool = False) -> Tensor:
+        """``concat(features, action in [-1, 1])`` of ``batch``, the features from the online or target encoder."""
+        encoder = self.target_qf_obs_encoder if target else self.qf_obs_encoder
+        return torch.cat([encoder(batch[Columns.OBS]), self.normalize_actions(batch[Columns.ACTIONS])], dim=-1)
 
 
 class IQLLearner(OffPolicyLearner):
@@ -325,11 +342,19 @@ class IQLLearner(OffPolicyLearner):
         critic_lr = config.lr if config.critic_lr is None else config.critic_lr
         groups = {
             POLICY_OPTIMIZER: (
-                self.get_parameters(module.pi) + [module.log_std_logit],
+                self.get_parameters(module.pi_obs_encoder) + self.get_parameters(module.pi) + [module.log_std_logit],
                 config.lr if config.actor_lr is None else config.actor_lr,
             ),
-            QF_OPTIMIZER: (self.get_parameters(module.qf) + self.get_parameters(module.qf_twin), critic_lr),
-            VF_OPTIMIZER: (self.get_parameters(module.vf), critic_lr if config.value_lr is None else config.value_lr),
+            QF_OPTIMIZER: (
+                self.get_parameters(module.qf_obs_encoder)
+                + self.get_parameters(module.qf)
+                + self.get_parameters(module.qf_twin),
+                critic_lr,
+            ),
+            VF_OPTIMIZER: (
+                self.get_parameters(module.vf_obs_encoder) + self.get_parameters(module.vf),
+                critic_lr if config.value_lr is None else config.value_lr,
+            ),
         }
         covered = {id(param) for params, _ in groups.values() for param in params}
         uncovered = [
@@ -337,8 +362,9 @@ class IQLLearner(OffPolicyLearner):
         ]
         if uncovered:
             raise ValueError(
-                f"module {module_id!r}: IQLLearner trains the actor (pi, log_std_logit), the critics (qf, qf_twin) "
-                f"and the value network (vf); parameters {uncovered} belong to none of them"
+                f"module {module_id!r}: IQLLearner trains the actor (pi_obs_encoder, pi, log_std_logit), the critics "
+                f"(qf_obs_encoder, qf, qf_twin) and the value network (vf_obs_encoder, vf); parameters {uncovered} "
+                "belong to none of them"
             )
         for name, (params, lr) in groups.items():
             self.register_optimizer(

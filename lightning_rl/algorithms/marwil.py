@@ -27,7 +27,8 @@ from torch import Tensor
 
 from lightning_rl.algorithms.bc import BCModule
 from lightning_rl.core.columns import Columns
-from lightning_rl.core.mlp import build_mlp_from_config, flat_obs_dim, flatten_obs
+from lightning_rl.core.encoders import build_observation_encoder
+from lightning_rl.core.mlp import build_mlp_from_config
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.learner.learner import Learner, LearnerConfig, algorithm_module_spec
 
@@ -42,23 +43,25 @@ MOVING_AVG_BUFFER = "moving_avg_sqd_adv_norm"
 
 
 class MARWILModule(BCModule):
-    """BC's policy MLP and a separate state-value MLP.
+    """BC's policy and a separate state value: its own observation encoder and MLP.
 
-    The policy ``pi`` is built first and exactly as :class:`BCModule` builds it, so under the
-    same seed a ``MARWILModule`` starts with a ``BCModule``'s policy. Then come the value MLP
-    ``vf`` (same ``fcnet_hiddens`` and ``fcnet_activation``, one output) and the buffer
+    The policy (``pi_obs_encoder``, ``pi``) is built first and exactly as :class:`BCModule`
+    builds it, so under the same seed a ``MARWILModule`` starts with a ``BCModule``'s policy.
+    Then come the value network's observation encoder ``vf_obs_encoder`` and MLP ``vf`` (same
+    ``fcnet_hiddens`` and ``fcnet_activation``, one output) and the buffer
     ``moving_avg_sqd_adv_norm`` (a 0-d tensor; ``MARWILLearner`` sets its start value). An
     ``inference_only`` module has the policy alone.
 
-    ``model_config`` takes ``fcnet_hiddens`` and ``fcnet_activation``; Discrete actions get
-    categorical logits, Box actions a diagonal Gaussian, as for ``BCModule``.
+    ``model_config`` takes ``BCModule``'s keys; Discrete actions get categorical logits, Box
+    actions a diagonal Gaussian, as for ``BCModule``.
     """
 
     def setup(self) -> None:
         super().setup()
         if not self.inference_only:
             config = self.resolved_model_config()
-            self.vf = build_mlp_from_config(flat_obs_dim(self.observation_space), config, 1)
+            self.vf_obs_encoder = build_observation_encoder(self.observation_space, config)
+            self.vf = build_mlp_from_config(self.vf_obs_encoder.out_dim, config, 1)
             # Persistent: the moving average is training state that checkpoints must carry.
             self.register_buffer(MOVING_AVG_BUFFER, torch.tensor(100.0))
 
@@ -70,14 +73,17 @@ class MARWILModule(BCModule):
         """
         if self.inference_only:
             raise ValueError("this MARWILModule was built with inference_only=True and has no value network")
-        return self.vf(flatten_obs(batch[Columns.OBS], self.observation_space)).squeeze(-1)
+        return self.vf(self.vf_obs_encoder(batch[Columns.OBS])).squeeze(-1)
 
     def _forward_train(self, batch: dict[str, Any]) -> dict[str, Any]:
         """The policy's ``action_dist_inputs`` and the values ``vf_preds`` of ``batch["obs"]``."""
-        obs = flatten_obs(batch[Columns.OBS], self.observation_space)
         if self.inference_only:
             raise ValueError("this MARWILModule was built with inference_only=True and has no value network to train")
-        return {Columns.ACTION_DIST_INPUTS: self.pi(obs), Columns.VF_PREDS: self.vf(obs).squeeze(-1)}
+        obs = batch[Columns.OBS]
+        return {
+            Columns.ACTION_DIST_INPUTS: self.pi(self.pi_obs_encoder(obs)),
+            Columns.VF_PREDS: self.vf(self.vf_obs_encoder(obs)).squeeze(-1),
+        }
 
 
 class MARWILLearner(Learner):

@@ -27,13 +27,8 @@ from lightning_rl.connectors import ConnectorPipeline, GeneralAdvantageEstimatio
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
 from lightning_rl.core.distributions import distribution_class_for_space
 from lightning_rl.core.metrics import MetricsLogger
-from lightning_rl.core.mlp import (
-    DEFAULT_FCNET_ACTIVATION,
-    DEFAULT_FCNET_HIDDENS,
-    build_mlp,
-    flat_obs_dim,
-    flatten_obs,
-)
+from lightning_rl.core.encoders import OBSERVATION_ENCODER_KEYS, build_observation_encoder
+from lightning_rl.core.mlp import DEFAULT_FCNET_ACTIVATION, DEFAULT_FCNET_HIDDENS, build_mlp
 from lightning_rl.core.module_checks import ModelConfigKey
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.rl_modules import MultiRLModule, RLModule
@@ -56,17 +51,24 @@ CURR_CLIP_PARAM_KEY = "curr_clip_param"
 
 
 class PPOModule(RLModule):
-    """An actor-critic MLP: a policy head and a state-value head.
+    """An actor-critic: a policy head and a state-value head, on observation encoders and MLPs.
 
     ``model_config`` keys:
         ``fcnet_hiddens``, ``fcnet_activation``: the MLPs' hidden layers (defaults as for all modules).
-        ``vf_share_layers``: one hidden stack for both heads (default ``False``: two MLPs).
+        ``vf_share_layers``: one observation encoder and hidden stack for both heads (default
+            ``False``: an encoder and an MLP each).
         ``free_log_std``: for Box actions, learn one state-independent log standard deviation
             per action dim (default ``True``) instead of predicting it from the observation.
+        ``conv_filters``, ``conv_activation``, ``image_layout``: the CNN of image observations
+            (:mod:`lightning_rl.core.encoders`).
 
-    Weights start orthogonal (gain sqrt(2) for hidden layers, 0.01 for the policy output,
-    1 for the value output), as in the PPO implementations that tuned these settings.
-    ``inference_only`` modules with separate networks skip the value MLP.
+    Shared, the networks are ``obs_encoder`` -> ``encoder`` (the MLP) -> ``pi`` and ``vf``;
+    separate, ``pi_obs_encoder`` -> ``pi`` and ``vf_obs_encoder`` -> ``vf`` (``pi`` and ``vf``
+    whole MLPs). Observation encoders of flat observations have no weights.
+    Weights start orthogonal (gain sqrt(2) for hidden and convolution layers, 0.01 for the
+    policy output, 1 for the value output), as in the PPO implementations that tuned these
+    settings (CleanRL's Atari PPO for the convolutions). ``inference_only`` modules with
+    separate networks skip the value encoder and MLP.
     """
 
     model_config_keys = {
@@ -74,6 +76,7 @@ class PPOModule(RLModule):
         "fcnet_activation": ModelConfigKey.activation(DEFAULT_FCNET_ACTIVATION),
         "vf_share_layers": ModelConfigKey.flag(False),
         "free_log_std": ModelConfigKey.flag(True),
+        **OBSERVATION_ENCODER_KEYS,
     }
 
     def setup(self) -> None:
@@ -84,30 +87,38 @@ class PPOModule(RLModule):
         dist_inputs = distribution_class_for_space(self.action_space).required_input_dim(self.action_space)
         self.free_log_std = isinstance(self.action_space, gym.spaces.Box) and config["free_log_std"]
         pi_out = dist_inputs // 2 if self.free_log_std else dist_inputs
-        obs_dim = flat_obs_dim(self.observation_space)
-        last_hidden = hiddens[-1] if hiddens else obs_dim
 
+        self.obs_encoder = self.pi_obs_encoder = self.vf_obs_encoder = None
         if self.vf_share_layers:
+            self.obs_encoder = build_observation_encoder(self.observation_space, config)
+            obs_dim = self.obs_encoder.out_dim
+            last_hidden = hiddens[-1] if hiddens else obs_dim
             self.encoder = build_mlp(obs_dim, hiddens, activation)
             self.pi = nn.Linear(last_hidden, pi_out)
             self.vf = nn.Linear(last_hidden, 1)
         else:
             self.encoder = None
-            self.pi = build_mlp(obs_dim, hiddens, activation, pi_out)
-            self.vf = None if self.inference_only else build_mlp(obs_dim, hiddens, activation, 1)
+            self.pi_obs_encoder = build_observation_encoder(self.observation_space, config)
+            self.pi = build_mlp(self.pi_obs_encoder.out_dim, hiddens, activation, pi_out)
+            self.vf = None
+            if not self.inference_only:
+                self.vf_obs_encoder = build_observation_encoder(self.observation_space, config)
+                self.vf = build_mlp(self.vf_obs_encoder.out_dim, hiddens, activation, 1)
         if self.free_log_std:
             self.log_std = nn.Parameter(torch.zeros(pi_out))
         self._init_weights()
 
     def _init_weights(self) -> None:
-        for part in (self.encoder, self.pi, self.vf):
-            for layer in _linear_layers(part):
+        # The observation encoders first: on flat observations they have no layers, so the
+        # MLPs draw exactly the initial weights they drew before encoders existed.
+        for part in (self.obs_encoder, self.pi_obs_encoder, self.vf_obs_encoder, self.encoder, self.pi, self.vf):
+            for layer in _weight_layers(part):
                 nn.init.orthogonal_(layer.weight, math.sqrt(2))
                 nn.init.zeros_(layer.bias)
         # The output layers: a near-uniform policy and a unit-scale value at the start.
-        nn.init.orthogonal_(_linear_layers(self.pi)[-1].weight, 0.01)
+        nn.init.orthogonal_(_weight_layers(self.pi)[-1].weight, 0.01)
         if self.vf is not None:
-            nn.init.orthogonal_(_linear_layers(self.vf)[-1].weight, 1.0)
+            nn.init.orthogonal_(_weight_layers(self.vf)[-1].weight, 1.0)
 
     def _action_dist_inputs(self, features: Tensor) -> Tensor:
         out = self.pi(features)
@@ -116,20 +127,25 @@ class PPOModule(RLModule):
         return out
 
     def _forward(self, batch: dict[str, Any]) -> dict[str, Any]:
-        features = flatten_obs(batch[Columns.OBS], self.observation_space)
-        if self.encoder is not None:
-            features = self.encoder(features)
+        obs = batch[Columns.OBS]
+        if self.vf_share_layers:
+            features = self.encoder(self.obs_encoder(obs))
+        else:
+            features = self.pi_obs_encoder(obs)
         return {Columns.ACTION_DIST_INPUTS: self._action_dist_inputs(features)}
 
     def _forward_train(self, batch: dict[str, Any]) -> dict[str, Any]:
-        obs = flatten_obs(batch[Columns.OBS], self.observation_space)
-        if self.encoder is not None:
-            features = self.encoder(obs)
+        obs = batch[Columns.OBS]
+        if self.vf_share_layers:
+            features = self.encoder(self.obs_encoder(obs))
             return {
                 Columns.ACTION_DIST_INPUTS: self._action_dist_inputs(features),
                 Columns.VF_PREDS: self.vf(features).squeeze(-1),
             }
-        return {Columns.ACTION_DIST_INPUTS: self._action_dist_inputs(obs), Columns.VF_PREDS: self.vf(obs).squeeze(-1)}
+        return {
+            Columns.ACTION_DIST_INPUTS: self._action_dist_inputs(self.pi_obs_encoder(obs)),
+            Columns.VF_PREDS: self.vf(self.vf_obs_encoder(obs)).squeeze(-1),
+        }
 
     def compute_values(self, batch: dict[str, Any]) -> Tensor:
         """State values ``V(s)`` of ``batch["obs"]``, shape ``[B]``.
@@ -137,12 +153,12 @@ class PPOModule(RLModule):
         Args:
             batch: ``{"obs": Tensor[B, ...]}``.
         """
-        features = flatten_obs(batch[Columns.OBS], self.observation_space)
-        if self.encoder is not None:
-            features = self.encoder(features)
         if self.vf is None:
             raise ValueError("this PPOModule was built with inference_only=True and has no value network")
-        return self.vf(features).squeeze(-1)
+        obs = batch[Columns.OBS]
+        if self.vf_share_layers:
+            return self.vf(self.encoder(self.obs_encoder(obs))).squeeze(-1)
+        return self.vf(self.vf_obs_encoder(obs)).squeeze(-1)
 
 
 class PPOLearner(Learner):
@@ -152,7 +168,8 @@ class PPOLearner(Learner):
         module_spec: What to build; ``None`` builds a :class:`PPOModule` from ``model_config``
             with the spaces of the Trainer's data module.
         model_config: The ``PPOModule``'s settings when ``module_spec`` is ``None``
-            (``fcnet_hiddens``, ``fcnet_activation``, ``vf_share_layers``, ``free_log_std``).
+            (``fcnet_hiddens``, ``fcnet_activation``, ``vf_share_layers``, ``free_log_std``,
+            ``conv_filters``, ``conv_activation``, ``image_layout``).
         lr: Learning rate: a number or a piecewise schedule ``[[timestep, lr], ...]``.
         num_epochs: Passes over each train batch.
         minibatch_size: Rows per gradient step; ``None`` for the whole batch.
@@ -381,10 +398,10 @@ def _explained_variance(predictions: Tensor, targets: Tensor) -> Tensor:
     return 1 - (targets - predictions).var(unbiased=False) / target_var.clamp(min=1e-8)
 
 
-def _linear_layers(part: nn.Module | None) -> list[nn.Linear]:
+def _weight_layers(part: nn.Module | None) -> list[nn.Linear | nn.Conv2d]:
     if part is None:
         return []
-    return [layer for layer in part.modules() if isinstance(layer, nn.Linear)]
+    return [layer for layer in part.modules() if isinstance(layer, (nn.Linear, nn.Conv2d))]
 
 
 class KLCoeffAdaptation(LearnerCallback):

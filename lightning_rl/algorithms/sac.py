@@ -34,7 +34,8 @@ from torch import Tensor, nn
 
 from lightning_rl.algorithms.off_policy import OffPolicyLearner, bootstrap_discounts, row_weights
 from lightning_rl.core.columns import Columns
-from lightning_rl.core.mlp import build_mlp, flat_obs_dim, flatten_obs
+from lightning_rl.core.encoders import OBSERVATION_ENCODER_KEYS, build_observation_encoder
+from lightning_rl.core.mlp import build_mlp
 from lightning_rl.core.module_checks import ModelConfigKey
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.rl_modules import RLModule
@@ -100,12 +101,17 @@ class SACModule(RLModule, TargetNetworkAPI):
     ``model_config`` keys:
         ``fcnet_hiddens``: hidden layer sizes of the actor and of each critic (default ``[256, 256]``).
         ``fcnet_activation``: their activation (default ``"relu"``).
+        ``conv_filters``, ``conv_activation``, ``image_layout``: the CNN of image observations
+            (:mod:`lightning_rl.core.encoders`).
 
-    The actor maps observations to means and log standard deviations (clamped to
-    ``[-20, 2]``) of a Gaussian whose samples are squashed by ``tanh`` into ``[-1, 1]``; each
-    critic maps ``concat(obs, action in [-1, 1])`` to a Q-value. ``log_alpha`` starts at 0
-    (``alpha = 1``); ``SACLearner`` sets it from its ``initial_alpha``. An
-    ``inference_only`` module has the actor alone.
+    The actor (``pi_obs_encoder``, then the MLP ``pi``) maps observations to means and log
+    standard deviations (clamped to ``[-20, 2]``) of a Gaussian whose samples are squashed by
+    ``tanh`` into ``[-1, 1]``; each critic (``qf``, ``qf_twin``) maps ``concat(features, action
+    in [-1, 1])`` to a Q-value, the features from the critics' one observation encoder
+    ``qf_obs_encoder`` (shared by the twins, as in Stable-Baselines3; its target copy is
+    ``target_qf_obs_encoder``). Observation encoders of flat observations have no weights.
+    ``log_alpha`` starts at 0 (``alpha = 1``); ``SACLearner`` sets it from its
+    ``initial_alpha``. An ``inference_only`` module has the actor alone.
 
     Actions leave and enter the module in env space: ``forward_exploration`` and
     ``forward_inference`` return ``actions`` in the Box's bounds, and ``forward_train`` and
@@ -118,6 +124,7 @@ class SACModule(RLModule, TargetNetworkAPI):
     model_config_keys = {
         "fcnet_hiddens": ModelConfigKey.layer_sizes(SAC_FCNET_HIDDENS),
         "fcnet_activation": ModelConfigKey.activation(SAC_FCNET_ACTIVATION),
+        **OBSERVATION_ENCODER_KEYS,
     }
 
     def setup(self) -> None:
@@ -129,7 +136,6 @@ class SACModule(RLModule, TargetNetworkAPI):
         config = self.resolved_model_config()  # every key set: the defaults above fill the gaps
         hiddens = list(config["fcnet_hiddens"])
         activation = config["fcnet_activation"]
-        obs_dim = flat_obs_dim(self.observation_space)
         self.action_dim = math.prod(space.shape)
 
         low = torch.as_tensor(space.low, dtype=torch.float32).reshape(-1)
@@ -138,25 +144,35 @@ class SACModule(RLModule, TargetNetworkAPI):
         self.register_buffer("action_center", (high + low) / 2, persistent=False)
         self.register_buffer("action_scale", (high - low) / 2, persistent=False)
 
-        self.pi = build_mlp(obs_dim, hiddens, activation, 2 * self.action_dim)
+        self.pi_obs_encoder = build_observation_encoder(self.observation_space, config)
+        self.pi = build_mlp(self.pi_obs_encoder.out_dim, hiddens, activation, 2 * self.action_dim)
         if not self.inference_only:
-            self.qf = build_mlp(obs_dim + self.action_dim, hiddens, activation, 1)
-            self.qf_twin = build_mlp(obs_dim + self.action_dim, hiddens, activation, 1)
+            self.qf_obs_encoder = build_observation_encoder(self.observation_space, config)
+            critic_in = self.qf_obs_encoder.out_dim + self.action_dim
+            self.qf = build_mlp(critic_in, hiddens, activation, 1)
+            self.qf_twin = build_mlp(critic_in, hiddens, activation, 1)
             self.log_alpha = nn.Parameter(torch.zeros(()))
             self.make_target_networks()
 
     # ---- TargetNetworkAPI ----------------------------------------------------------------
 
     def make_target_networks(self) -> None:
-        """Frozen copies of both critics (``target_qf``, ``target_qf_twin``)."""
+        """Frozen copies of the critics' observation encoder and both critics (``target_qf_obs_encoder``,
+        ``target_qf``, ``target_qf_twin``)."""
+        self.target_qf_obs_encoder = make_target_network(self.qf_obs_encoder)
         self.target_qf = make_target_network(self.qf)
         self.target_qf_twin = make_target_network(self.qf_twin)
 
     def get_target_network_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
-        """The two ``(critic, target critic)`` pairs; none for an inference-only module."""
+        """The ``(online, target)`` pairs: the critics' observation encoder if it has weights (a CNN),
+        then both critics; none for an inference-only module."""
         if self.inference_only:
             return []
-        return [(self.qf, self.target_qf), (self.qf_twin, self.target_qf_twin)]
+        return critic_target_pairs(self)
+
+    def critic_features(self, obs: Tensor, *, target: bool = False) -> Tensor:
+        """The critics' features of observations (the ``obs`` column), from the online or the target encoder."""
+        return (self.target_qf_obs_encoder if target else self.qf_obs_encoder)(obs)
 
     def forward_target(self, batch: dict[str, Any]) -> dict[str, Any]:
         """The target critics' Q-values of ``batch``'s observations and env-space actions.
@@ -167,8 +183,8 @@ class SACModule(RLModule, TargetNetworkAPI):
         Returns:
             ``{"qf_target_preds": [B], "qf_twin_target_preds": [B]}``.
         """
-        obs = flatten_obs(batch[Columns.OBS], self.observation_space)
-        q_in = torch.cat([obs, self.normalize_actions(batch[Columns.ACTIONS])], dim=-1)
+        features = self.critic_features(batch[Columns.OBS], target=True)
+        q_in = torch.cat([features, self.normalize_actions(batch[Columns.ACTIONS])], dim=-1)
         return {
             QF_TARGET_PREDS: self.target_qf(q_in).squeeze(-1),
             QF_TWIN_TARGET_PREDS: self.target_qf_twin(q_in).squeeze(-1),
@@ -185,25 +201,26 @@ class SACModule(RLModule, TargetNetworkAPI):
         """Map flat ``[B, d]`` actions in ``[-1, 1]`` to env space ``[B, *action_shape]`` in ``[low, high]``."""
         return (self.action_center + self.action_scale * actions).reshape(actions.shape[0], *self.action_space.shape)
 
-    def action_dist_params(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+    def action_dist_params(self, features: Tensor) -> tuple[Tensor, Tensor]:
         """The Gaussian's means and clamped log standard deviations, each ``[B, d]``.
 
         Args:
-            obs: Flat observations ``[B, obs_dim]``.
+            features: The actor's features of the observations, ``pi_obs_encoder(obs)`` (flat
+                observations: the flattened observations), ``[B, pi_obs_encoder.out_dim]``.
         """
-        mean, log_std = self.pi(obs).chunk(2, dim=-1)
+        mean, log_std = self.pi(features).chunk(2, dim=-1)
         return mean, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
 
-    def sample_actions(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+    def sample_actions(self, features: Tensor) -> tuple[Tensor, Tensor]:
         """Reparameterized squashed actions in ``[-1, 1]`` and their log-probabilities.
 
         Args:
-            obs: Flat observations ``[B, obs_dim]``.
+            features: The actor's features of the observations, as for :meth:`action_dist_params`.
 
         Returns:
             Actions ``[B, d]`` (differentiable in the actor's weights) and ``[B]`` log-probs.
         """
-        mean, log_std = self.action_dist_params(obs)
+        mean, log_std = self.action_dist_params(features)
         pre_tanh = _gaussian_sample(mean, log_std)
         return torch.tanh(pre_tanh), squashed_gaussian_logp(pre_tanh, mean, log_std)
 
@@ -211,13 +228,12 @@ class SACModule(RLModule, TargetNetworkAPI):
 
     def forward_inference(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Greedy env-space ``actions``: ``tanh`` of the Gaussian's mean, rescaled to the Box."""
-        obs = flatten_obs(batch[Columns.OBS], self.observation_space)
-        mean, _ = self.action_dist_params(obs)
+        mean, _ = self.action_dist_params(self.pi_obs_encoder(batch[Columns.OBS]))
         return {Columns.ACTIONS: self.unnormalize_actions(torch.tanh(mean))}
 
     def forward_exploration(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Sampled env-space ``actions``: ``tanh(u)``, ``u ~ N(mean, std)``, rescaled to the Box."""
-        mean, log_std = self.action_dist_params(flatten_obs(batch[Columns.OBS], self.observation_space))
+        mean, log_std = self.action_dist_params(self.pi_obs_encoder(batch[Columns.OBS]))
         return {Columns.ACTIONS: self.unnormalize_actions(torch.tanh(_gaussian_sample(mean, log_std)))}
 
     def _forward_train(self, batch: dict[str, Any]) -> dict[str, Any]:
@@ -236,11 +252,13 @@ class SACModule(RLModule, TargetNetworkAPI):
         """
         if self.inference_only:
             raise ValueError("this SACModule was built with inference_only=True and has no critics to train")
-        obs = flatten_obs(batch[Columns.OBS], self.observation_space)
-        q_in = torch.cat([obs, self.normalize_actions(batch[Columns.ACTIONS])], dim=-1)
-        mean, log_std = self.action_dist_params(obs)
+        obs = batch[Columns.OBS]
+        features = self.critic_features(obs)
+        q_in = torch.cat([features, self.normalize_actions(batch[Columns.ACTIONS])], dim=-1)
+        mean, log_std = self.action_dist_params(self.pi_obs_encoder(obs))
         pre_tanh = _gaussian_sample(mean, log_std)
-        resampled = torch.cat([obs, torch.tanh(pre_tanh)], dim=-1)
+        # Detached features: the actor loss reaches neither the critics nor their encoder.
+        resampled = torch.cat([features.detach(), torch.tanh(pre_tanh)], dim=-1)
         out = {
             Columns.ACTION_DIST_INPUTS: torch.cat([mean, log_std], dim=-1),
             QF_PREDS: self.qf(q_in).squeeze(-1),
@@ -253,11 +271,23 @@ class SACModule(RLModule, TargetNetworkAPI):
         }
         if Columns.NEXT_OBS in batch:
             with torch.no_grad():
-                next_obs = flatten_obs(batch[Columns.NEXT_OBS], self.observation_space)
-                next_actions, out[ACTION_LOGP_NEXT] = self.sample_actions(next_obs)
-                next_in = torch.cat([next_obs, next_actions], dim=-1)
+                next_obs = batch[Columns.NEXT_OBS]
+                next_actions, out[ACTION_LOGP_NEXT] = self.sample_actions(self.pi_obs_encoder(next_obs))
+                next_in = torch.cat([self.critic_features(next_obs, target=True), next_actions], dim=-1)
                 out[QF_TARGET_NEXT] = torch.min(self.target_qf(next_in), self.target_qf_twin(next_in)).squeeze(-1)
         return out
+
+
+def critic_target_pairs(module: nn.Module) -> list[tuple[nn.Module, nn.Module]]:
+    """``(online, target)`` pairs of a module with ``qf_obs_encoder``, ``qf``, ``qf_twin`` and their ``target_`` copies.
+
+    The encoder's pair comes first and only when it has weights: a flat observation's encoder
+    has nothing to average.
+    """
+    pairs = [(module.qf, module.target_qf), (module.qf_twin, module.target_qf_twin)]
+    if next(module.qf_obs_encoder.parameters(), None) is not None:
+        pairs.insert(0, (module.qf_obs_encoder, module.target_qf_obs_encoder))
+    return pairs
 
 
 def _gaussian_sample(mean: Tensor, log_std: Tensor) -> Tensor:
@@ -388,9 +418,15 @@ class SACLearner(OffPolicyLearner):
         with torch.no_grad():
             module.log_alpha.fill_(math.log(config.initial_alpha))
         groups = {
-            POLICY_OPTIMIZER: (self.get_parameters(module.pi), config.actor_lr, config.actor_grad_clip),
+            POLICY_OPTIMIZER: (
+                self.get_parameters(module.pi_obs_encoder) + self.get_parameters(module.pi),
+                config.actor_lr,
+                config.actor_grad_clip,
+            ),
             QF_OPTIMIZER: (
-                self.get_parameters(module.qf) + self.get_parameters(module.qf_twin),
+                self.get_parameters(module.qf_obs_encoder)
+                + self.get_parameters(module.qf)
+                + self.get_parameters(module.qf_twin),
                 config.critic_lr,
                 config.critic_grad_clip,
             ),
@@ -402,8 +438,8 @@ class SACLearner(OffPolicyLearner):
         ]
         if uncovered:
             raise ValueError(
-                f"module {module_id!r}: SACLearner trains the actor (pi), the critics (qf, qf_twin) and log_alpha; "
-                f"parameters {uncovered} belong to none of them"
+                f"module {module_id!r}: SACLearner trains the actor (pi_obs_encoder, pi), the critics "
+                f"(qf_obs_encoder, qf, qf_twin) and log_alpha; parameters {uncovered} belong to none of them"
             )
         for name, (params, lr, grad_clip) in groups.items():
             self.register_optimizer(

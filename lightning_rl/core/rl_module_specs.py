@@ -30,7 +30,8 @@ class RLModuleSpec:
         action_space: Passed to the module.
         model_config: Passed to the module; keep it plain data so :meth:`to_dict` can store it.
             Checked now against ``module_class`` (see ``RLModule.check_model_config``), so
-            a typo fails here rather than when the module is built.
+            a typo fails here rather than when the module is built; with an observation
+            space, the convolutions are checked against its images too.
         inference_only: Passed to the module.
 
     Raises:
@@ -49,7 +50,7 @@ class RLModuleSpec:
             return
         if not (isinstance(self.module_class, type) and issubclass(self.module_class, RLModule)):
             raise ValueError(f"module_class must be an RLModule subclass, got {self.module_class!r}")
-        self.module_class.check_model_config(self.model_config)
+        self.module_class.check_model_config(self.model_config, self.observation_space)
 
     def build(self) -> RLModule:
         """Build the module.

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from lightning_rl.core.action_masks import ACTION_MASK, apply_action_mask, is_action_masked_space
 from lightning_rl.core.columns import DEFAULT_MODULE_ID, Columns
 from lightning_rl.core.distributions import Distribution, distribution_class_for_space
+from lightning_rl.core.encoders import OBSERVATION_ENCODER_KEYS, check_observation_encoder
 from lightning_rl.core.module_checks import (
     ModelConfigKey,
     check_model_config,
@@ -73,7 +74,7 @@ class RLModule(nn.Module):
         inference_only: bool = False,
     ) -> None:
         super().__init__()
-        self.check_model_config(model_config)
+        self.check_model_config(model_config, observation_space)
         self.observation_space = observation_space
         self.action_space = action_space
         # A copy, so that a config dict shared between modules cannot change this one later.
@@ -95,17 +96,34 @@ class RLModule(nn.Module):
         return model_config_with_defaults(self.model_config, self.model_config_keys)
 
     @classmethod
-    def check_model_config(cls, model_config: Mapping[str, Any] | None) -> None:
+    def check_model_config(
+        cls, model_config: Mapping[str, Any] | None, observation_space: gym.Space | None = None
+    ) -> None:
         """Check ``model_config`` against :attr:`model_config_keys`; called by specs and ``__init__``.
+
+        A class that declares the observation-encoder keys
+        (:data:`~lightning_rl.core.encoders.OBSERVATION_ENCODER_KEYS`, as every algorithm module
+        does) also gets them checked against ``observation_space`` when it is given: the
+        convolutions must fit its images.
 
         Args:
             model_config: The config to check; ``None`` is an empty one.
+            observation_space: The module's observation space, if known yet.
 
         Raises:
             ValueError: For an unknown key (naming the closest accepted one) or a value that
-                is not what its key expects; for a config that is not a dict, on every class.
+                is not what its key expects; for a config that is not a dict, on every class;
+                from :func:`~lightning_rl.core.encoders.check_observation_encoder`, prefixed
+                with the class name.
         """
         check_model_config(model_config, cls.model_config_keys, cls.__name__)
+        keys = cls.model_config_keys
+        if observation_space is None or keys is None or not OBSERVATION_ENCODER_KEYS.keys() <= keys.keys():
+            return
+        try:
+            check_observation_encoder(observation_space, model_config or {})
+        except ValueError as error:
+            raise ValueError(f"{cls.__name__}: {error}") from error
 
     def setup(self) -> None:
         """Build the layers; called at the end of ``__init__``. The base builds nothing."""
