@@ -68,7 +68,7 @@ def dict_rows(rows: int, seed: int = 0) -> np.ndarray:
         (gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), 4, 84, 84),  # FrameStackObservation of 84x84 grayscale
         (MINATAR, 4, 10, 10),
         (gym.spaces.Box(0, 1, (4, 10, 10, 4), bool), 16, 10, 10),  # 4 stacked MinAtar frames of 4 channels
-        (gym.spaces.Box(0, 255, (3, 3, 3), np.uint8), 3, 3, 3),  # a tie reads channels-last
+        (gym.spaces.Box(0, 255, (3, 5, 3), np.uint8), 3, 3, 5),  # a tie reads channels-last
     ],
 )
 def test_uint8_and_bool_boxes_of_three_or_four_dims_are_images_with_stacked_frames_merged_into_channels(
@@ -156,6 +156,15 @@ DEVICES = [
     "cpu",
     pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")),
 ]
+
+
+def test_ppo_starts_its_convolutions_orthogonal_with_gain_sqrt_2_and_zero_bias():
+    for config in ({"vf_share_layers": True}, {}):
+        module = PPOModule(MINATAR, DISCRETE, config)
+        for conv in convolutions(module):
+            rows = conv.weight.detach().reshape(conv.out_channels, -1)  # 16 rows of 36: orthogonal rows
+            torch.testing.assert_close(rows @ rows.T, 2.0 * torch.eye(conv.out_channels), atol=1e-5, rtol=0)
+            assert not conv.bias.any()
 
 
 @pytest.mark.parametrize("device", DEVICES)

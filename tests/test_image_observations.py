@@ -22,7 +22,7 @@ from lightning_rl.algorithms.dqn import DQNLearner, DQNModule
 from lightning_rl.algorithms.iql import IQLLearner, IQLModule
 from lightning_rl.algorithms.marwil import MARWILLearner, MARWILModule
 from lightning_rl.algorithms.ppo import PPOLearner
-from lightning_rl.algorithms.sac import SACLearner, SACModule
+from lightning_rl.algorithms.sac import QF_RESAMPLED, SACLearner, SACModule
 from lightning_rl.cli import LightningRLCLI
 from lightning_rl.core.encoders import ObservationEncoder
 from lightning_rl.data import OffPolicyDataModule, OnPolicyDataModule
@@ -139,6 +139,14 @@ def test_every_algorithm_trains_the_cnn_of_each_network_and_moves_its_target_cop
         assert f"{name}.convs.0.weight" in changed, name
     # The target copies follow (SAC, CQL and IQL average them, DQN copies them).
     assert any(name.startswith("target_") for name in changed) == has_targets
+
+def test_the_sac_actor_loss_reaches_the_actors_cnn_but_not_the_critics():
+    module = SACModule(IMAGES, BOX_ACTIONS, SMALL)
+    out = module.forward_train(image_batch(box_actions=True))
+    out[QF_RESAMPLED].sum().backward()  # the actor loss's Q term: through the critics, to the actions
+    assert module.qf_obs_encoder.convs[0].weight.grad is None
+    assert module.pi_obs_encoder.convs[0].weight.grad.abs().sum() > 0
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("vf_share_layers", [True, False])
