@@ -14,7 +14,12 @@ from typing import Any, ClassVar
 import gymnasium as gym
 from torch import Tensor, nn
 
-from lightning_rl.core.action_masks import ACTION_MASK, apply_action_mask, is_action_masked_space
+from lightning_rl.core.action_masks import (
+    ACTION_MASK,
+    apply_action_mask,
+    check_maskable_action_space,
+    is_action_masked_space,
+)
 from lightning_rl.core.columns import DEFAULT_MODULE_ID, Columns
 from lightning_rl.core.distributions import Distribution, distribution_class_for_space
 from lightning_rl.core.module_checks import (
@@ -55,7 +60,8 @@ class RLModule(nn.Module):
             e.g. its value head), as for modules on environment runners.
 
     Raises:
-        ValueError: From :meth:`check_model_config`, before any layer is built.
+        ValueError: From :meth:`check_model_config`, before any layer is built; for a masked
+            observation space with an action space other than ``Discrete``.
     """
 
     model_config_keys: ClassVar[Mapping[str, ModelConfigKey] | None] = None
@@ -82,6 +88,8 @@ class RLModule(nn.Module):
         self.inference_only = inference_only
         # Read once here: the passes check it on every call, also inside torch.compile.
         self._action_masked = is_action_masked_space(observation_space)
+        if self._action_masked:
+            check_maskable_action_space(action_space, type(self).__name__)
         self.setup()
 
     def resolved_model_config(self) -> dict[str, Any]:
@@ -149,7 +157,8 @@ class RLModule(nn.Module):
 
         Raises:
             ValueError: If this module's observation space is masked and ``batch`` lacks
-                ``action_mask``, or the mask's shape differs from the inputs'.
+                ``action_mask``, the mask's shape differs from the inputs', or the action
+                space is not ``Discrete``.
         """
         mask = batch.get(ACTION_MASK)
         if mask is None:
@@ -159,6 +168,7 @@ class RLModule(nn.Module):
                     f"'observation'), so its batches need the {ACTION_MASK!r} column; the batch has {sorted(batch)}"
                 )
             return outputs
+        check_maskable_action_space(self.action_space, type(self).__name__)
         if Columns.ACTION_DIST_INPUTS in outputs:
             outputs[Columns.ACTION_DIST_INPUTS] = apply_action_mask(outputs[Columns.ACTION_DIST_INPUTS], mask)
         return outputs

@@ -26,6 +26,7 @@ import torch
 from lightning_rl.core.acting import compute_actions
 from lightning_rl.core.action_masks import (
     ACTION_MASK,
+    check_maskable_action_space,
     is_action_masked_space,
     observation_part,
     split_masked_observation,
@@ -73,10 +74,8 @@ def check_agent_spaces(agent: AgentID, observation_space: gym.Space, action_spac
         )
     if not isinstance(action_space, _ARRAY_SPACES):
         raise ValueError(f"agent {agent!r} has the action space {action_space}; expected an array space")
-    if is_action_masked_space(observation_space) and not isinstance(action_space, gym.spaces.Discrete):
-        raise ValueError(
-            f"agent {agent!r} has an action mask with the action space {action_space}; masks need a Discrete one"
-        )
+    if is_action_masked_space(observation_space):
+        check_maskable_action_space(action_space, f"agent {agent!r}")
 
 
 class EnvCopy:
