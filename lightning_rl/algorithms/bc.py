@@ -25,7 +25,9 @@ class BCModule(RLModule):
     """An MLP policy: observations in, action distribution inputs out.
 
     ``model_config`` takes ``fcnet_hiddens`` and ``fcnet_activation``. Discrete actions get
-    categorical logits; Box actions a diagonal Gaussian (mean and log-std per dimension).
+    categorical logits; MultiDiscrete actions one categorical per dimension (``sum(nvec)``
+    logits); Box actions of any shape a diagonal Gaussian (a mean and a log-std per number of
+    the flattened box).
     """
 
     model_config_keys = {

@@ -83,8 +83,10 @@ class DQNModule(RLModule, TargetNetworkAPI):
 
     def setup(self) -> None:
         if not isinstance(self.action_space, gym.spaces.Discrete):
+            # MultiDiscrete too: one Q value per joint action would grow as prod(nvec).
             raise ValueError(
-                f"DQNModule needs a Discrete action space (one Q value per action), got {self.action_space}"
+                f"DQNModule needs a Discrete action space (one Q value per action), got {self.action_space}; "
+                "for MultiDiscrete or Box actions use PPO (PPOLearner), or SAC (SACLearner) for Box actions"
             )
         config = self.resolved_model_config()  # every key set: the defaults above fill the gaps
         self.num_actions = int(self.action_space.n)

@@ -62,7 +62,12 @@ class PPOModule(RLModule):
         ``fcnet_hiddens``, ``fcnet_activation``: the MLPs' hidden layers (defaults as for all modules).
         ``vf_share_layers``: one hidden stack for both heads (default ``False``: two MLPs).
         ``free_log_std``: for Box actions, learn one state-independent log standard deviation
-            per action dim (default ``True``) instead of predicting it from the observation.
+            per action number (``prod(shape)`` of them) (default ``True``) instead of predicting
+            it from the observation.
+
+    Action spaces: ``Discrete`` (a categorical), ``MultiDiscrete`` (one categorical per
+    dimension, :class:`~lightning_rl.core.distributions.MultiCategorical`) and ``Box`` of any
+    shape (a diagonal Gaussian over the flattened box, whose actions have the box's shape).
 
     Weights start orthogonal (gain sqrt(2) for hidden layers, 0.01 for the policy output,
     1 for the value output), as in the PPO implementations that tuned these settings.

@@ -16,10 +16,12 @@ detached, and the alpha loss uses a detached log-probability. Each optimizer ("p
 "qf", "alpha", RLlib's names) therefore steps with exactly the gradient of its own loss.
 The alpha loss is on ``log_alpha`` (as in Stable-Baselines3, CleanRL and RLlib).
 
-The policy acts in ``[-1, 1]^d``; the module rescales its actions affinely to the Box's
-``[low, high]`` for the environment, so batches hold env-space actions, and maps them back
-to ``[-1, 1]`` for the critics. Names follow RLlib's SAC config (``initial_alpha``,
-``target_entropy``, ``actor_lr``, ``critic_lr``, ``alpha_lr``, ``tau``, ``n_step``).
+The policy acts in ``[-1, 1]^d``, ``d = prod(shape)`` numbers of a Box of any shape; the
+module rescales its actions affinely to the Box's ``[low, high]`` and reshapes them to the
+Box's shape for the environment, so batches hold env-space actions, and maps them back to
+flat ``[-1, 1]^d`` for the critics, which take them concatenated with the flat observation.
+Names follow RLlib's SAC config (``initial_alpha``, ``target_entropy``, ``actor_lr``,
+``critic_lr``, ``alpha_lr``, ``tau``, ``n_step``).
 """
 
 from __future__ import annotations

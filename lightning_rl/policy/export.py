@@ -3,8 +3,8 @@
 The exported graph is the policy's :class:`~lightning_rl.policy.policy.PolicyNet` in greedy
 mode: observation normalization, the module's inference pass, the greedy action and Box
 clipping. Its one input is a batch of observations ``obs`` ``[batch, *obs_shape]`` in the
-observation space's dtype (the batch dimension is dynamic), its one output the actions (int64
-indices for Discrete spaces).
+observation space's dtype (the batch dimension is dynamic), its one output the actions
+``[batch, *action_shape]`` (int64 indices for Discrete and MultiDiscrete spaces).
 
 Before a file is written, the exported graph is run on 1,000 observations and must return
 ``Policy.act``'s actions (Discrete: equal; Box: within ``EXPORT_ATOL``); the file is then

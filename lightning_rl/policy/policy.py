@@ -30,7 +30,7 @@ from lightning_rl.policy.loading import choose_module_id, read_policy_checkpoint
 
 # The spaces the package's modules (``core.mlp.flatten_obs``) and action distributions take.
 _OBSERVATION_SPACES = (gym.spaces.Box, gym.spaces.Discrete)
-_ACTION_SPACES = (gym.spaces.Discrete, gym.spaces.Box)
+_ACTION_SPACES = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.Box)
 
 
 class PolicyNet(nn.Module):
@@ -69,7 +69,8 @@ class Policy:
     Args:
         module: A single RLModule (pick one of a ``MultiRLModule`` with ``module[module_id]``).
         observation_space: The space observations come from; ``None`` for the module's own.
-        action_space: The space actions go to (Discrete or Box); ``None`` for the module's own.
+        action_space: The space actions go to (Discrete, MultiDiscrete or Box); ``None`` for the
+            module's own.
         observation_normalization: The statistics the module was trained with; ``None`` for none.
 
     Raises:
@@ -185,7 +186,8 @@ class Policy:
 
         Returns:
             A numpy array for numpy input, a tensor (on the input's device) for a tensor;
-            one action for one observation, ``[B, ...]`` for a batch. Box actions lie within
+            one action for one observation, ``[B, ...]`` for a batch (an action has the action
+            space's shape: ``[k]`` int64 indices for ``MultiDiscrete``). Box actions lie within
             the space's bounds.
 
         Raises:
@@ -232,7 +234,7 @@ def _check_spaces(observation_space: Any, action_space: Any) -> None:
     if not isinstance(observation_space, _OBSERVATION_SPACES):
         raise ValueError(f"Policy needs a Box or Discrete observation space, got {observation_space!r}")
     if not isinstance(action_space, _ACTION_SPACES):
-        raise ValueError(f"Policy needs a Discrete or Box action space, got {action_space!r}")
+        raise ValueError(f"Policy needs a Discrete, MultiDiscrete or Box action space, got {action_space!r}")
 
 
 def _check_normalization(normalization: Any, observation_space: gym.Space) -> None:
