@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import gymnasium as gym
 import torch
 
 from lightning_rl.core.columns import Columns
@@ -34,6 +35,11 @@ class BCModule(RLModule):
         "fcnet_hiddens": ModelConfigKey.layer_sizes(DEFAULT_FCNET_HIDDENS),
         "fcnet_activation": ModelConfigKey.activation(DEFAULT_FCNET_ACTIVATION),
     }
+
+    @classmethod
+    def check_action_space(cls, action_space: gym.Space) -> None:
+        """Raise ``ValueError`` for a space without an action distribution (``distribution_class_for_space``)."""
+        distribution_class_for_space(action_space)
 
     def setup(self) -> None:
         out_dim = distribution_class_for_space(self.action_space).required_input_dim(self.action_space)

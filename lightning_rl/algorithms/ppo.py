@@ -81,6 +81,11 @@ class PPOModule(RLModule):
         "free_log_std": ModelConfigKey.flag(True),
     }
 
+    @classmethod
+    def check_action_space(cls, action_space: gym.Space) -> None:
+        """Raise ``ValueError`` for a space without an action distribution (``distribution_class_for_space``)."""
+        distribution_class_for_space(action_space)
+
     def setup(self) -> None:
         config = self.resolved_model_config()  # every key set: the defaults above fill the gaps
         hiddens = list(config["fcnet_hiddens"])

@@ -122,12 +122,21 @@ class SACModule(RLModule, TargetNetworkAPI):
         "fcnet_activation": ModelConfigKey.activation(SAC_FCNET_ACTIVATION),
     }
 
+    @classmethod
+    def check_action_space(cls, action_space: gym.Space) -> None:
+        """Raise ``ValueError`` unless ``action_space`` is a ``Box`` (of any shape) with finite bounds."""
+        if not isinstance(action_space, gym.spaces.Box):
+            raise ValueError(
+                f"{cls.__name__} needs a Box action space (continuous actions), got {action_space}; "
+                "for Discrete or MultiDiscrete actions use PPO (PPOLearner)"
+            )
+        if not action_space.is_bounded("both"):
+            raise ValueError(
+                f"{cls.__name__} rescales tanh actions to the Box's bounds, which must be finite; got {action_space}"
+            )
+
     def setup(self) -> None:
         space = self.action_space
-        if not isinstance(space, gym.spaces.Box):
-            raise ValueError(f"SACModule needs a Box action space (continuous actions), got {space}")
-        if not space.is_bounded("both"):
-            raise ValueError(f"SACModule rescales tanh actions to the Box's bounds, which must be finite; got {space}")
         config = self.resolved_model_config()  # every key set: the defaults above fill the gaps
         hiddens = list(config["fcnet_hiddens"])
         activation = config["fcnet_activation"]

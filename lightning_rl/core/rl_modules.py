@@ -60,8 +60,9 @@ class RLModule(nn.Module):
             e.g. its value head), as for modules on environment runners.
 
     Raises:
-        ValueError: From :meth:`check_model_config`, before any layer is built; for a masked
-            observation space with an action space other than ``Discrete``.
+        ValueError: From :meth:`check_model_config` and :meth:`check_action_space`, before any
+            layer is built; for a masked observation space with an action space other than
+            ``Discrete``.
     """
 
     model_config_keys: ClassVar[Mapping[str, ModelConfigKey] | None] = None
@@ -80,6 +81,8 @@ class RLModule(nn.Module):
     ) -> None:
         super().__init__()
         self.check_model_config(model_config)
+        if action_space is not None:
+            self.check_action_space(action_space)
         self.observation_space = observation_space
         self.action_space = action_space
         # A copy, so that a config dict shared between modules cannot change this one later.
@@ -114,6 +117,18 @@ class RLModule(nn.Module):
                 is not what its key expects; for a config that is not a dict, on every class.
         """
         check_model_config(model_config, cls.model_config_keys, cls.__name__)
+
+    @classmethod
+    def check_action_space(cls, action_space: gym.Space) -> None:
+        """Raise ``ValueError`` if this class cannot act in ``action_space``; called by specs and ``__init__``.
+
+        So that a spec naming a space the module cannot take (DQN on Box actions) fails when it
+        is made, or when ``Trainer.fit`` fills in the data module's spaces, not inside
+        :meth:`setup`. The base takes any space; the algorithm modules override it.
+
+        Args:
+            action_space: The space the module's actions would go to.
+        """
 
     def setup(self) -> None:
         """Build the layers; called at the end of ``__init__``. The base builds nothing."""
