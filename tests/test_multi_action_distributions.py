@@ -18,7 +18,9 @@ import torch
 import torch.distributions as D
 
 from lightning_rl import Columns, RLModuleSpec
+from lightning_rl.algorithms.cql import CQLModule
 from lightning_rl.algorithms.dqn import DQNModule
+from lightning_rl.algorithms.iql import IQLModule
 from lightning_rl.algorithms.ppo import PPOModule
 from lightning_rl.algorithms.sac import SACModule
 from lightning_rl.core.acting import compute_actions
@@ -194,11 +196,16 @@ def test_a_mask_given_to_a_module_that_picks_its_own_box_actions_fails_naming_th
         compute_actions(module, torch.zeros(2, 4), explore=False, action_mask=torch.ones(2, 6))
 
 
-# ---- DQN: Discrete only ---------------------------------------------------------------------
+# ---- Modules that take one kind of action: refused when the spec is made ---------------------
 
 
 @pytest.mark.parametrize("action_space", [MULTI_DISCRETE, BOX_2X3], ids=["MultiDiscrete", "Box"])
-def test_dqn_refuses_actions_other_than_discrete_naming_the_space_and_suggesting_ppo(action_space):
-    spec = RLModuleSpec(module_class=DQNModule, observation_space=OBS, action_space=action_space)
-    with pytest.raises(ValueError, match=rf"needs a Discrete action space .*got {type(action_space).__name__}.*use PPO"):
-        spec.build()
+def test_a_dqn_spec_refuses_actions_other_than_discrete_naming_the_space_and_suggesting_ppo(action_space):
+    with pytest.raises(ValueError, match=rf"DQNModule needs a Discrete action space .*got {type(action_space).__name__}.*use PPO"):
+        RLModuleSpec(module_class=DQNModule, observation_space=OBS, action_space=action_space)
+
+
+@pytest.mark.parametrize("module_class", [SACModule, CQLModule, IQLModule])
+def test_specs_of_box_only_modules_refuse_multi_discrete_actions_naming_what_takes_them(module_class):
+    with pytest.raises(ValueError, match=rf"{module_class.__name__} needs a Box action space .*MultiDiscrete.*use (PPO|BC)"):
+        RLModuleSpec(module_class=module_class, observation_space=OBS, action_space=MULTI_DISCRETE)

@@ -25,6 +25,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning_rl import Columns, Policy, RLModuleSpec
 from lightning_rl.algorithms.bc import BCLearner, BCModule
 from lightning_rl.algorithms.cql import CQLLearner, CQLModule
+from lightning_rl.algorithms.dqn import DQNLearner
 from lightning_rl.algorithms.iql import IQLLearner, IQLModule
 from lightning_rl.algorithms.marwil import MARWILLearner, MARWILModule
 from lightning_rl.algorithms.ppo import PPOLearner
@@ -107,6 +108,12 @@ def test_a_multi_discrete_ppo_checkpoint_acts_evaluates_and_exports_with_one_ind
     actions = onnxruntime.InferenceSession(str(output), providers=["CPUExecutionProvider"]).run(None, {"obs": obs})[0]
     assert actions.shape == (64, len(NVEC)) and actions.dtype == np.int64
     np.testing.assert_array_equal(actions, policy.act(obs))
+
+
+def test_dqn_on_a_multi_discrete_env_fails_when_fit_builds_its_module_naming_the_space_and_ppo():
+    data = off_policy_data(MATCH_TARGETS, max_env_steps=64)
+    with pytest.raises(ValueError, match=r"DQNModule needs a Discrete action space .*MultiDiscrete\(\[3 4 2\]\).*use PPO"):
+        fit(DQNLearner(model_config=SMALL), data)
 
 
 # ---- Box of shape (2, 3) ----------------------------------------------------------------
