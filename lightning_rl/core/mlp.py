@@ -15,6 +15,7 @@ import gymnasium as gym
 from torch import Tensor, nn
 
 from lightning_rl.core.action_masks import observation_part
+from lightning_rl.core.observation_layout import stored_observation_space
 
 DEFAULT_FCNET_HIDDENS: tuple[int, ...] = (256, 256)
 """Hidden layer sizes :func:`build_mlp_from_config` uses when ``fcnet_hiddens`` is unset."""
@@ -87,18 +88,19 @@ def flat_obs_dim(space: gym.Space) -> int:
     """Return the size of one observation after :func:`flatten_obs`.
 
     Args:
-        space: A ``Box`` (flattened) or ``Discrete`` (one-hot encoded) observation space, or a
-            masked space (:mod:`~lightning_rl.core.action_masks`) whose observation part is one.
+        space: A ``Box`` (flattened) or ``Discrete`` (one-hot encoded) observation space, a
+            ``Dict`` or ``Tuple`` of array spaces (stored flattened: ``gym.spaces.flatdim``), or
+            a masked space (:mod:`~lightning_rl.core.action_masks`) whose observation part is one.
 
     Raises:
         ValueError: For other observation spaces.
     """
-    space = observation_part(space)
+    space = stored_observation_space(observation_part(space))
     if isinstance(space, gym.spaces.Box):
         return math.prod(space.shape)
     if isinstance(space, gym.spaces.Discrete):
         return int(space.n)
-    raise ValueError(f"Unsupported observation space {space}; supported: Box and Discrete.")
+    raise ValueError(f"Unsupported observation space {space}; supported: Box, Discrete, and Dict or Tuple spaces.")
 
 
 def flatten_obs(obs: Tensor, space: gym.Space) -> Tensor:
@@ -106,17 +108,19 @@ def flatten_obs(obs: Tensor, space: gym.Space) -> Tensor:
 
     Args:
         obs: A batch of observations from ``space``, shape ``[B, *space.shape]``; for a masked
-            space, of its observation part (the ``obs`` column; the mask is a column of its own).
-        space: A ``Box`` (flattened) or ``Discrete`` (one-hot encoded) observation space, or a
-            masked space whose observation part is one.
+            space, of its observation part (the ``obs`` column; the mask is a column of its own);
+            for a ``Dict`` or ``Tuple`` space, the stored flat rows ``[B, flatdim]``.
+        space: A ``Box`` (flattened) or ``Discrete`` (one-hot encoded) observation space, a
+            ``Dict`` or ``Tuple`` of array spaces, or a masked space whose observation part is one.
 
     Raises:
         ValueError: For other observation spaces.
     """
-    space = observation_part(space)
+    space = stored_observation_space(observation_part(space))
     if isinstance(space, gym.spaces.Box):
         # The width from the space, not -1: a batch of no rows has no -1 to infer.
         return obs.reshape(obs.shape[0], math.prod(space.shape)).float()
     if isinstance(space, gym.spaces.Discrete):
         return nn.functional.one_hot(obs.long() - int(space.start), int(space.n)).float()
-    raise ValueError(f"Unsupported observation space {space}; supported: Box and Discrete.")
+    raise ValueError(f"Unsupported observation space {space}; supported: Box, Discrete, and Dict or Tuple spaces.")
+
