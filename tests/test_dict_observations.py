@@ -41,6 +41,7 @@ from lightning_rl.policy.export import export_policy
 S = gym.spaces
 FLAT_DIM = 8 * 8 * 3 + NUM_MODES + 3
 
+# The stored dtype of each: uint8 when every part fits one (images, one-hots, MultiBinary), else float32.
 LAYOUT_SPACES = {
     "image_vector_discrete": DICT_SPACE,
     "discrete_and_multidiscrete_with_starts": S.Dict(
@@ -55,6 +56,22 @@ LAYOUT_SPACES = {
     ),
     "uint8_image_only": S.Dict({"pixels": S.Box(0, 255, (6, 5, 2), np.uint8)}),
 }
+STORED_DTYPES = {
+    "image_vector_discrete": np.float32,  # gymnasium's flatten_space says float64
+    "discrete_and_multidiscrete_with_starts": np.uint8,  # gymnasium's says int64
+    "nested_tuple_and_dict": np.float32,
+    "uint8_image_only": np.uint8,
+}
+
+
+def same_bounds_and_shape(stored: gym.Space, space: gym.Space) -> bool:
+    """Whether ``stored`` has the shape and bounds of gymnasium's ``flatten_space(space)``."""
+    flat = gym.spaces.flatten_space(space)
+    return (
+        stored.shape == flat.shape
+        and np.array_equal(stored.low, flat.low.astype(stored.dtype))
+        and np.array_equal(stored.high, flat.high.astype(stored.dtype))
+    )
 
 
 def vector_batch(space: gym.Space, rows: list[Any]) -> Any:
@@ -80,15 +97,17 @@ def quiet_trainer(**kwargs: Any) -> Trainer:
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("space", list(LAYOUT_SPACES.values()), ids=list(LAYOUT_SPACES))
-def test_a_batch_flattens_to_gymnasiums_flatten_of_each_row_and_back(space: gym.Space) -> None:
+@pytest.mark.parametrize("name", list(LAYOUT_SPACES))
+def test_a_batch_flattens_to_gymnasiums_flatten_of_each_row_and_back(name: str) -> None:
+    space = LAYOUT_SPACES[name]
     space.seed(0)
     rows = [space.sample() for _ in range(7)]
     layout = ObservationLayout(space)
     flat = layout.flatten_batch(vector_batch(space, rows))
     expected = np.stack([gym.spaces.flatten(space, row) for row in rows])
-    assert layout.stored_space == gym.spaces.flatten_space(space) == stored_observation_space(space)
-    assert flat.dtype == expected.dtype == layout.stored_space.dtype
+    assert layout.stored_space == stored_observation_space(space)
+    assert same_bounds_and_shape(layout.stored_space, space)
+    assert flat.dtype == layout.stored_space.dtype == STORED_DTYPES[name]
     np.testing.assert_array_equal(flat, expected)
     np.testing.assert_array_equal(layout.flatten_one(rows[3]), expected[3])
     unflattened = layout.unflatten_batch(flat)
@@ -159,14 +178,14 @@ def test_the_runner_stores_every_observation_as_gymnasium_flattens_it(env_class,
     with EnvRunner(env_class, num_envs=3, rollout_fragment_length=20, seed=0, vectorize_mode=vectorize_mode) as runner:
         space = runner.observation_space
         assert isinstance(space, (S.Dict, S.Tuple))  # what modules are built from
-        assert runner.stored_observation_space == gym.spaces.flatten_space(space)
+        assert same_bounds_and_shape(runner.stored_observation_space, space)
         module = RLModuleSpec(PPOModule, observation_space=space, action_space=runner.action_space).build()
         episodes = runner.sample(module)
     done = [episode for episode in episodes if episode.is_done]
     assert len(done) == 6 and all(len(episode) == EPISODE_STEPS for episode in done)
     for episode in episodes:
         assert episode.observations.shape == (len(episode) + 1, FLAT_DIM)
-        assert episode.observations.dtype == np.float64
+        assert episode.observations.dtype == np.float32  # not gymnasium's float64
         # Each step's infos carry the env's raw observation: the reset's, each step's, and the
         # final one's (from final_info) at the end of an episode that ended.
         for row, info in zip(episode.observations, episode.infos):
@@ -188,7 +207,7 @@ def test_on_policy_and_replay_batches_hold_the_flat_layout() -> None:
     data.replay_buffer.add_episodes(episodes)
     sample = data.replay_buffer.sample(8)
     for column in (Columns.OBS, Columns.NEXT_OBS):
-        assert sample[column].shape == (8, FLAT_DIM) and sample[column].dtype == np.float64
+        assert sample[column].shape == (8, FLAT_DIM) and sample[column].dtype == np.float32
 
 
 class TextObsEnv(DictObsEnv):
@@ -398,9 +417,9 @@ def test_onnx_export_of_a_dict_observation_policy_takes_the_flat_layout(cli_chec
     path = export_policy(policy, tmp_path / "policy.onnx", "onnx")
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     (model_input,) = session.get_inputs()
-    assert model_input.shape[1:] == [FLAT_DIM] and model_input.type == "tensor(double)"
+    assert model_input.shape[1:] == [FLAT_DIM] and model_input.type == "tensor(float)"
     DICT_SPACE.seed(2)
     raw = [DICT_SPACE.sample() for _ in range(8)]
-    flat = np.stack([gym.spaces.flatten(DICT_SPACE, obs) for obs in raw])
+    flat = np.stack([gym.spaces.flatten(DICT_SPACE, obs) for obs in raw]).astype(np.float32)
     (actions,) = session.run(None, {model_input.name: flat})
     np.testing.assert_array_equal(actions, policy.act(vector_batch(DICT_SPACE, raw)))

@@ -6,10 +6,13 @@ space whose leaves are array spaces (nested ``Dict``/``Tuple`` included) is stor
 gymnasium's flatten layout: each observation becomes exactly what
 ``gym.spaces.flatten(space, obs)`` returns (keys in the Dict's order, ``Box`` and
 ``MultiBinary`` leaves raveled, ``Discrete`` leaves one-hot, ``MultiDiscrete`` leaves as
-concatenated one-hots), in the dtype of ``gym.spaces.flatten_space(space)`` (numpy's common
-type of the leaves' dtypes: a uint8 image beside a float32 vector and a ``Discrete`` gives
-float64). The module built on such a space keeps the ``Dict`` as its ``observation_space`` and
-splits the flat row per key itself.
+concatenated one-hots), with the bounds of ``gym.spaces.flatten_space(space)`` but a compact
+dtype (:func:`_stored_dtype`): uint8 when every part's values fit one (uint8 or bool images,
+one-hots, ``MultiBinary``), float32 otherwise. gymnasium's own dtype is numpy's common type of
+the parts', which for a uint8 image beside a float32 vector and a ``Discrete`` is float64: eight
+times the memory of the image in a replay buffer, for values that float32 holds exactly. The
+module built on such a space keeps the ``Dict`` as its ``observation_space`` and splits the flat
+row per key itself.
 
 :class:`ObservationLayout` does this for a whole vector-env batch at once (``{key: [N, ...]}``
 to ``[N, flatdim]``), one numpy copy per leaf and no Python loop over rows, so image
@@ -60,7 +63,8 @@ class ObservationLayout:
     Attributes:
         space: The observation space, as given.
         stored_space: The space of the stored ``obs`` column: ``space`` itself, or
-            ``gym.spaces.flatten_space(space)`` (a ``Box`` of shape ``(flatdim,)``).
+            ``gym.spaces.flatten_space(space)`` (a ``Box`` of shape ``(flatdim,)``) in the
+            dtype :func:`_stored_dtype` picks.
         flattens: Whether observations are flattened (``space`` is a ``Dict`` or ``Tuple``).
 
     Raises:
@@ -88,7 +92,9 @@ class ObservationLayout:
                 "must not use exactly these two keys"
             )
         self._leaves = _leaves(space, space, (), 0)
-        self.stored_space = gym.spaces.flatten_space(space)
+        flat = gym.spaces.flatten_space(space)
+        dtype = _stored_dtype(self._leaves)
+        self.stored_space = gym.spaces.Box(flat.low.astype(dtype), flat.high.astype(dtype), flat.shape, dtype)
 
     def flatten_batch(self, obs: Any) -> Any:
         """A batch of observations in the stored layout.
@@ -191,7 +197,7 @@ class ObservationLayout:
 
 
 def stored_observation_space(space: gym.Space) -> gym.Space:
-    """The space of the stored ``obs`` column: ``flatten_space(space)`` for a ``Dict`` or ``Tuple``, else ``space``.
+    """The space of the stored ``obs`` column: a flat ``Box`` for a ``Dict`` or ``Tuple`` (see :class:`ObservationLayout`), else ``space``.
 
     Raises:
         ValueError: For a ``Dict`` or ``Tuple`` that :class:`ObservationLayout` refuses.
@@ -223,6 +229,20 @@ def _leaves(root: gym.Space, space: gym.Space, path: tuple[str | int, ...], star
     for key, child in children:
         leaves.extend(_leaves(root, child, (*path, key), leaves[-1].stop if leaves else start))
     return leaves
+
+
+def _stored_dtype(leaves: list[_Leaf]) -> np.dtype:
+    """uint8 if every leaf's flattened values are integers in 0..255 (uint8 or bool ``Box``, one-hots, ``MultiBinary``), else float32.
+
+    float32 holds every uint8 value and every one-hot exactly, and is what modules compute in;
+    integer ``Box`` leaves beyond 2**24 and float64 leaves lose precision in it.
+    """
+    small = all(
+        isinstance(leaf.space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary))
+        or leaf.space.dtype in (np.uint8, np.bool_)
+        for leaf in leaves
+    )
+    return np.dtype(np.uint8 if small else np.float32)
 
 
 def _value_at(obs: Any, path: tuple[str | int, ...]) -> Any:

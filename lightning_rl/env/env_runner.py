@@ -205,7 +205,7 @@ class EnvRunner:
         #: The env's own observation space (a Dict stays a Dict: modules are built from it).
         self.observation_space: gym.Space = self.env.single_observation_space
         #: The space of the observations in the episodes: ``observation_space`` itself, or for a
-        #: Dict or Tuple its flat Box (``gym.spaces.flatten_space``), each row ``gym.spaces.flatten``'s.
+        #: Dict or Tuple a flat Box (see ``core.observation_layout``), each row ``gym.spaces.flatten``'s.
         self.stored_observation_space: gym.Space = self._vector.layout.stored_space
         self.action_space: gym.Space = self.env.single_action_space
         self._nonfinite = NonFiniteCheck(on_nonfinite, self.stored_observation_space)

@@ -5,8 +5,9 @@ mode: observation normalization, the module's inference pass, the greedy action 
 clipping. Its one input is a batch of observations ``obs`` ``[batch, *obs_shape]`` in the
 observation space's dtype (the batch dimension is dynamic), its one output the actions
 ``[batch, *action_shape]`` (int64 indices for Discrete and MultiDiscrete spaces). For a Dict or
-Tuple observation space the input is the stored flat layout, ``[batch, flatdim]`` in the dtype
-of ``gym.spaces.flatten_space(space)``: each row ``gym.spaces.flatten(space, obs)`` of the env's
+Tuple observation space the input is the stored flat layout, ``[batch, flatdim]`` in its stored
+dtype (uint8 or float32, see :mod:`~lightning_rl.core.observation_layout`): each row
+``gym.spaces.flatten(space, obs)`` of the env's
 observation (keys in the Dict's order, Discrete parts one-hot), which the deployment must
 compute itself.
 
