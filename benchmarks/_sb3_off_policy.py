@@ -54,8 +54,10 @@ START_TIME = time.time()  # before the heavy imports: the run's clock starts wit
 import json
 import math
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 from stable_baselines3 import DQN, SAC
 from stable_baselines3.common.base_class import BaseAlgorithm
@@ -217,11 +219,26 @@ class EvaluateAndTime(BaseCallback):
 
     ``on_rollout_start`` comes after the previous rollout's update, so an evaluation there sees
     the weights ours would evaluate at its epoch end.
+
+    Args:
+        clock: What is told when training starts and around each evaluation.
+        evaluation: The greedy episodes to play.
+        data: Our data module's hyperparameters (``rollouts_per_epoch``).
+        act: Observations of the evaluation envs -> actions; default: the model's greedy
+            ``predict`` (pass one that normalizes observations first when the model
+            trains on a ``VecNormalize`` env).
     """
 
-    def __init__(self, clock: ChildClock, evaluation: GreedyEvaluation, data: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        clock: ChildClock,
+        evaluation: GreedyEvaluation,
+        data: dict[str, Any],
+        act: Callable[[np.ndarray], np.ndarray] | None = None,
+    ) -> None:
         super().__init__()
         self.clock, self.evaluation, self.data = clock, evaluation, data
+        self.act = act or (lambda obs: self.model.predict(obs, deterministic=True)[0])
         self.items = 0
 
     def _on_training_start(self) -> None:
@@ -240,9 +257,7 @@ class EvaluateAndTime(BaseCallback):
     def evaluate(self) -> None:
         """Play the evaluation episodes greedily with the current weights."""
         self.clock.evaluation_started()
-        self.clock.evaluation_finished(
-            self.model.num_timesteps, self.evaluation.run(lambda obs: self.model.predict(obs, deterministic=True)[0])
-        )
+        self.clock.evaluation_finished(self.model.num_timesteps, self.evaluation.run(self.act))
 
 
 def main() -> None:

@@ -82,7 +82,7 @@ import math
 import resource
 import statistics
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -158,18 +158,23 @@ class ChildClock:
     def evaluation_started(self) -> None:
         self._eval_started = time.perf_counter()
 
-    def evaluation_finished(self, env_steps: int, returns: list[float]) -> None:
+    def evaluation_finished(self, env_steps: int, returns: list[float]) -> float:
+        """Print the evaluation's line; return its seconds."""
         if self._eval_started is None:
             raise RuntimeError("evaluation_finished without evaluation_started")
         seconds = time.perf_counter() - self._eval_started
         self._eval_started = None
         self.eval_seconds += seconds
         print(f"EVAL env_steps={env_steps} return_mean={float(np.mean(returns)):.3f} seconds={seconds:.3f}", flush=True)
+        return seconds
+
+    def train_seconds(self) -> float:
+        """Seconds since ``training_start``, evaluations left out."""
+        return time.perf_counter() - self.start - self.eval_seconds
 
     def training_end(self, env_steps: int, threads: int) -> None:
-        train_seconds = time.perf_counter() - self.start - self.eval_seconds
         print(
-            f"TRAINING_END env_steps={env_steps} train_s={train_seconds:.3f} eval_s={self.eval_seconds:.3f} "
+            f"TRAINING_END env_steps={env_steps} train_s={self.train_seconds():.3f} eval_s={self.eval_seconds:.3f} "
             f"threads={threads}",
             flush=True,
         )
@@ -259,8 +264,8 @@ def cli_overrides(seed: int, max_env_steps: int) -> list[str]:
     ]  # fmt: skip
 
 
-def build_cli(config: Path, seed: int, max_env_steps: int) -> Any:
-    """``LightningRLCLI`` of ``config`` with :func:`cli_overrides`, instantiated but not run."""
+def build_cli(config: Path, seed: int, max_env_steps: int, extra_args: Sequence[str] = ()) -> Any:
+    """``LightningRLCLI`` of ``config`` with :func:`cli_overrides`, then ``extra_args``, instantiated but not run."""
     import logging
     import warnings
 
@@ -270,37 +275,36 @@ def build_cli(config: Path, seed: int, max_env_steps: int) -> Any:
         logging.getLogger(name).setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", module="lightning")
     return LightningRLCLI(
-        args=["--config", str(config), *cli_overrides(seed, max_env_steps)],
+        args=["--config", str(config), *cli_overrides(seed, max_env_steps), *extra_args],
         run=False,
         save_config_callback=None,  # no config.yaml written into the repo
     )
 
 
-def effective_hparams(algo: str, config: Path, max_env_steps: int) -> dict[str, Any]:
+def effective_hparams(algo: str, config: Path, max_env_steps: int, extra_args: Sequence[str] = ()) -> dict[str, Any]:
     """The hyperparameters the other variants copy: what our Learner and data module were built with.
 
     Read from the instantiated classes (``hparams``), so arguments the config leaves out have
-    their defaults; the module's ``model_config`` gets the module's own defaults for the
-    network sizes it leaves out.
+    their defaults; the module's ``model_config`` gets the module class's own defaults
+    (``model_config_keys``) for the keys it leaves out.
+
+    Args:
+        algo: A name stored with the hyperparameters (``"dqn"``, ``"sac"``, ``"ppo"``).
+        config: Our config file.
+        max_env_steps: The run's budget.
+        extra_args: CLI flags applied after the config (``["--data.init_args.num_envs", "2"]``).
 
     Returns:
         ``{"algo": algo, "model": {...}, "data": {...}}``, plain JSON data.
     """
-    cli = build_cli(config, 0, max_env_steps)
+    from lightning_rl.core.columns import DEFAULT_MODULE_ID
+    from lightning_rl.core.module_checks import model_config_with_defaults
+
+    cli = build_cli(config, 0, max_env_steps, extra_args)
     model = {k: v for k, v in dict(cli.model.hparams).items() if not k.startswith("_")}
     data = {k: v for k, v in dict(cli.datamodule.hparams).items() if not k.startswith("_")}
-    model_config = dict(model.get("model_config") or {})
-    if algo == "dqn":
-        from lightning_rl.algorithms.dqn import DEFAULT_DQN_ACTIVATION
-        from lightning_rl.core.rl_module import DEFAULT_FCNET_HIDDENS
-
-        defaults = {"fcnet_hiddens": list(DEFAULT_FCNET_HIDDENS), "fcnet_activation": DEFAULT_DQN_ACTIVATION,
-                    "dueling": False}  # fmt: skip
-    else:
-        from lightning_rl.algorithms.sac import SAC_FCNET_ACTIVATION, SAC_FCNET_HIDDENS
-
-        defaults = {"fcnet_hiddens": list(SAC_FCNET_HIDDENS), "fcnet_activation": SAC_FCNET_ACTIVATION}
-    model["model_config"] = {**defaults, **model_config}
+    spec = cli.model.module_spec.rl_module_specs[DEFAULT_MODULE_ID]
+    model["model_config"] = model_config_with_defaults(spec.model_config, spec.module_class.model_config_keys)
     data["max_env_steps"] = max_env_steps
     # Round-trip through JSON: tuples become lists, and anything unserializable fails here.
     return json.loads(json.dumps({"algo": algo, "model": model, "data": data}))

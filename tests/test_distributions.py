@@ -94,8 +94,9 @@ def test_kl_between_different_distribution_classes_raises_type_error():
 def test_required_input_dim_is_n_for_discrete_and_twice_the_size_for_box():
     assert Categorical.required_input_dim(gym.spaces.Discrete(7)) == 7
     assert DiagGaussian.required_input_dim(gym.spaces.Box(-1, 1, (3,))) == 6
-    with pytest.raises(ValueError, match="1-D Box"):
-        DiagGaussian.required_input_dim(gym.spaces.Box(-1, 1, (2, 2)))
+    assert DiagGaussian.required_input_dim(gym.spaces.Box(-1, 1, (2, 2))) == 8
+    with pytest.raises(ValueError, match="needs a Box"):
+        DiagGaussian.required_input_dim(gym.spaces.Discrete(3))
     with pytest.raises(ValueError, match="Discrete"):
         Categorical.required_input_dim(gym.spaces.Box(-1, 1, (3,)))
 

@@ -16,14 +16,14 @@ from lightning_rl.algorithms.dqn import DQNModule
 from lightning_rl.algorithms.ppo import PPOLearner, PPOModule
 from lightning_rl.algorithms.sac import SACModule
 from lightning_rl.core.encoders import (
-    DictEncoder,
     FlatEncoder,
     ImageEncoder,
+    StructuredEncoder,
     build_observation_encoder,
     image_shape,
 )
-from lightning_rl.core.flat_dict import flat_dict_layout
 from lightning_rl.core.mlp import flatten_obs
+from lightning_rl.core.observation_layout import ObservationLayout
 from lightning_rl.learner.learner import Learner
 
 DISCRETE = gym.spaces.Discrete(3)
@@ -53,9 +53,9 @@ def first_conv_inputs(encoder: nn.Module) -> list[torch.Tensor]:
 
 
 def dict_rows(rows: int, seed: int = 0) -> np.ndarray:
-    """``rows`` observations of ``DICT`` in gymnasium's flat layout (float64, as ``gym.spaces.flatten`` gives them)."""
+    """``rows`` observations of ``DICT`` as an env runner stores them: gymnasium's flat layout, float32."""
     DICT.seed(seed)
-    return np.stack([gym.spaces.flatten(DICT, DICT.sample()) for _ in range(rows)])
+    return np.stack([ObservationLayout(DICT).flatten_one(DICT.sample()) for _ in range(rows)])
 
 
 # ---- Which observations are images -----------------------------------------------------
@@ -210,10 +210,13 @@ def test_convolutions_that_shrink_the_image_below_a_pixel_fail_when_the_spec_is_
         PPOModule(space, DISCRETE, {"conv_filters": conv_filters})
 
 
-def test_a_dict_key_whose_image_is_too_small_is_named():
+def test_a_dict_or_tuple_leaf_whose_image_is_too_small_is_named():
     space = gym.spaces.Dict({"tiny": gym.spaces.Box(0, 255, (2, 2, 1), np.uint8)})
-    with pytest.raises(ValueError, match=r"PPOModule: Dict observation key 'tiny': conv_filters\[0\] = \[16, 3, 1\]"):
+    with pytest.raises(ValueError, match=r"PPOModule: observation\['tiny'\]: conv_filters\[0\] = \[16, 3, 1\]"):
         RLModuleSpec(PPOModule, space, DISCRETE)
+    space = gym.spaces.Tuple([gym.spaces.Discrete(2), gym.spaces.Box(0, 255, (2, 2, 1), np.uint8)])
+    with pytest.raises(ValueError, match=r"observation\[1\]: conv_filters\[0\]"):
+        PPOModule(space, DISCRETE, {})
 
 
 @pytest.mark.parametrize(
@@ -287,28 +290,19 @@ def test_modules_on_flat_observations_keep_their_layer_names():
 # ---- Dict observations -----------------------------------------------------------------
 
 
-def test_the_flat_dict_layout_places_each_key_where_gymnasium_flattens_it():
-    layout = flat_dict_layout(DICT)
-    assert [(s.key, s.start, s.stop) for s in layout] == [
-        ("pixels", 0, 300),
-        ("position", 300, 303),
-        ("room", 303, 307),
-    ]
-    sample = DICT.sample()
-    flat = gym.spaces.flatten(DICT, sample)
-    for piece in layout:
-        part = gym.spaces.flatten(piece.space, sample[piece.key])
-        np.testing.assert_array_equal(flat[piece.start : piece.stop], part)
-
-
 def test_a_dict_observation_gets_a_cnn_per_image_key_and_the_other_keys_as_they_are():
     module = PPOModule(DICT, DISCRETE, {"vf_share_layers": True})
     encoder = module.obs_encoder
-    assert isinstance(encoder, DictEncoder)
+    assert isinstance(encoder, StructuredEncoder)
+    assert [(leaf.path, leaf.start, leaf.stop) for leaf in encoder.leaves] == [
+        (("pixels",), 0, 300),
+        (("position",), 300, 303),
+        (("room",), 303, 307),
+    ]
     image_part = encoder.parts[0]
     assert isinstance(image_part, ImageEncoder) and image_part.out_dim == 16 * 8 * 8
     assert encoder.out_dim == 16 * 8 * 8 + 3 + 4
-    rows = torch.as_tensor(dict_rows(4), dtype=torch.float32)  # the flat row is float: the image key too
+    rows = torch.as_tensor(dict_rows(4))  # the stored row is float32: the image key's pixels too
     rows[:, :300] = 255.0
     seen = first_conv_inputs(image_part)
     features = encoder(rows)
@@ -316,6 +310,19 @@ def test_a_dict_observation_gets_a_cnn_per_image_key_and_the_other_keys_as_they_
     torch.testing.assert_close(features[:, :1024], image_part(rows[:, :300]))
     torch.testing.assert_close(features[:, 1024:], rows[:, 300:])  # position, then room's one-hot
     assert module.forward_train({Columns.OBS: rows})[Columns.VF_PREDS].shape == (4,)
+
+
+def test_a_tuple_of_bytes_keeps_its_uint8_rows_and_scales_only_the_image():
+    space = gym.spaces.Tuple([gym.spaces.Discrete(3), gym.spaces.Box(0, 255, (10, 10, 1), np.uint8)])
+    layout = ObservationLayout(space)
+    assert layout.stored_space.dtype == np.uint8
+    rows = torch.as_tensor(layout.flatten_batch((np.array([2, 0]), np.full((2, 10, 10, 1), 255, np.uint8))))
+    encoder = build_observation_encoder(space, {})
+    assert isinstance(encoder, StructuredEncoder)
+    seen = first_conv_inputs(encoder)
+    features = encoder(rows)
+    assert torch.equal(features[:, :3], torch.tensor([[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]))  # one-hots as they are
+    assert torch.equal(seen[0], torch.ones(2, 1, 10, 10))
 
 
 def test_a_dict_without_images_is_flat():
@@ -341,7 +348,7 @@ def test_a_dict_observation_module_trains_and_comes_back_from_its_checkpoint(tmp
     saved = tmp_path / "learner"
     learner.save_to_path(str(saved))
     loaded = Learner.from_checkpoint(str(saved))
-    obs = torch.as_tensor(rows[:8], dtype=torch.float32)
+    obs = torch.as_tensor(rows[:8])
     for name, value in learner.module.state_dict().items():
         assert torch.equal(value, loaded.module.state_dict()[name]), name
     module, loaded_module = learner.module["default_policy"], loaded.module["default_policy"]

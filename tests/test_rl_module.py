@@ -115,7 +115,7 @@ def test_flatten_obs_flattens_box_and_one_hot_encodes_discrete():
 
 def test_flat_obs_dim_rejects_unsupported_observation_spaces():
     with pytest.raises(ValueError, match="Unsupported observation space"):
-        flat_obs_dim(gym.spaces.Tuple([gym.spaces.Discrete(2)]))
+        flat_obs_dim(gym.spaces.Text(5))
 
 
 # --- RLModule ----------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import gymnasium as gym
 import torch
 
 from lightning_rl.core.columns import Columns
@@ -22,8 +23,9 @@ class BCModule(RLModule):
     ``model_config`` takes ``fcnet_hiddens`` and ``fcnet_activation``, and ``conv_filters``,
     ``conv_activation`` and ``image_layout`` for image observations
     (:mod:`lightning_rl.core.encoders`; the encoder of flat observations has no weights).
-    Discrete actions get categorical logits; Box actions a diagonal Gaussian (mean and log-std
-    per dimension).
+    Discrete actions get categorical logits; MultiDiscrete actions one categorical per dimension
+    (``sum(nvec)`` logits); Box actions of any shape a diagonal Gaussian (a mean and a log-std per
+    number of the flattened box).
     """
 
     model_config_keys = {
@@ -31,6 +33,11 @@ class BCModule(RLModule):
         "fcnet_activation": ModelConfigKey.activation(DEFAULT_FCNET_ACTIVATION),
         **OBSERVATION_ENCODER_KEYS,
     }
+
+    @classmethod
+    def check_action_space(cls, action_space: gym.Space) -> None:
+        """Raise ``ValueError`` for a space without an action distribution (``distribution_class_for_space``)."""
+        distribution_class_for_space(action_space)
 
     def setup(self) -> None:
         out_dim = distribution_class_for_space(self.action_space).required_input_dim(self.action_space)

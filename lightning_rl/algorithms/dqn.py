@@ -86,11 +86,17 @@ class DQNModule(RLModule, TargetNetworkAPI):
         **OBSERVATION_ENCODER_KEYS,
     }
 
-    def setup(self) -> None:
-        if not isinstance(self.action_space, gym.spaces.Discrete):
+    @classmethod
+    def check_action_space(cls, action_space: gym.Space) -> None:
+        """Raise ``ValueError`` unless ``action_space`` is ``Discrete``, naming the algorithms that take it."""
+        if not isinstance(action_space, gym.spaces.Discrete):
+            # MultiDiscrete too: one Q value per joint action would grow as prod(nvec).
             raise ValueError(
-                f"DQNModule needs a Discrete action space (one Q value per action), got {self.action_space}"
+                f"{cls.__name__} needs a Discrete action space (one Q value per action), got {action_space}; "
+                "for MultiDiscrete or Box actions use PPO (PPOLearner), or SAC (SACLearner) for Box actions"
             )
+
+    def setup(self) -> None:
         config = self.resolved_model_config()  # every key set: the defaults above fill the gaps
         self.num_actions = int(self.action_space.n)
         self.action_start = int(self.action_space.start)

@@ -118,12 +118,21 @@ class IQLModule(RLModule, TargetNetworkAPI):
         **OBSERVATION_ENCODER_KEYS,
     }
 
+    @classmethod
+    def check_action_space(cls, action_space: gym.Space) -> None:
+        """Raise ``ValueError`` unless ``action_space`` is a ``Box`` (of any shape) with finite bounds."""
+        if not isinstance(action_space, gym.spaces.Box):
+            raise ValueError(
+                f"{cls.__name__} needs a Box action space (continuous actions), got {action_space}; "
+                "for Discrete or MultiDiscrete actions use BC or MARWIL"
+            )
+        if not action_space.is_bounded("both"):
+            raise ValueError(
+                f"{cls.__name__} rescales its actions to the Box's bounds, which must be finite; got {action_space}"
+            )
+
     def setup(self) -> None:
         space = self.action_space
-        if not isinstance(space, gym.spaces.Box):
-            raise ValueError(f"IQLModule needs a Box action space (continuous actions), got {space}")
-        if not space.is_bounded("both"):
-            raise ValueError(f"IQLModule rescales its actions to the Box's bounds, which must be finite; got {space}")
         config = self.resolved_model_config()
         hiddens, activation = list(config["fcnet_hiddens"]), config["fcnet_activation"]
         self.action_dim = math.prod(space.shape)

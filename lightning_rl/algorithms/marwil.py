@@ -52,8 +52,8 @@ class MARWILModule(BCModule):
     ``moving_avg_sqd_adv_norm`` (a 0-d tensor; ``MARWILLearner`` sets its start value). An
     ``inference_only`` module has the policy alone.
 
-    ``model_config`` takes ``BCModule``'s keys; Discrete actions get categorical logits, Box
-    actions a diagonal Gaussian, as for ``BCModule``.
+    ``model_config`` takes ``BCModule``'s keys; Discrete and MultiDiscrete actions get
+    categorical logits, Box actions a diagonal Gaussian, as for ``BCModule``.
     """
 
     def setup(self) -> None:

@@ -58,9 +58,14 @@ class PPOModule(RLModule):
         ``vf_share_layers``: one observation encoder and hidden stack for both heads (default
             ``False``: an encoder and an MLP each).
         ``free_log_std``: for Box actions, learn one state-independent log standard deviation
-            per action dim (default ``True``) instead of predicting it from the observation.
+            per action number (``prod(shape)`` of them) (default ``True``) instead of predicting
+            it from the observation.
         ``conv_filters``, ``conv_activation``, ``image_layout``: the CNN of image observations
             (:mod:`lightning_rl.core.encoders`).
+
+    Action spaces: ``Discrete`` (a categorical), ``MultiDiscrete`` (one categorical per
+    dimension, :class:`~lightning_rl.core.distributions.MultiCategorical`) and ``Box`` of any
+    shape (a diagonal Gaussian over the flattened box, whose actions have the box's shape).
 
     Shared, the networks are ``obs_encoder`` -> ``encoder`` (the MLP) -> ``pi`` and ``vf``;
     separate, ``pi_obs_encoder`` -> ``pi`` and ``vf_obs_encoder`` -> ``vf`` (``pi`` and ``vf``
@@ -78,6 +83,11 @@ class PPOModule(RLModule):
         "free_log_std": ModelConfigKey.flag(True),
         **OBSERVATION_ENCODER_KEYS,
     }
+
+    @classmethod
+    def check_action_space(cls, action_space: gym.Space) -> None:
+        """Raise ``ValueError`` for a space without an action distribution (``distribution_class_for_space``)."""
+        distribution_class_for_space(action_space)
 
     def setup(self) -> None:
         config = self.resolved_model_config()  # every key set: the defaults above fill the gaps

@@ -16,10 +16,12 @@ detached, and the alpha loss uses a detached log-probability. Each optimizer ("p
 "qf", "alpha", RLlib's names) therefore steps with exactly the gradient of its own loss.
 The alpha loss is on ``log_alpha`` (as in Stable-Baselines3, CleanRL and RLlib).
 
-The policy acts in ``[-1, 1]^d``; the module rescales its actions affinely to the Box's
-``[low, high]`` for the environment, so batches hold env-space actions, and maps them back
-to ``[-1, 1]`` for the critics. Names follow RLlib's SAC config (``initial_alpha``,
-``target_entropy``, ``actor_lr``, ``critic_lr``, ``alpha_lr``, ``tau``, ``n_step``).
+The policy acts in ``[-1, 1]^d``, ``d = prod(shape)`` numbers of a Box of any shape; the
+module rescales its actions affinely to the Box's ``[low, high]`` and reshapes them to the
+Box's shape for the environment, so batches hold env-space actions, and maps them back to
+flat ``[-1, 1]^d`` for the critics, which take them concatenated with the flat observation.
+Names follow RLlib's SAC config (``initial_alpha``, ``target_entropy``, ``actor_lr``,
+``critic_lr``, ``alpha_lr``, ``tau``, ``n_step``).
 """
 
 from __future__ import annotations
@@ -127,12 +129,21 @@ class SACModule(RLModule, TargetNetworkAPI):
         **OBSERVATION_ENCODER_KEYS,
     }
 
+    @classmethod
+    def check_action_space(cls, action_space: gym.Space) -> None:
+        """Raise ``ValueError`` unless ``action_space`` is a ``Box`` (of any shape) with finite bounds."""
+        if not isinstance(action_space, gym.spaces.Box):
+            raise ValueError(
+                f"{cls.__name__} needs a Box action space (continuous actions), got {action_space}; "
+                "for Discrete or MultiDiscrete actions use PPO (PPOLearner)"
+            )
+        if not action_space.is_bounded("both"):
+            raise ValueError(
+                f"{cls.__name__} rescales tanh actions to the Box's bounds, which must be finite; got {action_space}"
+            )
+
     def setup(self) -> None:
         space = self.action_space
-        if not isinstance(space, gym.spaces.Box):
-            raise ValueError(f"SACModule needs a Box action space (continuous actions), got {space}")
-        if not space.is_bounded("both"):
-            raise ValueError(f"SACModule rescales tanh actions to the Box's bounds, which must be finite; got {space}")
         config = self.resolved_model_config()  # every key set: the defaults above fill the gaps
         hiddens = list(config["fcnet_hiddens"])
         activation = config["fcnet_activation"]

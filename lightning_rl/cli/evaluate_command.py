@@ -40,6 +40,7 @@ from lightning_rl.cli._command_line import (
     tell,
 )
 from lightning_rl.core.checkpoint import atomic_write
+from lightning_rl.core.observation_layout import ObservationLayout
 from lightning_rl.core.spaces import space_to_dict
 from lightning_rl.data.evaluation_video import encode_gif
 from lightning_rl.env.env_factory import make_env, resolve_env, resolve_wrappers
@@ -53,7 +54,7 @@ HELD_OUT_SEED_OFFSET = 5_000_000
 #: The first episode's video, in ``--video_dir``.
 VIDEO_FILE_NAME = "evaluation-episode-0.gif"
 
-#: Observations ``[B, *obs_shape]`` to actions ``[B, ...]`` (``Policy.act``, or random actions).
+#: Observations ``[B, *obs_shape]`` (a Dict's flat layout) to actions ``[B, ...]`` (``Policy.act``, or random actions).
 Act = Callable[[np.ndarray], np.ndarray]
 
 
@@ -288,16 +289,20 @@ def run_episodes(
 
     Returns:
         ``keep`` of each episode, in the order of their seeds. An episode is list-backed: every
-        observation (the reset's, then each step's, the final one included), the actions
-        stepped, the env's rewards, and whether it ended terminated or truncated.
+        observation (the reset's, then each step's, the final one included) in the stored
+        layout (a Dict or Tuple observation flattened, as the env runner stores it; ``act``
+        gets the same rows), the actions stepped, the env's rewards, and whether it ended
+        terminated or truncated.
     """
+    # Copies: some envs return one array object at every step.
+    stored = ObservationLayout(envs[0].observation_space).flatten_one
     kept: list[Any] = [None] * num_episodes
     episodes: list[SingleAgentEpisode | None] = [SingleAgentEpisode() for _ in range(num_episodes)]
     episode_of = list(range(len(envs)))  # the episode each env plays
     observations = []
     for env, episode in zip(envs, episode_of):
-        obs, _ = env.reset(seed=first_seed + episode)
-        episodes[episode].add_env_reset(np.array(obs))  # a copy: some envs return one array object
+        obs = stored(env.reset(seed=first_seed + episode)[0])
+        episodes[episode].add_env_reset(obs)
         observations.append(obs)
     next_episode = len(envs)
     playing = list(range(len(envs)))
@@ -306,8 +311,9 @@ def run_episodes(
         still_playing = []
         for index, action in zip(playing, actions):
             obs, reward, terminated, truncated, _ = envs[index].step(action)
+            obs = stored(obs)
             episodes[episode_of[index]].add_env_step(
-                np.array(obs), np.array(action), float(reward), terminated=terminated, truncated=truncated
+                obs, np.array(action), float(reward), terminated=terminated, truncated=truncated
             )
             if terminated or truncated:
                 kept[episode_of[index]] = keep(episodes[episode_of[index]])
@@ -315,8 +321,8 @@ def run_episodes(
                 if next_episode == num_episodes:
                     continue
                 episode_of[index], next_episode = next_episode, next_episode + 1
-                obs, _ = envs[index].reset(seed=first_seed + episode_of[index])
-                episodes[episode_of[index]].add_env_reset(np.array(obs))
+                obs = stored(envs[index].reset(seed=first_seed + episode_of[index])[0])
+                episodes[episode_of[index]].add_env_reset(obs)
             observations[index] = obs
             still_playing.append(index)
         playing = still_playing

@@ -15,6 +15,7 @@ from typing import Any
 import gymnasium as gym
 import torch
 
+from lightning_rl.core.action_masks import check_maskable_action_space
 from lightning_rl.core.columns import Columns
 from lightning_rl.core.rl_modules import RLModule
 
@@ -47,12 +48,16 @@ def compute_actions(
         the action distribution and ``with_logp``) and the actions ``[B, ...]``, not clipped.
 
     Raises:
-        ValueError: If the forward pass returns neither ``actions`` nor ``action_dist_inputs``, or
-            (from the module) a masked module gets no ``action_mask``.
+        ValueError: If the forward pass returns neither ``actions`` nor ``action_dist_inputs``,
+            ``action_mask`` is given to a module whose action space is not ``Discrete``, or (from
+            the module) a masked module gets no ``action_mask``.
     """
     forward = module.forward_exploration if explore else module.forward_inference
     batch = {Columns.OBS: obs}
     if action_mask is not None:
+        # Here too, not only in the module's passes: a module that picks its actions itself
+        # (SAC) never reaches RLModule.mask_action_dist_inputs.
+        check_maskable_action_space(module.action_space, type(module).__name__)
         batch[Columns.ACTION_MASK] = action_mask
     out = forward(batch)
     actions = out.get(Columns.ACTIONS)

@@ -8,6 +8,10 @@ Batches never hold dicts: a module built on such a space keeps the Dict as its
 observation part in the ``obs`` column and the mask in the ``action_mask`` column
 (``Tensor[B, n]``, bool or 0/1 ints), and the base :class:`~lightning_rl.core.rl_modules.RLModule`
 masks its action-distribution inputs with :func:`apply_action_mask`.
+
+Masks are for ``Discrete`` action spaces only (one value per action);
+:func:`check_maskable_action_space` refuses others where a mask meets a module, so that a
+mask of the right width never silently masks, say, a ``MultiDiscrete`` space's concatenated logits.
 """
 
 from __future__ import annotations
@@ -49,6 +53,27 @@ def observation_part(space: gym.Space | None) -> gym.Space | None:
         space: An observation space (``None``, a container's, is returned as it is).
     """
     return space[OBSERVATION] if is_action_masked_space(space) else space
+
+
+def check_maskable_action_space(action_space: gym.Space | None, owner: str) -> None:
+    """Raise unless action masks apply to ``action_space``: a ``Discrete`` one.
+
+    Called where a mask meets a module: when a module is built on a masked observation space,
+    and when a pass or ``compute_actions`` gets an ``action_mask``.
+
+    Args:
+        action_space: The module's (or agent's) action space.
+        owner: Names the module or agent in the message.
+
+    Raises:
+        ValueError: For any other action space, naming it.
+    """
+    if not isinstance(action_space, gym.spaces.Discrete):
+        raise ValueError(
+            f"{owner} has the action space {action_space}, but action masks ({ACTION_MASK!r}) are for Discrete "
+            "action spaces only (one value per action; MultiDiscrete and Box actions cannot be masked); "
+            "give the module a Discrete action space, or drop the mask from the observations"
+        )
 
 
 def split_masked_observation(obs: Mapping[str, Any]) -> tuple[Any, Any]:

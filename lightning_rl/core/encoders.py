@@ -6,13 +6,13 @@ observations as the ``obs`` column holds them (on the module's device) to float 
 ``[B, out_dim]``, on which the module puts its ``fcnet_hiddens`` MLPs:
 
 - an image ``Box`` (the rule below): :class:`ImageEncoder`, a CNN from ``conv_filters``, flattened;
-- a ``Dict`` (other than the action-mask Dict of :mod:`~lightning_rl.core.action_masks`) with
-  an image among its keys: :class:`DictEncoder`, a CNN per image key and the other keys as they
-  are, side by side;
-- anything else (flat Boxes, ``Discrete``, ``MultiDiscrete``, ``MultiBinary``, Dicts without
-  images): :class:`FlatEncoder`, gymnasium's flatten layout (:func:`~lightning_rl.core.mlp.flatten_obs`).
-  It has no weights, so a module on such observations has exactly the layers (and
-  ``state_dict`` keys) it had before encoders existed.
+- a ``Dict`` or ``Tuple`` (other than the action-mask Dict of :mod:`~lightning_rl.core.action_masks`)
+  with an image among its leaves: :class:`StructuredEncoder`, a CNN per image leaf and the
+  other leaves as they are, side by side;
+- anything else (flat Boxes, ``Discrete``, ``MultiDiscrete``, ``MultiBinary``, Dicts and Tuples
+  without images): :class:`FlatEncoder`, gymnasium's flatten layout
+  (:func:`~lightning_rl.core.mlp.flatten_obs`). It has no weights, so a module on such
+  observations has exactly the layers (and ``state_dict`` keys) it had before encoders existed.
 
 What is an image (``model_config["image_layout"]``):
 
@@ -21,8 +21,9 @@ What is an image (``model_config["image_layout"]``):
   ``FrameStackObservation``). The channel axis of an image ``(a, b, c)`` is the smaller of
   ``a`` and ``c``: ``(84, 84, 4)`` is channels-last, ``(4, 84, 84)`` channels-first; a tie
   reads channels-last. Other dtypes (float, int8 board planes) stay flat, as before.
-- ``"channels_last"`` / ``"channels_first"``: every 3-D or 4-D ``Box`` (of any dtype) is an
-  image with its channels on that axis; at least one must exist.
+- ``"channels_last"`` / ``"channels_first"``: every 3-D or 4-D ``Box`` (of any dtype; of a
+  Dict or Tuple, every such leaf) is an image with its channels on that axis; at least one
+  must exist.
 - ``"flat"``: nothing is; every observation goes to the MLPs flattened.
 
 A stack's frames are merged into the channels, frame by frame: ``(4, 10, 10, 4)`` is an image
@@ -48,9 +49,9 @@ import torch
 from torch import Tensor, nn
 
 from lightning_rl.core.action_masks import observation_part
-from lightning_rl.core.flat_dict import flat_dict_layout
-from lightning_rl.core.mlp import flat_obs_dim, flatten_obs, make_activation, multi_discrete_one_hot
+from lightning_rl.core.mlp import ObservationFlattener, make_activation
 from lightning_rl.core.module_checks import ModelConfigKey
+from lightning_rl.core.observation_layout import FlatLeaf, ObservationLayout
 
 NATURE_CNN_FILTERS: tuple[tuple[int, int, int], ...] = ((32, 8, 4), (64, 4, 2), (64, 3, 1))
 """The DQN Nature paper's convolutions (Mnih et al., 2015), as Stable-Baselines3 and CleanRL use for Atari."""
@@ -163,27 +164,17 @@ class FlatEncoder(ObservationEncoder):
     """gymnasium's flatten layout as float32 (:func:`~lightning_rl.core.mlp.flatten_obs`); no weights.
 
     Args:
-        space: A ``Box``, ``Discrete``, ``MultiDiscrete``, ``MultiBinary`` or ``Dict`` space, or a
-            masked space whose observation part is one.
+        space: A ``Box``, ``Discrete``, ``MultiDiscrete`` or ``MultiBinary`` space, a ``Dict`` or
+            ``Tuple`` of those, or a masked space whose observation part is one.
     """
 
     def __init__(self, space: gym.Space) -> None:
         super().__init__()
-        self.space = space
-        self.out_dim = flat_obs_dim(space)
-        # One-hot sizes and starts as Python ints, read once: the space's numpy values in the
-        # forward pass would break torch.compile's graph. A Discrete is a MultiDiscrete of one dim.
-        part = observation_part(space)
-        self._one_hot_sizes = self._one_hot_starts = None
-        if isinstance(part, gym.spaces.Discrete):
-            self._one_hot_sizes, self._one_hot_starts = [int(part.n)], [int(part.start)]
-        elif isinstance(part, gym.spaces.MultiDiscrete):
-            self._one_hot_sizes, self._one_hot_starts = part.nvec.reshape(-1).tolist(), part.start.reshape(-1).tolist()
+        self._flatten = ObservationFlattener.of(space)  # read off the space once, not on every pass
+        self.out_dim = self._flatten.width
 
     def forward(self, obs: Tensor) -> Tensor:
-        if self._one_hot_sizes is not None:
-            return multi_discrete_one_hot(obs, self._one_hot_sizes, self._one_hot_starts)
-        return flatten_obs(obs, self.space)
+        return self._flatten(obs)
 
 
 class ImageEncoder(ObservationEncoder):
@@ -230,7 +221,7 @@ class ImageEncoder(ObservationEncoder):
 
 
 class _FlatPart(nn.Module):
-    """A Dict key's part of the flat row that is not an image: passed on as float32."""
+    """A leaf's part of the flat row that is not an image: passed on as float32."""
 
     def __init__(self, width: int) -> None:
         super().__init__()
@@ -240,42 +231,41 @@ class _FlatPart(nn.Module):
         return part.float()
 
 
-class DictEncoder(ObservationEncoder):
-    """Per-key features of flat ``Dict`` observations, side by side in the Dict's key order.
+class StructuredEncoder(ObservationEncoder):
+    """Per-leaf features of ``Dict`` or ``Tuple`` observations, side by side in gymnasium's flatten order.
 
-    The ``obs`` column holds gymnasium's flat layout of the Dict
-    (:func:`~lightning_rl.core.flat_dict.flat_dict_layout`); each image key's part is reshaped
-    to its subspace's shape and goes through a CNN of its own (divided by 255 if the subspace
-    is ``uint8``, whatever dtype the row has); every other key's part is already flat (one-hot
-    for ``Discrete``) and is passed on as it is.
+    The ``obs`` column holds the stored flat rows (:mod:`~lightning_rl.core.observation_layout`);
+    each image leaf's part is reshaped to its space's shape and goes through a CNN of its own
+    (divided by 255 if the leaf is ``uint8``, whatever dtype the row has); every other leaf's
+    part is already flat (one-hot for ``Discrete``) and is passed on as it is.
 
     Args:
-        space: The Dict observation space.
+        space: The ``Dict`` or ``Tuple`` observation space.
         model_config: The module's config (its ``conv_filters``, ``conv_activation`` and
-            ``image_layout`` apply to every image key).
+            ``image_layout`` apply to every image leaf).
 
     Raises:
-        ValueError: As :class:`ImageEncoder`, naming the key.
+        ValueError: As :class:`ImageEncoder`, naming the leaf (``observation['pixels']``).
     """
 
-    def __init__(self, space: gym.spaces.Dict, model_config: Mapping[str, Any]) -> None:
+    def __init__(self, space: gym.Space, model_config: Mapping[str, Any]) -> None:
         super().__init__()
-        self.layout = flat_dict_layout(space)
+        self.leaves = _leaves(space)
         parts: list[nn.Module] = []
-        for piece in self.layout:
-            image = image_shape(piece.space, model_config["image_layout"])
+        for leaf in self.leaves:
+            image = image_shape(leaf.space, model_config["image_layout"])
             if image is None:
-                parts.append(_FlatPart(piece.stop - piece.start))
+                parts.append(_FlatPart(leaf.stop - leaf.start))
                 continue
             try:
                 parts.append(ImageEncoder(image, _filters_for(image, model_config), model_config["conv_activation"]))
             except ValueError as error:
-                raise ValueError(f"Dict observation key {piece.key!r}: {error}") from error
+                raise ValueError(f"{leaf.where}: {error}") from error
         self.parts = nn.ModuleList(parts)
         self.out_dim = sum(part.out_dim for part in parts)
 
     def forward(self, obs: Tensor) -> Tensor:
-        features = [part(obs[:, piece.start : piece.stop]) for piece, part in zip(self.layout, self.parts)]
+        features = [part(obs[:, leaf.start : leaf.stop]) for leaf, part in zip(self.leaves, self.parts)]
         return torch.cat(features, dim=1)
 
 
@@ -297,10 +287,8 @@ def build_observation_encoder(observation_space: gym.Space, model_config: Mappin
     config = _encoder_config(model_config)
     space = observation_part(observation_space)
     _check_some_image(space, config["image_layout"])
-    if isinstance(space, gym.spaces.Dict):
-        if any(image_shape(piece.space, config["image_layout"]) for piece in flat_dict_layout(space)):
-            return DictEncoder(space, config)
-        return FlatEncoder(space)
+    if any(image_shape(leaf.space, config["image_layout"]) for leaf in _leaves(space)):
+        return StructuredEncoder(space, config)
     image = image_shape(space, config["image_layout"])
     if image is not None:
         return ImageEncoder(image, _filters_for(image, config), config["conv_activation"])
@@ -318,21 +306,21 @@ def check_observation_encoder(observation_space: gym.Space, model_config: Mappin
 
     Raises:
         ValueError: For an explicit channel layout with no 3-D or 4-D Box to apply to, or
-            convolutions that shrink an image below one pixel (naming the Dict key, if any).
+            convolutions that shrink an image below one pixel (naming the Dict or Tuple leaf, if
+            any).
     """
     config = _encoder_config(model_config)
     space = observation_part(observation_space)
     _check_some_image(space, config["image_layout"])
-    parts = flat_dict_layout(space) if isinstance(space, gym.spaces.Dict) else ()
-    named_spaces = [(piece.key, piece.space) for piece in parts] or [(None, space)]
-    for key, subspace in named_spaces:
+    named_spaces = [(leaf.where, leaf.space) for leaf in _leaves(space)] or [(None, space)]
+    for where, subspace in named_spaces:
         image = image_shape(subspace, config["image_layout"])
         if image is None:
             continue
         try:
             conv_output_sizes(image, _filters_for(image, config))
         except ValueError as error:
-            raise ValueError(str(error) if key is None else f"Dict observation key {key!r}: {error}") from error
+            raise ValueError(str(error) if where is None else f"{where}: {error}") from error
 
 
 def conv_output_sizes(image: ImageShape, conv_filters: Sequence[Sequence[Any]]) -> list[tuple[int, int]]:
@@ -383,11 +371,22 @@ def _as_pair(value: int | Sequence[int]) -> tuple[int, int]:
     return (int(value), int(value)) if isinstance(value, int) else (int(value[0]), int(value[1]))
 
 
+def _leaves(space: gym.Space) -> list[FlatLeaf]:
+    """The leaves of a ``Dict`` or ``Tuple`` space as they are stored; none for other spaces.
+
+    Raises:
+        ValueError: For a ``Dict`` or ``Tuple`` that cannot be stored (``ObservationLayout``).
+    """
+    if not isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
+        return []
+    return ObservationLayout(space).leaves
+
+
 def _check_some_image(space: gym.Space, image_layout: str) -> None:
-    """An explicit channel layout needs a 3-D or 4-D Box (or Dict key) to read as images."""
+    """An explicit channel layout needs a 3-D or 4-D Box (or Dict or Tuple leaf) to read as images."""
     if image_layout not in ("channels_last", "channels_first"):
         return
-    candidates = [piece.space for piece in flat_dict_layout(space)] if isinstance(space, gym.spaces.Dict) else [space]
+    candidates = [leaf.space for leaf in _leaves(space)] or [space]
     if not any(image_shape(candidate, image_layout) for candidate in candidates):
         raise ValueError(
             f"image_layout {image_layout!r} reads 3-D and 4-D Box observations as images, but the observation "

@@ -8,6 +8,7 @@ go through a CNN first: :mod:`lightning_rl.core.encoders`); these helpers are th
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Mapping, Sequence
@@ -18,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_rl.core.action_masks import observation_part
+from lightning_rl.core.observation_layout import stored_observation_space
 
 DEFAULT_FCNET_HIDDENS: tuple[int, ...] = (256, 256)
 """Hidden layer sizes :func:`build_mlp_from_config` uses when ``fcnet_hiddens`` is unset."""
@@ -33,15 +35,6 @@ _ACTIVATIONS: dict[str, type[nn.Module] | None] = {
     "elu": nn.ELU,
     "linear": None,
 }
-
-# The observation spaces flatten_obs takes, each as gym.spaces.flatten lays it out.
-_FLATTENABLE_SPACES = (
-    gym.spaces.Box,
-    gym.spaces.Discrete,
-    gym.spaces.MultiDiscrete,
-    gym.spaces.MultiBinary,
-    gym.spaces.Dict,
-)
 
 ACTIVATION_NAMES: frozenset[str] = frozenset(_ACTIVATIONS)
 """The ``fcnet_activation`` (and ``conv_activation``) names :func:`make_activation` accepts."""
@@ -115,66 +108,79 @@ def flat_obs_dim(space: gym.Space) -> int:
     """Return the size of one observation after :func:`flatten_obs` (``gym.spaces.flatdim``).
 
     Args:
-        space: A ``Box``, ``Discrete``, ``MultiDiscrete``, ``MultiBinary`` or ``Dict`` observation
-            space, or a masked space (:mod:`~lightning_rl.core.action_masks`) whose observation
-            part is one.
+        space: A ``Box``, ``Discrete``, ``MultiDiscrete`` or ``MultiBinary`` observation space, a
+            ``Dict`` or ``Tuple`` of those (stored flattened, see
+            :mod:`~lightning_rl.core.observation_layout`), or a masked space
+            (:mod:`~lightning_rl.core.action_masks`) whose observation part is one.
 
     Raises:
         ValueError: For other observation spaces.
     """
-    return gym.spaces.flatdim(_flattenable(space))
+    return ObservationFlattener.of(space).width
 
 
 def flatten_obs(obs: Tensor, space: gym.Space) -> Tensor:
     """Turn a batch of observations into float vectors ``[B, flat_obs_dim(space)]``, as ``gym.spaces.flatten`` does.
 
-    ``Box``: flattened; ``Discrete``: one-hot; ``MultiDiscrete``: the one-hots of its dims side
-    by side; ``MultiBinary``: flattened 0/1; ``Dict``: the observations already hold
-    gymnasium's flat layout of the Dict (:func:`~lightning_rl.core.flat_dict.flat_dict_layout`),
-    which is kept. Values are converted to float32 as they are, never rescaled (images are
-    :mod:`~lightning_rl.core.encoders`' business).
-
     Args:
-        obs: A batch of observations from ``space``, shape ``[B, *space.shape]`` (``[B,
-            flatdim]`` for a ``Dict``); for a masked space, of its observation part (the ``obs``
-            column; the mask is a column of its own).
+        obs: A batch of observations from ``space``, shape ``[B, *space.shape]``; for a masked
+            space, of its observation part (the ``obs`` column; the mask is a column of its own);
+            for a ``Dict`` or ``Tuple`` space, the stored flat rows ``[B, flatdim]``.
         space: As for :func:`flat_obs_dim`.
 
     Raises:
         ValueError: For other observation spaces.
     """
-    space = _flattenable(space)
-    rows = obs.shape[0]
-    if isinstance(space, gym.spaces.Discrete):
-        return nn.functional.one_hot(obs.long() - int(space.start), int(space.n)).float()
-    if isinstance(space, gym.spaces.MultiDiscrete):
-        return multi_discrete_one_hot(obs, space.nvec.reshape(-1).tolist(), space.start.reshape(-1).tolist())
-    # The width from the space, not -1: a batch of no rows has no -1 to infer. math.prod rather
-    # than gym.spaces.flatdim for Boxes: torch.compile traces it without a graph break.
-    width = gym.spaces.flatdim(space) if isinstance(space, gym.spaces.Dict) else math.prod(space.shape)
-    return obs.reshape(rows, width).float()
+    return ObservationFlattener.of(space)(obs)
 
 
-def multi_discrete_one_hot(obs: Tensor, sizes: Sequence[int], starts: Sequence[int]) -> Tensor:
-    """The one-hots of a batch of ``MultiDiscrete`` values side by side, ``[B, sum(sizes)]`` float32.
+@dataclasses.dataclass(frozen=True)
+class ObservationFlattener:
+    """gymnasium's flatten layout for a batch of one space's observations, read off the space once.
+
+    ``Box`` and ``MultiBinary``: raveled; ``Discrete``: one-hot; ``MultiDiscrete``: the one-hots
+    of its dims side by side; a ``Dict`` or ``Tuple``: its stored rows, which hold that layout
+    already. Values become float32 as they are, never rescaled. Only Python ints are kept, so
+    that ``torch.compile`` traces a call without a graph break.
 
     Args:
-        obs: ``[B, *nvec.shape]`` values.
-        sizes: ``nvec``, flattened, as Python ints (constants to ``torch.compile``).
-        starts: The space's ``start``, flattened alike.
+        width: The flat size of one observation.
+        one_hot_sizes: For ``Discrete`` (one) and ``MultiDiscrete`` spaces, the number of values
+            of each dim; ``None`` for the others.
+        one_hot_starts: The smallest value of each of those dims.
     """
-    # Each dim's one-hot begins where the previous dims' end.
-    offsets = [0, *itertools.accumulate(sizes)][:-1]
-    shift = torch.as_tensor([offset - start for offset, start in zip(offsets, starts)], device=obs.device)
-    columns = obs.reshape(obs.shape[0], len(sizes)).long() + shift
-    return torch.zeros((obs.shape[0], sum(sizes)), device=obs.device).scatter_(1, columns, 1.0)
 
+    width: int
+    one_hot_sizes: tuple[int, ...] | None = None
+    one_hot_starts: tuple[int, ...] | None = None
 
-def _flattenable(space: gym.Space) -> gym.Space:
-    """The observation part of ``space``, if :func:`flatten_obs` takes it; else a ValueError naming it."""
-    space = observation_part(space)
-    if not isinstance(space, _FLATTENABLE_SPACES):
+    @classmethod
+    def of(cls, space: gym.Space) -> ObservationFlattener:
+        """The flattener of ``space`` (see :func:`flat_obs_dim` for the spaces it takes).
+
+        Raises:
+            ValueError: For other observation spaces.
+        """
+        space = stored_observation_space(observation_part(space))
+        if isinstance(space, gym.spaces.Discrete):
+            return cls(int(space.n), (int(space.n),), (int(space.start),))
+        if isinstance(space, gym.spaces.MultiDiscrete):
+            sizes = tuple(int(n) for n in space.nvec.reshape(-1))
+            return cls(sum(sizes), sizes, tuple(int(start) for start in space.start.reshape(-1)))
+        if isinstance(space, (gym.spaces.Box, gym.spaces.MultiBinary)):
+            return cls(math.prod(space.shape))
         raise ValueError(
-            f"Unsupported observation space {space}; supported: Box, Discrete, MultiDiscrete, MultiBinary and Dict."
+            f"Unsupported observation space {space}; supported: Box, Discrete, MultiDiscrete, MultiBinary, and Dict "
+            "or Tuple spaces of those."
         )
-    return space
+
+    def __call__(self, obs: Tensor) -> Tensor:
+        """``[B, ...]`` observations as float32 ``[B, width]``."""
+        rows = obs.shape[0]  # the width from the space, not -1: a batch of no rows has no -1 to infer
+        if self.one_hot_sizes is None:
+            return obs.reshape(rows, self.width).float()
+        # Each dim's one-hot begins where the previous dims' end.
+        offsets = [0, *itertools.accumulate(self.one_hot_sizes)][:-1]
+        shift = torch.as_tensor([o - s for o, s in zip(offsets, self.one_hot_starts)], device=obs.device)
+        columns = obs.reshape(rows, len(self.one_hot_sizes)).long() + shift
+        return torch.zeros((rows, self.width), device=obs.device).scatter_(1, columns, 1.0)

@@ -35,8 +35,8 @@ class RLModuleSpec:
         inference_only: Passed to the module.
 
     Raises:
-        ValueError: If ``module_class`` is not an RLModule subclass, or ``model_config`` is
-            not one it accepts.
+        ValueError: If ``module_class`` is not an RLModule subclass, or ``model_config`` or
+            ``action_space`` (when given) is not one it accepts (``RLModule.check_action_space``).
     """
 
     module_class: type[RLModule] | None = None
@@ -51,6 +51,8 @@ class RLModuleSpec:
         if not (isinstance(self.module_class, type) and issubclass(self.module_class, RLModule)):
             raise ValueError(f"module_class must be an RLModule subclass, got {self.module_class!r}")
         self.module_class.check_model_config(self.model_config, self.observation_space)
+        if self.action_space is not None:
+            self.module_class.check_action_space(self.action_space)
 
     def build(self) -> RLModule:
         """Build the module.

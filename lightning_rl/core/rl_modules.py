@@ -14,7 +14,12 @@ from typing import Any, ClassVar
 import gymnasium as gym
 from torch import Tensor, nn
 
-from lightning_rl.core.action_masks import ACTION_MASK, apply_action_mask, is_action_masked_space
+from lightning_rl.core.action_masks import (
+    ACTION_MASK,
+    apply_action_mask,
+    check_maskable_action_space,
+    is_action_masked_space,
+)
 from lightning_rl.core.columns import DEFAULT_MODULE_ID, Columns
 from lightning_rl.core.distributions import Distribution, distribution_class_for_space
 from lightning_rl.core.encoders import OBSERVATION_ENCODER_KEYS, check_observation_encoder
@@ -56,7 +61,9 @@ class RLModule(nn.Module):
             e.g. its value head), as for modules on environment runners.
 
     Raises:
-        ValueError: From :meth:`check_model_config`, before any layer is built.
+        ValueError: From :meth:`check_model_config` and :meth:`check_action_space`, before any
+            layer is built; for a masked observation space with an action space other than
+            ``Discrete``.
     """
 
     model_config_keys: ClassVar[Mapping[str, ModelConfigKey] | None] = None
@@ -75,6 +82,8 @@ class RLModule(nn.Module):
     ) -> None:
         super().__init__()
         self.check_model_config(model_config, observation_space)
+        if action_space is not None:
+            self.check_action_space(action_space)
         self.observation_space = observation_space
         self.action_space = action_space
         # A copy, so that a config dict shared between modules cannot change this one later.
@@ -83,6 +92,8 @@ class RLModule(nn.Module):
         self.inference_only = inference_only
         # Read once here: the passes check it on every call, also inside torch.compile.
         self._action_masked = is_action_masked_space(observation_space)
+        if self._action_masked:
+            check_maskable_action_space(action_space, type(self).__name__)
         self.setup()
 
     def resolved_model_config(self) -> dict[str, Any]:
@@ -124,6 +135,18 @@ class RLModule(nn.Module):
             check_observation_encoder(observation_space, model_config or {})
         except ValueError as error:
             raise ValueError(f"{cls.__name__}: {error}") from error
+
+    @classmethod
+    def check_action_space(cls, action_space: gym.Space) -> None:
+        """Raise ``ValueError`` if this class cannot act in ``action_space``; called by specs and ``__init__``.
+
+        So that a spec naming a space the module cannot take (DQN on Box actions) fails when it
+        is made, or when ``Trainer.fit`` fills in the data module's spaces, not inside
+        :meth:`setup`. The base takes any space; the algorithm modules override it.
+
+        Args:
+            action_space: The space the module's actions would go to.
+        """
 
     def setup(self) -> None:
         """Build the layers; called at the end of ``__init__``. The base builds nothing."""
@@ -167,7 +190,8 @@ class RLModule(nn.Module):
 
         Raises:
             ValueError: If this module's observation space is masked and ``batch`` lacks
-                ``action_mask``, or the mask's shape differs from the inputs'.
+                ``action_mask``, the mask's shape differs from the inputs', or the action
+                space is not ``Discrete``.
         """
         mask = batch.get(ACTION_MASK)
         if mask is None:
@@ -177,6 +201,7 @@ class RLModule(nn.Module):
                     f"'observation'), so its batches need the {ACTION_MASK!r} column; the batch has {sorted(batch)}"
                 )
             return outputs
+        check_maskable_action_space(self.action_space, type(self).__name__)
         if Columns.ACTION_DIST_INPUTS in outputs:
             outputs[Columns.ACTION_DIST_INPUTS] = apply_action_mask(outputs[Columns.ACTION_DIST_INPUTS], mask)
         return outputs

@@ -279,7 +279,7 @@ class EnvDataModule(LightningDataModule, abc.ABC):
 
     @property
     def observation_space(self) -> gym.Space:
-        """The single-env observation space."""
+        """The single-env observation space (a Dict stays a Dict; its episodes hold the flat layout)."""
         return self.sampling.train_runner.observation_space
 
     @property

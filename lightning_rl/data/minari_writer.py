@@ -33,6 +33,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from lightning_rl.core.observation_layout import ObservationLayout
 from lightning_rl.data.minari_io import DATASETS_PATH_VARIABLE, datasets_root, require_minari
 from lightning_rl.env.episode import SingleAgentEpisode
 
@@ -121,7 +122,8 @@ def write_minari_dataset(
     Args:
         dataset_id: The id to write, as ``minari.load_dataset`` takes it.
         episodes: Whole episodes (``t_started == 0``, terminated or truncated), with the env's
-            own observations (not normalized) and the actions that were stepped.
+            own observations (not normalized; a Dict or Tuple observation in its flat stored
+            layout, written as the dict it stands for) and the actions that were stepped.
         observation_space: The env's observation space (stored with the dataset).
         action_space: The env's action space.
         env_spec: A gymnasium ``EnvSpec`` to store (see :func:`registered_env_spec`), or
@@ -145,7 +147,10 @@ def write_minari_dataset(
     minari = require_minari()
     from minari.data_collector import EpisodeBuffer
 
-    buffers = [EpisodeBuffer(id=index, **_episode_columns(episode, index)) for index, episode in enumerate(episodes)]
+    layout = ObservationLayout(observation_space)
+    buffers = [
+        EpisodeBuffer(id=index, **_episode_columns(episode, index, layout)) for index, episode in enumerate(episodes)
+    ]
     root = datasets_root()
     writing_root = root / f"{_WRITING_PREFIX}{uuid.uuid4().hex}"
     try:
@@ -169,8 +174,12 @@ def write_minari_dataset(
     return target
 
 
-def _episode_columns(episode: SingleAgentEpisode, index: int) -> dict[str, Any]:
-    """The ``EpisodeBuffer`` fields of one whole episode (terminations and truncations per step)."""
+def _episode_columns(episode: SingleAgentEpisode, index: int, layout: ObservationLayout) -> dict[str, Any]:
+    """The ``EpisodeBuffer`` fields of one whole episode (terminations and truncations per step).
+
+    Episodes hold Dict and Tuple observations flattened; the dataset gets them as the env
+    returned them (``{key: [T + 1, ...]}``), which is what its observation space says.
+    """
     if episode.t_started != 0 or not episode.is_done:
         raise ValueError(
             f"episode {index} (id {episode.id_}) is not a whole episode: it starts at step {episode.t_started} "
@@ -183,7 +192,7 @@ def _episode_columns(episode: SingleAgentEpisode, index: int) -> dict[str, Any]:
     truncations = np.zeros(num_steps, dtype=np.bool_)
     terminations[-1], truncations[-1] = episode.is_terminated, episode.is_truncated
     return {
-        "observations": np.asarray(episode.observations),
+        "observations": layout.unflatten_batch(np.asarray(episode.observations)),
         "actions": np.asarray(episode.actions),
         "rewards": np.asarray(episode.rewards),
         "terminations": terminations,

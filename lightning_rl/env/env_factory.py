@@ -20,6 +20,7 @@ from typing import Any, Literal, get_args
 import gymnasium as gym
 
 from lightning_rl.core.checkpoint import import_class
+from lightning_rl.core.observation_layout import ARRAY_SPACES, ObservationLayout
 from lightning_rl.env.env_errors import SubEnvError
 from lightning_rl.env.envpool_vector_env import EnvPoolVectorEnv, envpool_time_limit  # envpool itself: on use
 from lightning_rl.env.sub_env_guard import make_guarded_env
@@ -35,9 +36,6 @@ EnvCreator = Callable[..., gym.Env]
 VectorizeMode = Literal["sync", "async", "envpool"]
 VECTORIZE_MODES: tuple[str, ...] = get_args(VectorizeMode)
 WrapperSpec = str | Mapping[str, Any] | Callable[[gym.Env], gym.Env]
-
-# The spaces the runner's numpy buffers can hold as one array per step.
-_ARRAY_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
 
 
 def check_autoreset_support() -> None:
@@ -221,14 +219,17 @@ def make_vector_env(
             another seed makes a new pool). Gymnasium copies are seeded at reset.
 
     Raises:
-        ValueError: If the observation or action space is not an array space (Box,
-            Discrete, MultiDiscrete, MultiBinary); the vector env is closed first.
+        ValueError: If the action space is not an array space (Box, Discrete, MultiDiscrete,
+            MultiBinary), or the observation space is neither one nor (not with ``"envpool"``)
+            a Dict or Tuple of them (see :class:`~lightning_rl.core.observation_layout.ObservationLayout`);
+            the vector env is closed first.
         SubEnvError: If an async worker exited while building its env.
     """
     if vectorize_mode == "envpool":
         time_limit = envpool_time_limit(str(env), env_kwargs)
-        return _check_array_spaces(
-            EnvPoolVectorEnv(str(env), num_envs, env_kwargs=env_kwargs, seed=seed, time_limit=time_limit)
+        return _check_spaces(
+            EnvPoolVectorEnv(str(env), num_envs, env_kwargs=env_kwargs, seed=seed, time_limit=time_limit),
+            flattened_observations=False,
         )
     make_one = functools.partial(make_env, env, env_kwargs, wrappers)
     is_async = vectorize_mode == "async"
@@ -245,18 +246,35 @@ def make_vector_env(
         raise SubEnvError(
             f"an async env worker exited while building its env ({type(error).__name__}); its traceback is above"
         ) from error
-    return _check_array_spaces(vector_env)
+    return _check_spaces(vector_env, flattened_observations=True)
 
 
-def _check_array_spaces(vector_env: gym.vector.VectorEnv) -> gym.vector.VectorEnv:
-    """``vector_env`` if its spaces are array spaces; else close it and raise a ``ValueError`` naming the space."""
-    for name, space in (
-        ("observation", vector_env.single_observation_space),
-        ("action", vector_env.single_action_space),
-    ):
-        if not isinstance(space, _ARRAY_SPACES):
-            vector_env.close()
-            raise ValueError(
-                f"EnvRunner supports Box, Discrete, MultiDiscrete and MultiBinary {name} spaces; the env has {space}"
-            )
+def _check_spaces(vector_env: gym.vector.VectorEnv, *, flattened_observations: bool) -> gym.vector.VectorEnv:
+    """``vector_env`` if the runner can store its spaces; else close it and raise a ``ValueError`` naming the space.
+
+    Args:
+        vector_env: The vector env just built.
+        flattened_observations: Whether Dict and Tuple observations (stored flattened) are
+            accepted; EnvPool's are not.
+    """
+    observation_space, action_space = vector_env.single_observation_space, vector_env.single_action_space
+    problem = None
+    if not isinstance(action_space, ARRAY_SPACES):
+        problem = (
+            "EnvRunner supports Box, Discrete, MultiDiscrete and MultiBinary action spaces; "
+            f"the env has {action_space}"
+        )
+    elif not flattened_observations and not isinstance(observation_space, ARRAY_SPACES):
+        problem = (
+            "vectorize_mode='envpool' supports Box, Discrete, MultiDiscrete and MultiBinary observation spaces; "
+            f"the env has {observation_space} (Dict and Tuple observations need vectorize_mode 'sync' or 'async')"
+        )
+    else:
+        try:
+            ObservationLayout(observation_space)
+        except ValueError as error:
+            problem = f"EnvRunner cannot store this env's observations: {error}"
+    if problem is not None:
+        vector_env.close()
+        raise ValueError(problem)
     return vector_env

@@ -8,7 +8,8 @@ This module holds the runner's public API, its counters and statistics; the part
 it, one idea each:
 
 - :mod:`lightning_rl.env.env_factory`: the vector env, built from an env id or callable and
-  wrapper specs (``AutoresetMode.SAME_STEP``, array spaces only).
+  wrapper specs (``AutoresetMode.SAME_STEP``; array spaces, and Dict or Tuple observations,
+  which are stored flattened, see :mod:`lightning_rl.core.observation_layout`).
 - :mod:`lightning_rl.env.rollout`: the step loop (policy actions, vector env steps).
 - :mod:`lightning_rl.env.rollout_buffers`: the per-call ``[T, num_envs, ...]`` buffers, the
   episodes cut out of them, and what carries over between calls.
@@ -58,6 +59,12 @@ _STATE_KEYS = frozenset(
 class EnvRunner:
     """Samples episodes from ``num_envs`` copies of a gymnasium env with an RLModule.
 
+    Dict and Tuple observation spaces (of Box, Discrete, MultiDiscrete and MultiBinary parts)
+    are stored flattened: every observation the module acts on and every episode holds is
+    ``gym.spaces.flatten(observation_space, obs)``, one row of :attr:`stored_observation_space`,
+    while :attr:`observation_space`, which modules are built from, stays the Dict (see
+    :mod:`lightning_rl.core.observation_layout`).
+
     Args:
         env: A registered env id (built with ``gym.make(env, **env_kwargs)``; ``"module:Id"``
             imports ``module`` first), the import path of an env factory
@@ -104,7 +111,9 @@ class EnvRunner:
         normalize_observations: Store (and act on) observations normalized by their running
             mean and std over all envs, clipped to ``[-normalization_clip,
             normalization_clip]``; the statistics are :attr:`normalization`'s (see
-            :mod:`lightning_rl.env.normalization`). Box observations only.
+            :mod:`lightning_rl.env.normalization`). Box observations only: Dict and Tuple
+            observations are refused (their one-hot and image parts would lose the meaning
+            the module relies on).
         normalize_rewards: Store rewards divided by the running std of each env's discounted
             return (``normalization_gamma``), clipped alike; episode returns in
             :meth:`get_metrics` stay in the env's units.
@@ -115,12 +124,14 @@ class EnvRunner:
         ValueError: Naming the argument, for an unknown env id, a wrapper path that is not
             a ``gym.Wrapper``, ``num_envs`` or ``rollout_fragment_length`` or
             ``episode_stats_window`` below 1, an unknown ``vectorize_mode`` or
-            ``on_nonfinite``, a ``sample_timeout_s`` that is not a positive number, or an
-            env whose observation or action space is not an array space (Box, Discrete,
-            MultiDiscrete, MultiBinary), observations to normalize that are not a Box, or
+            ``on_nonfinite``, a ``sample_timeout_s`` that is not a positive number, an env
+            whose action space is not an array space (Box, Discrete, MultiDiscrete,
+            MultiBinary) or whose observation space is neither one nor a Dict or Tuple of
+            them (PettingZoo's action-mask Dict included), observations to normalize that
+            are not a Box, or
             invalid normalization arguments; with ``vectorize_mode="envpool"``, for what EnvPool
             cannot build (an id it lacks, a callable, wrappers, other ``env_kwargs``,
-            ``record_video``, ``restart_failed_sub_environments``).
+            ``record_video``, ``restart_failed_sub_environments``, Dict observations).
         TypeError: If ``env`` or a wrapper is neither a string nor a callable.
         ImportError: For ``vectorize_mode="envpool"`` without envpool installed.
         RuntimeError: If the installed gymnasium is older than 1.1 (no SAME_STEP autoreset).
@@ -191,9 +202,13 @@ class EnvRunner:
         timeout = None if sample_timeout_s is None else float(sample_timeout_s)
         self._vector = GuardedVectorEnv(build, sample_timeout_s=timeout, restart=restart_failed_sub_environments)
         self._closed = False
+        #: The env's own observation space (a Dict stays a Dict: modules are built from it).
         self.observation_space: gym.Space = self.env.single_observation_space
+        #: The space of the observations in the episodes: ``observation_space`` itself, or for a
+        #: Dict or Tuple a flat Box (see ``core.observation_layout``), each row ``gym.spaces.flatten``'s.
+        self.stored_observation_space: gym.Space = self._vector.layout.stored_space
         self.action_space: gym.Space = self.env.single_action_space
-        self._nonfinite = NonFiniteCheck(on_nonfinite, self.observation_space)
+        self._nonfinite = NonFiniteCheck(on_nonfinite, self.stored_observation_space)
         #: The observation and reward statistics (``None`` when neither is normalized).
         self.normalization = self._make_normalization(
             normalize_observations, normalize_rewards, normalization_clip, normalization_gamma
@@ -379,7 +394,7 @@ class EnvRunner:
         seed = None if self.seed is None else self.seed + self._num_resets * self.num_envs
         obs, infos, _ = self._vector.reset(seed=seed)
         self._num_resets += 1
-        obs = np.array(obs, dtype=self.observation_space.dtype)
+        obs = np.array(obs, dtype=self.stored_observation_space.dtype)
         self._nonfinite.check_reset(obs, self._vector)
         if self.normalization is not None:
             obs = self.normalization.on_reset(obs, training=training)

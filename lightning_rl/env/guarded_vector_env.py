@@ -17,6 +17,11 @@ Three faults a plain gymnasium vector env handles badly:
 - **Workers that outlive an error.** :meth:`GuardedVectorEnv.terminate` stops them at once,
   whatever state their pipes are in; their SIGTERM handler is the default one (see
   ``make_guarded_env``), and any that still lives after a grace period is killed.
+
+Every observation leaves it in the stored layout (:mod:`lightning_rl.core.observation_layout`):
+Dict and Tuple observations (of resets, steps, and the ``final_obs`` of episodes that ended)
+are flattened here, at the one place they come out of the vector env, so that the rest of
+the runner sees one array per step whatever the env's observation space.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from lightning_rl.core.observation_layout import ObservationLayout
 from lightning_rl.env.env_errors import SampleTimeoutError, SubEnvError
 from lightning_rl.env.sub_env_guard import ENV_RESTARTED
 
@@ -71,6 +77,8 @@ class GuardedVectorEnv:
 
     Attributes:
         env: The current gymnasium vector env.
+        layout: How its observations are stored; what :meth:`reset` and :meth:`step` return is
+            in ``layout.stored_space``.
         num_env_steps: Vector steps since ``env`` was built (each env copy's step count).
         num_env_restarts: Env copies rebuilt so far (by their guards or with every worker).
     """
@@ -83,6 +91,7 @@ class GuardedVectorEnv:
         self.restart = restart
         self.env = build()
         self.is_async = isinstance(self.env, gym.vector.AsyncVectorEnv)
+        self.layout = ObservationLayout(self.env.single_observation_space)
         self.num_env_steps = 0
         self.num_env_restarts = 0
         self._deadline: float | None = None
@@ -118,22 +127,23 @@ class GuardedVectorEnv:
         """Reset the envs (those in ``options["reset_mask"]`` only, if given).
 
         Returns:
-            The observations, the infos, and the mask of env copies their guards rebuilt
-            on the way (``None`` if none).
+            The observations (in the stored layout), the infos, and the mask of env copies
+            their guards rebuilt on the way (``None`` if none).
         """
         if self.is_async:
             self.env.reset_async(seed=seed, options=options)
             obs, infos = self._wait(self.env.reset_wait, "reset")
         else:
             obs, infos = self.env.reset(seed=seed, options=options)
-        return obs, infos, self._restarted(infos)
+        return self.layout.flatten_batch(obs), infos, self._restarted(infos)
 
     def step(self, actions: np.ndarray) -> tuple[StepResult, np.ndarray | None]:
         """Step every env copy once.
 
         Returns:
-            What the vector env's ``step`` returned, and the mask of env copies their
-            guards rebuilt on this step (``None`` if none).
+            What the vector env's ``step`` returned, its observations and ``infos["final_obs"]``
+            in the stored layout, and the mask of env copies their guards rebuilt on this
+            step (``None`` if none).
 
         Raises:
             SubEnvError: Naming the env, for one that failed (without ``restart``).
@@ -153,6 +163,8 @@ class GuardedVectorEnv:
                 raise
             self._worker_failed(error)
         self.num_env_steps += 1
+        if self.layout.flattens:
+            result = self._flattened(result)
         return result, self._restarted(result[4])
 
     def rebuild(self) -> None:
@@ -193,6 +205,18 @@ class GuardedVectorEnv:
         """Close the vector env (async workers are asked to close their envs); again is a no-op."""
         if not self.env.closed:
             self.env.close()
+
+    def _flattened(self, result: StepResult) -> StepResult:
+        """A step's result with its observations and final observations in the stored layout."""
+        obs, rewards, terminateds, truncateds, infos = result
+        final_obs = infos.get("final_obs")
+        if final_obs is not None:
+            # Only the envs whose episode ended have a final observation; the rest hold None.
+            flat_final = np.empty(len(final_obs), dtype=object)
+            for index in np.flatnonzero(infos["_final_obs"]):
+                flat_final[index] = self.layout.flatten_one(final_obs[index])
+            infos = {**infos, "final_obs": flat_final}
+        return self.layout.flatten_batch(obs), rewards, terminateds, truncateds, infos
 
     def _restarted(self, infos: dict[str, Any]) -> np.ndarray | None:
         mask = infos.get("_" + ENV_RESTARTED) if infos else None

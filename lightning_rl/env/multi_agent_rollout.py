@@ -26,11 +26,13 @@ import torch
 from lightning_rl.core.acting import compute_actions
 from lightning_rl.core.action_masks import (
     ACTION_MASK,
+    check_maskable_action_space,
     is_action_masked_space,
     observation_part,
     split_masked_observation,
 )
 from lightning_rl.core.columns import DEFAULT_MODULE_ID, Columns
+from lightning_rl.core.observation_layout import ARRAY_SPACES
 from lightning_rl.core.rl_modules import MultiRLModule, RLModule
 from lightning_rl.env.multi_agent_episode import ALL_AGENTS, AgentID, ModuleID, MultiAgentEpisode
 from lightning_rl.env.pettingzoo_env import is_parallel_env
@@ -49,9 +51,6 @@ class EpisodeRecord:
     agent_modules: dict[AgentID, ModuleID]
 
 
-# The spaces whose values stack into one array per step.
-_ARRAY_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
-
 
 def check_agent_spaces(agent: AgentID, observation_space: gym.Space, action_space: gym.Space) -> None:
     """Refuse spaces the runner cannot stack into batches.
@@ -66,17 +65,16 @@ def check_agent_spaces(agent: AgentID, observation_space: gym.Space, action_spac
         ValueError: Naming the agent and the space.
     """
     observed = observation_part(observation_space)
-    if not isinstance(observed, _ARRAY_SPACES):
+    if not isinstance(observed, ARRAY_SPACES):
         raise ValueError(
             f"agent {agent!r} has the observation space {observation_space}; expected an array space (Box, Discrete, "
-            "MultiDiscrete, MultiBinary) or a Dict of exactly 'observation' (an array space) and 'action_mask'"
+            "MultiDiscrete, MultiBinary) or a Dict of exactly 'observation' (an array space) and 'action_mask' "
+            "(other Dict and Tuple observations are read by the single-agent EnvRunner only)"
         )
-    if not isinstance(action_space, _ARRAY_SPACES):
+    if not isinstance(action_space, ARRAY_SPACES):
         raise ValueError(f"agent {agent!r} has the action space {action_space}; expected an array space")
-    if is_action_masked_space(observation_space) and not isinstance(action_space, gym.spaces.Discrete):
-        raise ValueError(
-            f"agent {agent!r} has an action mask with the action space {action_space}; masks need a Discrete one"
-        )
+    if is_action_masked_space(observation_space):
+        check_maskable_action_space(action_space, f"agent {agent!r}")
 
 
 class EnvCopy:

@@ -184,9 +184,17 @@ class EnvNormalization:
     ) -> None:
         check_normalization_arguments(normalize_observations, normalize_rewards, clip, gamma)
         if normalize_observations and not isinstance(observation_space, gym.spaces.Box):
+            why = ""
+            if isinstance(observation_space, (gym.spaces.Dict, gym.spaces.Tuple)):
+                # Normalized, the flat row's one-hot and uint8 image parts would no longer be what
+                # the Dict space the module is built from says they are.
+                why = (
+                    "; Dict and Tuple observations are stored flattened and not normalized: normalize the parts "
+                    "that need it inside the env (a gymnasium ObservationWrapper)"
+                )
             raise ValueError(
                 f"normalize_observations needs a Box observation space (an array of numbers); this env's is "
-                f"{observation_space}"
+                f"{observation_space}{why}"
             )
         self.clip = float(clip)
         self.gamma = float(gamma)

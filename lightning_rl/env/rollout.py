@@ -39,7 +39,8 @@ def run_rollout(
     """Step ``vector`` up to ``num_steps`` times with ``module``, from where ``episodes`` stand.
 
     Args:
-        vector: The runner's vector env (``AutoresetMode.SAME_STEP``, array spaces).
+        vector: The runner's vector env (``AutoresetMode.SAME_STEP``; observations come out of
+            it in the stored layout, ``vector.layout``).
         module: The policy; its forward pass runs on the module's device under
             ``torch.inference_mode``.
         episodes: The running episodes; their observation is the first step's input.
@@ -66,7 +67,7 @@ def run_rollout(
         EnvFaultError: As ``GuardedVectorEnv.step`` and ``NonFiniteCheck.handle_step``; a
             ``SubEnvError`` if a worker fails again on the first step after a rebuild.
     """
-    observation_space = vector.env.single_observation_space
+    observation_space = vector.layout.stored_space
     action_space = vector.env.single_action_space
     clip = (action_space.low, action_space.high) if isinstance(action_space, gym.spaces.Box) else None
     normalizes_obs = normalization is not None and normalization.observations is not None

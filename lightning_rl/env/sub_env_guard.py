@@ -21,6 +21,7 @@ from typing import Any, SupportsFloat
 import gymnasium as gym
 import numpy as np
 
+from lightning_rl.core.observation_layout import ObservationLayout
 from lightning_rl.env.env_errors import SampleTimeoutError, SubEnvError
 
 # The info key a guard sets on the step (or reset) on which it rebuilt its env. The vector
@@ -52,6 +53,13 @@ class SubEnvGuard(gym.Wrapper):
         self._make_env = make_env
         self._restart = restart
         self._obs_shape = self.observation_space.shape
+        # Dict and Tuple observations have no one shape: each part is checked.
+        self._layout: ObservationLayout | None = None
+        if self._obs_shape is None:
+            try:
+                self._layout = ObservationLayout(self.observation_space)
+            except ValueError:
+                pass  # make_vector_env refuses the space by name, before any reset or step
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         """Reset the env; a failure is named, or (with ``restart``) the env is rebuilt and reset."""
@@ -93,7 +101,18 @@ class SubEnvGuard(gym.Wrapper):
 
     def _check_shape(self, obs: Any, during: str) -> None:
         # A wrong shape would otherwise fail later, inside the vector env, naming no env.
-        # (step() calls this only when `obs.shape` differs, or is missing, as for a list.)
+        # (step() calls this only when `obs.shape` differs, or is missing, as for a list or a dict.)
+        if self._layout is not None:
+            try:
+                batch_shape = self._layout.batch_shape(obs)
+            except ValueError as error:
+                raise ValueError(f"{during}() returned an observation that does not fit the space: {error}") from None
+            if batch_shape:
+                raise ValueError(
+                    f"{during}() returned a batch of {batch_shape[0]} observations; the space {self.observation_space} "
+                    "describes one"
+                )
+            return
         if np.shape(obs) != self._obs_shape:
             raise ValueError(
                 f"{during}() returned an observation of shape {np.shape(obs)}; the observation space "

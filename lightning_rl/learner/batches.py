@@ -18,6 +18,7 @@ import torch
 from lightning_rl.core.action_masks import is_action_masked_space, observation_part
 from lightning_rl.core.batch import MultiModuleBatch, to_tensor
 from lightning_rl.core.columns import Columns
+from lightning_rl.core.observation_layout import stored_observation_space
 from lightning_rl.core.rl_modules import MultiRLModule
 from lightning_rl.core.train_item import TrainingData, TrainItem
 
@@ -46,7 +47,8 @@ def prepare_batch(
             and module batches, a flat batch for several modules, missing columns, columns
             of unequal or zero length, observations or actions of the wrong shape, and a
             module on a masked observation space without a fitting ``action_mask`` column
-            (its ``obs`` are checked against the observation part).
+            (its ``obs`` are checked against the observation part; a Dict or Tuple
+            observation space's against its flat layout, ``[B, flatdim]``).
     """
     if not isinstance(batch, Mapping) or (not batch and not data_parallel):
         raise ValueError(
@@ -71,7 +73,10 @@ def prepare_batch(
             )
         rl_module = module[module_id]
         obs_space = observation_part(rl_module.observation_space)
-        check_column_shape(module_id, Columns.OBS, columns.get(Columns.OBS), obs_space, "observation")
+        # A Dict or Tuple observation is stored flat: its obs column holds gymnasium's flatten layout.
+        stored = stored_observation_space(obs_space)
+        described = None if stored is obs_space else f"the flat layout (gym.spaces.flatten) of the {obs_space}"
+        check_column_shape(module_id, Columns.OBS, columns.get(Columns.OBS), stored, "observation", described=described)
         check_column_shape(module_id, Columns.ACTIONS, columns.get(Columns.ACTIONS), rl_module.action_space, "action")
         check_action_mask_column(module_id, columns, rl_module.observation_space)
         prepared[module_id] = columns
@@ -146,7 +151,9 @@ def _module_batches(batch: Mapping[str, Any], module: MultiRLModule) -> dict[str
     )
 
 
-def check_column_shape(module_id: str, column: str, values: torch.Tensor | None, space: Any, kind: str) -> None:
+def check_column_shape(
+    module_id: str, column: str, values: torch.Tensor | None, space: Any, kind: str, *, described: str | None = None
+) -> None:
     """Raise if a column's per-row shape does not match its gymnasium space.
 
     Args:
@@ -155,14 +162,16 @@ def check_column_shape(module_id: str, column: str, values: torch.Tensor | None,
         values: The column, ``[B, ...]``; ``None`` when the batch does not hold it.
         space: The module's space for the column; one without a flat shape (Dict, Tuple) is not checked.
         kind: ``"observation"`` or ``"action"``, for the error message.
+        described: What the error calls ``space``; ``None`` for ``"the {kind} space {space}"``.
     """
     expected = getattr(space, "shape", None)
     if values is None or expected is None:
         return
     if tuple(values.shape[1:]) != tuple(expected):
+        what = described or f"the {kind} space {space}"
         raise ValueError(
-            f"module {module_id!r}: column {column!r} has shape {tuple(values.shape)}, but the {kind} space "
-            f"{space} expects [batch, {', '.join(map(str, expected))}]".replace("[batch, ]", "[batch]")
+            f"module {module_id!r}: column {column!r} has shape {tuple(values.shape)}, but {what} "
+            f"expects [batch, {', '.join(map(str, expected))}]".replace("[batch, ]", "[batch]")
         )
 
 

@@ -3,8 +3,13 @@
 The exported graph is the policy's :class:`~lightning_rl.policy.policy.PolicyNet` in greedy
 mode: observation normalization, the module's inference pass, the greedy action and Box
 clipping. Its one input is a batch of observations ``obs`` ``[batch, *obs_shape]`` in the
-observation space's dtype (the batch dimension is dynamic), its one output the actions (int64
-indices for Discrete spaces).
+observation space's dtype (the batch dimension is dynamic), its one output the actions
+``[batch, *action_shape]`` (int64 indices for Discrete and MultiDiscrete spaces). For a Dict or
+Tuple observation space the input is the stored flat layout, ``[batch, flatdim]`` in its stored
+dtype (uint8 or float32, see :mod:`~lightning_rl.core.observation_layout`): each row
+``gym.spaces.flatten(space, obs)`` of the env's
+observation (keys in the Dict's order, Discrete parts one-hot), which the deployment must
+compute itself.
 
 Before a file is written, the exported graph is run on 1,000 observations and must return
 ``Policy.act``'s actions (Discrete: equal; Box: within ``EXPORT_ATOL``); the file is then
@@ -32,6 +37,7 @@ import numpy as np
 import torch
 
 from lightning_rl.core.checkpoint import atomic_write
+from lightning_rl.core.observation_layout import ObservationLayout
 from lightning_rl.policy.policy import Policy, PolicyNet
 
 ExportFormat = Literal["onnx", "torch"]
@@ -92,8 +98,14 @@ def sample_observations(policy: Policy, count: int, seed: int = 0) -> np.ndarray
     Standard normal draws, scaled and shifted by the observation statistics when the policy
     normalizes observations (so the check covers the range it acts in), then clipped to the
     space's finite bounds; ``Box.sample`` would draw from bounds as wide as ``float32``'s.
+    For a Dict or Tuple space: the space's own samples, flattened (valid one-hot parts).
     """
     space = policy.observation_space
+    if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
+        layout = ObservationLayout(space)
+        sampler = copy.deepcopy(space)  # seeded here, leaving the policy's space's generator alone
+        sampler.seed(seed)
+        return np.stack([layout.flatten_one(sampler.sample()) for _ in range(count)])
     rng = np.random.default_rng(seed)
     if isinstance(space, gym.spaces.Discrete):
         return (space.start + rng.integers(space.n, size=count)).astype(space.dtype)

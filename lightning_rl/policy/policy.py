@@ -3,16 +3,23 @@
     policy = Policy.from_checkpoint("lightning_logs/version_0/checkpoints/last.ckpt")
     action = policy.act(obs)                               # one observation -> one action, greedy
     actions = policy.act(batch_of_obs, deterministic=False)
+    action = policy.act({"image": image, "mode": 2})       # a Dict observation, as the env returns it
 
 Acting is :class:`PolicyNet`, a ``torch.nn.Module``: the saved observation normalization,
 then :func:`~lightning_rl.core.acting.compute_actions` (what the env runner calls for training
 and evaluation), then clipping Box actions to the space's bounds as the env runner does before
 stepping. Export traces the same module, so a deployed graph acts exactly as ``Policy.act``.
+
+A module on a Dict or Tuple observation space acts on the stored flat layout
+(:mod:`lightning_rl.core.observation_layout`): ``Policy.act`` flattens a raw observation (a
+dict, or a dict of batched arrays) as the env runner does, and also takes the flat rows
+themselves, which is what :class:`PolicyNet` and an exported graph take.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -22,6 +29,7 @@ from torch import nn
 
 from lightning_rl.core.acting import clip_actions, compute_actions
 from lightning_rl.core.normalization import ObservationNormalization
+from lightning_rl.core.observation_layout import ObservationLayout
 from lightning_rl.core.rl_module_specs import RLModuleSpec
 from lightning_rl.core.rl_modules import MultiRLModule, RLModule
 from lightning_rl.core.sharding import module_is_sharded, whole
@@ -29,14 +37,15 @@ from lightning_rl.learner.learner import Learner
 from lightning_rl.policy.loading import choose_module_id, read_policy_checkpoint
 
 # The spaces the package's modules (``core.mlp.flatten_obs``) and action distributions take.
-_OBSERVATION_SPACES = (gym.spaces.Box, gym.spaces.Discrete)
-_ACTION_SPACES = (gym.spaces.Discrete, gym.spaces.Box)
+_OBSERVATION_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.Dict, gym.spaces.Tuple)
+_ACTION_SPACES = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.Box)
 
 
 class PolicyNet(nn.Module):
     """Observations ``[B, *obs_shape]`` to actions ``[B, ...]``: normalization, forward pass, clipping.
 
-    The module ``Policy.act`` runs and export traces.
+    The module ``Policy.act`` runs and export traces. Observations of a Dict or Tuple space come
+    in their stored flat layout, ``[B, flatdim]``.
 
     Args:
         module: The RLModule that acts.
@@ -69,7 +78,8 @@ class Policy:
     Args:
         module: A single RLModule (pick one of a ``MultiRLModule`` with ``module[module_id]``).
         observation_space: The space observations come from; ``None`` for the module's own.
-        action_space: The space actions go to (Discrete or Box); ``None`` for the module's own.
+        action_space: The space actions go to (Discrete, MultiDiscrete or Box); ``None`` for the
+            module's own.
         observation_normalization: The statistics the module was trained with; ``None`` for none.
 
     Raises:
@@ -91,7 +101,8 @@ class Policy:
             )
         observation_space = module.observation_space if observation_space is None else observation_space
         action_space = module.action_space if action_space is None else action_space
-        _check_spaces(observation_space, action_space)
+        self._layout = _observation_layout(observation_space)
+        _check_action_space(action_space)
         if observation_normalization is not None:
             _check_normalization(observation_normalization, observation_space)
         self.observation_space = observation_space
@@ -179,18 +190,24 @@ class Policy:
 
         Args:
             obs: One observation (the observation space's shape) or a batch ``[B, *shape]``;
-                a numpy array (or anything ``np.asarray`` takes) or a tensor.
+                a numpy array (or anything ``np.asarray`` takes) or a tensor. For a Dict (or
+                Tuple) observation space: one observation as the env returns it (a dict), a
+                batch as a dict of arrays with a leading batch dimension (as a vector env
+                returns it), or the stored flat layout (``[flatdim]`` or ``[B, flatdim]``,
+                each row ``gym.spaces.flatten(space, obs)``).
             deterministic: The greedy action (what evaluation plays); otherwise one sampled as
                 in training (PPO draws from its distribution, DQN explores with its epsilon).
 
         Returns:
-            A numpy array for numpy input, a tensor (on the input's device) for a tensor;
-            one action for one observation, ``[B, ...]`` for a batch. Box actions lie within
-            the space's bounds.
+            A numpy array for numpy input (and for a dict), a tensor (on the input's device)
+            for a tensor; one action for one observation, ``[B, ...]`` for a batch (an action
+            has the action space's shape: ``[k]`` int64 indices for ``MultiDiscrete``). Box
+            actions lie within the space's bounds.
 
         Raises:
-            ValueError: If the observation's shape is neither the space's nor a batch of it,
-                or the batch is empty.
+            ValueError: If the observation's shape is neither the space's nor a batch of it
+                (for a dict: naming the key whose shape or value does not fit), or the batch
+                is empty.
         """
         is_tensor = isinstance(obs, torch.Tensor)
         batch, single = self._as_batch(obs)
@@ -206,21 +223,29 @@ class Policy:
         return actions.cpu().numpy()
 
     def _as_batch(self, obs: Any) -> tuple[torch.Tensor, bool]:
-        """``obs`` as a batch tensor on the module's device in the space's dtype, and whether it was one observation."""
-        dtype = self.observation_space.dtype
+        """``obs`` as a batch tensor on the module's device in the stored dtype, and whether it was one observation."""
+        if self._layout.flattens and isinstance(obs, (Mapping, tuple)):
+            # A raw Dict (or Tuple) observation, or a batch of them: flattened as the env runner does.
+            single = self._layout.batch_shape(obs) == ()
+            flat = self._layout.flatten_one(obs)[None] if single else self._layout.flatten_batch(obs)
+            return torch.as_tensor(flat, device=self.device), single
+        stored = self._layout.stored_space
         if isinstance(obs, torch.Tensor):
-            torch_dtype = torch.from_numpy(np.empty(0, dtype)).dtype  # the space's numpy dtype as torch's
+            torch_dtype = torch.from_numpy(np.empty(0, stored.dtype)).dtype  # the space's numpy dtype as torch's
             tensor = obs.to(device=self.device, dtype=torch_dtype)
         else:
-            tensor = torch.as_tensor(np.asarray(obs, dtype=dtype), device=self.device)
-        shape = tuple(self.observation_space.shape)
+            tensor = torch.as_tensor(np.asarray(obs, dtype=stored.dtype), device=self.device)
+        shape = tuple(stored.shape)
         if tuple(tensor.shape) == shape:
             return tensor.unsqueeze(0), True
         if tensor.dim() == len(shape) + 1 and tuple(tensor.shape[1:]) == shape:
             return tensor, False
+        # A Dict's (Tuple's) stored layout, the shape above, is one accepted form; the raw observation the other.
+        flat = f" in the flat layout, or pass the {type(self.observation_space).__name__} observation itself"
         raise ValueError(
             f"observation of shape {tuple(tensor.shape)} does not fit the observation space {self.observation_space}: "
             f"expected {shape} for one observation or (batch, {', '.join(map(str, shape))}) for a batch"
+            + (flat if self._layout.flattens else "")
         )
 
     def __repr__(self) -> str:
@@ -228,11 +253,18 @@ class Policy:
         return f"Policy({type(self.module).__name__}, {self.observation_space} -> {self.action_space}{normalized})"
 
 
-def _check_spaces(observation_space: Any, action_space: Any) -> None:
+def _observation_layout(observation_space: Any) -> ObservationLayout:
     if not isinstance(observation_space, _OBSERVATION_SPACES):
-        raise ValueError(f"Policy needs a Box or Discrete observation space, got {observation_space!r}")
+        raise ValueError(f"Policy needs a Box, Discrete, Dict or Tuple observation space, got {observation_space!r}")
+    try:
+        return ObservationLayout(observation_space)
+    except ValueError as error:
+        raise ValueError(f"Policy cannot act on this observation space: {error}") from None
+
+
+def _check_action_space(action_space: Any) -> None:
     if not isinstance(action_space, _ACTION_SPACES):
-        raise ValueError(f"Policy needs a Discrete or Box action space, got {action_space!r}")
+        raise ValueError(f"Policy needs a Discrete, MultiDiscrete or Box action space, got {action_space!r}")
 
 
 def _check_normalization(normalization: Any, observation_space: gym.Space) -> None:

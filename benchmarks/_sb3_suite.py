@@ -1,0 +1,172 @@
+"""The SB3 side of ``benchmarks/suite.py``: Stable-Baselines3's PPO, SAC or DQN from our run's hyperparameters.
+
+The run file holds our run's effective hyperparameters (the Learner's and the data module's
+init arguments, see ``off_policy.effective_hparams``). SAC and DQN map as
+``benchmarks/_sb3_off_policy.py`` says. PPO maps as follows:
+
+  env       ``make_vec_env(env, n_envs=num_envs, seed=seed, env_kwargs=env_kwargs,
+            vec_env_cls=DummyVecEnv)`` (env i starts at seed + i, as ours), wrapped in
+            ``VecNormalize(norm_obs=normalize_observations, norm_reward=normalize_rewards,
+            clip_obs=clip_reward=normalization_clip, gamma=normalization_gamma)`` when the
+            config normalizes; evaluation acts on observations normalized by its statistics
+            (``normalize_obs``, which does not update them), as ours does.
+  rollout   ``n_steps=rollout_fragment_length``, ``batch_size=minibatch_size`` (None: the
+            whole rollout), ``n_epochs=num_epochs``, ``gamma``, ``gae_lambda``.
+  loss      ``clip_range=clip_param``, ``ent_coef=entropy_coeff``, ``vf_coef=vf_loss_coeff``,
+            ``normalize_advantage=normalize_advantages``, ``max_grad_norm=grad_clip``
+            (inf for none), no value clipping (SB3's ``clip_range_vf`` clips the value's
+            change, ours' ``vf_clip_param`` the squared error: a config must set it to null).
+  schedules ``learning_rate`` and ``clip_range`` may be our piecewise lists: SB3 calls them
+            with ``progress_remaining = 1 - num_timesteps / total_timesteps`` after each
+            rollout, which is turned back into the env-step count our schedule reads then.
+  network   ``net_arch=dict(pi=fcnet_hiddens, vf=fcnet_hiddens)``, ``activation_fn``, SB3's
+            default orthogonal init (gains sqrt(2), 0.01 for the policy head, 1 for the value
+            head, as ours), a state-independent log std starting at 0 (ours:
+            ``free_log_std``), Adam with eps 1e-5 (both).
+
+Not mapped, so refused: shared actor/critic layers (``vf_share_layers``), a KL loss,
+``shuffle_batch_per_epoch: false``, entropy schedules, clipping by value, env factories or
+wrappers (the env must be a registered id).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from stable_baselines3 import PPO
+from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecNormalize
+
+# Siblings: this directory is on sys.path when a benchmark runs as a script.
+from _handwritten_common import ACTIVATIONS
+from _sb3_off_policy import EvaluateAndTime, dqn, first_update, sac
+from _sb3_off_policy import unsupported as unsupported_off_policy
+from off_policy import ChildClock, GreedyEvaluation
+
+
+# The PPOModule's model_config keys this file maps onto SB3's policy.
+MAPPED_MODEL_CONFIG = {"fcnet_hiddens", "fcnet_activation", "vf_share_layers", "free_log_std"}
+
+
+def unsupported_ppo(model: dict[str, Any], data: dict[str, Any]) -> str | None:
+    """What of a PPO config has no SB3 equivalent here (the run is then refused), or None."""
+    net = model["model_config"]
+    checks = [
+        (model["vf_clip_param"] is None, f"vf_clip_param={model['vf_clip_param']!r} (set it to null)"),
+        (not model["use_kl_loss"], "use_kl_loss"),
+        (not net["vf_share_layers"], "vf_share_layers"),
+        (net["free_log_std"], "free_log_std=False"),
+        (model["shuffle_batch_per_epoch"], "shuffle_batch_per_epoch=False"),
+        (isinstance(model["entropy_coeff"], (int, float)), f"entropy_coeff schedule {model['entropy_coeff']!r}"),
+        (model["grad_clip"] is None or model["grad_clip_by"] == "global_norm", f"grad_clip_by={model['grad_clip_by']!r}"),
+        (net["fcnet_activation"] in ACTIVATIONS, f"activation {net['fcnet_activation']!r}"),
+        (set(net) <= MAPPED_MODEL_CONFIG, f"model_config keys {sorted(set(net) - MAPPED_MODEL_CONFIG)}"),
+        (isinstance(data["env"], str) and not (data["wrappers"] or data["evaluation_wrappers"]), "env callables or wrappers"),
+    ]  # fmt: skip
+    missing = [what for ok, what in checks if not ok]
+    return ", ".join(missing) if missing else None
+
+
+def sb3_schedule(setting: float | list[list[float]], total_timesteps: int) -> float | Callable[[float], float]:
+    """Our schedule setting as SB3 takes it: a number, or a function of SB3's ``progress_remaining``.
+
+    Our piecewise-linear ``[[timestep, value], ...]`` (held constant outside its timesteps)
+    is read at ``(1 - progress_remaining) * total_timesteps`` env steps.
+    """
+    if isinstance(setting, (int, float)):
+        return float(setting)
+    timesteps, values = zip(*setting)
+
+    def schedule(progress_remaining: float) -> float:
+        return float(np.interp((1.0 - progress_remaining) * total_timesteps, timesteps, values))
+
+    return schedule
+
+
+def ppo(model: dict[str, Any], data: dict[str, Any], env: VecEnv, budget: int, seed: int) -> PPO:
+    """SB3's PPO with our run's settings (see the module docstring)."""
+    net = model["model_config"]
+    rollout = data["num_envs"] * data["rollout_fragment_length"]
+    return PPO(
+        "MlpPolicy",
+        env,
+        learning_rate=sb3_schedule(model["lr"], budget),
+        n_steps=data["rollout_fragment_length"],
+        batch_size=model["minibatch_size"] or rollout,
+        n_epochs=model["num_epochs"],
+        gamma=model["gamma"],
+        gae_lambda=model["gae_lambda"],
+        clip_range=sb3_schedule(model["clip_param"], budget),
+        normalize_advantage=model["normalize_advantages"],
+        ent_coef=model["entropy_coeff"],
+        vf_coef=model["vf_loss_coeff"],
+        max_grad_norm=math.inf if model["grad_clip"] is None else model["grad_clip"],
+        policy_kwargs={
+            "net_arch": {"pi": list(net["fcnet_hiddens"]), "vf": list(net["fcnet_hiddens"])},
+            "activation_fn": ACTIVATIONS[net["fcnet_activation"]],
+        },
+        device="cpu",
+        seed=seed,
+    )
+
+
+def run_sb3(record: dict[str, Any], clock: ChildClock) -> None:
+    """Train SB3 on the run ``record`` describes, evaluating as ours does.
+
+    Args:
+        record: The run file's record; SB3's ``notes`` (where it differs) are added to it.
+        clock: Told when training starts, around each evaluation and at the end (the
+            suite's ``RunRecorder``, which writes ``record`` each time).
+
+    Raises:
+        SystemExit: If the config has no SB3 equivalent here (naming what).
+    """
+    algo, seed, budget = record["algo"], record["seed"], record["max_env_steps"]
+    model, data = record["hparams"]["model"], record["hparams"]["data"]
+    reason = unsupported_ppo(model, data) if algo == "ppo" else unsupported_off_policy(algo, model, data)
+    if reason:
+        raise SystemExit(f"SB3 has no equivalent of {reason}")
+    env: VecEnv = make_vec_env(data["env"], n_envs=data["num_envs"], seed=seed, vec_env_cls=DummyVecEnv,
+                               env_kwargs=data["env_kwargs"])  # fmt: skip
+    normalize = data.get("normalize_observations") or data.get("normalize_rewards")
+    if normalize:
+        clip = data["normalization_clip"]
+        env = VecNormalize(env, norm_obs=data["normalize_observations"], norm_reward=data["normalize_rewards"],
+                           clip_obs=clip, clip_reward=clip, gamma=data["normalization_gamma"])  # fmt: skip
+    agent: BaseAlgorithm
+    notes: list[str] = []
+    if algo == "ppo":
+        agent = ppo(model, data, env, budget, seed)
+    elif algo == "dqn":
+        agent, notes = dqn(model, data, env, budget, seed)
+    else:
+        agent, notes = sac(model, data, env, seed)
+    if algo != "ppo":
+        ours_first = first_update(data["train_freq"], data["learning_starts"], strictly_more=False)
+        sb3_first = first_update(data["train_freq"], data["learning_starts"], strictly_more=True)
+        if ours_first != sb3_first:
+            notes.append(f"SB3's first update comes after {sb3_first} env steps, ours after {ours_first}")
+    record["notes"] = notes  # written with the clock's next update (it holds this record)
+
+    evaluation = GreedyEvaluation(data, seed)
+    if normalize and data["normalize_observations"]:
+
+        def act(obs: np.ndarray) -> np.ndarray:
+            return agent.predict(env.normalize_obs(obs), deterministic=True)[0]
+
+    else:
+
+        def act(obs: np.ndarray) -> np.ndarray:
+            return agent.predict(obs, deterministic=True)[0]
+
+    callback = EvaluateAndTime(clock, evaluation, data, act)
+    agent.learn(total_timesteps=budget, callback=callback)
+    callback.evaluate()  # after the last update (its rollout's evaluation would come at the next rollout's start)
+    clock.training_end(agent.num_timesteps, torch.get_num_threads())
+    env.close()
+    evaluation.close()

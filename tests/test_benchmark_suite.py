@@ -1,0 +1,84 @@
+"""``benchmarks/suite.py``: runs write their own files, finished ones are skipped, and the report judges the targets."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+@pytest.fixture
+def suite(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # suite.py imports its siblings by name
+    return importlib.import_module("suite")
+
+
+def _record(library: str, seed: int, final: float, train_s: float, budget: int = 100_000) -> dict:
+    return {
+        "task": "ppo_lunarlander", "library": library, "seed": seed, "max_env_steps": budget, "extra_args": [],
+        "threads": 1, "status": "done", "env_steps": budget, "setup_s": 2.0, "train_s": train_s,
+        "evals": [{"env_steps": budget // 2, "return_mean": final - 100.0}, {"env_steps": budget, "return_mean": final}],
+        "hparams": {"data": {"rollouts_per_epoch": 2, "num_envs": 16, "rollout_fragment_length": 1024,
+                             "evaluation_num_episodes": 10}},
+        "versions": {"stable-baselines3": "2.9.2"},
+    }  # fmt: skip
+
+
+def test_the_report_gives_medians_ratios_and_each_target_met_or_not_with_a_plot(suite, tmp_path: Path):
+    pytest.importorskip("matplotlib")  # the bench extra's; the plot needs it
+    runs = [_record("ours", 0, 250.0, 98.0), _record("ours", 1, 210.0, 198.0), _record("ours", 2, 150.0, 298.0),
+            _record("sb3", 0, 180.0, 48.0), _record("sb3", 1, 190.0, 98.0)]  # fmt: skip
+    for record in runs:
+        path = suite.run_file(tmp_path, record["task"], record["library"], record["seed"])
+        path.write_text(json.dumps(record))
+    (tmp_path / "notes.json").write_text("{}")  # not a run file: left out
+
+    suite.report(suite.parse_args(["report", "--out", str(tmp_path)]))
+
+    text = (tmp_path / "suite.md").read_text()
+    # Medians: env steps/s 100k / 198 s, wall 2 + 198 s; SB3's of two runs, the mean of the middle two.
+    assert "| ours | 3/3 (seeds 0, 1, 2) | 210.0 [150.0, 250.0] | 505 | 200 |" in text
+    assert "| SB3 | 2/2 (seeds 0, 1) | 185.0 [180.0, 190.0] | 1,552 | 75 |" in text
+    assert "| ours / SB3 | | | 0.33x | 2.67x |" in text
+    assert "ours' median eval return >= 200: met (210.0)" in text
+    assert "median wall time <= SB3's: NOT met (200 s vs 75 s)" in text
+    assert (tmp_path / "ppo_lunarlander.png").stat().st_size > 10_000
+
+
+def test_a_finished_run_is_skipped_and_one_of_another_budget_is_refused(suite, tmp_path: Path):
+    path = suite.run_file(tmp_path, "ppo_lunarlander", "ours", 0)
+    assert not suite.finished_run(path, 100_000, [])
+    path.write_text(json.dumps({**_record("ours", 0, 1.0, 1.0), "status": "running"}))
+    assert not suite.finished_run(path, 100_000, [])  # interrupted: run again
+    path.write_text(json.dumps(_record("ours", 0, 1.0, 1.0)))
+    assert suite.finished_run(path, 100_000, [])
+    with pytest.raises(SystemExit, match="finished run of 100000 env steps"):
+        suite.finished_run(path, 200_000, [])
+
+
+@pytest.mark.slow  # three processes that each import torch and Lightning (10-20 s)
+def test_a_tiny_run_of_ours_and_sb3_writes_both_files_with_the_same_evaluation_schedule(tmp_path: Path):
+    pytest.importorskip("stable_baselines3")
+    pytest.importorskip("Box2D")
+    result = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "suite.py"), "run", "ppo_lunarlander", "--seeds", "3",
+         "--max-env-steps", "512", "--out", str(tmp_path), "--",
+         "--data.init_args.num_envs", "2", "--data.init_args.rollout_fragment_length", "128",
+         "--data.init_args.rollouts_per_epoch", "1", "--model.init_args.num_epochs", "1",
+         "--data.init_args.evaluation_num_episodes", "2", "--data.init_args.evaluation_num_envs", "2"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    records = {lib: json.loads((tmp_path / f"ppo_lunarlander-{lib}-seed3.json").read_text()) for lib in ("ours", "sb3")}
+    for record in records.values():
+        assert record["status"] == "done" and record["env_steps"] == 512 and record["threads"] == 1
+        assert [point["env_steps"] for point in record["evals"]] == [256, 512]
+        assert all(point["num_episodes"] == 2 for point in record["evals"])
+    # SB3 copied the flags: 2 envs x 128 steps, seeded with the run's seed.
+    assert records["sb3"]["hparams"]["data"]["num_envs"] == 2 and records["sb3"]["hparams"]["data"]["seed"] == 3
