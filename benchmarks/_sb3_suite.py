@@ -42,6 +42,8 @@ from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecNormalize
 
+from lightning_rl.core.encoders import OBSERVATION_ENCODER_KEYS
+
 # Siblings: this directory is on sys.path when a benchmark runs as a script.
 from _handwritten_common import ACTIVATIONS
 from _sb3_off_policy import EvaluateAndTime, dqn, first_update, sac
@@ -51,6 +53,9 @@ from off_policy import ChildClock, GreedyEvaluation
 
 # The PPOModule's model_config keys this file maps onto SB3's policy.
 MAPPED_MODEL_CONFIG = {"fcnet_hiddens", "fcnet_activation", "vf_share_layers", "free_log_std"}
+# The observation encoder's keys act on image observations alone: at their defaults they leave
+# the flat observations of the runs SB3's MlpPolicy takes here as they are.
+ENCODER_DEFAULTS = {key: spec.default for key, spec in OBSERVATION_ENCODER_KEYS.items()}
 
 
 def unsupported_ppo(model: dict[str, Any], data: dict[str, Any]) -> str | None:
@@ -65,7 +70,10 @@ def unsupported_ppo(model: dict[str, Any], data: dict[str, Any]) -> str | None:
         (isinstance(model["entropy_coeff"], (int, float)), f"entropy_coeff schedule {model['entropy_coeff']!r}"),
         (model["grad_clip"] is None or model["grad_clip_by"] == "global_norm", f"grad_clip_by={model['grad_clip_by']!r}"),
         (net["fcnet_activation"] in ACTIVATIONS, f"activation {net['fcnet_activation']!r}"),
-        (set(net) <= MAPPED_MODEL_CONFIG, f"model_config keys {sorted(set(net) - MAPPED_MODEL_CONFIG)}"),
+        (set(net) <= MAPPED_MODEL_CONFIG | ENCODER_DEFAULTS.keys(),
+         f"model_config keys {sorted(set(net) - MAPPED_MODEL_CONFIG - ENCODER_DEFAULTS.keys())}"),
+        (all(net.get(key, value) == value for key, value in ENCODER_DEFAULTS.items()),
+         "conv_filters, conv_activation or image_layout (the CNN of image observations)"),
         (isinstance(data["env"], str) and not (data["wrappers"] or data["evaluation_wrappers"]), "env callables or wrappers"),
     ]  # fmt: skip
     missing = [what for ok, what in checks if not ok]

@@ -168,15 +168,13 @@ class SACModule(RLModule, TargetNetworkAPI):
     # ---- TargetNetworkAPI ----------------------------------------------------------------
 
     def make_target_networks(self) -> None:
-        """Frozen copies of the critics' observation encoder and both critics (``target_qf_obs_encoder``,
-        ``target_qf``, ``target_qf_twin``)."""
+        """Frozen copies of both critics and of their observation encoder, each named ``target_`` + its name."""
         self.target_qf_obs_encoder = make_target_network(self.qf_obs_encoder)
         self.target_qf = make_target_network(self.qf)
         self.target_qf_twin = make_target_network(self.qf_twin)
 
     def get_target_network_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
-        """The ``(online, target)`` pairs: the critics' observation encoder if it has weights (a CNN),
-        then both critics; none for an inference-only module."""
+        """The ``(online, target)`` pairs of :func:`critic_target_pairs`; none for an inference-only module."""
         if self.inference_only:
             return []
         return critic_target_pairs(self)
