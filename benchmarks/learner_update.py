@@ -5,16 +5,27 @@ batch in shuffled minibatches of ``--minibatch-size`` rows, one Adam step with g
 gradient clipping (0.5) per minibatch) and the throughput in samples/s
 (= epochs x rows / seconds), for three variants doing the same work:
 
-  (a) hand-written  a plain PyTorch loop over the same MLP, loss, optimizer and clipping;
+  (a) hand-written  a plain PyTorch loop over the same network, loss, optimizer and clipping;
   (b) learner       ``BCLearner.update_from_batch(...)``, standalone (no Trainer);
   (c) trainer       the same Learner under ``lightning.Trainer.fit``, one update per
                     dataloader item; timed from ``on_train_batch_start`` to
                     ``on_train_batch_end`` (``training_step`` with Lightning's manual
                     optimization and logging around it; data loading is excluded).
 
-The model is BCModule's MLP for CartPole-like spaces (Box(4,) observations, Discrete(2)
-actions): Linear(4, h1), tanh, ..., Linear(h_last, 2). The loss is the negative mean
-log-probability of the actions under ``Categorical(logits)``.
+The model is BCModule's for the observations ``--observations`` picks, with Discrete actions:
+
+  vector   CartPole-like Box(4,) float32 observations, 2 actions: Linear(4, h1), tanh, ...,
+           Linear(h_last, 2) (the default);
+  atari    four stacked 84x84 grayscale frames, uint8 ``[B, 4, 84, 84]`` (what gymnasium's
+           ``AtariPreprocessing`` + ``FrameStackObservation`` give), 6 actions: the Nature CNN,
+           then the ReLU ``--hiddens`` layers, as CleanRL's Atari agent;
+  minatar  MinAtar's bool planes ``[B, 10, 10, 4]`` (channels last), 3 actions: one 3x3
+           convolution of 16 filters, then the ReLU ``--hiddens`` layers.
+
+The hand-written images are scaled on the device as CleanRL does (``x / 255.0`` in the
+forward pass; bool planes to floats, channels moved first); ours go through the module's
+observation encoder (``lightning_rl.core.encoders``), which does the same. The loss is the
+negative mean log-probability of the actions under ``Categorical(logits)``.
 
 All three run in one process, interleaved update by update inside one ``Trainer.fit`` of
 ``--repeats`` + 1 items (the first is a warm-up): before each of the Trainer's updates a
@@ -27,6 +38,8 @@ Run::
     python benchmarks/learner_update.py                      # defaults: 20 rounds, 1 thread
     python benchmarks/learner_update.py --repeats 3 --threads 2
     python benchmarks/learner_update.py --device cuda         # if a GPU is available
+    python benchmarks/learner_update.py --observations atari --batch-size 1024 --minibatch-size 256 \
+        --epochs 4 --hiddens 512 --device cuda                # CNN on uint8 frames
 """
 
 from __future__ import annotations
@@ -41,6 +54,7 @@ from typing import Any
 
 import gymnasium as gym
 import lightning
+import numpy as np
 import torch
 import torch.distributions as D
 from torch import nn
@@ -54,7 +68,13 @@ from lightning_rl.learner.learner import NUM_ENV_STEPS_TRAINED
 from _paired import print_paired_table
 
 OBS_DIM = 4
-NUM_ACTIONS = 2
+# Per --observations: (observation space, number of actions, the hand-written CNN's convolutions
+# [out_channels, kernel, stride], whether its images are channels-last).
+OBSERVATIONS: dict[str, tuple[gym.spaces.Box, int, list[list[int]], bool]] = {
+    "vector": (gym.spaces.Box(-1.0, 1.0, (OBS_DIM,)), 2, [], False),
+    "atari": (gym.spaces.Box(0, 255, (4, 84, 84), "uint8"), 6, [[32, 8, 4], [64, 4, 2], [64, 3, 1]], False),
+    "minatar": (gym.spaces.Box(0, 1, (10, 10, 4), bool), 3, [[16, 3, 1]], True),
+}
 LR = 3e-4
 GRAD_CLIP = 0.5
 TARGET_RATIO = 0.95  # issue 18: the Learner, standalone and under Trainer.fit, at >= 0.95x the hand-written loop
@@ -74,24 +94,36 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=20, help="timed rounds (one update of each variant per round)")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--observations", choices=list(OBSERVATIONS), default="vector", help="see above")
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args()
 
 
-def make_batch(batch_size: int, device: torch.device, seed: int) -> dict[str, torch.Tensor]:
-    """A fixed random BC batch: float32 observations [B, 4] and int64 actions [B]."""
+def make_batch(batch_size: int, device: torch.device, seed: int, observations: str) -> dict[str, torch.Tensor]:
+    """A fixed random BC batch: observations of ``observations``' space in its dtype, int64 actions [B]."""
+    space, num_actions, _, _ = OBSERVATIONS[observations]
     generator = torch.Generator().manual_seed(seed)
-    obs = torch.randn(batch_size, OBS_DIM, generator=generator)
-    actions = torch.randint(0, NUM_ACTIONS, (batch_size,), generator=generator)
+    if observations == "vector":
+        obs = torch.randn(batch_size, OBS_DIM, generator=generator)
+    elif space.dtype == bool:
+        obs = torch.rand(batch_size, *space.shape, generator=generator) < 0.1
+    else:
+        obs = torch.randint(0, 256, (batch_size, *space.shape), generator=generator, dtype=torch.uint8)
+    actions = torch.randint(0, num_actions, (batch_size,), generator=generator)
     return {Columns.OBS: obs.to(device), Columns.ACTIONS: actions.to(device)}
 
 
-def module_spec(hiddens: list[int]) -> RLModuleSpec:
+def module_spec(hiddens: list[int], observations: str) -> RLModuleSpec:
+    space, num_actions, conv_filters, _ = OBSERVATIONS[observations]
+    if observations == "vector":
+        model_config: dict[str, Any] = {"fcnet_hiddens": list(hiddens), "fcnet_activation": "tanh"}
+    else:
+        model_config = {"conv_filters": conv_filters, "fcnet_hiddens": list(hiddens), "fcnet_activation": "relu"}
     return RLModuleSpec(
         module_class=BCModule,
-        observation_space=gym.spaces.Box(-1.0, 1.0, (OBS_DIM,)),
-        action_space=gym.spaces.Discrete(NUM_ACTIONS),
-        model_config={"fcnet_hiddens": list(hiddens), "fcnet_activation": "tanh"},
+        observation_space=space,
+        action_space=gym.spaces.Discrete(num_actions),
+        model_config=model_config,
     )
 
 
@@ -113,19 +145,37 @@ def expected_minibatches(batch_size: int, minibatch_size: int) -> tuple[int, int
 
 
 class HandWritten:
-    """The same MLP, BC loss, Adam and global-norm clipping, as a plain loop."""
+    """The same network, BC loss, Adam and global-norm clipping, as a plain loop."""
 
-    def __init__(self, hiddens: list[int], device: torch.device, seed: int) -> None:
+    def __init__(self, hiddens: list[int], device: torch.device, seed: int, observations: str) -> None:
         torch.manual_seed(seed)
+        space, num_actions, conv_filters, self.channels_last = OBSERVATIONS[observations]
+        self.scale = 255.0 if space.dtype == np.uint8 else 1.0
         layers: list[nn.Module] = []
-        in_dim = OBS_DIM
+        if observations == "vector":
+            in_dim, activation = OBS_DIM, nn.Tanh
+        else:
+            channels, height, width = space.shape[-1:] + space.shape[:-1] if self.channels_last else space.shape
+            for out_channels, kernel, stride in conv_filters:
+                layers += [nn.Conv2d(channels, out_channels, kernel, stride), nn.ReLU()]
+                channels, height, width = out_channels, (height - kernel) // stride + 1, (width - kernel) // stride + 1
+            layers.append(nn.Flatten())
+            in_dim, activation = channels * height * width, nn.ReLU
         for size in hiddens:
-            layers += [nn.Linear(in_dim, size), nn.Tanh()]
+            layers += [nn.Linear(in_dim, size), activation()]
             in_dim = size
-        layers.append(nn.Linear(in_dim, NUM_ACTIONS))
+        layers.append(nn.Linear(in_dim, num_actions))
         self.model = nn.Sequential(*layers).to(device)
         self.params = list(self.model.parameters())
         self.optimizer = torch.optim.Adam(self.params, lr=LR)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """Logits; images scaled on the device, as CleanRL's ``self.network(x / 255.0)``."""
+        if obs.dim() > 2:
+            obs = obs.float() / self.scale
+            if self.channels_last:
+                obs = obs.permute(0, 3, 1, 2)
+        return self.model(obs)
 
     def update(
         self, batch: dict[str, torch.Tensor], *, num_epochs: int, minibatch_size: int
@@ -140,7 +190,7 @@ class HandWritten:
             sizes = []
             for start in range(0, rows, minibatch_size):
                 index = order[start : start + minibatch_size]
-                logits = self.model(obs[index])
+                logits = self.forward(obs[index])
                 dist = D.Categorical(logits=logits, validate_args=False)
                 loss = -dist.log_prob(actions[index]).mean()
                 self.optimizer.zero_grad(set_to_none=True)
@@ -160,7 +210,7 @@ class HandWritten:
 def make_learner(hiddens: list[int], device: torch.device, seed: int, args: argparse.Namespace) -> BCLearner:
     torch.manual_seed(seed)
     learner = BCLearner(
-        module_spec=module_spec(hiddens),
+        module_spec=module_spec(hiddens, args.observations),
         lr=LR,
         grad_clip=GRAD_CLIP,
         grad_clip_by="global_norm",
@@ -251,14 +301,14 @@ def main() -> None:
     print(
         f"batch={args.batch_size} minibatch={args.minibatch_size} epochs={args.epochs} hiddens={args.hiddens} "
         f"-> {per_epoch} minibatches/epoch (last of {last_rows} rows), {samples} samples/update; "
-        f"repeats={args.repeats}"
+        f"repeats={args.repeats}; observations={args.observations} {OBSERVATIONS[args.observations][0]}"
     )
 
-    batch = make_batch(args.batch_size, device, args.seed)
+    batch = make_batch(args.batch_size, device, args.seed, args.observations)
     update_kwargs = dict(num_epochs=args.epochs, minibatch_size=args.minibatch_size)
 
     # Build each variant and check that each does the same work.
-    hand = HandWritten(args.hiddens, device, args.seed)
+    hand = HandWritten(args.hiddens, device, args.seed, args.observations)
     sizes, total = hand.update(batch, **update_kwargs)
     assert len(sizes) == per_epoch and sizes[-1] == last_rows and total == samples, (sizes, total)
     learner = make_learner(args.hiddens, device, args.seed, args)
