@@ -461,3 +461,15 @@ def test_only_box_observations_can_be_normalized():
         EnvRunner("FrozenLake-v1", normalize_observations=True)
     with EnvRunner("FrozenLake-v1", normalize_rewards=True) as runner:  # rewards alone need no Box
         assert runner.normalization.observations is None
+
+
+@pytest.mark.parametrize(
+    "space",
+    [gym.spaces.Box(0, 255, (10, 10, 3), np.uint8), gym.spaces.Box(0, 1, (4, 10, 10, 4), bool)],
+    ids=["uint8_image", "stacked_bool_planes"],
+)
+def test_image_observations_are_not_normalized_since_the_cnn_scales_them(space: gym.Space):
+    # Normalized numbers in a uint8 image space would be divided by 255 again by the encoder.
+    with pytest.raises(ValueError, match=r"normalize_observations is for vector observations; .* is an image"):
+        EnvNormalization(space, num_envs=2, normalize_observations=True, normalize_rewards=False)
+    EnvNormalization(space, num_envs=2, normalize_observations=False, normalize_rewards=True)  # rewards are fine

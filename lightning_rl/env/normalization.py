@@ -29,6 +29,7 @@ import gymnasium as gym
 import numpy as np
 
 from lightning_rl.core.arguments import is_real
+from lightning_rl.core.encoders import image_shape
 from lightning_rl.core.normalization import OBSERVATION_NORMALIZATION_KEY, RunningMeanStd
 from lightning_rl.env.rollout_buffers import RolloutBuffers
 
@@ -168,7 +169,8 @@ class EnvNormalization:
         gamma: The discount of the running return (use the Learner's).
 
     Raises:
-        ValueError: For observations to normalize that are not a ``Box``, or as
+        ValueError: For observations to normalize that are not a ``Box``, or are an image
+            (:func:`~lightning_rl.core.encoders.image_shape`), or as
             :func:`check_normalization_arguments`.
     """
 
@@ -195,6 +197,13 @@ class EnvNormalization:
             raise ValueError(
                 f"normalize_observations needs a Box observation space (an array of numbers); this env's is "
                 f"{observation_space}{why}"
+            )
+        if normalize_observations and image_shape(observation_space) is not None:
+            # The module's encoder reads the space, not the values: it would divide normalized
+            # numbers by 255 as if they were still pixels.
+            raise ValueError(
+                f"normalize_observations is for vector observations; this env's {observation_space} is an image, "
+                "which the module's CNN scales itself (uint8 / 255, bool as 0/1). Turn normalize_observations off."
             )
         self.clip = float(clip)
         self.gamma = float(gamma)
