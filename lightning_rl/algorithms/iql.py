@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from lightning_rl.algorithms.off_policy import OffPolicyLearner, bootstrap_discounts, row_weights
 from lightning_rl.core.columns import Columns
 from lightning_rl.core.distributions import DiagGaussian
-from lightning_rl.algorithms.sac import critic_target_pairs
+from lightning_rl.algorithms.sac import check_bounded_box_actions, critic_target_pairs
 from lightning_rl.core.encoders import OBSERVATION_ENCODER_KEYS, build_observation_encoder
 from lightning_rl.core.mlp import build_mlp
 from lightning_rl.core.module_checks import ModelConfigKey
@@ -121,15 +121,7 @@ class IQLModule(RLModule, TargetNetworkAPI):
     @classmethod
     def check_action_space(cls, action_space: gym.Space) -> None:
         """Raise ``ValueError`` unless ``action_space`` is a ``Box`` (of any shape) with finite bounds."""
-        if not isinstance(action_space, gym.spaces.Box):
-            raise ValueError(
-                f"{cls.__name__} needs a Box action space (continuous actions), got {action_space}; "
-                "for Discrete or MultiDiscrete actions use BC or MARWIL"
-            )
-        if not action_space.is_bounded("both"):
-            raise ValueError(
-                f"{cls.__name__} rescales its actions to the Box's bounds, which must be finite; got {action_space}"
-            )
+        check_bounded_box_actions(cls.__name__, action_space, otherwise="BC or MARWIL")
 
     def setup(self) -> None:
         space = self.action_space

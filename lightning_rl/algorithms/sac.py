@@ -97,6 +97,27 @@ def squashed_gaussian_logp(pre_tanh: Tensor, mean: Tensor, log_std: Tensor) -> T
     return (normal_logp - log_det_jacobian).sum(-1)
 
 
+def check_bounded_box_actions(owner: str, action_space: gym.Space, *, otherwise: str) -> None:
+    """Raise ``ValueError`` unless ``action_space`` is a ``Box`` (of any shape) with finite bounds.
+
+    The tanh-squashed actors of SAC, CQL and IQL rescale ``[-1, 1]`` to the Box's bounds.
+
+    Args:
+        owner: The module class the message names.
+        action_space: The space to check.
+        otherwise: What the message suggests for Discrete or MultiDiscrete actions.
+    """
+    if not isinstance(action_space, gym.spaces.Box):
+        raise ValueError(
+            f"{owner} needs a Box action space (continuous actions), got {action_space}; "
+            f"for Discrete or MultiDiscrete actions use {otherwise}"
+        )
+    if not action_space.is_bounded("both"):
+        raise ValueError(
+            f"{owner} rescales tanh actions to the Box's bounds, which must be finite; got {action_space}"
+        )
+
+
 class SACModule(RLModule, TargetNetworkAPI):
     """SAC's networks: a squashed Gaussian actor, twin Q critics, their targets, ``log_alpha``.
 
@@ -132,15 +153,7 @@ class SACModule(RLModule, TargetNetworkAPI):
     @classmethod
     def check_action_space(cls, action_space: gym.Space) -> None:
         """Raise ``ValueError`` unless ``action_space`` is a ``Box`` (of any shape) with finite bounds."""
-        if not isinstance(action_space, gym.spaces.Box):
-            raise ValueError(
-                f"{cls.__name__} needs a Box action space (continuous actions), got {action_space}; "
-                "for Discrete or MultiDiscrete actions use PPO (PPOLearner)"
-            )
-        if not action_space.is_bounded("both"):
-            raise ValueError(
-                f"{cls.__name__} rescales tanh actions to the Box's bounds, which must be finite; got {action_space}"
-            )
+        check_bounded_box_actions(cls.__name__, action_space, otherwise="PPO (PPOLearner)")
 
     def setup(self) -> None:
         space = self.action_space
