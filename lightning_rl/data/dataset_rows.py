@@ -33,6 +33,7 @@ import torch
 
 from lightning_rl.connectors.episodes import segmented_discounted_sum
 from lightning_rl.core.columns import Columns
+from lightning_rl.core.observation_layout import ARRAY_SPACES
 from lightning_rl.data.minari_io import datasets_root, require_minari
 
 #: The columns a dataset row can have (``value_targets`` only when a discount is given).
@@ -132,7 +133,7 @@ def check_row_space(space: gym.Space, what: str, dataset_id: str) -> None:
     Raises:
         ValueError: Naming the space, for Dict, Tuple, Text and other structured spaces.
     """
-    if not isinstance(space, (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)):
+    if not isinstance(space, ARRAY_SPACES):
         raise ValueError(
             f"the Minari dataset {dataset_id!r} has {what} space {space}; OfflineDataModule reads Box, Discrete, "
             "MultiDiscrete and MultiBinary spaces (flatten structured spaces when recording)"
