@@ -26,9 +26,9 @@ _PUBLIC = {
     "TrainItem": "lightning_rl.core.train_item",
     "LearnerCallback": "lightning_rl.learner.callback",
     "AtomicCheckpointIO": "lightning_rl.learner.checkpoint_io",
-    "DEFAULT_OPTIMIZER": "lightning_rl.learner.learner",
+    "DEFAULT_OPTIMIZER": "lightning_rl.learner.optimizers",
     "Learner": "lightning_rl.learner.learner",
-    "LearnerConfig": "lightning_rl.learner.learner",
+    "LearnerConfig": "lightning_rl.core.learner_config",
     "LearnerGroup": "lightning_rl.learner.learner_group",
     "LearnerGroupError": "lightning_rl.learner.learner_group",
     "FSDP2Strategy": "lightning_rl.learner.sharding",
@@ -45,7 +45,9 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from lightning_rl.core.train_item import TrainingData, TrainItem
     from lightning_rl.learner.callback import LearnerCallback
     from lightning_rl.learner.checkpoint_io import AtomicCheckpointIO
-    from lightning_rl.learner.learner import DEFAULT_OPTIMIZER, Learner, LearnerConfig
+    from lightning_rl.core.learner_config import LearnerConfig
+    from lightning_rl.learner.learner import Learner
+    from lightning_rl.learner.optimizers import DEFAULT_OPTIMIZER
     from lightning_rl.learner.learner_group import LearnerGroup, LearnerGroupError
     from lightning_rl.learner.sharding import FSDP2Strategy
     from lightning_rl.policy.policy import Policy

@@ -14,7 +14,8 @@ from lightning_rl.core.mlp import DEFAULT_FCNET_ACTIVATION, DEFAULT_FCNET_HIDDEN
 from lightning_rl.core.module_checks import ModelConfigKey
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.rl_modules import RLModule
-from lightning_rl.learner.learner import Learner, LearnerConfig, algorithm_module_spec
+from lightning_rl.core.learner_config import LearnerConfig
+from lightning_rl.learner.learner import Learner, algorithm_module_spec
 
 
 class BCModule(RLModule):

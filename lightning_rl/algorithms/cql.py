@@ -64,7 +64,9 @@ from lightning_rl.algorithms.sac import (
 from lightning_rl.core.columns import Columns
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.schedules import Schedule, ScheduleSetting
-from lightning_rl.learner.learner import LearnerConfig, algorithm_module_spec, default_adam
+from lightning_rl.core.learner_config import LearnerConfig
+from lightning_rl.learner.learner import algorithm_module_spec
+from lightning_rl.learner.optimizers import default_adam
 
 # Optimizer of the Lagrange multiplier (RLlib's old stack calls it alpha_prime).
 ALPHA_PRIME_OPTIMIZER = "alpha_prime"

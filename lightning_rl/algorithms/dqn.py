@@ -37,7 +37,8 @@ from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.rl_modules import RLModule
 from lightning_rl.core.schedules import Schedule, ScheduleSetting
 from lightning_rl.core.target_network import TargetNetworkAPI, make_target_network
-from lightning_rl.learner.learner import LearnerConfig, algorithm_module_spec
+from lightning_rl.core.learner_config import LearnerConfig
+from lightning_rl.learner.learner import algorithm_module_spec
 
 # Forward-pass outputs.
 Q_VALUES = "q_values"

@@ -30,7 +30,8 @@ from lightning_rl.core.columns import Columns
 from lightning_rl.core.encoders import build_observation_encoder
 from lightning_rl.core.mlp import build_mlp_from_config
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
-from lightning_rl.learner.learner import Learner, LearnerConfig, algorithm_module_spec
+from lightning_rl.core.learner_config import LearnerConfig
+from lightning_rl.learner.learner import Learner, algorithm_module_spec
 
 # Result keys (RLlib's).
 POLICY_LOSS_KEY = "policy_loss"

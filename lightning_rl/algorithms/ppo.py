@@ -35,7 +35,9 @@ from lightning_rl.core.rl_modules import MultiRLModule, RLModule
 from lightning_rl.core.schedules import Schedule, ScheduleSetting
 from lightning_rl.env.episode import SingleAgentEpisode
 from lightning_rl.learner.callback import LearnerCallback
-from lightning_rl.learner.learner import Learner, LearnerConfig, algorithm_module_spec, default_adam
+from lightning_rl.core.learner_config import LearnerConfig
+from lightning_rl.learner.learner import Learner, algorithm_module_spec
+from lightning_rl.learner.optimizers import default_adam
 
 # Result keys (RLlib's names where RLlib has them).
 POLICY_LOSS_KEY = "policy_loss"

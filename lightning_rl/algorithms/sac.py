@@ -43,7 +43,9 @@ from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.rl_modules import RLModule
 from lightning_rl.core.schedules import Schedule, ScheduleSetting
 from lightning_rl.core.target_network import TargetNetworkAPI, make_target_network
-from lightning_rl.learner.learner import LearnerConfig, algorithm_module_spec, default_adam
+from lightning_rl.core.learner_config import LearnerConfig
+from lightning_rl.learner.learner import algorithm_module_spec
+from lightning_rl.learner.optimizers import default_adam
 
 # SAC's defaults differ from the other modules' (tanh): ReLU MLPs as in the SAC paper and SB3.
 SAC_FCNET_HIDDENS: tuple[int, ...] = (256, 256)

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from lightning.pytorch import Callback, Trainer
-
-if TYPE_CHECKING:
-    from lightning_rl.learner.learner import Learner
+from lightning.pytorch import Callback, LightningModule, Trainer
 
 
 class LearnerCallback(Callback):
@@ -20,7 +17,7 @@ class LearnerCallback(Callback):
     its own ``configure_callbacks()`` returns, with ``trainer=None``.
     """
 
-    def on_before_gradient_based_update(self, trainer: Trainer, learner: Learner, timesteps: dict[str, Any]) -> None:
+    def on_before_gradient_based_update(self, trainer: Trainer, learner: LightningModule, timesteps: dict[str, Any]) -> None:
         """Called once per ``update_from_*`` call, before the first minibatch step.
 
         Args:
@@ -29,7 +26,7 @@ class LearnerCallback(Callback):
             timesteps: Lifetime counters of the update (``num_env_steps_sampled_lifetime``, ...).
         """
 
-    def on_after_gradient_based_update(self, trainer: Trainer, learner: Learner, timesteps: dict[str, Any]) -> None:
+    def on_after_gradient_based_update(self, trainer: Trainer, learner: LightningModule, timesteps: dict[str, Any]) -> None:
         """Called once per ``update_from_*`` call, after the last minibatch step.
 
         Args:

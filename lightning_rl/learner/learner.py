@@ -14,63 +14,71 @@ plugins, callbacks and checkpoints see every step. When nothing listens to the p
 step calls ``backward()`` and the optimizer itself and only counts the step in the Trainer's
 progress: the same arithmetic, without Lightning's dispatch (``step_hooks_have_listeners``).
 
-The Learner's surface (RLlib's method names) is assembled from parts, each in its own
-file and readable on its own, as Lightning assembles ``LightningModule`` from hook mixins:
+Every piece of the Learner's state has one owner:
 
-- here: construction, ``build``, hyperparameters and the seed update API (``update_from_*``);
-- ``update_api``: RLlib's current ``update(...)``, ``update_from_iterator`` and the update
-  every ``update_from_*`` runs (hooks around the gradient steps, in step with DDP ranks);
-- ``optimizers``: the optimizer API and the ``OptimizerRegistry`` behind it;
-- ``gradient_step``: losses, backward pass, clipping and optimizer steps of one minibatch;
-- ``update_loop``: epochs of minibatches and the steps-trained results;
-- ``multi_module``: adding and removing modules, ``policies_to_train``;
+- here: the modules and their spec, the hyperparameters and per-module overrides,
+  ``policies_to_train``, the last timesteps, the metrics and the connector pipeline; and RLlib's
+  override points, marked "Override point" below, in the order an update calls them;
+- ``step_runner.StepRunner`` (``learner.step_runner``): the state of taking a gradient step
+  (compiled passes, Lightning's optimizer wrappers, DDP/FSDP2 step-keeping, non-finite skips,
+  ``weights_seq_no``);
+- ``optimizers.OptimizerRegistry`` (``learner.optimizer_registry``): the optimizers, their
+  parameters, clip thresholds and learning-rate schedules.
+
+The other parts are mixins that hold no state and use only public names of the Learner and
+of these two collaborators (``tests/test_learner_parts.py`` checks it), as Lightning assembles
+``LightningModule`` from hook mixins:
+
+- ``update_api``: RLlib's ``update(...)`` and every ``update_from_*``;
+- ``optimizers``: the optimizer API (``register_optimizer``, ``get_optimizer``, ...);
+- ``multi_module``: adding and removing modules;
 - ``state``: ``get_state`` / ``set_state``, checkpoints in and out;
-- ``lightning_hooks``: what a ``Trainer`` calls (``setup``, ``training_step``, ...);
-- ``batches``, ``data_parallel``, ``_lightning_private``: input checks, keeping DDP ranks in
-  step, and the private Lightning API used (one function per use).
+- ``lightning_hooks``: what a ``Trainer`` calls (``setup``, ``training_step``, ...).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Literal
 
 import torch
-from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.trainer.states import TrainerStatus
-from torch.optim import Optimizer
+from lightning.pytorch import Callback, LightningModule
 
 from lightning_rl.connectors import AddColumnsFromEpisodes, ConnectorPipeline, Piece
-from lightning_rl.connectors.add_columns import MODULES_TO_TRAIN
 from lightning_rl.core.batch import MultiModuleBatch
-from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
+from lightning_rl.core.columns import (
+    ALL_MODULES,
+    NUM_ENV_STEPS_SAMPLED_LIFETIME,
+    Columns,
+)
+from lightning_rl.core.learner_config import LearnerConfig
 from lightning_rl.core.metrics import MetricsLogger
 from lightning_rl.core.module_checks import check_known_keys
-from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec, spec_or_default
+from lightning_rl.core.rl_module_specs import (
+    MultiRLModuleSpec,
+    RLModuleSpec,
+    spec_or_default,
+)
 from lightning_rl.core.rl_modules import MultiRLModule, RLModule
 from lightning_rl.core.schedules import Schedule, ScheduleSetting
-from lightning_rl.learner._lightning_private import attached_trainer, step_hooks_have_listeners
-from lightning_rl.learner.batches import prepare_batch
+from lightning_rl.learner._lightning_private import attached_trainer
 from lightning_rl.learner.callback import LearnerCallback
 from lightning_rl.learner.evaluation import EvaluationMetrics
-from lightning_rl.learner.gradient_step import GradientStepMixin, NonFiniteSteps
-from lightning_rl.learner.lightning_hooks import LightningHooksMixin
-from lightning_rl.learner.multi_module import MultiModuleMixin, ShouldModuleBeUpdated, check_policies_to_train
-
-# DEFAULT_OPTIMIZER, clip_gradients, default_adam, EPISODE_RETURN_MEAN and TRAIN_RETURN_KEY are
-# re-exported: code imports them from lightning_rl.learner.learner.
-from lightning_rl.learner.optimizers import (  # noqa: F401
-    DEFAULT_OPTIMIZER,
+from lightning_rl.learner.lightning_hooks import EvaluationProgress, LightningHooksMixin
+from lightning_rl.learner.multi_module import (
+    MultiModuleMixin,
+    ShouldModuleBeUpdated,
+    check_policies_to_train,
+)
+from lightning_rl.learner.optimizers import (
     GRAD_CLIP_BY,
     OptimizerRegistry,
     OptimizersMixin,
     clip_gradients,
-    default_adam,
 )
-from lightning_rl.learner.result_keys import (  # noqa: F401
-    EPISODE_RETURN_MEAN,
+from lightning_rl.learner.result_keys import (
     LR_KEY,
     MODULE_TRAIN_BATCH_SIZE_MEAN,
     NUM_ENV_STEPS_TRAINED,
@@ -79,38 +87,12 @@ from lightning_rl.learner.result_keys import (  # noqa: F401
     NUM_MODULE_STEPS_TRAINED_LIFETIME,
     NUM_NON_FINITE_UPDATES_SKIPPED,
     TOTAL_LOSS_KEY,
-    TRAIN_RETURN_KEY,
     WEIGHTS_SEQ_NO,
 )
 from lightning_rl.learner.sharding import gathered
 from lightning_rl.learner.state import StateMixin
+from lightning_rl.learner.step_runner import WHAT_TO_COMPILE, NonFiniteSteps, StepRunner
 from lightning_rl.learner.update_api import UpdateApiMixin
-
-if TYPE_CHECKING:
-    from lightning_rl.env.episode import SingleAgentEpisode
-    from lightning_rl.env.multi_agent_episode import MultiAgentEpisode
-
-WHAT_TO_COMPILE = ("forward_train", "complete_update")
-
-
-class LearnerConfig(dict):
-    """A Learner's hyperparameters, readable as attributes (``config.lr``).
-
-    ``learner.config`` also knows the per-module overrides: its
-    ``get_config_for_module(module_id)`` (RLlib's name) is ``learner.config_for_module(module_id)``.
-    """
-
-    _overrides_per_module: Mapping[str, Mapping[str, Any]] = MappingProxyType({})
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(f"no hyperparameter {name!r}; the Learner has {sorted(self)}") from None
-
-    def get_config_for_module(self, module_id: str) -> LearnerConfig:
-        """These hyperparameters with ``module_id``'s overrides applied."""
-        return LearnerConfig({**self, **self._overrides_per_module.get(module_id, {})})
 
 
 def algorithm_module_spec(
@@ -137,9 +119,7 @@ def algorithm_module_spec(
     return module_spec
 
 
-class Learner(
-    UpdateApiMixin, OptimizersMixin, GradientStepMixin, MultiModuleMixin, StateMixin, LightningHooksMixin, LightningModule
-):
+class Learner(UpdateApiMixin, OptimizersMixin, MultiModuleMixin, StateMixin, LightningHooksMixin, LightningModule):
     """Base class of all Learners: trains the RL modules of a ``MultiRLModule``.
 
     Subclasses implement ``compute_loss_for_module`` (or ``compute_losses`` for losses that
@@ -231,7 +211,7 @@ class Learner(
         self._config_overrides: dict[str, dict[str, Any]] = {}
         self._check_config(self.config, "Learner")
         for module_id, overrides in (config_overrides_per_module or {}).items():
-            self._config_overrides[module_id] = self._checked_overrides(module_id, overrides)
+            self._config_overrides[module_id] = self.check_config_overrides(module_id, overrides)
 
         given = module.as_multi_rl_module() if module is not None else None
         if given is not None:
@@ -242,34 +222,19 @@ class Learner(
         object.__setattr__(self, "_given_module", given)
         self._module: MultiRLModule | None = None
         self._should_module_be_updated: ShouldModuleBeUpdated | None = policies_to_train
-        self._weights_seq_no = 0
         self._timesteps: dict[str, float] = {}
-        # An epoch's last train item ran and its evaluation has not yet (saved in checkpoints);
-        # a resumed fit that owes that evaluation runs it first (``on_train_start``).
-        self._evaluation_pending = False
-        self._evaluation_owed = False
-        # The best evaluation return of the fit so far, logged as hp_metric (saved in checkpoints).
-        self._best_evaluation_return: float | None = None
         self.metrics = MetricsLogger()
+        self.eval_metrics = EvaluationMetrics()
+        # Where the fit's evaluations stand (the one owed after a resume, the best return so far).
+        self.evaluation_progress = EvaluationProgress()
         self._optimizer_registry = OptimizerRegistry(self.get_param_ref)
-        self._non_finite_steps = NonFiniteSteps()
+        self._step_runner = StepRunner(
+            self, torch_compile=torch_compile, what_to_compile=torch_compile_what_to_compile
+        )
         # Checked now (a ConnectorPipeline refuses what is not a piece); joined to the pipeline in build().
         self._user_connector_pieces: list[Piece] = list(ConnectorPipeline(learner_connector_pieces))
         self._learner_connector: ConnectorPipeline | None = None
-        self.eval_metrics = EvaluationMetrics()
-
-        self._forward_train_fn: Callable[[MultiModuleBatch], dict[str, Any]] | None = None
-        self._minibatch_step_fn: Callable[[MultiModuleBatch], bool] | None = None
-        self._optimizer_wrappers: dict[Optimizer, Any] = {}
-        # Whether the running Trainer's per-step hooks have listeners (step_hooks_have_listeners);
-        # set with the wrappers at each update, and True until then: dispatching is never wrong.
-        self._dispatch_step_hooks = True
         self._own_callbacks: list[Callback] | None = None
-        # The modules the current update trains (agreed over all ranks); None outside updates.
-        self._modules_in_update: set[str] | None = None
-        # Under a sharding strategy (FSDP2): the mesh the modules are sharded over.
-        self._sharding_mesh: Any = None
-        self._step_anchor: torch.Tensor | None = None
 
     # ------------------------------------------------------------------------------------
     # Building
@@ -291,13 +256,13 @@ class Learner(
         self._given_module = None
         self._module = module.to(self.device)
         self.configure_optimizers()
-        self._compile()
+        self._step_runner.compile(self._module)
         self._learner_connector = self.build_learner_connector()
         for piece in self._user_connector_pieces:
             self._learner_connector.append(piece)
 
     def build_learner_connector(self) -> ConnectorPipeline:
-        """The Learner connector: the pipeline that turns episodes into a train batch.
+        """Override point: the Learner connector, the pipeline that turns episodes into a train batch.
 
         Called once by ``build``, after the modules and optimizers exist; the pieces given as
         ``learner_connector_pieces`` are appended to what it returns. The base pipeline
@@ -307,15 +272,66 @@ class Learner(
         """
         return ConnectorPipeline([AddColumnsFromEpisodes()])
 
-    @property
-    def learner_connector(self) -> ConnectorPipeline | None:
-        """The pipeline ``episodes_to_train_batch`` runs; ``None`` until ``build``."""
-        return self._learner_connector
+    def _make_module(self) -> MultiRLModule:
+        """Build the ``MultiRLModule`` from the spec; override to construct it differently."""
+        return self._module_spec.build()
+
+    @classmethod
+    def rl_module_required_apis(cls) -> list[type]:
+        """Classes (APIs) an RL module must be an instance of for this Learner to train it."""
+        return []
+
+    def rl_module_is_compatible(self, module: RLModule) -> bool:
+        """Whether this Learner can train ``module``; incompatible modules get no optimizer."""
+        return all(isinstance(module, api) for api in self.rl_module_required_apis())
+
+    # ------------------------------------------------------------------------------------
+    # What the Learner holds
+    # ------------------------------------------------------------------------------------
 
     @property
     def module(self) -> MultiRLModule | None:
         """The ``MultiRLModule`` being trained; ``None`` until ``build`` (as in RLlib)."""
         return self._module
+
+    @property
+    def built_module(self) -> MultiRLModule:
+        """The ``MultiRLModule`` being trained.
+
+        Raises:
+            ValueError: If the Learner is not built yet.
+        """
+        self._check_is_built()
+        return self._module
+
+    def _check_is_built(self) -> None:
+        if self._module is None:
+            raise ValueError(f"{type(self).__name__} is not built yet: call learner.build() first")
+
+    def _set_module(self, module: MultiRLModule) -> None:
+        """Train ``module`` from now on (sharding replaces the modules by their FSDP unit)."""
+        self._module = module
+        self._step_runner.compile(module)
+
+    @property
+    def module_spec(self) -> MultiRLModuleSpec:
+        """The spec that rebuilds the current modules, added modules included."""
+        if self._module is not None:
+            return MultiRLModuleSpec.from_module(self._module)
+        if self._module_spec is None:
+            raise ValueError(f"{type(self).__name__} has no module_spec yet")
+        return self._module_spec
+
+    @module_spec.setter
+    def module_spec(self, spec: MultiRLModuleSpec) -> None:
+        """What ``build`` builds (a checkpoint sets it before the modules exist).
+
+        Raises:
+            ValueError: Once the modules are built (add or remove modules instead).
+        """
+        if self._module is not None:
+            raise ValueError(f"{type(self).__name__} is built: add or remove modules to change them")
+        self._module_spec = spec
 
     @contextlib.contextmanager
     def module_for_acting(self, module_id: str | None = None) -> Iterator[RLModule]:
@@ -340,13 +356,53 @@ class Learner(
             yield self._module if module_id is None else self._module[module_id]
 
     @property
-    def module_spec(self) -> MultiRLModuleSpec:
-        """The spec that rebuilds the current modules, added modules included."""
-        if self._module is not None:
-            return MultiRLModuleSpec.from_module(self._module)
-        if self._module_spec is None:
-            raise ValueError(f"{type(self).__name__} has no module_spec yet")
-        return self._module_spec
+    def learner_connector(self) -> ConnectorPipeline | None:
+        """The pipeline ``episodes_to_train_batch`` runs; ``None`` until ``build``."""
+        return self._learner_connector
+
+    @property
+    def step_runner(self) -> StepRunner:
+        """What takes the Learner's gradient steps and owns the state of taking them (see ``StepRunner``)."""
+        return self._step_runner
+
+    @property
+    def optimizer_registry(self) -> OptimizerRegistry:
+        """The bookkeeping behind the optimizer API: names, parameters, clip thresholds, schedules."""
+        return self._optimizer_registry
+
+    @property
+    def timesteps(self) -> dict[str, float]:
+        """The last lifetime counters the Learner was given (``num_env_steps_sampled_lifetime``, ...).
+
+        They position the schedules; restored with the Learner's state.
+        """
+        return self._timesteps
+
+    @property
+    def weights_seq_no(self) -> int:
+        """Gradient steps taken over the Learner's life (restored with its state)."""
+        return self._step_runner.weights_seq_no
+
+    # The step runner's state under the names tests and debugging sessions know it by.
+    @property
+    def _weights_seq_no(self) -> int:
+        return self._step_runner.weights_seq_no
+
+    @property
+    def _non_finite_steps(self) -> NonFiniteSteps:
+        return self._step_runner.non_finite
+
+    @property
+    def _sharding_mesh(self) -> Any:
+        return self._step_runner.sharding_mesh
+
+    @_sharding_mesh.setter
+    def _sharding_mesh(self, mesh: Any) -> None:
+        self._step_runner.sharding_mesh = mesh
+
+    # ------------------------------------------------------------------------------------
+    # Hyperparameters and the modules to train
+    # ------------------------------------------------------------------------------------
 
     @property
     def config(self) -> LearnerConfig:
@@ -359,186 +415,36 @@ class Learner(
         """The hyperparameters for ``module_id``: the Learner's, with that module's overrides applied."""
         return LearnerConfig({**self.hparams, **self._config_overrides.get(module_id, {})})
 
-    def _make_module(self) -> MultiRLModule:
-        """Build the ``MultiRLModule`` from the spec; override to construct it differently."""
-        return self._module_spec.build()
+    @property
+    def config_overrides_per_module(self) -> dict[str, dict[str, Any]]:
+        """``{module_id: {hyperparameter: value}}``: what differs per module (checked by ``check_config_overrides``)."""
+        return self._config_overrides
 
-    @classmethod
-    def rl_module_required_apis(cls) -> list[type]:
-        """Classes (APIs) an RL module must be an instance of for this Learner to train it."""
-        return []
-
-    def rl_module_is_compatible(self, module: RLModule) -> bool:
-        """Whether this Learner can train ``module``; incompatible modules get no optimizer."""
-        return all(isinstance(module, api) for api in self.rl_module_required_apis())
-
-    def _check_is_built(self) -> None:
-        if self._module is None:
-            raise ValueError(f"{type(self).__name__} is not built yet: call learner.build() first")
-
-    def _compile(self) -> None:
-        self._forward_train_fn = self._module.forward_train
-        self._minibatch_step_fn = self._minibatch_step
-        if self.hparams.torch_compile:
-            if self.hparams.torch_compile_what_to_compile == "forward_train":
-                self._forward_train_fn = torch.compile(self._module.forward_train, dynamic=True)
-            else:
-                self._minibatch_step_fn = torch.compile(self._minibatch_step, dynamic=True)
-
-    # ------------------------------------------------------------------------------------
-    # Updates
-    # ------------------------------------------------------------------------------------
-
-    def update_from_batch(
-        self,
-        batch: Mapping[str, Any],
-        *,
-        timesteps: Mapping[str, float] | None = None,
-        num_epochs: int = 1,
-        minibatch_size: int | None = None,
-        shuffle_batch_per_epoch: bool = False,
-    ) -> dict[str, dict[str, float]]:
-        """Train on ``batch`` for ``num_epochs`` passes of minibatches; return the results.
-
-        Args:
-            batch: ``{column: array}`` for a single-module Learner, or
-                ``{module_id: {column: array}}``; numpy arrays or tensors.
-            timesteps: Lifetime counters, e.g. ``{"num_env_steps_sampled_lifetime": 4000}``;
-                they drive the learning-rate schedules. Left out, the last ones are kept.
-            num_epochs: Passes over the batch.
-            minibatch_size: Rows per gradient step; ``None`` for the whole batch.
-            shuffle_batch_per_epoch: Whether each pass visits rows in a new random order.
-
-        Under a Trainer on several DDP ranks, every rank calls this with its own shard: the
-        ranks agree on the modules trained (those with rows on any rank) and on the number
-        of minibatch steps (set by the largest shard), so all take the same steps, and a
-        rank whose shard lacks a module, or is empty (``{}``), still takes part with zero
-        gradients. DDP averages the gradients of every step; the results are reduced over
-        the ranks. ``num_epochs`` and ``minibatch_size`` must be the same on every rank.
-
-        Returns:
-            ``{module_id: {key: float}}`` plus ``ALL_MODULES``: losses, learning rates,
-            gradient norms, steps trained (this update and lifetime), ``weights_seq_no``.
-
-        Raises:
-            ValueError: for unknown module ids, missing columns, columns of unequal length or
-                observations/actions of the wrong shape. Nothing is updated then. On several
-                ranks, also (on every rank alike) for ranks given different ``num_epochs``
-                or ``minibatch_size``.
-        """
-        self._check_is_built()
-        if num_epochs < 1:
-            raise ValueError(f"num_epochs must be >= 1, got {num_epochs}")
-        if minibatch_size is not None and minibatch_size < 1:
-            raise ValueError(f"minibatch_size must be >= 1 or None, got {minibatch_size}")
-        self._update(
-            self._prepare_batch(batch),
-            timesteps=dict(timesteps or {}),
-            num_epochs=num_epochs,
-            minibatch_size=minibatch_size,
-            shuffle_batch_per_epoch=shuffle_batch_per_epoch,
-        )
-        return self.metrics.reduce()
-
-    def update_from_episodes(
-        self,
-        episodes: Sequence[SingleAgentEpisode] | Sequence[MultiAgentEpisode],
-        *,
-        timesteps: Mapping[str, float] | None = None,
-        num_epochs: int = 1,
-        minibatch_size: int | None = None,
-        shuffle_batch_per_epoch: bool = False,
-    ) -> dict[str, dict[str, float]]:
-        """Turn ``episodes`` into a train batch (``episodes_to_train_batch``), then ``update_from_batch``.
-
-        Args:
-            episodes: Single-agent episodes (or chunks of them) for this Learner's one module,
-                or multi-agent ones, whose agents' steps train the modules their episode maps
-                them to (modules not in ``policies_to_train`` get no rows); sampled by the
-                current weights for on-policy algorithms.
-            timesteps: As in ``update_from_batch``.
-            num_epochs: As in ``update_from_batch``.
-            minibatch_size: As in ``update_from_batch``.
-            shuffle_batch_per_epoch: As in ``update_from_batch``.
-
-        Returns:
-            The results of ``update_from_batch``.
-
-        Raises:
-            ValueError: For an empty list, an episode without steps, single-agent episodes and
-                a Learner with more than one module (they cannot say which module they are
-                for), or a multi-agent episode mapping an agent to a module the Learner lacks.
-        """
-        self._check_is_built()
-        return self.update_from_batch(
-            self.episodes_to_train_batch(episodes),
-            timesteps=timesteps,
-            num_epochs=num_epochs,
-            minibatch_size=minibatch_size,
-            shuffle_batch_per_epoch=shuffle_batch_per_epoch,
-        )
-
-    def update_from_replay(
-        self, replay: Any, *, timesteps: Mapping[str, float] | None = None
-    ) -> dict[str, dict[str, float]]:
-        """Train on minibatches sampled from a replay buffer (off-policy Learners implement it).
-
-        ``OffPolicyDataModule`` hands the Learner its replay buffer with every train item
-        (``None`` until learning starts). See ``OffPolicyLearner``.
-
-        Raises:
-            NotImplementedError: This Learner learns on-policy, from episodes or batches.
-        """
-        raise NotImplementedError(
-            f"{type(self).__name__} learns on-policy and cannot train from a replay buffer; use an off-policy "
-            "Learner (DQNLearner, SACLearner) with lightning_rl.data.OffPolicyDataModule; on-policy Learners use "
-            "OnPolicyDataModule"
-        )
+    def should_module_be_updated(self, module_id: str, batch: MultiModuleBatch | None = None) -> bool:
+        """Whether ``module_id`` is trained, per ``policies_to_train``."""
+        rule = self._should_module_be_updated
+        if rule is None:
+            return True
+        if callable(rule):
+            return bool(rule(module_id, batch))
+        return module_id in rule
 
     @property
-    def weights_seq_no(self) -> int:
-        """Gradient steps taken over the Learner's life (restored with its state)."""
-        return self._weights_seq_no
+    def policies_to_train(self) -> ShouldModuleBeUpdated | None:
+        """The modules to train: ids, a callable ``(module_id, batch) -> bool``, or ``None`` for all."""
+        return self._should_module_be_updated
 
-    def episodes_to_train_batch(
-        self, episodes: Sequence[SingleAgentEpisode] | Sequence[MultiAgentEpisode]
-    ) -> dict[str, dict[str, torch.Tensor]]:
-        """Run the Learner connector (``learner_connector``) on ``episodes``: ``{module_id: {column: Tensor}}``.
+    @policies_to_train.setter
+    def policies_to_train(self, rule: ShouldModuleBeUpdated | None) -> None:
+        self._should_module_be_updated = check_policies_to_train(rule, "policies_to_train")
+        self.hparams.policies_to_train = None if rule is None or callable(rule) else sorted(rule)
 
-        The pieces share ``shared_data``, which starts with ``"modules_to_train"``: the ids
-        ``should_module_be_updated`` says yes to, so multi-agent episodes give no rows (and
-        cost no value predictions) to frozen modules. To add columns, add connector pieces
-        (``learner_connector_pieces`` or an override of ``build_learner_connector``) rather
-        than overriding this.
-        """
-        self._check_is_built()
-        modules_to_train = {mid for mid in self._module.keys() if self.should_module_be_updated(mid)}
-        # Pieces may run the modules (GAE's value predictions): sharded ones are gathered whole meanwhile.
-        with gathered(self._module):
-            return self._learner_connector(
-                rl_module=self._module,
-                batch={},
-                episodes=list(episodes),
-                shared_data={MODULES_TO_TRAIN: modules_to_train},
-                metrics=self.metrics,
-            )
-
-    def required_batch_columns(self, module_id: str) -> list[str]:
-        """Columns a batch must hold for ``module_id``; checked before any update."""
-        return [Columns.OBS]
-
-    def _prepare_batch(self, batch: Mapping[str, Any]) -> MultiModuleBatch:
-        """A user batch as ``{module_id: {column: Tensor}}`` on our device, checked (``batches.prepare_batch``)."""
-        return prepare_batch(
-            batch,
-            self._module,
-            device=self.device,
-            required_columns=self.required_batch_columns,
-            data_parallel=self._is_data_parallel(),
-        )
+    # ------------------------------------------------------------------------------------
+    # Override points of an update, in the order it calls them
+    # ------------------------------------------------------------------------------------
 
     def before_gradient_based_update(self, *, timesteps: dict[str, Any]) -> None:
-        """Called at the start of every update, before any gradient step.
+        """Override point, called at the start of every update, before any gradient step.
 
         Sets the scheduled learning rates for the current ``timesteps`` and calls
         ``on_before_gradient_based_update`` on the Trainer's ``LearnerCallback``\\ s.
@@ -550,8 +456,112 @@ class Learner(
         for callback in self._learner_callbacks():
             callback.on_before_gradient_based_update(attached_trainer(self), self, timesteps)
 
+    def compute_losses(self, *, fwd_out: dict[str, Any], batch: MultiModuleBatch) -> dict[str, torch.Tensor]:
+        """Override point: the loss of every module in ``fwd_out``; override for losses that span modules.
+
+        Returns:
+            ``{module_id: scalar loss}``; an ``ALL_MODULES`` entry, if present, is the loss
+            that is backpropagated, otherwise the sum of the module losses is.
+        """
+        return {
+            module_id: self.compute_loss_for_module(
+                module_id=module_id,
+                config=self.config_for_module(module_id),
+                batch=batch[module_id],
+                fwd_out=module_fwd_out,
+            )
+            for module_id, module_fwd_out in fwd_out.items()
+        }
+
+    def compute_loss_for_module(
+        self, *, module_id: str, config: LearnerConfig, batch: dict[str, torch.Tensor], fwd_out: dict[str, Any]
+    ) -> torch.Tensor:
+        """Override point: the scalar loss of one module on one minibatch. Subclasses implement it.
+
+        Log extra values with ``self.metrics.log_value((module_id, "name"), tensor, window=math.inf,
+        clear_on_reduce=True)`` (the mean over the update; the default is RLlib's EMA).
+
+        Args:
+            module_id: The module.
+            config: Its hyperparameters.
+            batch: Its minibatch, ``{column: Tensor[B, ...]}``.
+            fwd_out: The output of its ``forward_train`` on ``batch``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement compute_loss_for_module (or compute_losses)")
+
+    def compute_gradients(self, loss_per_module: Mapping[str, torch.Tensor], **kwargs: Any) -> dict[Any, torch.Tensor]:
+        """Override point: backpropagate the total loss; return ``{param_ref: gradient}``.
+
+        The default is ``StepRunner.backward``: it resets the registered parameters'
+        gradients, backpropagates through Lightning (``manual_backward``) when a Trainer runs
+        the Learner, and keeps DDP and FSDP2 ranks in step.
+        """
+        return self._step_runner.backward(loss_per_module)
+
+    def postprocess_gradients(self, gradients_dict: dict[Any, torch.Tensor]) -> dict[Any, torch.Tensor]:
+        """Override point: post-process (clip) the gradients of every module's optimizers.
+
+        Calls ``postprocess_gradients_for_module`` with each module's gradients; gradients
+        of no registered optimizer pass unchanged.
+        """
+        processed = dict(gradients_dict)
+        for module_id in self._optimizer_registry.by_module:
+            module_gradients = {}
+            for _, optimizer in self.get_optimizers_for_module(module_id):
+                module_gradients.update(self.filter_param_dict_for_optimizer(gradients_dict, optimizer))
+            processed.update(
+                self.postprocess_gradients_for_module(
+                    module_id=module_id,
+                    config=self.config_for_module(module_id),
+                    module_gradients_dict=module_gradients,
+                )
+            )
+        return processed
+
+    def postprocess_gradients_for_module(
+        self, *, module_id: str, config: LearnerConfig, module_gradients_dict: dict[Any, torch.Tensor]
+    ) -> dict[Any, torch.Tensor]:
+        """Override point: clip one module's gradients, optimizer by optimizer, and log their global norms.
+
+        Each optimizer clips at its own threshold when it was registered with one, else at
+        the module's ``grad_clip``.
+
+        The norm logged as ``gradients_{optimizer_name}_global_norm`` is taken before clipping.
+        """
+        registry = self._optimizer_registry
+        for optimizer_name, optimizer in self.get_optimizers_for_module(module_id):
+            gradients = self.filter_param_dict_for_optimizer(module_gradients_dict, optimizer)
+            if not gradients:
+                continue
+            grad_clip = registry.grad_clip.get(optimizer, config.grad_clip)
+            global_norm = clip_gradients(gradients, grad_clip=grad_clip, grad_clip_by=config.grad_clip_by)
+            key = (module_id, f"gradients_{optimizer_name}_global_norm")
+            self.metrics.log_value(key, global_norm, window=math.inf, clear_on_reduce=True)
+            registry.measured_norms[optimizer] = global_norm
+        return module_gradients_dict
+
+    def apply_gradients(self, gradients_dict: Mapping[Any, torch.Tensor]) -> None:
+        """Override point: step the optimizers of every module that should be updated, with these gradients.
+
+        An optimizer whose gradients hold a NaN or infinity (before any clipping) does not
+        step (counted in the results as ``num_non_finite_updates_skipped``), so one bad batch
+        cannot poison the weights or the optimizer's moments; the steps it skips in a row are
+        counted towards ``max_consecutive_non_finite_steps``. Under DDP the gradients are
+        averaged over the ranks before this runs, so every rank steps or skips alike. A module
+        that no rank has rows of in this update does not step: its gradients are zeros.
+        """
+        in_update = self._step_runner.modules_in_update
+        module_ids = []
+        for module_id in self._optimizer_registry.by_module:
+            if module_id != ALL_MODULES and not self.should_module_be_updated(module_id):
+                continue
+            if module_id != ALL_MODULES and in_update is not None and module_id not in in_update:
+                continue  # its gradients are zeros from other ranks' steps, not its own data
+            module_ids.append(module_id)
+        self._step_runner.apply(gradients_dict, module_ids)
+
     def after_gradient_based_update(self, *, timesteps: dict[str, Any]) -> None:
-        """Called at the end of every update, after the last gradient step.
+        """Override point, called at the end of every update, after the last gradient step.
 
         Steps torch ``LRScheduler``\\ s and calls ``on_after_gradient_based_update`` on the
         Trainer's ``LearnerCallback``\\ s. Override for non-gradient updates (target
@@ -561,25 +571,11 @@ class Learner(
         for callback in self._learner_callbacks():
             callback.on_after_gradient_based_update(attached_trainer(self), self, timesteps)
 
-    # ------------------------------------------------------------------------------------
-    # Trainer plumbing and validation
-    # ------------------------------------------------------------------------------------
+    def required_batch_columns(self, module_id: str) -> list[str]:
+        """Override point: columns a batch must hold for ``module_id``; checked before any update."""
+        return [Columns.OBS]
 
-    def _running_trainer(self) -> Trainer | None:
-        """The attached Trainer while it runs (fit, validate, ...); ``None`` otherwise."""
-        trainer = attached_trainer(self)
-        return trainer if trainer is not None and trainer.state.status == TrainerStatus.RUNNING else None
-
-    def _is_running_under_trainer(self) -> bool:
-        trainer = attached_trainer(self)
-        return trainer is not None and trainer.state.status == TrainerStatus.RUNNING
-
-    def _is_data_parallel(self) -> bool:
-        """Whether this update runs on several ranks of a Trainer (DDP), which must take it in step."""
-        trainer = self._running_trainer()
-        return trainer is not None and trainer.world_size > 1
-
-    def _learner_callbacks(self) -> list[Any]:
+    def _learner_callbacks(self) -> list[LearnerCallback]:
         trainer = attached_trainer(self)
         if trainer is None:
             # Standalone, the Learner's own callbacks (which a Trainer would add) still run.
@@ -591,53 +587,17 @@ class Learner(
             callbacks = trainer.callbacks
         return [c for c in callbacks if isinstance(c, LearnerCallback)]
 
-    def _attach_trainer_step(self) -> None:
-        """Look up, once per update, how the running Trainer takes a step.
+    # ------------------------------------------------------------------------------------
+    # Checks of the hyperparameters
+    # ------------------------------------------------------------------------------------
 
-        Sets ``{optimizer: its LightningOptimizer wrapper}`` (``{}`` without a running Trainer)
-        and whether anything listens to the Trainer's per-step hooks (else the steps skip
-        Lightning's dispatch).
+    def check_config_overrides(self, module_id: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
+        """``overrides`` for ``module_id``, checked as the Learner's own hyperparameters are.
+
+        Raises:
+            ValueError: For ``model_config``, an unknown hyperparameter, or a value out of range,
+                naming the module.
         """
-        trainer = self._running_trainer()
-        if trainer is None:
-            self._optimizer_wrappers, self._dispatch_step_hooks = {}, True
-            return
-        wrappers = self.optimizers()
-        wrappers = wrappers if isinstance(wrappers, list) else [wrappers]
-        self._optimizer_wrappers = {wrapper.optimizer: wrapper for wrapper in wrappers}
-        self._dispatch_step_hooks = step_hooks_have_listeners(trainer, self)
-
-    def _rebuild_optimizers(self, state: Mapping[str, Any]) -> None:
-        """Register every module's optimizers anew (on its current parameters) and load ``state`` into them.
-
-        ``state`` is what ``OptimizerRegistry.get_state(include_optimizers=True)`` returned
-        before the parameters were replaced (sharding replaces them).
-        """
-        old_registry, old_counts = self._optimizer_registry, self._non_finite_steps
-        self._optimizer_registry = OptimizerRegistry(self.get_param_ref)
-        self.configure_optimizers()
-        registry = self._optimizer_registry
-        registry.check_state(state)
-        registry.set_state(state)
-        # Skips in a row go on counting on the new optimizers (their names are the old ones').
-        name_of = {optimizer: name for name, optimizer in old_registry.named.items()}
-        self._non_finite_steps = NonFiniteSteps(
-            in_a_row={
-                registry.named[name_of[optimizer]]: count
-                for optimizer, count in old_counts.in_a_row.items()
-                if optimizer in name_of  # not one of a removed module
-            }
-        )
-        self._sync_trainer_optimizers()
-
-    def _sync_trainer_optimizers(self) -> None:
-        """Hand the current optimizers to an attached Trainer, so it steps and saves them."""
-        trainer = attached_trainer(self)
-        if trainer is not None:
-            trainer.strategy.optimizers = list(self._optimizer_registry.named.values())
-            self._attach_trainer_step()
-
-    def _checked_overrides(self, module_id: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
         where = f"config overrides for module {module_id!r}"
         if "model_config" in overrides:
             raise ValueError(

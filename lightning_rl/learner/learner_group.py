@@ -30,7 +30,11 @@ from typing import TYPE_CHECKING, Any, Literal, Union, get_args
 
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.train_item import TrainingData
-from lightning_rl.learner._group_data import iterator_settings, update_settings, update_source
+from lightning_rl.learner._group_data import (
+    iterator_settings,
+    update_settings,
+    update_source,
+)
 from lightning_rl.learner._group_local import LocalBackend
 from lightning_rl.learner._group_processes import ProcessBackend, pickle_learner
 from lightning_rl.learner._group_protocol import (

@@ -20,7 +20,11 @@ import torch
 from lightning.pytorch.strategies import FSDPStrategy
 
 from lightning_rl.core.checkpoint import CHECKPOINT_KEY
-from lightning_rl.core.columns import ALL_MODULES, DEFAULT_MODULE_ID, NUM_ENV_STEPS_SAMPLED_LIFETIME
+from lightning_rl.core.columns import (
+    ALL_MODULES,
+    DEFAULT_MODULE_ID,
+    NUM_ENV_STEPS_SAMPLED_LIFETIME,
+)
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.train_item import TrainItem
 from lightning_rl.learner import state as learner_state
@@ -31,7 +35,11 @@ from lightning_rl.learner._lightning_private import (
     trainer_writes_logs_now,
 )
 from lightning_rl.learner.batches import as_train_item
-from lightning_rl.learner.env_step_logging import HP_METRIC_KEY, best_return, log_env_step
+from lightning_rl.learner.env_step_logging import (
+    HP_METRIC_KEY,
+    best_return,
+    log_env_step,
+)
 from lightning_rl.learner.result_keys import TOTAL_LOSS_KEY, TRAIN_RETURN_KEY
 from lightning_rl.learner.sharding import (
     check_writes_whole_checkpoints,
@@ -39,6 +47,23 @@ from lightning_rl.learner.sharding import (
     is_sharding_strategy,
     shard_modules,
 )
+from lightning_rl.learner.update_api import SETTINGS_OF_SOURCE
+
+
+@dataclasses.dataclass
+class EvaluationProgress:
+    """Where a fit's evaluations stand; the Learner holds one (``learner.evaluation_progress``), saved in checkpoints.
+
+    Attributes:
+        pending: The epoch's last train item has run and its evaluation has not yet: a
+            checkpoint written now owes that evaluation.
+        owed: A resumed fit owes the evaluation its checkpoint was written before; ``on_train_start`` runs it.
+        best_return: The best evaluation return of the fit so far, logged as ``hp_metric``.
+    """
+
+    pending: bool = False
+    owed: bool = False
+    best_return: float | None = None
 
 
 class LightningHooksMixin:
@@ -100,7 +125,7 @@ class LightningHooksMixin:
                 checkpoints hold slices the Learner cannot restore; ``"fsdp2"`` writes whole ones).
         """
         strategy = getattr(self.trainer, "strategy", None)
-        if not is_sharding_strategy(strategy) or self._sharding_mesh is not None:
+        if not is_sharding_strategy(strategy) or self.step_runner.sharding_mesh is not None:
             return
         check_writes_whole_checkpoints(strategy, checkpointing=bool(self.trainer.checkpoint_callbacks))
         shard_modules(self, data_parallel_mesh(strategy))
@@ -142,23 +167,20 @@ class LightningHooksMixin:
         metrics = {f"{mid}/{key}": value for mid, values in results.items() for key, value in values.items()}
         metrics.update({f"env_runners/{key}": value for key, value in item.env_runners.items()})
         self._log_train_metrics(metrics, batch_idx, item.timesteps.get(NUM_ENV_STEPS_SAMPLED_LIFETIME))
-        self._evaluation_pending = _ends_an_epoch_that_evaluates(attached_trainer(self), batch_idx)
+        self.evaluation_progress.pending = _ends_an_epoch_that_evaluates(attached_trainer(self), batch_idx)
         return {"results": results}
 
     def _update_settings_for(self, item: TrainItem) -> dict[str, Any]:
         """The epoch and minibatch settings of ``item``'s update: the Learner's, replaced by the item's own.
 
-        A replay source, or no data, trains with the Learner's own settings (``update`` takes
-        none for it); an iterator takes only ``minibatch_size`` (``num_epochs`` only when the item sets it).
+        Which settings a source of data trains with is ``update_api.SETTINGS_OF_SOURCE``'s:
+        a replay source, or no data, takes none (it trains with the Learner's own); an
+        iterator takes only ``minibatch_size`` (``num_epochs`` only when the item sets it).
         """
-        source = item.data.source
-        if source in ("replay", None):
+        names = SETTINGS_OF_SOURCE[item.data.source]
+        if names is None:
             return {}
-        settings = {"minibatch_size": self.hparams.minibatch_size}
-        if source != "data_iterators":
-            settings.update(
-                num_epochs=self.hparams.num_epochs, shuffle_batch_per_epoch=self.hparams.shuffle_batch_per_epoch
-            )
+        settings = {name: self.hparams[name] for name in names}
         settings.update(item.update_settings)
         return settings
 
@@ -184,7 +206,7 @@ class LightningHooksMixin:
         return_mean = self.eval_metrics.return_mean
         self.log("eval_return", return_mean, prog_bar=True, logger=False, on_step=False, on_epoch=True)
         env_steps = eval_item.timesteps.get(
-            NUM_ENV_STEPS_SAMPLED_LIFETIME, self._timesteps.get(NUM_ENV_STEPS_SAMPLED_LIFETIME)
+            NUM_ENV_STEPS_SAMPLED_LIFETIME, self.timesteps.get(NUM_ENV_STEPS_SAMPLED_LIFETIME)
         )
         if env_steps is not None:
             log_env_step(self, env_steps, on_step=False)
@@ -201,9 +223,10 @@ class LightningHooksMixin:
         if trainer is None or trainer.sanity_checking or not return_mean.update_called:
             return
         # compute() gathers over the ranks and caches the result, which Lightning then logs as it is.
-        self._best_evaluation_return = best_return(self._best_evaluation_return, return_mean.compute())
-        if self._best_evaluation_return is not None:
-            self.log(HP_METRIC_KEY, self._best_evaluation_return, on_step=False, on_epoch=True, sync_dist=True)
+        progress = self.evaluation_progress
+        progress.best_return = best_return(progress.best_return, return_mean.compute())
+        if progress.best_return is not None:
+            self.log(HP_METRIC_KEY, progress.best_return, on_step=False, on_epoch=True, sync_dist=True)
 
     def _log_train_metrics(self, metrics: dict[str, float], batch_idx: int, env_steps: float | None) -> None:
         """Log one train item's metrics, on the items whose logs Lightning writes, and on the epoch's last.
@@ -234,7 +257,7 @@ class LightningHooksMixin:
 
     def on_validation_end(self) -> None:
         """Lightning's hook: the epoch's evaluation has run, so a checkpoint from now on owes none."""
-        self._evaluation_pending = False
+        self.evaluation_progress.pending = False
 
     def on_train_start(self) -> None:
         """Lightning's hook: run the evaluation a resumed checkpoint's epoch still owed, before training goes on.
@@ -247,9 +270,9 @@ class LightningHooksMixin:
         here, logged at the checkpoint's step.
         """
         trainer = attached_trainer(self)
-        if self._evaluation_owed and trainer is not None and trainer.enable_validation:
+        if self.evaluation_progress.owed and trainer is not None and trainer.enable_validation:
             run_validation_now(trainer)
-        self._evaluation_owed = False
+        self.evaluation_progress.owed = False
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Lightning's hook: add what rebuilds this Learner to a Lightning checkpoint.
@@ -265,8 +288,8 @@ class LightningHooksMixin:
         learner_state.add_to_lightning_checkpoint(
             self,
             checkpoint,
-            evaluation_owed=self._evaluation_pending,
-            best_evaluation_return=self._best_evaluation_return,
+            evaluation_owed=self.evaluation_progress.pending,
+            best_evaluation_return=self.evaluation_progress.best_return,
         )
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -277,8 +300,8 @@ class LightningHooksMixin:
         learner_state.restore_from_lightning_checkpoint(self, checkpoint)
         owed = bool(checkpoint[CHECKPOINT_KEY].get("evaluation_owed", False))
         best = checkpoint[CHECKPOINT_KEY].get("best_evaluation_return")
-        self._best_evaluation_return = None if best is None else float(best)
-        self._evaluation_owed = owed and resume_skips_the_epochs_evaluation(checkpoint)
+        self.evaluation_progress.best_return = None if best is None else float(best)
+        self.evaluation_progress.owed = owed and resume_skips_the_epochs_evaluation(checkpoint)
 
     @classmethod
     def load_from_checkpoint(

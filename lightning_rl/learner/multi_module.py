@@ -1,11 +1,11 @@
 """Which RL modules a Learner trains, and adding or removing them while it trains.
 
-``MultiModuleMixin`` is one part of ``Learner``, which inherits it. ``add_module`` and
-``remove_module`` change the ``MultiRLModule`` mid-training (e.g. league play adds frozen
-opponents), with the optimizers, overrides and metrics that go with a module; under a
-running Trainer they hand the new optimizers to it and, under DDP, rebuild the wrapper (under
-FSDP2, the sharded unit).
-``should_module_be_updated`` answers ``policies_to_train``.
+``MultiModuleMixin`` is one part of ``Learner``, which inherits it; it holds no state.
+``add_module`` and ``remove_module`` change the ``MultiRLModule`` mid-training (e.g. league
+play adds frozen opponents), with the optimizers, overrides and metrics that go with a
+module; under a running Trainer they hand the new optimizers to it and, under DDP, rebuild
+the wrapper (under FSDP2, the sharded unit). ``check_policies_to_train`` checks a
+``policies_to_train`` rule (``Learner.should_module_be_updated`` answers it).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from typing import Any, Optional, Union
 from lightning_rl.core.batch import MultiModuleBatch
 from lightning_rl.core.module_checks import validate_module_id
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
-from lightning_rl.learner.data_parallel import rewrap_data_parallel
 from lightning_rl.learner.sharding import shard_modules
 
 ShouldModuleBeUpdated = Union[Collection[str], Callable[[str, Optional[MultiModuleBatch]], bool]]
@@ -46,16 +45,7 @@ def check_policies_to_train(rule: Any, where: str = "policies_to_train") -> Shou
 
 
 class MultiModuleMixin:
-    """Adding, removing and choosing the modules to train (a part of ``Learner``)."""
-
-    def should_module_be_updated(self, module_id: str, batch: MultiModuleBatch | None = None) -> bool:
-        """Whether ``module_id`` is trained, per ``policies_to_train``."""
-        rule = self._should_module_be_updated
-        if rule is None:
-            return True
-        if callable(rule):
-            return bool(rule(module_id, batch))
-        return module_id in rule
+    """Adding and removing modules (a part of ``Learner``)."""
 
     def add_module(
         self,
@@ -81,24 +71,23 @@ class MultiModuleMixin:
         Returns:
             The spec of all modules after adding.
         """
-        self._check_is_built()
+        module = self.built_module
         validate_module_id(module_id)
-        if module_id in self._module:
+        if module_id in module:
             raise ValueError(f"module {module_id!r} already exists; remove it first or pick another id")
-        overrides = self._checked_overrides(module_id, config_overrides or {})
+        overrides = self.check_config_overrides(module_id, config_overrides or {})
         spec = copy.copy(module_spec)
         spec.inference_only = False
-        module = spec.build().to(self.device)
+        new_module = spec.build().to(self.device)
 
-        self._module.add_module(module_id, module)
+        module.add_module(module_id, new_module)
         if overrides:
-            self._config_overrides[module_id] = overrides
+            self.config_overrides_per_module[module_id] = overrides
         if new_should_module_be_updated is not None:
-            self._set_should_module_be_updated(new_should_module_be_updated)
-        if self.rl_module_is_compatible(module):
+            self.policies_to_train = check_policies_to_train(new_should_module_be_updated, "new_should_module_be_updated")
+        if self.rl_module_is_compatible(new_module):
             self._configure_module_optimizers(module_id)
-        self._compile()
-        self._rewrap_data_parallel()
+        self._modules_changed()
         return self.module_spec
 
     def remove_module(
@@ -115,29 +104,24 @@ class MultiModuleMixin:
         Returns:
             The spec of the remaining modules.
         """
-        self._check_is_built()
-        if module_id not in self._module:
-            raise ValueError(f"no module {module_id!r} to remove; modules are {sorted(self._module.keys())}")
-        self._optimizer_registry.remove_module(module_id)
-        self._module.remove_module(module_id)
-        self._config_overrides.pop(module_id, None)
+        module = self.built_module
+        if module_id not in module:
+            raise ValueError(f"no module {module_id!r} to remove; modules are {sorted(module.keys())}")
+        self.optimizer_registry.remove_module(module_id)
+        module.remove_module(module_id)
+        self.config_overrides_per_module.pop(module_id, None)
         self.metrics.delete(module_id)
         if new_should_module_be_updated is not None:
-            self._set_should_module_be_updated(new_should_module_be_updated)
+            self.policies_to_train = check_policies_to_train(new_should_module_be_updated, "new_should_module_be_updated")
         self._sync_trainer_optimizers()
-        self._compile()
-        self._rewrap_data_parallel()
+        self._modules_changed()
         return self.module_spec
 
-    def _set_should_module_be_updated(self, rule: ShouldModuleBeUpdated) -> None:
-        self._should_module_be_updated = check_policies_to_train(rule, "new_should_module_be_updated")
-        self.hparams.policies_to_train = None if callable(rule) else sorted(rule)
-
-    def _rewrap_data_parallel(self) -> None:
-        """After a module was added or removed: DDP's wrapper, or the FSDP unit, is built again around the modules."""
-        if self._sharding_mesh is not None:
-            shard_modules(self, self._sharding_mesh)
+    def _modules_changed(self) -> None:
+        """After a module was added or removed: compile anew, and build DDP's wrapper, or the FSDP unit, around the modules."""
+        runner = self.step_runner
+        if runner.sharding_mesh is not None:
+            shard_modules(self, runner.sharding_mesh)  # compiles the new unit
             return
-        trainer = self._running_trainer()
-        if trainer is not None:
-            rewrap_data_parallel(trainer.strategy, self)
+        runner.compile(self.module)
+        runner.rewrap_data_parallel(self)

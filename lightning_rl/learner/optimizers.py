@@ -13,21 +13,30 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Collection, Mapping
-from typing import TYPE_CHECKING, Any, Literal, Union
+from typing import Any, Literal, Union
 
 import torch
 from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
-from lightning_rl.core.columns import ALL_MODULES, DEFAULT_MODULE_ID, NUM_ENV_STEPS_SAMPLED_LIFETIME
+from lightning_rl.core.columns import (
+    ALL_MODULES,
+    DEFAULT_MODULE_ID,
+    NUM_ENV_STEPS_SAMPLED_LIFETIME,
+)
+from lightning_rl.core.learner_config import LearnerConfig
 from lightning_rl.core.metrics import MetricsLogger
 from lightning_rl.core.schedules import Schedule, ScheduleSetting
-from lightning_rl.core.sharding import load_optimizer_state, local_part, optimizer_state, whole_copies, whole_norms
+from lightning_rl.core.sharding import (
+    load_optimizer_state,
+    local_part,
+    optimizer_state,
+    whole_copies,
+    whole_norms,
+)
+from lightning_rl.learner._lightning_private import attached_trainer
 from lightning_rl.learner.result_keys import LR_KEY
-
-if TYPE_CHECKING:
-    from lightning_rl.learner.learner import LearnerConfig
 
 DEFAULT_OPTIMIZER = "default_optimizer"
 GRAD_CLIP_BY = ("value", "norm", "global_norm")
@@ -56,6 +65,10 @@ class OptimizerRegistry:
 
     def __init__(self, param_ref: Callable[[nn.Parameter], ParamRef]) -> None:
         self.param_ref = param_ref
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget every optimizer (sharding registers them all again, on the slices)."""
         self.named: dict[str, Optimizer] = {}
         self.by_module: dict[str, list[str]] = defaultdict(list)
         self.params_of: dict[Optimizer, list[nn.Parameter]] = {}
@@ -248,8 +261,9 @@ class OptimizerRegistry:
 class OptimizersMixin:
     """The Learner's optimizer API, RLlib's names (a part of ``Learner``, which inherits it).
 
-    The bookkeeping is the ``OptimizerRegistry`` in ``self._optimizer_registry``; these
-    methods are what a Learner subclass calls or overrides (``configure_optimizers_for_module``).
+    The bookkeeping is the Learner's ``OptimizerRegistry`` (``learner.optimizer_registry``);
+    these methods are what a Learner subclass calls or overrides
+    (``configure_optimizers_for_module``, the override point). The mixin holds no state.
     """
 
     def configure_optimizers(self) -> list[Optimizer]:
@@ -260,10 +274,10 @@ class OptimizersMixin:
         ``configure_optimizers_for_module`` rather than this method.
         """
         for module_id in self.module.keys():
-            has_optimizers = module_id in self._optimizer_registry.by_module
+            has_optimizers = module_id in self.optimizer_registry.by_module
             if not has_optimizers and self.rl_module_is_compatible(self.module[module_id]):
                 self._configure_module_optimizers(module_id)
-        return list(self._optimizer_registry.named.values())
+        return list(self.optimizer_registry.named.values())
 
     def _configure_module_optimizers(self, module_id: str) -> None:
         """``configure_optimizers_for_module`` for ``module_id``, noting that what it registers can be rebuilt.
@@ -275,11 +289,11 @@ class OptimizersMixin:
         """
         if not any(True for _ in self.module[module_id].parameters()):
             return
-        self._optimizer_registry.configuring = True
+        self.optimizer_registry.configuring = True
         try:
             self.configure_optimizers_for_module(module_id=module_id, config=self.config_for_module(module_id))
         finally:
-            self._optimizer_registry.configuring = False
+            self.optimizer_registry.configuring = False
 
     def configure_optimizers_for_module(self, module_id: str, config: LearnerConfig) -> None:
         """Create and ``register_optimizer`` the optimizer(s) of one module.
@@ -321,24 +335,24 @@ class OptimizersMixin:
             grad_clip: This optimizer's own clip threshold (``None``: no clipping), or
                 ``"module"`` for the module's ``grad_clip``.
         """
-        self._optimizer_registry.register(
+        self.optimizer_registry.register(
             module_id=module_id,
             optimizer_name=optimizer_name,
             optimizer=optimizer,
             params=params,
             lr_or_lr_schedule=lr_or_lr_schedule,
             grad_clip=grad_clip,
-            timestep=self._timesteps.get(NUM_ENV_STEPS_SAMPLED_LIFETIME, 0),
+            timestep=self.timesteps.get(NUM_ENV_STEPS_SAMPLED_LIFETIME, 0),
         )
         self._sync_trainer_optimizers()
 
     def get_optimizer(self, module_id: str = DEFAULT_MODULE_ID, optimizer_name: str = DEFAULT_OPTIMIZER) -> Optimizer:
         """The optimizer registered as ``optimizer_name`` (short or full name) for ``module_id``."""
-        return self._optimizer_registry.get(module_id, optimizer_name)
+        return self.optimizer_registry.get(module_id, optimizer_name)
 
     def get_optimizers_for_module(self, module_id: str = ALL_MODULES) -> list[tuple[str, Optimizer]]:
         """``(optimizer_name, optimizer)`` pairs registered for ``module_id``, short names."""
-        registry = self._optimizer_registry
+        registry = self.optimizer_registry
         prefix = len(module_id) + 1
         return [(name[prefix:], registry.named[name]) for name in registry.by_module.get(module_id, [])]
 
@@ -354,14 +368,39 @@ class OptimizersMixin:
         """The non-``None`` entries of ``param_dict`` (keyed by param ref) that belong to ``optimizer``."""
         return {
             ref: param_dict[ref]
-            for ref in self._optimizer_registry.params_of[optimizer]
+            for ref in self.optimizer_registry.params_of[optimizer]
             if ref in param_dict and param_dict[ref] is not None
         }
 
     @property
     def _named_optimizers(self) -> dict[str, Optimizer]:
         """RLlib's ``{full_name: optimizer}`` table, in registration order (the registry's ``named``)."""
-        return self._optimizer_registry.named
+        return self.optimizer_registry.named
+
+    def _rebuild_optimizers(self, state: Mapping[str, Any]) -> None:
+        """Register every module's optimizers anew (on its current parameters) and load ``state`` into them.
+
+        ``state`` is what ``OptimizerRegistry.get_state(include_optimizers=True)`` returned
+        before the parameters were replaced (sharding replaces them). Skips in a row go on
+        counting on the new optimizers (their names are the old ones').
+        """
+        registry = self.optimizer_registry
+        old_named = dict(registry.named)
+        registry.clear()
+        self.configure_optimizers()
+        registry.check_state(state)
+        registry.set_state(state)
+        self.step_runner.follow_rebuilt_optimizers(
+            {old: registry.named[name] for name, old in old_named.items() if name in registry.named}
+        )
+        self._sync_trainer_optimizers()
+
+    def _sync_trainer_optimizers(self) -> None:
+        """Hand the current optimizers to an attached Trainer, so it steps and saves them."""
+        trainer = attached_trainer(self)
+        if trainer is not None:
+            trainer.strategy.optimizers = list(self.optimizer_registry.named.values())
+            self.step_runner.attach_trainer()
 
 
 def default_adam(params: list[nn.Parameter], **kwargs: Any) -> torch.optim.Adam:

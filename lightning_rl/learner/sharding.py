@@ -13,7 +13,7 @@ module does for a Learner:
   is added or removed (the unit is rebuilt around the new set of modules).
 - the unit's ``zero_pass`` and ``reduce_replicated_gradients``: what keeps
   the ranks' collective calls in step within a minibatch step (see
-  ``Learner._sharded_forward_train``): every rank gathers the same weights, gives every
+  ``StepRunner.minibatch_step``): every rank gathers the same weights, gives every
   parameter a gradient, and averages the gradients FSDP does not reduce.
 - ``FSDP2Strategy``: ``ModelParallelStrategy`` with the sizes a Learner needs and checkpoints
   in the format every other strategy writes, so they load in one process, under DDP or on any
@@ -36,7 +36,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from lightning.pytorch.strategies import ModelParallelStrategy, Strategy, StrategyRegistry
+from lightning.pytorch import LightningModule
+from lightning.pytorch.strategies import (
+    ModelParallelStrategy,
+    Strategy,
+    StrategyRegistry,
+)
 from lightning.pytorch.strategies.parallel import ParallelStrategy
 from torch import nn
 
@@ -53,8 +58,6 @@ from lightning_rl.core.sharding import (
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
-
-    from lightning_rl.learner.learner import Learner
 
 FSDP2_STRATEGY_NAME = "fsdp2"
 
@@ -102,7 +105,7 @@ def check_writes_whole_checkpoints(strategy: Strategy, checkpointing: bool) -> N
         )
 
 
-def shard_modules(learner: Learner, mesh: DeviceMesh) -> None:
+def shard_modules(learner: LightningModule, mesh: DeviceMesh) -> None:
     """Make the Learner's modules one FSDP unit over ``mesh`` and rebuild its optimizers on the slices.
 
     The weights, optimizer states and learning-rate schedulers the Learner had are kept, and
@@ -110,17 +113,21 @@ def shard_modules(learner: Learner, mesh: DeviceMesh) -> None:
     on every rank, as under DDP. A collective call: every rank makes it at the same point.
     The modules are rebuilt from their spec when they were sharded before, since an FSDP
     unit's parameters are fixed when it is made.
+
+    Args:
+        learner: The Learner whose modules to shard.
+        mesh: The data-parallel mesh (``data_parallel_mesh``).
     """
-    direct = sorted(learner._optimizer_registry.registered_directly)
+    direct = sorted(learner.optimizer_registry.registered_directly)
     if direct:
         raise ValueError(
             f"cannot shard the modules: optimizers {direct} were registered after build(), and sharding builds "
             "every optimizer again on the slices through configure_optimizers_for_module; register them there"
         )
-    current = learner._module
+    current = learner.module
     weights = module_state(current)
     _broadcast_unsharded(current, weights, mesh)
-    optimizer_states = learner._optimizer_registry.get_state(include_optimizers=True)
+    optimizer_states = learner.optimizer_registry.get_state(include_optimizers=True)
     if module_is_sharded(current):
         # Its random initial weights are replaced below: drawing them must not move the global
         # RNG (a seeded fit then samples alike, sharded or not).
@@ -131,12 +138,11 @@ def shard_modules(learner: Learner, mesh: DeviceMesh) -> None:
         module = current
     load_module_state(module, weights)
     _fully_shard(module, mesh)
-    learner._module = module
-    learner._sharding_mesh = mesh
+    learner._set_module(module)
+    learner.step_runner.sharding_mesh = mesh
     learner._rebuild_optimizers(optimizer_states)
     # Building optimizers may set weights (SAC sets log_alpha from initial_alpha): keep the Learner's.
     load_module_state(module, weights)
-    learner._compile()
 
 
 def _copy_flags(source: nn.Module, target: nn.Module) -> None:
@@ -223,7 +229,7 @@ def reduce_replicated_gradients(params: list[nn.Parameter], mesh: DeviceMesh) ->
 def _zero_pass(module: nn.Module) -> torch.Tensor:
     """The FSDP unit's zero pass: zero times every trainable parameter, the weights gathered.
 
-    Run in every minibatch step after the train pass (see ``Learner._sharded_forward_train``):
+    Run in every minibatch step after the train pass (see ``StepRunner.minibatch_step``):
     added to the loss, every parameter gets a gradient, so every rank reduce-scatters the same
     ones; being an output of the unit, it leads the backward pass to that reduction also on a
     rank without rows (for which it is the step's only pass, and gathers the weights).

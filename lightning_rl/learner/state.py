@@ -6,7 +6,8 @@ components ``"rl_module"`` (weights, ``{module_id: {name: tensor}}``), ``"optimi
 overrides, ``policies_to_train``, ``weights_seq_no``, timesteps). This module chooses the
 components (``select_components``), writes the payload a checkpoint carries, matches a
 Learner's modules to a checkpoint's and restores one, checked before anything changes.
-The functions work on a Learner through its own methods and its optimizer registry.
+The functions work on a Learner (typed as its base, ``LightningModule``: this part is imported by
+``learner.py``) through its public methods and its optimizer registry.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
+from lightning.pytorch import LightningModule
 
 from lightning_rl.core.checkpoint import (
     CHECKPOINT_KEY,
@@ -29,16 +31,17 @@ from lightning_rl.core.checkpoint import (
     verify_learner_checksum,
     write_learner_dir,
 )
-from lightning_rl.core.columns import COMPONENT_METRICS_LOGGER, COMPONENT_OPTIMIZER, COMPONENT_RL_MODULE
+from lightning_rl.core.columns import (
+    COMPONENT_METRICS_LOGGER,
+    COMPONENT_OPTIMIZER,
+    COMPONENT_RL_MODULE,
+)
 from lightning_rl.core.module_checks import check_state_matches
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec
 from lightning_rl.core.sharding import load_module_state
 from lightning_rl.learner._lightning_private import attached_trainer
 from lightning_rl.learner.multi_module import check_policies_to_train
 from lightning_rl.learner.result_keys import WEIGHTS_SEQ_NO
-
-if TYPE_CHECKING:
-    from lightning_rl.learner.learner import Learner
 
 COMPONENTS = (COMPONENT_RL_MODULE, COMPONENT_OPTIMIZER, COMPONENT_METRICS_LOGGER)
 
@@ -107,7 +110,7 @@ def _as_names(value: str | Collection[str] | None) -> set[str] | None:
 # ----------------------------------------------------------------------------------------
 
 
-def checkpoint_payload(learner: Learner) -> dict[str, Any]:
+def checkpoint_payload(learner: LightningModule) -> dict[str, Any]:
     """What every checkpoint carries besides the state: the format, the Learner's class and hyperparameters.
 
     Raises:
@@ -118,7 +121,7 @@ def checkpoint_payload(learner: Learner) -> dict[str, Any]:
     return {"format_version": FORMAT_VERSION, "learner_class": class_path(type(learner)), "hparams": hparams}
 
 
-def match_modules(learner: Learner, spec_dict: Mapping[str, Any], overrides: Mapping[str, dict[str, Any]]) -> None:
+def match_modules(learner: LightningModule, spec_dict: Mapping[str, Any], overrides: Mapping[str, dict[str, Any]]) -> None:
     """Add and remove modules so that ``learner`` holds those of ``spec_dict`` (a ``MultiRLModuleSpec.to_dict``)."""
     spec = MultiRLModuleSpec.from_dict(spec_dict)
     for module_id in [m for m in learner.module.keys() if m not in spec.rl_module_specs]:
@@ -128,20 +131,20 @@ def match_modules(learner: Learner, spec_dict: Mapping[str, Any], overrides: Map
             learner.add_module(module_id=module_id, module_spec=module_spec, config_overrides=overrides.get(module_id))
 
 
-def apply_payload(learner: Learner, payload: Mapping[str, Any]) -> None:
+def apply_payload(learner: LightningModule, payload: Mapping[str, Any]) -> None:
     """Match modules to the payload, then restore its weights and state (checked first)."""
     state = dict(payload["state"])
     match_modules(learner, state["module_spec"], state.get("config_overrides_per_module", {}))
     weights = payload.get("lightning_state_dict")
     if weights is not None:
         check_state_matches(learner, weights)
-        learner._optimizer_registry.check_state(state.get(COMPONENT_OPTIMIZER, {}))
+        learner.optimizer_registry.check_state(state.get(COMPONENT_OPTIMIZER, {}))
         # Whole tensors, cut into this rank's slices when the modules are sharded (FSDP2).
         load_module_state(learner, weights)
     learner.set_state(state)
 
 
-def restore_learner(learner: Learner, path: str) -> None:
+def restore_learner(learner: LightningModule, path: str) -> None:
     """Restore ``learner`` from ``save_to_path`` output or a Lightning checkpoint; on error, undo and raise.
 
     Raises:
@@ -158,8 +161,8 @@ def restore_learner(learner: Learner, path: str) -> None:
 
 
 def learner_from_checkpoint(
-    cls: type[Learner], path: str, device: torch.device | str | None = None, **hparam_overrides: Any
-) -> Learner:
+    cls: type[LightningModule], path: str, device: torch.device | str | None = None, **hparam_overrides: Any
+) -> LightningModule:
     """Build the Learner a checkpoint describes (its own class, a subclass of ``cls``) and restore it.
 
     The checkpoint is read with ``read_checkpoint_file`` (checked, plain data only), its
@@ -203,7 +206,7 @@ def learner_from_checkpoint(
 
 
 def add_to_lightning_checkpoint(
-    learner: Learner,
+    learner: LightningModule,
     checkpoint: dict[str, Any],
     evaluation_owed: bool = False,
     best_evaluation_return: float | None = None,
@@ -219,16 +222,16 @@ def add_to_lightning_checkpoint(
     """
     payload = checkpoint_payload(learner)
     state = learner.get_state(not_components=[COMPONENT_RL_MODULE, COMPONENT_OPTIMIZER])
-    state[COMPONENT_OPTIMIZER] = learner._optimizer_registry.get_state(include_optimizers=False)
+    state[COMPONENT_OPTIMIZER] = learner.optimizer_registry.get_state(include_optimizers=False)
     payload["state"] = state
-    payload["optimizer_order"] = list(learner._optimizer_registry.named)
+    payload["optimizer_order"] = list(learner.optimizer_registry.named)
     payload["evaluation_owed"] = evaluation_owed
     payload["best_evaluation_return"] = best_evaluation_return
     checkpoint[CHECKPOINT_KEY] = payload
     add_learner_checksum(checkpoint)
 
 
-def restore_from_lightning_checkpoint(learner: Learner, checkpoint: dict[str, Any]) -> None:
+def restore_from_lightning_checkpoint(learner: LightningModule, checkpoint: dict[str, Any]) -> None:
     """Rebuild the modules a Lightning checkpoint holds and restore the Learner's state from it.
 
     Lightning loads the weights (and, when resuming a fit, the optimizer states) afterwards;
@@ -247,12 +250,12 @@ def restore_from_lightning_checkpoint(learner: Learner, checkpoint: dict[str, An
     state = payload["state"]
     overrides = state.get("config_overrides_per_module", {})
     if learner.module is None:
-        learner._module_spec = MultiRLModuleSpec.from_dict(state["module_spec"])
+        learner.module_spec = MultiRLModuleSpec.from_dict(state["module_spec"])
         for module_id, module_overrides in overrides.items():
-            learner._config_overrides[module_id] = dict(module_overrides)
+            learner.config_overrides_per_module[module_id] = dict(module_overrides)
         learner.build()
     match_modules(learner, state["module_spec"], overrides)
-    optimizer_order = list(learner._optimizer_registry.named)
+    optimizer_order = list(learner.optimizer_registry.named)
     if optimizer_order != list(payload["optimizer_order"]):
         raise ValueError(
             f"{where}: its optimizers {payload['optimizer_order']} do not match this Learner's {optimizer_order}"
@@ -289,21 +292,21 @@ class StateMixin:
         Raises:
             ValueError: For an unknown component or module id, naming the valid ones.
         """
-        self._check_is_built()
-        selected = select_components(components, not_components, list(self._module.keys()))
+        module = self.built_module
+        selected = select_components(components, not_components, list(module.keys()))
         state: dict[str, Any] = {
             "module_spec": self.module_spec.to_dict(),
-            "config_overrides_per_module": copy.deepcopy(self._config_overrides),
-            WEIGHTS_SEQ_NO: self._weights_seq_no,
-            "timesteps": dict(self._timesteps),
+            "config_overrides_per_module": copy.deepcopy(self.config_overrides_per_module),
+            WEIGHTS_SEQ_NO: self.weights_seq_no,
+            "timesteps": dict(self.timesteps),
         }
-        if not callable(self._should_module_be_updated):
-            rule = self._should_module_be_updated
+        if not callable(self.policies_to_train):
+            rule = self.policies_to_train
             state["should_module_be_updated"] = None if rule is None else sorted(rule)
         if selected.module_ids is not None:
-            state[COMPONENT_RL_MODULE] = self._module.get_state(selected.module_ids)
+            state[COMPONENT_RL_MODULE] = module.get_state(selected.module_ids)
         if selected.optimizer:
-            state[COMPONENT_OPTIMIZER] = self._optimizer_registry.get_state(include_optimizers=True)
+            state[COMPONENT_OPTIMIZER] = self.optimizer_registry.get_state(include_optimizers=True)
         if selected.metrics_logger:
             state[COMPONENT_METRICS_LOGGER] = self.metrics.get_state()
         return state
@@ -316,29 +319,27 @@ class StateMixin:
         To restore a checkpoint whose modules differ, use ``restore_from_path`` or
         ``from_checkpoint``, which add and remove modules to match.
         """
-        self._check_is_built()
+        module = self.built_module
         if state.get("should_module_be_updated") is not None:
             check_policies_to_train(state["should_module_be_updated"], "the state's should_module_be_updated")
         if COMPONENT_RL_MODULE in state:
-            self._module.check_state(state[COMPONENT_RL_MODULE])
+            module.check_state(state[COMPONENT_RL_MODULE])
         if COMPONENT_OPTIMIZER in state:
-            self._optimizer_registry.check_state(state[COMPONENT_OPTIMIZER])
+            self.optimizer_registry.check_state(state[COMPONENT_OPTIMIZER])
 
         if COMPONENT_RL_MODULE in state:
-            self._module.set_state(state[COMPONENT_RL_MODULE])
+            module.set_state(state[COMPONENT_RL_MODULE])
         if COMPONENT_OPTIMIZER in state:
-            self._optimizer_registry.set_state(state[COMPONENT_OPTIMIZER])
+            self.optimizer_registry.set_state(state[COMPONENT_OPTIMIZER])
         if COMPONENT_METRICS_LOGGER in state:
             self.metrics.set_state(state[COMPONENT_METRICS_LOGGER])
         for module_id, overrides in state.get("config_overrides_per_module", {}).items():
-            if module_id in self._module:
-                self._config_overrides[module_id] = dict(overrides)
+            if module_id in module:
+                self.config_overrides_per_module[module_id] = dict(overrides)
         if state.get("should_module_be_updated", False) is not False:
-            rule = state["should_module_be_updated"]
-            self._should_module_be_updated = rule
-            self.hparams.policies_to_train = rule
-        self._weights_seq_no = int(state.get(WEIGHTS_SEQ_NO, self._weights_seq_no))
-        self._timesteps.update(state.get("timesteps", {}))
+            self.policies_to_train = state["should_module_be_updated"]
+        self.step_runner.weights_seq_no = int(state.get(WEIGHTS_SEQ_NO, self.weights_seq_no))
+        self.timesteps.update(state.get("timesteps", {}))
 
     def get_module_state(self, module_ids: str | Collection[str] | None = None) -> dict[str, dict[str, torch.Tensor]]:
         """The weights of the modules, ``{module_id: {name: tensor}}`` (copies).
@@ -349,10 +350,10 @@ class StateMixin:
         Raises:
             ValueError: For an unknown module id, naming the known ones.
         """
-        self._check_is_built()
+        module = self.built_module
         if isinstance(module_ids, str):
             module_ids = [module_ids]
-        return self._module.get_state(None if module_ids is None else list(module_ids))
+        return module.get_state(None if module_ids is None else list(module_ids))
 
     def set_module_state(self, state: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
         """Load module weights as ``get_module_state`` returns them; modules not named stay as they are.
@@ -363,10 +364,10 @@ class StateMixin:
             ValueError: For an unknown module id, or weights with missing or unexpected
                 names or wrong shapes, naming them.
         """
-        self._check_is_built()
+        module = self.built_module
         if not isinstance(state, Mapping) or not all(isinstance(value, Mapping) for value in state.values()):
             raise ValueError("set_module_state takes {module_id: {name: tensor}}, as get_module_state returns it")
-        self._module.set_state(state)
+        module.set_state(state)
 
     def save_to_path(self, path: str) -> str:
         """Save the complete Learner to the directory ``path`` (written atomically).
@@ -385,11 +386,11 @@ class StateMixin:
         Modules are added or removed to match the checkpoint. If anything does not fit,
         the error names the file and the mismatch, and the Learner is left as it was.
         """
-        self._check_is_built()
+        self.built_module  # raises if not built
         restore_learner(self, path)
 
     @classmethod
-    def from_checkpoint(cls, path: str, **hparam_overrides: Any) -> Learner:
+    def from_checkpoint(cls, path: str, **hparam_overrides: Any) -> LightningModule:
         """Build a new Learner from a checkpoint alone, added modules included.
 
         Args:

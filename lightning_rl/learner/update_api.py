@@ -1,33 +1,62 @@
-"""RLlib's current update API: ``Learner.update(...)`` and ``Learner.update_from_iterator(...)``.
+"""RLlib's update API: ``Learner.update(...)`` and every ``update_from_*``.
 
-``UpdateApiMixin`` is one part of ``Learner``, which inherits it. ``update`` takes at most one
-source of data (RLlib's ``batch`` / ``batches`` / ``episodes`` / ``data_iterators``, the
-replay source of off-policy Learners, or a ``TrainingData`` holding one of them) and hands it
-to the seed methods ``update_from_batch`` / ``update_from_episodes`` / ``update_from_replay``
-or to ``update_from_iterator``; with no data at all it runs an update without gradient steps,
-so the hooks still see the timesteps and schedules keep moving.
+``UpdateApiMixin`` is one part of ``Learner``, which inherits it; it holds no state. ``update``
+takes at most one source of data (RLlib's ``batch`` / ``batches`` / ``episodes`` /
+``data_iterators``, the replay source of off-policy Learners, or a ``TrainingData`` holding one
+of them) and hands it, through one table (``_UPDATE_FROM_SOURCE``), to ``update_from_batch`` /
+``update_from_episodes`` / ``update_from_replay`` / ``update_from_iterator``; with no data at
+all it runs an update without gradient steps, so the hooks still see the timesteps and
+schedules keep moving. Every update runs the same way: ``before_gradient_based_update``, the
+minibatch steps (``learner.step_runner``), the steps-trained results, ``after_gradient_based_update``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
+import torch
+
+from lightning_rl.connectors.add_columns import MODULES_TO_TRAIN
+from lightning_rl.core.arguments import check_int
 from lightning_rl.core.batch import MultiModuleBatch
 from lightning_rl.core.columns import ALL_MODULES
-from lightning_rl.core.train_item import TrainingData, given_sources, only_iterator
-from lightning_rl.learner._lightning_private import attached_trainer
-from lightning_rl.learner.batches import concat_batches
-from lightning_rl.learner.data_parallel import agree_with_other_ranks
-from lightning_rl.learner.result_keys import DATASET_NUM_ITERS_TRAINED, DATASET_NUM_ITERS_TRAINED_LIFETIME
-from lightning_rl.learner.update_loop import StepsTrained, log_steps_trained, run_minibatch_steps
+from lightning_rl.core.train_item import (
+    UPDATE_SETTINGS,
+    TrainingData,
+    given_sources,
+    only_iterator,
+)
+from lightning_rl.learner.batches import concat_batches, prepare_batch
+from lightning_rl.learner.result_keys import (
+    DATASET_NUM_ITERS_TRAINED,
+    DATASET_NUM_ITERS_TRAINED_LIFETIME,
+)
+from lightning_rl.learner.sharding import gathered
+from lightning_rl.learner.step_runner import StepsTrained, log_steps_trained
+
+if TYPE_CHECKING:
+    from lightning_rl.env.episode import SingleAgentEpisode
+    from lightning_rl.env.multi_agent_episode import MultiAgentEpisode
 
 Results = dict[str, dict[str, float]]
 
+# The epoch and minibatch settings each source of data trains with (``None``: the Learner's own
+# settings, which no caller replaces: a replay source samples its own minibatches, and an
+# update without data takes no step). An iterator is trained on by draws, so one epoch.
+SETTINGS_OF_SOURCE: dict[str | None, tuple[str, ...] | None] = {
+    "batch": UPDATE_SETTINGS,
+    "batches": UPDATE_SETTINGS,
+    "episodes": UPDATE_SETTINGS,
+    "data_iterators": ("minibatch_size",),
+    "replay": None,
+    None: None,
+}
+
 
 class UpdateApiMixin:
-    """``update``, ``update_from_iterator`` and the update every ``update_from_*`` runs (a part of ``Learner``)."""
+    """``update`` and every ``update_from_*`` (a part of ``Learner``)."""
 
     def update(
         self,
@@ -73,38 +102,116 @@ class UpdateApiMixin:
         """
         data = _one_source(batch, batches, episodes, data_iterators, training_data)
         settings = dict(num_epochs=num_epochs, minibatch_size=minibatch_size, shuffle_batch_per_epoch=shuffle_batch_per_epoch)
-        source = data.source
-        if source == "batch":
-            return self.update_from_batch(data.batch, timesteps=timesteps, **settings)
-        if source == "batches":
-            return self.update_from_batch(concat_batches(data.batches), timesteps=timesteps, **settings)
-        if source == "episodes":
-            return self.update_from_episodes(data.episodes, timesteps=timesteps, **settings)
-        if source == "replay":
-            return self.update_from_replay(data.replay, timesteps=timesteps)
-        if source == "data_iterators":
-            if num_epochs != 1:
-                raise ValueError(
-                    f"num_epochs={num_epochs} cannot be used with data_iterators (as in RLlib): an iterator is "
-                    "trained on by steps; pass num_iters to update_from_iterator for more steps than one pass"
-                )
-            return self.update_from_iterator(
-                _the_one_iterator(data.data_iterators), timesteps=timesteps, minibatch_size=minibatch_size
-            )
-        return self._update_without_data(timesteps=timesteps)
+        return _UPDATE_FROM_SOURCE[data.source](self, data, timesteps, settings)
 
-    def _update_without_data(self, *, timesteps: Mapping[str, float] | None = None) -> Results:
-        """An update that takes no gradient step: hooks, schedules and counters only; return the results.
-
-        Under several DDP ranks every rank calls it at the same point, as any update (the
-        ranks still agree that none of them trains).
+    def update_from_batch(
+        self,
+        batch: Mapping[str, Any],
+        *,
+        timesteps: Mapping[str, float] | None = None,
+        num_epochs: int = 1,
+        minibatch_size: int | None = None,
+        shuffle_batch_per_epoch: bool = False,
+    ) -> dict[str, dict[str, float]]:
+        """Train on ``batch`` for ``num_epochs`` passes of minibatches; return the results.
 
         Args:
-            timesteps: Lifetime counters, as in ``update_from_batch``.
+            batch: ``{column: array}`` for a single-module Learner, or
+                ``{module_id: {column: array}}``; numpy arrays or tensors.
+            timesteps: Lifetime counters, e.g. ``{"num_env_steps_sampled_lifetime": 4000}``;
+                they drive the learning-rate schedules. Left out, the last ones are kept.
+            num_epochs: Passes over the batch.
+            minibatch_size: Rows per gradient step; ``None`` for the whole batch.
+            shuffle_batch_per_epoch: Whether each pass visits rows in a new random order.
+
+        Under a Trainer on several DDP ranks, every rank calls this with its own shard: the
+        ranks agree on the modules trained (those with rows on any rank) and on the number
+        of minibatch steps (set by the largest shard), so all take the same steps, and a
+        rank whose shard lacks a module, or is empty (``{}``), still takes part with zero
+        gradients. DDP averages the gradients of every step; the results are reduced over
+        the ranks. ``num_epochs`` and ``minibatch_size`` must be the same on every rank.
+
+        Returns:
+            ``{module_id: {key: float}}`` plus ``ALL_MODULES``: losses, learning rates,
+            gradient norms, steps trained (this update and lifetime), ``weights_seq_no``.
+
+        Raises:
+            ValueError: for unknown module ids, missing columns, columns of unequal length or
+                observations/actions of the wrong shape. Nothing is updated then. On several
+                ranks, also (on every rank alike) for ranks given different ``num_epochs``
+                or ``minibatch_size``.
         """
-        self._check_is_built()
-        self._update({}, timesteps=dict(timesteps or {}), num_epochs=1, minibatch_size=None, shuffle_batch_per_epoch=False)
+        self.built_module  # raises if not built
+        if num_epochs < 1:
+            raise ValueError(f"num_epochs must be >= 1, got {num_epochs}")
+        if minibatch_size is not None and minibatch_size < 1:
+            raise ValueError(f"minibatch_size must be >= 1 or None, got {minibatch_size}")
+        self._update(
+            self._prepare_batch(batch),
+            timesteps=dict(timesteps or {}),
+            num_epochs=num_epochs,
+            minibatch_size=minibatch_size,
+            shuffle_batch_per_epoch=shuffle_batch_per_epoch,
+        )
         return self.metrics.reduce()
+
+
+    def update_from_episodes(
+        self,
+        episodes: Sequence[SingleAgentEpisode] | Sequence[MultiAgentEpisode],
+        *,
+        timesteps: Mapping[str, float] | None = None,
+        num_epochs: int = 1,
+        minibatch_size: int | None = None,
+        shuffle_batch_per_epoch: bool = False,
+    ) -> dict[str, dict[str, float]]:
+        """Turn ``episodes`` into a train batch (``episodes_to_train_batch``), then ``update_from_batch``.
+
+        Args:
+            episodes: Single-agent episodes (or chunks of them) for this Learner's one module,
+                or multi-agent ones, whose agents' steps train the modules their episode maps
+                them to (modules not in ``policies_to_train`` get no rows); sampled by the
+                current weights for on-policy algorithms.
+            timesteps: As in ``update_from_batch``.
+            num_epochs: As in ``update_from_batch``.
+            minibatch_size: As in ``update_from_batch``.
+            shuffle_batch_per_epoch: As in ``update_from_batch``.
+
+        Returns:
+            The results of ``update_from_batch``.
+
+        Raises:
+            ValueError: For an empty list, an episode without steps, single-agent episodes and
+                a Learner with more than one module (they cannot say which module they are
+                for), or a multi-agent episode mapping an agent to a module the Learner lacks.
+        """
+        self.built_module  # raises if not built
+        return self.update_from_batch(
+            self.episodes_to_train_batch(episodes),
+            timesteps=timesteps,
+            num_epochs=num_epochs,
+            minibatch_size=minibatch_size,
+            shuffle_batch_per_epoch=shuffle_batch_per_epoch,
+        )
+
+
+    def update_from_replay(
+        self, replay: Any, *, timesteps: Mapping[str, float] | None = None
+    ) -> dict[str, dict[str, float]]:
+        """Train on minibatches sampled from a replay buffer (off-policy Learners implement it).
+
+        ``OffPolicyDataModule`` hands the Learner its replay buffer with every train item
+        (``None`` until learning starts). See ``OffPolicyLearner``.
+
+        Raises:
+            NotImplementedError: This Learner learns on-policy, from episodes or batches.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} learns on-policy and cannot train from a replay buffer; use an off-policy "
+            "Learner (DQNLearner, SACLearner) with lightning_rl.data.OffPolicyDataModule; on-policy Learners use "
+            "OnPolicyDataModule"
+        )
+
 
     def update_from_iterator(
         self,
@@ -140,37 +247,84 @@ class UpdateApiMixin:
             ValueError: For a non-iterable ``iterator``, a bad ``minibatch_size`` or
                 ``num_iters``, or a drawn batch that ``update_from_batch`` would refuse.
         """
-        self._check_is_built()
+        self.built_module  # raises if not built
         if isinstance(iterator, (Mapping, str, bytes)) or not isinstance(iterator, Iterable):
             raise ValueError(
                 f"update_from_iterator takes an iterable of batches (a DataLoader, a generator), got "
                 f"{type(iterator).__name__}; pass a single batch to update_from_batch"
             )
-        for name, value in (("minibatch_size", minibatch_size), ("num_iters", num_iters)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be an int >= 1 or None, got {value!r}")
+        check_int("minibatch_size", minibatch_size, optional=True)
+        check_int("num_iters", num_iters, optional=True)
         timesteps = dict(timesteps or {})
         self.before_gradient_based_update(timesteps=timesteps)
-        self._attach_trainer_step()
-        trained, num_iters_trained = StepsTrained({}, 0, 0), 0
+        self.step_runner.attach_trainer()
+        trained, num_iters_trained = StepsTrained(), 0
         for batch in _draws(iterator, num_iters):
             prepared = self._prepare_batch(batch) if batch is not None else {}
-            if not prepared and not self._is_data_parallel():
+            if not prepared and not self.step_runner.is_data_parallel():
                 break
             step = self._gradient_steps(
                 prepared, num_epochs=1, minibatch_size=minibatch_size, shuffle_batch_per_epoch=False
             )
             if step.num_steps == 0:
                 break  # every rank has run dry
-            trained = _add_steps(trained, step)
+            trained += step
             num_iters_trained += 1
-        self._log_steps_trained(trained)
+        log_steps_trained(self.metrics, trained, self.weights_seq_no, self.timesteps)
         log = self.metrics.log_value
         log((ALL_MODULES, DATASET_NUM_ITERS_TRAINED), num_iters_trained, reduce="sum", clear_on_reduce=True)
         log((ALL_MODULES, DATASET_NUM_ITERS_TRAINED_LIFETIME), num_iters_trained, reduce="sum", clear_on_reduce=False)
         self.after_gradient_based_update(timesteps=timesteps)
         return self.metrics.reduce()
 
+
+
+    def _update_without_data(self, *, timesteps: Mapping[str, float] | None = None) -> Results:
+        """An update that takes no gradient step: hooks, schedules and counters only; return the results.
+
+        Under several DDP ranks every rank calls it at the same point, as any update (the
+        ranks still agree that none of them trains).
+
+        Args:
+            timesteps: Lifetime counters, as in ``update_from_batch``.
+        """
+        self.built_module  # raises if not built
+        self._update({}, timesteps=dict(timesteps or {}), num_epochs=1, minibatch_size=None, shuffle_batch_per_epoch=False)
+        return self.metrics.reduce()
+
+    def episodes_to_train_batch(
+        self, episodes: Sequence[SingleAgentEpisode] | Sequence[MultiAgentEpisode]
+    ) -> dict[str, dict[str, torch.Tensor]]:
+        """Run the Learner connector (``learner_connector``) on ``episodes``: ``{module_id: {column: Tensor}}``.
+
+        The pieces share ``shared_data``, which starts with ``"modules_to_train"``: the ids
+        ``should_module_be_updated`` says yes to, so multi-agent episodes give no rows (and
+        cost no value predictions) to frozen modules. To add columns, add connector pieces
+        (``learner_connector_pieces`` or an override of ``build_learner_connector``) rather
+        than overriding this.
+        """
+        module = self.built_module
+        modules_to_train = {mid for mid in module.keys() if self.should_module_be_updated(mid)}
+        # Pieces may run the modules (GAE's value predictions): sharded ones are gathered whole meanwhile.
+        with gathered(module):
+            return self.learner_connector(
+                rl_module=module,
+                batch={},
+                episodes=list(episodes),
+                shared_data={MODULES_TO_TRAIN: modules_to_train},
+                metrics=self.metrics,
+            )
+
+
+    def _prepare_batch(self, batch: Mapping[str, Any]) -> MultiModuleBatch:
+        """A user batch as ``{module_id: {column: Tensor}}`` on our device, checked (``batches.prepare_batch``)."""
+        return prepare_batch(
+            batch,
+            self.module,
+            device=self.device,
+            required_columns=self.required_batch_columns,
+            data_parallel=self.step_runner.is_data_parallel(),
+        )
 
     def _update(
         self,
@@ -189,63 +343,69 @@ class UpdateApiMixin:
         without data, see ``update``).
         """
         self.before_gradient_based_update(timesteps=timesteps)
-        self._attach_trainer_step()
+        self.step_runner.attach_trainer()
         trained = self._gradient_steps(
             batch, num_epochs=num_epochs, minibatch_size=minibatch_size, shuffle_batch_per_epoch=shuffle_batch_per_epoch
         )
-        self._log_steps_trained(trained)
+        log_steps_trained(self.metrics, trained, self.weights_seq_no, self.timesteps)
         self.after_gradient_based_update(timesteps=timesteps)
 
     def _gradient_steps(
         self, batch: MultiModuleBatch, *, num_epochs: int, minibatch_size: int | None, shuffle_batch_per_epoch: bool
     ) -> StepsTrained:
-        """The minibatch steps of ``num_epochs`` passes over ``batch``, in step with the other DDP ranks.
-
-        Called between the before/after hooks of an update, with the optimizer wrappers set.
-        """
+        """The minibatch steps of ``num_epochs`` passes over the rows of the modules to train (``StepRunner.run``)."""
         # Modules frozen by policies_to_train sit out; so does one a before-update hook removed.
-        batch = {
-            mid: b for mid, b in batch.items() if mid in self._module and self.should_module_be_updated(mid, batch)
-        }
-        self._modules_in_update, num_rows_per_pass = None, None
-        if self._sharding_mesh is not None and not self._is_running_under_trainer():
-            # Outside its Trainer the ranks would not agree on their steps, and could wait on each other forever.
-            raise ValueError(
-                f"{type(self).__name__}'s modules are sharded (FSDP2): it updates only within the Trainer that "
-                "sharded them (Trainer.fit, or a LearnerGroup), where the ranks keep in step"
-            )
-        if self._is_data_parallel():
-            self._modules_in_update, num_rows_per_pass = agree_with_other_ranks(
-                attached_trainer(self).strategy,
-                list(self._module.keys()),
-                batch,
-                num_epochs=num_epochs,
-                minibatch_size=minibatch_size,
-                device=self.device,
-            )
-        trained = StepsTrained({}, 0, 0)
-        try:
-            if batch or self._modules_in_update:
-                trained = run_minibatch_steps(
-                    self._minibatch_step_fn,
-                    batch,
-                    num_epochs=num_epochs,
-                    minibatch_size=minibatch_size,
-                    shuffle=shuffle_batch_per_epoch,
-                    num_rows_per_pass=num_rows_per_pass,
-                )
-        finally:
-            self._modules_in_update = None
-        return trained
+        module = self.module
+        batch = {mid: b for mid, b in batch.items() if mid in module and self.should_module_be_updated(mid, batch)}
+        return self.step_runner.run(
+            batch,
+            num_epochs=num_epochs,
+            minibatch_size=minibatch_size,
+            shuffle=shuffle_batch_per_epoch,
+            device=self.device,
+        )
 
-    def _log_steps_trained(self, trained: StepsTrained) -> None:
-        """Count an update's steps into ``weights_seq_no`` and log them (``update_loop.log_steps_trained``).
 
-        Only steps that changed the weights count: one whose optimizers all skipped for
-        non-finite gradients does not, so a ``TargetNetworkUpdate`` does not fire on it.
-        """
-        self._weights_seq_no += trained.num_steps_applied  # counted here to keep the step lean
-        log_steps_trained(self.metrics, trained, self._weights_seq_no, self._timesteps)
+def _from_batch(learner: Any, data: TrainingData, timesteps: Any, settings: dict[str, Any]) -> Results:
+    return learner.update_from_batch(data.batch, timesteps=timesteps, **settings)
+
+
+def _from_batches(learner: Any, data: TrainingData, timesteps: Any, settings: dict[str, Any]) -> Results:
+    return learner.update_from_batch(concat_batches(data.batches), timesteps=timesteps, **settings)
+
+
+def _from_episodes(learner: Any, data: TrainingData, timesteps: Any, settings: dict[str, Any]) -> Results:
+    return learner.update_from_episodes(data.episodes, timesteps=timesteps, **settings)
+
+
+def _from_replay(learner: Any, data: TrainingData, timesteps: Any, settings: dict[str, Any]) -> Results:
+    # A replay source trains with the Learner's own settings (it samples its own minibatches).
+    return learner.update_from_replay(data.replay, timesteps=timesteps)
+
+
+def _from_data_iterators(learner: Any, data: TrainingData, timesteps: Any, settings: dict[str, Any]) -> Results:
+    if settings["num_epochs"] != 1:
+        raise ValueError(
+            f"num_epochs={settings['num_epochs']} cannot be used with data_iterators (as in RLlib): an iterator is "
+            "trained on by steps; pass num_iters to update_from_iterator for more steps than one pass"
+        )
+    iterator = _the_one_iterator(data.data_iterators)
+    return learner.update_from_iterator(iterator, timesteps=timesteps, minibatch_size=settings["minibatch_size"])
+
+
+def _without_data(learner: Any, data: TrainingData, timesteps: Any, settings: dict[str, Any]) -> Results:
+    return learner._update_without_data(timesteps=timesteps)
+
+
+# How ``update`` trains on each source of data (``TrainingData.source``; ``None`` for no data).
+_UPDATE_FROM_SOURCE: dict[str | None, Callable[[Any, TrainingData, Any, dict[str, Any]], Results]] = {
+    "batch": _from_batch,
+    "batches": _from_batches,
+    "episodes": _from_episodes,
+    "replay": _from_replay,
+    "data_iterators": _from_data_iterators,
+    None: _without_data,
+}
 
 
 def _one_source(
@@ -289,16 +449,3 @@ def _draws(iterable: Iterable[Any], num_iters: int | None) -> Iterator[Any]:
         yield batch
     while True:
         yield None
-
-
-def _add_steps(total: StepsTrained, step: StepsTrained) -> StepsTrained:
-    """Two counts of steps trained, summed."""
-    rows = dict(total.module_rows)
-    for module_id, count in step.module_rows.items():
-        rows[module_id] = rows.get(module_id, 0) + count
-    return StepsTrained(
-        rows,
-        total.num_steps + step.num_steps,
-        total.env_steps + step.env_steps,
-        total.num_steps_applied + step.num_steps_applied,
-    )
