@@ -67,7 +67,7 @@ import torch.multiprocessing as mp
 from _paired import print_paired_table
 from learner_update import RepeatBatch
 
-from lightning_rl.learner.learner_group import free_local_port, local_rank_environment
+from lightning_rl.learner.group.learner_group import free_local_port, local_rank_environment
 
 MODULE_ID = "default_policy"
 MB = 2**20

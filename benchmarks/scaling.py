@@ -44,7 +44,7 @@ import numpy as np
 import torch
 import torch.multiprocessing as mp
 
-from lightning_rl.learner.learner_group import free_local_port, local_rank_environment
+from lightning_rl.learner.group.learner_group import free_local_port, local_rank_environment
 
 
 def _bc_learner(args: argparse.Namespace) -> Any:

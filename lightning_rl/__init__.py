@@ -29,14 +29,15 @@ _PUBLIC = {
     "DEFAULT_OPTIMIZER": "lightning_rl.learner.optimizers",
     "Learner": "lightning_rl.learner.learner",
     "LearnerConfig": "lightning_rl.core.learner_config",
-    "LearnerGroup": "lightning_rl.learner.learner_group",
-    "LearnerGroupError": "lightning_rl.learner.learner_group",
+    "LearnerGroup": "lightning_rl.learner.group.learner_group",
+    "LearnerGroupError": "lightning_rl.learner.group.learner_group",
     "FSDP2Strategy": "lightning_rl.learner.sharding",
     "Policy": "lightning_rl.policy.policy",
 }
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports these
     from lightning_rl.core.columns import ALL_MODULES, DEFAULT_MODULE_ID, Columns
+    from lightning_rl.core.learner_config import LearnerConfig
     from lightning_rl.core.metrics import MetricsLogger
     from lightning_rl.core.module_checks import ModelConfigKey
     from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
@@ -45,10 +46,9 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from lightning_rl.core.train_item import TrainingData, TrainItem
     from lightning_rl.learner.callback import LearnerCallback
     from lightning_rl.learner.checkpoint_io import AtomicCheckpointIO
-    from lightning_rl.core.learner_config import LearnerConfig
+    from lightning_rl.learner.group.learner_group import LearnerGroup, LearnerGroupError
     from lightning_rl.learner.learner import Learner
     from lightning_rl.learner.optimizers import DEFAULT_OPTIMIZER
-    from lightning_rl.learner.learner_group import LearnerGroup, LearnerGroupError
     from lightning_rl.learner.sharding import FSDP2Strategy
     from lightning_rl.policy.policy import Policy
 

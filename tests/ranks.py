@@ -17,7 +17,7 @@ from typing import Any
 
 import torch.multiprocessing as mp
 
-from lightning_rl.learner.learner_group import free_local_port
+from lightning_rl.learner.group.learner_group import free_local_port
 
 
 def run_on_ranks(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout: float = 180.0) -> list[Any]:
@@ -69,7 +69,7 @@ def _rank_main(
     # A rank still running shortly before the test gives up prints where it is stuck.
     faulthandler.dump_traceback_later(max(timeout - 5, 1), exit=False)
     torch.set_num_threads(1)
-    from lightning_rl.learner.learner_group import local_rank_environment
+    from lightning_rl.learner.group.learner_group import local_rank_environment
 
     os.environ.update(local_rank_environment(rank, world_size, port, num_threads=1))
     try:

@@ -21,10 +21,10 @@ from conftest import bc_spec, random_batch
 from lightning_rl import ALL_MODULES, DEFAULT_MODULE_ID, Learner, LearnerConfig
 from lightning_rl.algorithms.bc import BCLearner
 from lightning_rl.env.episode import SingleAgentEpisode
-from lightning_rl.learner._group_processes import _timeout_message
-from lightning_rl.learner._group_protocol import Activity
-from lightning_rl.learner._group_worker import main_thread_activity
-from lightning_rl.learner.learner_group import LearnerGroup, LearnerGroupError
+from lightning_rl.learner.group._processes import _timeout_message
+from lightning_rl.learner.group._protocol import Activity
+from lightning_rl.learner.group._worker import main_thread_activity
+from lightning_rl.learner.group.learner_group import LearnerGroup, LearnerGroupError
 
 LR = 0.1
 STEPS = "num_env_steps_sampled_lifetime"

@@ -28,8 +28,8 @@ from test_learner_group import (
 
 from lightning_rl import ALL_MODULES, DEFAULT_MODULE_ID, LearnerConfig
 from lightning_rl.core.train_item import TrainingData
-from lightning_rl.learner._group_data import update_source
-from lightning_rl.learner.learner_group import LearnerGroup
+from lightning_rl.learner.group._data import update_source
+from lightning_rl.learner.group.learner_group import LearnerGroup
 
 
 @pytest.fixture(scope="module")

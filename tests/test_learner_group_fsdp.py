@@ -26,7 +26,7 @@ from test_learner_group import (
 
 from lightning_rl import ALL_MODULES, DEFAULT_MODULE_ID, Learner
 from lightning_rl.core.sharding import local_part
-from lightning_rl.learner.learner_group import LearnerGroup
+from lightning_rl.learner.group.learner_group import LearnerGroup
 
 LR = 0.1
 STEPS = "num_env_steps_sampled_lifetime"

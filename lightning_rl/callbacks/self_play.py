@@ -33,7 +33,7 @@ from lightning_rl.core.module_checks import validate_module_id
 from lightning_rl.env.matches import seat_mapping, win_rate
 from lightning_rl.env.multi_agent_episode import AgentID, ModuleID, MultiAgentEpisode
 from lightning_rl.learner import Learner
-from lightning_rl.learner.env_step_logging import log_env_step
+from lightning_rl.learner.lightning_hooks import log_env_step
 
 # What the callback needs of the fit's data module (``MultiAgentDataModule`` has them).
 _DATAMODULE_API = ("possible_agents", "set_policy_mapping_fn", "play_episodes")

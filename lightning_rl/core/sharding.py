@@ -14,8 +14,9 @@ a single-process Learner one dict lookup and never import it themselves.
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -33,6 +34,23 @@ def module_is_sharded(module: nn.Module) -> bool:
     """Whether ``module`` is an FSDP unit (``fully_shard`` was applied to it), gathered or not."""
     fsdp = sys.modules.get("torch.distributed.fsdp")
     return fsdp is not None and isinstance(module, fsdp.FSDPModule)
+
+
+@contextlib.contextmanager
+def gathered(module: nn.Module) -> Iterator[None]:
+    """Within the block, a sharded ``module`` holds its whole weights, for any of its methods to use.
+
+    For work outside the sharded passes, such as the Learner connector's value predictions.
+    A collective call when ``module`` is sharded (every rank enters the block); otherwise nothing.
+    """
+    if not module_is_sharded(module):
+        yield
+        return
+    module.unshard()
+    try:
+        yield
+    finally:
+        module.reshard()
 
 
 def whole(tensor: torch.Tensor) -> torch.Tensor:

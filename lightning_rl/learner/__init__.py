@@ -3,8 +3,8 @@
 from lightning_rl.core.learner_config import LearnerConfig
 from lightning_rl.learner.callback import LearnerCallback
 from lightning_rl.learner.checkpoint_io import AtomicCheckpointIO
+from lightning_rl.learner.group import LearnerGroup, LearnerGroupError
 from lightning_rl.learner.learner import Learner
-from lightning_rl.learner.learner_group import LearnerGroup, LearnerGroupError
 from lightning_rl.learner.optimizers import DEFAULT_OPTIMIZER
 from lightning_rl.learner.sharding import FSDP2Strategy, register_fsdp2_strategy
 

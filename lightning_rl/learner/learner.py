@@ -63,6 +63,7 @@ from lightning_rl.core.rl_module_specs import (
 )
 from lightning_rl.core.rl_modules import MultiRLModule, RLModule
 from lightning_rl.core.schedules import Schedule, ScheduleSetting
+from lightning_rl.core.sharding import gathered
 from lightning_rl.learner._lightning_private import attached_trainer
 from lightning_rl.learner.callback import LearnerCallback
 from lightning_rl.learner.evaluation import EvaluationMetrics
@@ -89,7 +90,6 @@ from lightning_rl.learner.result_keys import (
     TOTAL_LOSS_KEY,
     WEIGHTS_SEQ_NO,
 )
-from lightning_rl.learner.sharding import gathered
 from lightning_rl.learner.state import StateMixin
 from lightning_rl.learner.step_runner import WHAT_TO_COMPILE, NonFiniteSteps, StepRunner
 from lightning_rl.learner.update_api import UpdateApiMixin

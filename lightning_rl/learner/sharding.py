@@ -29,9 +29,7 @@ slices of weights, gradients and optimizer states, which is what sharding saves,
 
 from __future__ import annotations
 
-import contextlib
 import types
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -183,23 +181,6 @@ def _fully_shard(module: MultiRLModule, mesh: DeviceMesh) -> None:
     module.zero_pass = types.MethodType(_zero_pass, module)
     for method in SHARDED_FORWARD_METHODS:
         register_fsdp_forward_method(module, method)
-
-
-@contextlib.contextmanager
-def gathered(module: nn.Module) -> Iterator[None]:
-    """Within the block, a sharded ``module`` holds its whole weights, for any of its methods to use.
-
-    For work outside the sharded passes, such as the Learner connector's value predictions.
-    A collective call when ``module`` is sharded (every rank enters the block); otherwise nothing.
-    """
-    if not module_is_sharded(module):
-        yield
-        return
-    module.unshard()
-    try:
-        yield
-    finally:
-        module.reshard()
 
 
 def reduce_replicated_gradients(params: list[nn.Parameter], mesh: DeviceMesh) -> None:

@@ -22,6 +22,7 @@ from lightning_rl.connectors.add_columns import MODULES_TO_TRAIN
 from lightning_rl.core.arguments import check_int
 from lightning_rl.core.batch import MultiModuleBatch
 from lightning_rl.core.columns import ALL_MODULES
+from lightning_rl.core.sharding import gathered
 from lightning_rl.core.train_item import (
     UPDATE_SETTINGS,
     TrainingData,
@@ -33,7 +34,6 @@ from lightning_rl.learner.result_keys import (
     DATASET_NUM_ITERS_TRAINED,
     DATASET_NUM_ITERS_TRAINED_LIFETIME,
 )
-from lightning_rl.learner.sharding import gathered
 from lightning_rl.learner.step_runner import StepsTrained, log_steps_trained
 
 if TYPE_CHECKING:

@@ -19,9 +19,16 @@ import torch
 # The package's own Learner and RLModule classes must be loaded before a checkpoint's class
 # names are looked up among the loaded classes (``loaded_subclass`` never imports one).
 import lightning_rl.algorithms  # noqa: F401
-from lightning_rl.core.checkpoint import CHECKPOINT_KEY, checkpoint_file, read_checkpoint_file
+from lightning_rl.core.checkpoint import (
+    CHECKPOINT_KEY,
+    checkpoint_file,
+    read_checkpoint_file,
+)
 from lightning_rl.core.columns import COMPONENT_RL_MODULE
-from lightning_rl.core.normalization import ObservationNormalization, find_observation_normalization
+from lightning_rl.core.normalization import (
+    ObservationNormalization,
+    find_observation_normalization,
+)
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec
 from lightning_rl.core.rl_modules import RLModule
 

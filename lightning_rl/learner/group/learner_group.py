@@ -7,10 +7,10 @@ every learner holds the whole modules) or ``FSDP2Strategy`` (``strategy="fsdp2"`
 learner holds a slice of each weight and optimizer state; the results are DDP's):
 
 * ``num_learners=0``: the group holds the ``learner`` it was given (built) and calls it in
-  this process; async updates run on one background thread (``_group_local``).
+  this process; async updates run on one background thread (``_local``).
 * ``num_learners=N >= 1``: the group spawns N processes, each running ``Trainer.fit`` on a
-  stream of commands (``_group_worker``), driven from here (``_group_processes``). Every
-  update's batch is cut into N shards (``_group_data``); every learner checks its shard and
+  stream of commands (``_worker``), driven from here (``_processes``). Every
+  update's batch is cut into N shards (``_data``); every learner checks its shard and
   all agree to train or to reject, so bad input changes nothing anywhere.
 
 Weights, state and checkpoints are whole tensors under either strategy (sharded learners
@@ -30,14 +30,14 @@ from typing import TYPE_CHECKING, Any, Literal, Union, get_args
 
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.train_item import TrainingData
-from lightning_rl.learner._group_data import (
+from lightning_rl.learner.group._data import (
     iterator_settings,
     update_settings,
     update_source,
 )
-from lightning_rl.learner._group_local import LocalBackend
-from lightning_rl.learner._group_processes import ProcessBackend, pickle_learner
-from lightning_rl.learner._group_protocol import (
+from lightning_rl.learner.group._local import LocalBackend
+from lightning_rl.learner.group._processes import ProcessBackend, pickle_learner
+from lightning_rl.learner.group._protocol import (
     LearnerGroupError,
     ResultDict,
     Weights,

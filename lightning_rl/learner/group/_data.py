@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from lightning_rl.core.train_item import TrainingData, given_sources, only_iterator
-from lightning_rl.learner._group_protocol import to_numpy
 from lightning_rl.learner.batches import concat_batches
+from lightning_rl.learner.group._protocol import to_numpy
 
 
 def update_source(

@@ -38,8 +38,9 @@ import lightning
 import torch
 from lightning.pytorch import Callback
 
+from lightning_rl.core.sharding import gathered
 from lightning_rl.core.train_item import TrainingData, TrainItem
-from lightning_rl.learner._group_protocol import (
+from lightning_rl.learner.group._protocol import (
     ERROR,
     FATAL,
     OK,
@@ -52,7 +53,6 @@ from lightning_rl.learner._group_protocol import (
     run_command,
     weights_of,
 )
-from lightning_rl.learner.sharding import gathered
 
 # Lightning prefetches one item ahead from an iterable without a length (to know which item is
 # the last), which would wait for the next command before the current one is answered.

@@ -1,8 +1,8 @@
 """The LearnerGroup backend for ``num_learners=N >= 1``: N learner processes joined by Lightning's DDP or FSDP2.
 
 The driver side: send the Learner by value (``pickle_learner``, cloudpickle), start the
-processes (``_group_worker.learner_process_main``), send every rank its command, and wait, bounded, for all ranks' replies. An update's batch is cut into N
-shards (``_group_data``). A learner that raises or dies breaks the group: the call names the
+processes (``_worker.learner_process_main``), send every rank its command, and wait, bounded, for all ranks' replies. An update's batch is cut into N
+shards (``_data``). A learner that raises or dies breaks the group: the call names the
 rank and the cause, the other processes are killed, and every later call says the group is
 broken. The driver never waits unbounded: on a timeout it asks the silent ranks where they
 are (``Activity``), so the error names the rank that hangs apart from those that wait for it.
@@ -16,8 +16,8 @@ import queue
 import time
 from typing import Any
 
-from lightning_rl.learner._group_data import split_batch, split_episodes
-from lightning_rl.learner._group_protocol import (
+from lightning_rl.learner.group._data import split_batch, split_episodes
+from lightning_rl.learner.group._protocol import (
     ERROR,
     FATAL,
     OK,
@@ -32,7 +32,7 @@ from lightning_rl.learner._group_protocol import (
     free_local_port,
     like,
 )
-from lightning_rl.learner._group_worker import learner_process_main
+from lightning_rl.learner.group._worker import learner_process_main
 from lightning_rl.learner.learner import Learner
 
 _POLL_S = 0.1  # how often a waiting driver checks that its learner processes are alive

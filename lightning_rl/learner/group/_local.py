@@ -5,7 +5,7 @@ from __future__ import annotations
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from lightning_rl.learner._group_protocol import run_command, weights_of
+from lightning_rl.learner.group._protocol import run_command, weights_of
 from lightning_rl.learner.learner import Learner
 
 
