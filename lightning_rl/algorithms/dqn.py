@@ -21,7 +21,9 @@ saved one did. Names follow RLlib's DQN config (``double_q``, ``dueling``,
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from collections.abc import Mapping
+from functools import partial
+from typing import Any, ClassVar, Literal
 
 import gymnasium as gym
 import torch
@@ -29,13 +31,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightning_rl.algorithms.off_policy import OffPolicyLearner, bootstrap_discounts, row_weights
+from lightning_rl.core.arguments import ArgumentCheck, check_bool, check_choice
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
 from lightning_rl.core.encoders import OBSERVATION_ENCODER_KEYS, ObservationEncoder, build_observation_encoder
 from lightning_rl.core.mlp import DEFAULT_FCNET_HIDDENS, build_mlp
 from lightning_rl.core.module_checks import ModelConfigKey
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.rl_modules import RLModule
-from lightning_rl.core.schedules import Schedule, ScheduleSetting
+from lightning_rl.core.schedules import Schedule, ScheduleSetting, check_schedule
 from lightning_rl.core.target_network import TargetNetworkAPI, make_target_network
 from lightning_rl.learner.learner import LearnerConfig, algorithm_module_spec
 
@@ -237,6 +240,12 @@ class DQNLearner(OffPolicyLearner):
         **kwargs: The other ``Learner`` arguments (``grad_clip_by``, ``config_overrides_per_module``, ...).
     """
 
+    hyperparameter_checks: ClassVar[Mapping[str, ArgumentCheck]] = {
+        "epsilon": partial(check_schedule, high=1),
+        "double_q": check_bool,
+        "td_error_loss_fn": partial(check_choice, choices=TD_ERROR_LOSS_FNS),
+    }
+
     def __init__(
         self,
         module_spec: RLModuleSpec | MultiRLModuleSpec | None = None,
@@ -268,21 +277,6 @@ class DQNLearner(OffPolicyLearner):
             **kwargs,
         )
         self._epsilon_schedules: dict[str, Schedule] = {}
-
-    @staticmethod
-    def _check_config(config: Any, where: str) -> None:
-        OffPolicyLearner._check_config(config, where)
-        epsilon = config["epsilon"]
-        Schedule(epsilon, name=f"{where}: epsilon")  # a number or well-formed pairs, none below 0
-        values = [epsilon] if isinstance(epsilon, (int, float)) else [value for _, value in epsilon]
-        if any(value > 1 for value in values):
-            raise ValueError(f"{where}: epsilon must stay in [0, 1], got {epsilon!r}")
-        if not isinstance(config["double_q"], bool):
-            raise ValueError(f"{where}: double_q must be a bool, got {config['double_q']!r}")
-        if config["td_error_loss_fn"] not in TD_ERROR_LOSS_FNS:
-            raise ValueError(
-                f"{where}: td_error_loss_fn must be one of {TD_ERROR_LOSS_FNS}, got {config['td_error_loss_fn']!r}"
-            )
 
     @classmethod
     def rl_module_required_apis(cls) -> list[type]:

@@ -25,13 +25,16 @@ critics and the actor's log-likelihood, and maps its actions back to the Box.
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Mapping
+from functools import partial
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import torch
 from torch import Tensor, nn
 
 from lightning_rl.algorithms.off_policy import OffPolicyLearner, bootstrap_discounts, row_weights
+from lightning_rl.core.arguments import ArgumentCheck, check_number
 from lightning_rl.core.columns import Columns
 from lightning_rl.core.distributions import DiagGaussian
 from lightning_rl.algorithms.sac import check_bounded_box_actions, critic_target_pairs
@@ -40,7 +43,7 @@ from lightning_rl.core.mlp import build_mlp
 from lightning_rl.core.module_checks import ModelConfigKey
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.rl_modules import RLModule
-from lightning_rl.core.schedules import Schedule, ScheduleSetting
+from lightning_rl.core.schedules import ScheduleSetting, check_schedule
 from lightning_rl.core.target_network import TargetNetworkAPI, make_target_network
 from lightning_rl.learner.learner import LearnerConfig, algorithm_module_spec, default_adam
 
@@ -279,6 +282,13 @@ class IQLLearner(OffPolicyLearner):
         ValueError: For a hyperparameter out of its range, naming it.
     """
 
+    hyperparameter_checks: ClassVar[Mapping[str, ArgumentCheck]] = {
+        **dict.fromkeys(("actor_lr", "critic_lr", "value_lr"), partial(check_schedule, optional=True)),
+        "expectile": partial(check_number, low=0, high=1, low_open=True, high_open=True),
+        "beta": partial(check_number, low=0, finite=True),
+        "max_weight": partial(check_number, low=0, low_open=True, finite=True),
+    }
+
     def __init__(
         self,
         module_spec: RLModuleSpec | MultiRLModuleSpec | None = None,
@@ -308,22 +318,6 @@ class IQLLearner(OffPolicyLearner):
             target_network_update_freq=target_network_update_freq,
             **kwargs,
         )
-
-    @staticmethod
-    def _check_config(config: Any, where: str) -> None:
-        OffPolicyLearner._check_config(config, where)
-        for name in ("actor_lr", "critic_lr", "value_lr"):
-            if config[name] is not None:
-                Schedule(config[name], name=f"{where}: {name}")
-        checks = {
-            "expectile": (lambda x: 0 < x < 1, "a number in (0, 1)"),
-            "beta": (lambda x: 0 <= x < math.inf, "a finite number >= 0"),
-            "max_weight": (lambda x: 0 < x < math.inf, "a finite number > 0"),
-        }
-        for name, (in_range, expected) in checks.items():
-            value = config[name]
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not in_range(value):
-                raise ValueError(f"{where}: {name} must be {expected}, got {value!r}")
 
     def configure_optimizers_for_module(self, module_id: str, config: LearnerConfig) -> None:
         """Register the "policy", "qf" and "vf" Adams of one module.

@@ -15,8 +15,9 @@ minibatch. Names follow RLlib's PPO config (``clip_param``, ``vf_clip_param``,
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from functools import partial
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import torch
@@ -24,6 +25,7 @@ from lightning.pytorch import Callback, Trainer
 from torch import Tensor, nn
 
 from lightning_rl.connectors import ConnectorPipeline, GeneralAdvantageEstimation, TrainBatch
+from lightning_rl.core.arguments import ArgumentCheck, check_number, check_probability
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
 from lightning_rl.core.distributions import distribution_class_for_space
 from lightning_rl.core.metrics import MetricsLogger
@@ -32,7 +34,7 @@ from lightning_rl.core.mlp import DEFAULT_FCNET_ACTIVATION, DEFAULT_FCNET_HIDDEN
 from lightning_rl.core.module_checks import ModelConfigKey
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.rl_modules import MultiRLModule, RLModule
-from lightning_rl.core.schedules import Schedule, ScheduleSetting
+from lightning_rl.core.schedules import Schedule, ScheduleSetting, check_schedule
 from lightning_rl.env.episode import SingleAgentEpisode
 from lightning_rl.learner.callback import LearnerCallback
 from lightning_rl.learner.learner import Learner, LearnerConfig, algorithm_module_spec, default_adam
@@ -200,6 +202,17 @@ class PPOLearner(Learner):
             ``config_overrides_per_module``, ``torch_compile``, ...).
     """
 
+    hyperparameter_checks: ClassVar[Mapping[str, ArgumentCheck]] = {
+        "clip_param": check_schedule,
+        "entropy_coeff": check_schedule,
+        "gamma": check_probability,
+        "gae_lambda": check_probability,
+        "vf_loss_coeff": partial(check_number, low=0),
+        "kl_coeff": partial(check_number, low=0),
+        "kl_target": partial(check_number, low=0),
+        "vf_clip_param": partial(check_number, low=0, low_open=True, optional=True),
+    }
+
     def __init__(
         self,
         module_spec: RLModuleSpec | MultiRLModuleSpec | None = None,
@@ -234,21 +247,6 @@ class PPOLearner(Learner):
         self._curr_kl_coeffs: dict[str, float] = {}
         self._schedules: dict[tuple[str, str], Schedule] = {}
         self._current: dict[str, dict[str, float]] = {}
-
-    @staticmethod
-    def _check_config(config: Any, where: str) -> None:
-        Learner._check_config(config, where)
-        Schedule(config["clip_param"], name=f"{where}: clip_param")
-        Schedule(config["entropy_coeff"], name=f"{where}: entropy_coeff")
-        for name in ("gamma", "gae_lambda"):
-            if not (isinstance(config[name], (int, float)) and 0 <= config[name] <= 1):
-                raise ValueError(f"{where}: {name} must be in [0, 1], got {config[name]!r}")
-        for name in ("vf_loss_coeff", "kl_coeff", "kl_target"):
-            if not (isinstance(config[name], (int, float)) and config[name] >= 0):
-                raise ValueError(f"{where}: {name} must be a number >= 0, got {config[name]!r}")
-        vf_clip = config["vf_clip_param"]
-        if vf_clip is not None and not (isinstance(vf_clip, (int, float)) and vf_clip > 0):
-            raise ValueError(f"{where}: vf_clip_param must be a positive number or None, got {vf_clip!r}")
 
     def configure_optimizers_for_module(self, module_id: str, config: LearnerConfig) -> None:
         """One Adam over the module, with ``eps=1e-5`` as in the PPO implementations whose
