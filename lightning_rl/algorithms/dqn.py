@@ -223,21 +223,16 @@ class DQNLearner(OffPolicyLearner):
         model_config: The ``DQNModule``'s settings when ``module_spec`` is ``None``
             (``fcnet_hiddens``, ``fcnet_activation``, ``dueling``, ``conv_filters``, ``conv_activation``,
             ``image_layout``).
-        lr: Learning rate of the Adam optimizer: a number or a schedule ``[[timestep, lr], ...]``.
         double_q: Whether the online network chooses the bootstrap action (double DQN)
             instead of the target network.
         td_error_loss_fn: ``"huber"`` (delta 1) or ``"mse"`` (the squared TD error).
         epsilon: Probability of a random action while sampling: a number or a schedule over
             ``num_env_steps_sampled_lifetime``, in [0, 1].
-        gamma: Discount factor.
-        n_step: Rewards summed before bootstrapping.
-        gradient_steps: Gradient steps per train item.
-        minibatch_size: Replay rows per gradient step.
-        tau: Target update step: 1 copies, less averages (Polyak).
-        target_network_update_freq: Gradient steps between target-network updates.
-        grad_clip: Global-norm clip threshold of the gradients (Stable-Baselines3's
-            ``max_grad_norm``), or ``None``.
-        **kwargs: The other ``Learner`` arguments (``grad_clip_by``, ``config_overrides_per_module``, ...).
+        lr, minibatch_size, target_network_update_freq, grad_clip: The ``OffPolicyLearner``'s,
+            here with DQN's defaults: Adam at 1e-3 on 32-row minibatches, a hard target update
+            every 500 gradient steps, gradients clipped to global norm 10.
+        **kwargs: The other ``OffPolicyLearner`` and ``Learner`` arguments (``gamma``, ``n_step``,
+            ``gradient_steps``, ``tau``, ``grad_clip_by``, ``config_overrides_per_module``, ...).
     """
 
     hyperparameter_checks: ClassVar[Mapping[str, ArgumentCheck]] = {
@@ -255,11 +250,7 @@ class DQNLearner(OffPolicyLearner):
         double_q: bool = True,
         td_error_loss_fn: Literal["huber", "mse"] = "huber",
         epsilon: ScheduleSetting = ((0, 1.0), (10000, 0.05)),
-        gamma: float = 0.99,
-        n_step: int = 1,
-        gradient_steps: int = 1,
         minibatch_size: int = 32,
-        tau: float = 1.0,
         target_network_update_freq: int = 500,
         grad_clip: float | None = 10.0,
         **kwargs: Any,
@@ -267,11 +258,7 @@ class DQNLearner(OffPolicyLearner):
         super().__init__(
             algorithm_module_spec(module_spec, model_config, DQNModule, kwargs.get("module")),
             lr=lr,
-            gamma=gamma,
-            n_step=n_step,
-            gradient_steps=gradient_steps,
             minibatch_size=minibatch_size,
-            tau=tau,
             target_network_update_freq=target_network_update_freq,
             grad_clip=grad_clip,
             **kwargs,

@@ -270,13 +270,10 @@ class IQLLearner(OffPolicyLearner):
         critic_lr: The critics' learning rate, likewise.
         value_lr: The value network's learning rate, likewise; ``None`` uses ``critic_lr``
             (d3rlpy trains it with the critics' optimizer), or ``lr`` if that is ``None`` too.
-        gamma: Discount factor.
-        n_step: Rewards summed into each replayed return (1 for dataset transitions).
-        gradient_steps: Gradient steps per replay train item.
-        minibatch_size: Rows per replay minibatch (an offline data module sets its own).
-        tau: The target critics' Polyak step size.
-        target_network_update_freq: Gradient steps between target updates.
-        **kwargs: The other ``Learner`` arguments (``lr``, ``grad_clip``, ...).
+        tau: The target critics' Polyak step size (the ``OffPolicyLearner``'s, which copies by default).
+        **kwargs: The other ``OffPolicyLearner`` and ``Learner`` arguments (``gamma``, ``n_step``,
+            ``minibatch_size``, ``lr``, ``grad_clip``, ...); an offline data module sets its own
+            batch size, and its dataset transitions are one step.
 
     Raises:
         ValueError: For a hyperparameter out of its range, naming it.
@@ -300,24 +297,11 @@ class IQLLearner(OffPolicyLearner):
         actor_lr: ScheduleSetting | None = None,
         critic_lr: ScheduleSetting | None = None,
         value_lr: ScheduleSetting | None = None,
-        gamma: float = 0.99,
-        n_step: int = 1,
-        gradient_steps: int = 1,
-        minibatch_size: int = 256,
         tau: float = 0.005,
-        target_network_update_freq: int = 1,
         **kwargs: Any,
     ) -> None:
-        super().__init__(
-            algorithm_module_spec(module_spec, model_config, IQLModule, kwargs.get("module")),
-            gamma=gamma,
-            n_step=n_step,
-            gradient_steps=gradient_steps,
-            minibatch_size=minibatch_size,
-            tau=tau,
-            target_network_update_freq=target_network_update_freq,
-            **kwargs,
-        )
+        spec = algorithm_module_spec(module_spec, model_config, IQLModule, kwargs.get("module"))
+        super().__init__(spec, tau=tau, **kwargs)
 
     def configure_optimizers_for_module(self, module_id: str, config: LearnerConfig) -> None:
         """Register the "policy", "qf" and "vf" Adams of one module.

@@ -182,11 +182,8 @@ class PPOLearner(Learner):
         model_config: The ``PPOModule``'s settings when ``module_spec`` is ``None``
             (``fcnet_hiddens``, ``fcnet_activation``, ``vf_share_layers``, ``free_log_std``,
             ``conv_filters``, ``conv_activation``, ``image_layout``).
-        lr: Learning rate: a number or a piecewise schedule ``[[timestep, lr], ...]``.
-        num_epochs: Passes over each train batch.
-        minibatch_size: Rows per gradient step; ``None`` for the whole batch.
-        shuffle_batch_per_epoch: Whether each pass visits the rows in a new random order.
-        grad_clip: Clip threshold (by ``grad_clip_by``, global norm by default), or ``None``.
+        num_epochs, minibatch_size, shuffle_batch_per_epoch, grad_clip: The ``Learner``'s, here
+            with PPO's usual defaults (10 shuffled passes of 64-row minibatches, global norm 0.5).
         gamma: Discount factor.
         gae_lambda: GAE's lambda (RLlib's ``lambda_``).
         clip_param: The surrogate's clip range epsilon: a number or a schedule.
@@ -198,7 +195,7 @@ class PPOLearner(Learner):
         kl_coeff: The KL coefficient to start from.
         kl_target: The KL divergence per update the adaptation aims at.
         normalize_advantages: Whether to standardize advantages per minibatch.
-        **kwargs: The other ``Learner`` arguments (``grad_clip_by``, ``policies_to_train``,
+        **kwargs: The other ``Learner`` arguments (``lr``, ``grad_clip_by``, ``policies_to_train``,
             ``config_overrides_per_module``, ``torch_compile``, ...).
     """
 
@@ -218,7 +215,6 @@ class PPOLearner(Learner):
         module_spec: RLModuleSpec | MultiRLModuleSpec | None = None,
         *,
         model_config: dict[str, Any] | None = None,
-        lr: ScheduleSetting = 3e-4,
         num_epochs: int = 10,
         minibatch_size: int | None = 64,
         shuffle_batch_per_epoch: bool = True,
@@ -237,7 +233,6 @@ class PPOLearner(Learner):
     ) -> None:
         super().__init__(
             algorithm_module_spec(module_spec, model_config, PPOModule, kwargs.get("module")),
-            lr=lr,
             num_epochs=num_epochs,
             minibatch_size=minibatch_size,
             shuffle_batch_per_epoch=shuffle_batch_per_epoch,

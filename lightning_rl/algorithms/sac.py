@@ -370,14 +370,9 @@ class SACLearner(OffPolicyLearner):
             ``log_alpha`` is set to ``log(initial_alpha)`` when the Learner builds it.
         target_entropy: The entropy the temperature steers the policy towards; ``"auto"``
             for ``-dim(A)`` (minus the number of action dims).
-        gamma: Discount factor.
-        n_step: Rewards summed into each replayed return before bootstrapping.
-        gradient_steps: Gradient steps per train item, each on a fresh replay minibatch.
-        minibatch_size: Rows per replay minibatch.
-        tau: The target critics' Polyak step size.
-        target_network_update_freq: Gradient steps between target updates.
-        **kwargs: The other ``Learner`` arguments (``lr``, ``grad_clip``, ``grad_clip_by``,
-            ``config_overrides_per_module``, ...).
+        tau: The target critics' Polyak step size (the ``OffPolicyLearner``'s, which copies by default).
+        **kwargs: The other ``OffPolicyLearner`` and ``Learner`` arguments (``gamma``, ``n_step``,
+            ``minibatch_size``, ``lr``, ``grad_clip``, ``grad_clip_by``, ``config_overrides_per_module``, ...).
     """
 
     hyperparameter_checks: ClassVar[Mapping[str, ArgumentCheck]] = {
@@ -403,24 +398,11 @@ class SACLearner(OffPolicyLearner):
         alpha_grad_clip: float | None = None,
         initial_alpha: float = 1.0,
         target_entropy: TargetEntropy = "auto",
-        gamma: float = 0.99,
-        n_step: int = 1,
-        gradient_steps: int = 1,
-        minibatch_size: int = 256,
         tau: float = 0.005,
-        target_network_update_freq: int = 1,
         **kwargs: Any,
     ) -> None:
-        super().__init__(
-            algorithm_module_spec(module_spec, model_config, SACModule, kwargs.get("module")),
-            gamma=gamma,
-            n_step=n_step,
-            gradient_steps=gradient_steps,
-            minibatch_size=minibatch_size,
-            tau=tau,
-            target_network_update_freq=target_network_update_freq,
-            **kwargs,
-        )
+        spec = algorithm_module_spec(module_spec, model_config, SACModule, kwargs.get("module"))
+        super().__init__(spec, tau=tau, **kwargs)
 
     def configure_optimizers_for_module(self, module_id: str, config: LearnerConfig) -> None:
         """Set ``log_alpha`` to ``log(initial_alpha)``; register the "policy", "qf" and "alpha" Adams.
