@@ -47,7 +47,9 @@ RLlib names: ``cql_weight`` is ``min_q_weight``, ``num_cql_actions`` is ``num_ac
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Mapping
+from functools import partial
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -61,10 +63,11 @@ from lightning_rl.algorithms.sac import (
     SACModule,
     squashed_gaussian_logp,
 )
+from lightning_rl.core.arguments import ArgumentCheck, check_bool, check_int, check_number
 from lightning_rl.core.columns import Columns
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
-from lightning_rl.core.schedules import Schedule, ScheduleSetting
 from lightning_rl.core.learner_config import LearnerConfig
+from lightning_rl.core.schedules import ScheduleSetting, check_schedule
 from lightning_rl.learner.learner import algorithm_module_spec
 from lightning_rl.learner.optimizers import default_adam
 
@@ -213,6 +216,16 @@ class CQLLearner(SACLearner):
             (there would be no penalty to weigh).
     """
 
+    hyperparameter_checks: ClassVar[Mapping[str, ArgumentCheck]] = {
+        "cql_weight": partial(check_number, low=0, finite=True),
+        "num_cql_actions": check_int,
+        "lagrangian": check_bool,
+        "soft_q_backup": check_bool,
+        "lagrangian_threshold": partial(check_number, finite=True),
+        "lagrangian_lr": partial(check_schedule, optional=True),
+        "initial_lagrangian_alpha": partial(check_number, low=0, high=ALPHA_PRIME_MAX, low_open=True),
+    }
+
     def __init__(
         self,
         module_spec: RLModuleSpec | MultiRLModuleSpec | None = None,
@@ -238,29 +251,11 @@ class CQLLearner(SACLearner):
             **kwargs,
         )
 
-    @staticmethod
-    def _check_config(config: Any, where: str) -> None:
-        SACLearner._check_config(config, where)
-        weight = config["cql_weight"]
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 <= weight < math.inf:
-            raise ValueError(f"{where}: cql_weight must be a finite number >= 0, got {weight!r}")
-        actions = config["num_cql_actions"]
-        if isinstance(actions, bool) or not isinstance(actions, int) or actions < 1:
-            raise ValueError(f"{where}: num_cql_actions must be an int >= 1, got {actions!r}")
-        for name in ("lagrangian", "soft_q_backup"):
-            if not isinstance(config[name], bool):
-                raise ValueError(f"{where}: {name} must be True or False, got {config[name]!r}")
-        threshold = config["lagrangian_threshold"]
-        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
-            raise ValueError(f"{where}: lagrangian_threshold must be a finite number, got {threshold!r}")
-        if config["lagrangian_lr"] is not None:
-            Schedule(config["lagrangian_lr"], name=f"{where}: lagrangian_lr")
-        alpha = config["initial_lagrangian_alpha"]
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha <= ALPHA_PRIME_MAX:
-            raise ValueError(
-                f"{where}: initial_lagrangian_alpha must be a number in (0, {ALPHA_PRIME_MAX:g}], got {alpha!r}"
-            )
-        if config["lagrangian"] and weight == 0:
+    @classmethod
+    def _check_config(cls, config: Mapping[str, Any], where: str) -> None:
+        """The tables' checks, and that ``lagrangian`` has a penalty to weigh."""
+        super()._check_config(config, where)
+        if config["lagrangian"] and config["cql_weight"] == 0:
             raise ValueError(
                 f"{where}: lagrangian=True tunes the weight of cql_weight * (gap - lagrangian_threshold), "
                 "which is zero with cql_weight=0; set cql_weight > 0 or lagrangian=False"

@@ -21,7 +21,9 @@ saved one did. Names follow RLlib's DQN config (``double_q``, ``dueling``,
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from collections.abc import Mapping
+from functools import partial
+from typing import Any, ClassVar, Literal
 
 import gymnasium as gym
 import torch
@@ -29,13 +31,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightning_rl.algorithms.off_policy import OffPolicyLearner, bootstrap_discounts, row_weights
+from lightning_rl.core.arguments import ArgumentCheck, check_bool, check_choice
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
 from lightning_rl.core.encoders import OBSERVATION_ENCODER_KEYS, ObservationEncoder, build_observation_encoder
 from lightning_rl.core.mlp import DEFAULT_FCNET_HIDDENS, build_mlp
 from lightning_rl.core.module_checks import ModelConfigKey
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.rl_modules import RLModule
-from lightning_rl.core.schedules import Schedule, ScheduleSetting
+from lightning_rl.core.schedules import Schedule, ScheduleSetting, check_schedule
 from lightning_rl.core.target_network import TargetNetworkAPI, make_target_network
 from lightning_rl.core.learner_config import LearnerConfig
 from lightning_rl.learner.learner import algorithm_module_spec
@@ -221,22 +224,23 @@ class DQNLearner(OffPolicyLearner):
         model_config: The ``DQNModule``'s settings when ``module_spec`` is ``None``
             (``fcnet_hiddens``, ``fcnet_activation``, ``dueling``, ``conv_filters``, ``conv_activation``,
             ``image_layout``).
-        lr: Learning rate of the Adam optimizer: a number or a schedule ``[[timestep, lr], ...]``.
         double_q: Whether the online network chooses the bootstrap action (double DQN)
             instead of the target network.
         td_error_loss_fn: ``"huber"`` (delta 1) or ``"mse"`` (the squared TD error).
         epsilon: Probability of a random action while sampling: a number or a schedule over
             ``num_env_steps_sampled_lifetime``, in [0, 1].
-        gamma: Discount factor.
-        n_step: Rewards summed before bootstrapping.
-        gradient_steps: Gradient steps per train item.
-        minibatch_size: Replay rows per gradient step.
-        tau: Target update step: 1 copies, less averages (Polyak).
-        target_network_update_freq: Gradient steps between target-network updates.
-        grad_clip: Global-norm clip threshold of the gradients (Stable-Baselines3's
-            ``max_grad_norm``), or ``None``.
-        **kwargs: The other ``Learner`` arguments (``grad_clip_by``, ``config_overrides_per_module``, ...).
+        lr, minibatch_size, target_network_update_freq, grad_clip: The ``OffPolicyLearner``'s,
+            here with DQN's defaults: Adam at 1e-3 on 32-row minibatches, a hard target update
+            every 500 gradient steps, gradients clipped to global norm 10.
+        **kwargs: The other ``OffPolicyLearner`` and ``Learner`` arguments (``gamma``, ``n_step``,
+            ``gradient_steps``, ``tau``, ``grad_clip_by``, ``config_overrides_per_module``, ...).
     """
+
+    hyperparameter_checks: ClassVar[Mapping[str, ArgumentCheck]] = {
+        "epsilon": partial(check_schedule, high=1),
+        "double_q": check_bool,
+        "td_error_loss_fn": partial(check_choice, choices=TD_ERROR_LOSS_FNS),
+    }
 
     def __init__(
         self,
@@ -247,11 +251,7 @@ class DQNLearner(OffPolicyLearner):
         double_q: bool = True,
         td_error_loss_fn: Literal["huber", "mse"] = "huber",
         epsilon: ScheduleSetting = ((0, 1.0), (10000, 0.05)),
-        gamma: float = 0.99,
-        n_step: int = 1,
-        gradient_steps: int = 1,
         minibatch_size: int = 32,
-        tau: float = 1.0,
         target_network_update_freq: int = 500,
         grad_clip: float | None = 10.0,
         **kwargs: Any,
@@ -259,31 +259,12 @@ class DQNLearner(OffPolicyLearner):
         super().__init__(
             algorithm_module_spec(module_spec, model_config, DQNModule, kwargs.get("module")),
             lr=lr,
-            gamma=gamma,
-            n_step=n_step,
-            gradient_steps=gradient_steps,
             minibatch_size=minibatch_size,
-            tau=tau,
             target_network_update_freq=target_network_update_freq,
             grad_clip=grad_clip,
             **kwargs,
         )
         self._epsilon_schedules: dict[str, Schedule] = {}
-
-    @staticmethod
-    def _check_config(config: Any, where: str) -> None:
-        OffPolicyLearner._check_config(config, where)
-        epsilon = config["epsilon"]
-        Schedule(epsilon, name=f"{where}: epsilon")  # a number or well-formed pairs, none below 0
-        values = [epsilon] if isinstance(epsilon, (int, float)) else [value for _, value in epsilon]
-        if any(value > 1 for value in values):
-            raise ValueError(f"{where}: epsilon must stay in [0, 1], got {epsilon!r}")
-        if not isinstance(config["double_q"], bool):
-            raise ValueError(f"{where}: double_q must be a bool, got {config['double_q']!r}")
-        if config["td_error_loss_fn"] not in TD_ERROR_LOSS_FNS:
-            raise ValueError(
-                f"{where}: td_error_loss_fn must be one of {TD_ERROR_LOSS_FNS}, got {config['td_error_loss_fn']!r}"
-            )
 
     @classmethod
     def rl_module_required_apis(cls) -> list[type]:

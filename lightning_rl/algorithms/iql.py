@@ -25,13 +25,16 @@ critics and the actor's log-likelihood, and maps its actions back to the Box.
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Mapping
+from functools import partial
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import torch
 from torch import Tensor, nn
 
 from lightning_rl.algorithms.off_policy import OffPolicyLearner, bootstrap_discounts, row_weights
+from lightning_rl.core.arguments import ArgumentCheck, check_number
 from lightning_rl.core.columns import Columns
 from lightning_rl.core.distributions import DiagGaussian
 from lightning_rl.algorithms.sac import check_bounded_box_actions, critic_target_pairs
@@ -40,7 +43,7 @@ from lightning_rl.core.mlp import build_mlp
 from lightning_rl.core.module_checks import ModelConfigKey
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.rl_modules import RLModule
-from lightning_rl.core.schedules import Schedule, ScheduleSetting
+from lightning_rl.core.schedules import ScheduleSetting, check_schedule
 from lightning_rl.core.target_network import TargetNetworkAPI, make_target_network
 from lightning_rl.core.learner_config import LearnerConfig
 from lightning_rl.learner.learner import algorithm_module_spec
@@ -269,17 +272,21 @@ class IQLLearner(OffPolicyLearner):
         critic_lr: The critics' learning rate, likewise.
         value_lr: The value network's learning rate, likewise; ``None`` uses ``critic_lr``
             (d3rlpy trains it with the critics' optimizer), or ``lr`` if that is ``None`` too.
-        gamma: Discount factor.
-        n_step: Rewards summed into each replayed return (1 for dataset transitions).
-        gradient_steps: Gradient steps per replay train item.
-        minibatch_size: Rows per replay minibatch (an offline data module sets its own).
-        tau: The target critics' Polyak step size.
-        target_network_update_freq: Gradient steps between target updates.
-        **kwargs: The other ``Learner`` arguments (``lr``, ``grad_clip``, ...).
+        tau: The target critics' Polyak step size (the ``OffPolicyLearner``'s, which copies by default).
+        **kwargs: The other ``OffPolicyLearner`` and ``Learner`` arguments (``gamma``, ``n_step``,
+            ``minibatch_size``, ``lr``, ``grad_clip``, ...); an offline data module sets its own
+            batch size, and its dataset transitions are one step.
 
     Raises:
         ValueError: For a hyperparameter out of its range, naming it.
     """
+
+    hyperparameter_checks: ClassVar[Mapping[str, ArgumentCheck]] = {
+        **dict.fromkeys(("actor_lr", "critic_lr", "value_lr"), partial(check_schedule, optional=True)),
+        "expectile": partial(check_number, low=0, high=1, low_open=True, high_open=True),
+        "beta": partial(check_number, low=0, finite=True),
+        "max_weight": partial(check_number, low=0, low_open=True, finite=True),
+    }
 
     def __init__(
         self,
@@ -292,40 +299,11 @@ class IQLLearner(OffPolicyLearner):
         actor_lr: ScheduleSetting | None = None,
         critic_lr: ScheduleSetting | None = None,
         value_lr: ScheduleSetting | None = None,
-        gamma: float = 0.99,
-        n_step: int = 1,
-        gradient_steps: int = 1,
-        minibatch_size: int = 256,
         tau: float = 0.005,
-        target_network_update_freq: int = 1,
         **kwargs: Any,
     ) -> None:
-        super().__init__(
-            algorithm_module_spec(module_spec, model_config, IQLModule, kwargs.get("module")),
-            gamma=gamma,
-            n_step=n_step,
-            gradient_steps=gradient_steps,
-            minibatch_size=minibatch_size,
-            tau=tau,
-            target_network_update_freq=target_network_update_freq,
-            **kwargs,
-        )
-
-    @staticmethod
-    def _check_config(config: Any, where: str) -> None:
-        OffPolicyLearner._check_config(config, where)
-        for name in ("actor_lr", "critic_lr", "value_lr"):
-            if config[name] is not None:
-                Schedule(config[name], name=f"{where}: {name}")
-        checks = {
-            "expectile": (lambda x: 0 < x < 1, "a number in (0, 1)"),
-            "beta": (lambda x: 0 <= x < math.inf, "a finite number >= 0"),
-            "max_weight": (lambda x: 0 < x < math.inf, "a finite number > 0"),
-        }
-        for name, (in_range, expected) in checks.items():
-            value = config[name]
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not in_range(value):
-                raise ValueError(f"{where}: {name} must be {expected}, got {value!r}")
+        spec = algorithm_module_spec(module_spec, model_config, IQLModule, kwargs.get("module"))
+        super().__init__(spec, tau=tau, **kwargs)
 
     def configure_optimizers_for_module(self, module_id: str, config: LearnerConfig) -> None:
         """Register the "policy", "qf" and "vf" Adams of one module.

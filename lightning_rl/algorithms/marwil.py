@@ -20,12 +20,15 @@ in the module as a buffer, so ``get_state`` and checkpoints carry it.
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Mapping
+from functools import partial
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
 from lightning_rl.algorithms.bc import BCModule
+from lightning_rl.core.arguments import ArgumentCheck, check_number
 from lightning_rl.core.columns import Columns
 from lightning_rl.core.encoders import build_observation_encoder
 from lightning_rl.core.mlp import build_mlp_from_config
@@ -114,6 +117,15 @@ class MARWILLearner(Learner):
         ValueError: For a hyperparameter out of its range, naming it.
     """
 
+    hyperparameter_checks: ClassVar[Mapping[str, ArgumentCheck]] = {
+        "beta": partial(check_number, low=0, finite=True),
+        "vf_coeff": partial(check_number, low=0, finite=True),
+        "moving_average_sqd_adv_norm_update_rate": partial(check_number, low=0, high=1),
+        "moving_average_sqd_adv_norm_start": partial(check_number, low=0, low_open=True, finite=True),
+        # Not check_probability: MARWIL's message has always said "a number in [0, 1]".
+        "gamma": partial(check_number, low=0, high=1),
+    }
+
     def __init__(
         self,
         module_spec: RLModuleSpec | MultiRLModuleSpec | None = None,
@@ -127,21 +139,6 @@ class MARWILLearner(Learner):
         **kwargs: Any,
     ) -> None:
         super().__init__(algorithm_module_spec(module_spec, model_config, MARWILModule, kwargs.get("module")), **kwargs)
-
-    @staticmethod
-    def _check_config(config: Any, where: str) -> None:
-        Learner._check_config(config, where)
-        checks = {
-            "beta": (lambda x: 0 <= x < math.inf, "a finite number >= 0"),
-            "vf_coeff": (lambda x: 0 <= x < math.inf, "a finite number >= 0"),
-            "moving_average_sqd_adv_norm_update_rate": (lambda x: 0 <= x <= 1, "a number in [0, 1]"),
-            "moving_average_sqd_adv_norm_start": (lambda x: 0 < x < math.inf, "a finite number > 0"),
-            "gamma": (lambda x: 0 <= x <= 1, "a number in [0, 1]"),
-        }
-        for name, (in_range, expected) in checks.items():
-            value = config[name]
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not in_range(value):
-                raise ValueError(f"{where}: {name} must be {expected}, got {value!r}")
 
     def required_batch_columns(self, module_id: str) -> list[str]:
         """``obs`` and ``actions``; with ``beta > 0`` also ``value_targets`` (BC needs no returns)."""

@@ -16,13 +16,15 @@ Learner then takes an update without gradient steps, so its hooks still see the 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from functools import partial
+from typing import Any, ClassVar
 
 import torch
 from lightning.pytorch import Callback
 from torch import Tensor
 
 from lightning_rl.callbacks.target_network import TargetNetworkUpdate
+from lightning_rl.core.arguments import ArgumentCheck, check_int, check_number, check_probability
 from lightning_rl.core.columns import Columns
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.data.prioritized_replay import PrioritizedReplayBuffer
@@ -53,6 +55,15 @@ class OffPolicyLearner(Learner):
         **kwargs: The other ``Learner`` arguments (``lr``, ``grad_clip``, ...).
     """
 
+    hyperparameter_checks: ClassVar[Mapping[str, ArgumentCheck]] = {
+        "gamma": check_probability,
+        "n_step": check_int,
+        "gradient_steps": check_int,
+        "minibatch_size": check_int,  # a replay minibatch has a size: no None, as the Learner allows
+        "tau": partial(check_number, low=0, high=1, low_open=True),
+        "target_network_update_freq": check_int,
+    }
+
     def __init__(
         self,
         module_spec: RLModuleSpec | MultiRLModuleSpec | None = None,
@@ -67,18 +78,6 @@ class OffPolicyLearner(Learner):
     ) -> None:
         super().__init__(module_spec, minibatch_size=minibatch_size, **kwargs)
         self._td_errors: dict[str, Tensor] = {}
-
-    @staticmethod
-    def _check_config(config: Any, where: str) -> None:
-        Learner._check_config(config, where)
-        if not (isinstance(config["gamma"], (int, float)) and 0 <= config["gamma"] <= 1):
-            raise ValueError(f"{where}: gamma must be in [0, 1], got {config['gamma']!r}")
-        for name in ("n_step", "gradient_steps", "minibatch_size", "target_network_update_freq"):
-            value = config[name]
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{where}: {name} must be an int >= 1, got {value!r}")
-        if not (isinstance(config["tau"], (int, float)) and 0 < config["tau"] <= 1):
-            raise ValueError(f"{where}: tau must be in (0, 1], got {config['tau']!r}")
 
     def configure_callbacks(self) -> list[Callback]:
         """Adds ``TargetNetworkUpdate`` with this Learner's ``tau`` and update frequency."""

@@ -15,8 +15,9 @@ minibatch. Names follow RLlib's PPO config (``clip_param``, ``vf_clip_param``,
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from functools import partial
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import torch
@@ -24,6 +25,7 @@ from lightning.pytorch import Callback, Trainer
 from torch import Tensor, nn
 
 from lightning_rl.connectors import ConnectorPipeline, GeneralAdvantageEstimation, TrainBatch
+from lightning_rl.core.arguments import ArgumentCheck, check_number, check_probability
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
 from lightning_rl.core.distributions import distribution_class_for_space
 from lightning_rl.core.metrics import MetricsLogger
@@ -32,7 +34,7 @@ from lightning_rl.core.mlp import DEFAULT_FCNET_ACTIVATION, DEFAULT_FCNET_HIDDEN
 from lightning_rl.core.module_checks import ModelConfigKey
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.rl_modules import MultiRLModule, RLModule
-from lightning_rl.core.schedules import Schedule, ScheduleSetting
+from lightning_rl.core.schedules import Schedule, ScheduleSetting, check_schedule
 from lightning_rl.env.episode import SingleAgentEpisode
 from lightning_rl.learner.callback import LearnerCallback
 from lightning_rl.core.learner_config import LearnerConfig
@@ -182,11 +184,8 @@ class PPOLearner(Learner):
         model_config: The ``PPOModule``'s settings when ``module_spec`` is ``None``
             (``fcnet_hiddens``, ``fcnet_activation``, ``vf_share_layers``, ``free_log_std``,
             ``conv_filters``, ``conv_activation``, ``image_layout``).
-        lr: Learning rate: a number or a piecewise schedule ``[[timestep, lr], ...]``.
-        num_epochs: Passes over each train batch.
-        minibatch_size: Rows per gradient step; ``None`` for the whole batch.
-        shuffle_batch_per_epoch: Whether each pass visits the rows in a new random order.
-        grad_clip: Clip threshold (by ``grad_clip_by``, global norm by default), or ``None``.
+        num_epochs, minibatch_size, shuffle_batch_per_epoch, grad_clip: The ``Learner``'s, here
+            with PPO's usual defaults (10 shuffled passes of 64-row minibatches, global norm 0.5).
         gamma: Discount factor.
         gae_lambda: GAE's lambda (RLlib's ``lambda_``).
         clip_param: The surrogate's clip range epsilon: a number or a schedule.
@@ -198,16 +197,26 @@ class PPOLearner(Learner):
         kl_coeff: The KL coefficient to start from.
         kl_target: The KL divergence per update the adaptation aims at.
         normalize_advantages: Whether to standardize advantages per minibatch.
-        **kwargs: The other ``Learner`` arguments (``grad_clip_by``, ``policies_to_train``,
+        **kwargs: The other ``Learner`` arguments (``lr``, ``grad_clip_by``, ``policies_to_train``,
             ``config_overrides_per_module``, ``torch_compile``, ...).
     """
+
+    hyperparameter_checks: ClassVar[Mapping[str, ArgumentCheck]] = {
+        "clip_param": check_schedule,
+        "entropy_coeff": check_schedule,
+        "gamma": check_probability,
+        "gae_lambda": check_probability,
+        "vf_loss_coeff": partial(check_number, low=0),
+        "kl_coeff": partial(check_number, low=0),
+        "kl_target": partial(check_number, low=0),
+        "vf_clip_param": partial(check_number, low=0, low_open=True, optional=True),
+    }
 
     def __init__(
         self,
         module_spec: RLModuleSpec | MultiRLModuleSpec | None = None,
         *,
         model_config: dict[str, Any] | None = None,
-        lr: ScheduleSetting = 3e-4,
         num_epochs: int = 10,
         minibatch_size: int | None = 64,
         shuffle_batch_per_epoch: bool = True,
@@ -226,7 +235,6 @@ class PPOLearner(Learner):
     ) -> None:
         super().__init__(
             algorithm_module_spec(module_spec, model_config, PPOModule, kwargs.get("module")),
-            lr=lr,
             num_epochs=num_epochs,
             minibatch_size=minibatch_size,
             shuffle_batch_per_epoch=shuffle_batch_per_epoch,
@@ -236,21 +244,6 @@ class PPOLearner(Learner):
         self._curr_kl_coeffs: dict[str, float] = {}
         self._schedules: dict[tuple[str, str], Schedule] = {}
         self._current: dict[str, dict[str, float]] = {}
-
-    @staticmethod
-    def _check_config(config: Any, where: str) -> None:
-        Learner._check_config(config, where)
-        Schedule(config["clip_param"], name=f"{where}: clip_param")
-        Schedule(config["entropy_coeff"], name=f"{where}: entropy_coeff")
-        for name in ("gamma", "gae_lambda"):
-            if not (isinstance(config[name], (int, float)) and 0 <= config[name] <= 1):
-                raise ValueError(f"{where}: {name} must be in [0, 1], got {config[name]!r}")
-        for name in ("vf_loss_coeff", "kl_coeff", "kl_target"):
-            if not (isinstance(config[name], (int, float)) and config[name] >= 0):
-                raise ValueError(f"{where}: {name} must be a number >= 0, got {config[name]!r}")
-        vf_clip = config["vf_clip_param"]
-        if vf_clip is not None and not (isinstance(vf_clip, (int, float)) and vf_clip > 0):
-            raise ValueError(f"{where}: vf_clip_param must be a positive number or None, got {vf_clip!r}")
 
     def configure_optimizers_for_module(self, module_id: str, config: LearnerConfig) -> None:
         """One Adam over the module, with ``eps=1e-5`` as in the PPO implementations whose

@@ -27,7 +27,9 @@ Names follow RLlib's SAC config (``initial_alpha``, ``target_entropy``, ``actor_
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from collections.abc import Mapping
+from functools import partial
+from typing import Any, ClassVar, Literal
 
 import gymnasium as gym
 import torch
@@ -35,13 +37,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightning_rl.algorithms.off_policy import OffPolicyLearner, bootstrap_discounts, row_weights
+from lightning_rl.core.arguments import ArgumentCheck, check_number, is_real
 from lightning_rl.core.columns import Columns
 from lightning_rl.core.encoders import OBSERVATION_ENCODER_KEYS, build_observation_encoder
 from lightning_rl.core.mlp import build_mlp
 from lightning_rl.core.module_checks import ModelConfigKey
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.rl_modules import RLModule
-from lightning_rl.core.schedules import Schedule, ScheduleSetting
+from lightning_rl.core.schedules import ScheduleSetting, check_schedule
 from lightning_rl.core.target_network import TargetNetworkAPI, make_target_network
 from lightning_rl.core.learner_config import LearnerConfig
 from lightning_rl.learner.learner import algorithm_module_spec
@@ -78,6 +81,13 @@ QF_MEAN_KEY = "qf_mean"
 LOGP_MEAN_KEY = "logp_mean"
 
 TargetEntropy = float | Literal["auto"]
+
+
+def check_target_entropy(name: str, value: Any, *, where: str = "") -> None:
+    """Raise unless ``value`` is ``"auto"`` or a finite number (a ``TargetEntropy``); an ``ArgumentCheck``."""
+    if value != "auto" and not (is_real(value) and math.isfinite(value)):
+        prefix = f"{where}: " if where else ""
+        raise ValueError(f"{prefix}{name} must be a finite number or 'auto', got {value!r}")
 
 
 def squashed_gaussian_logp(pre_tanh: Tensor, mean: Tensor, log_std: Tensor) -> Tensor:
@@ -362,15 +372,20 @@ class SACLearner(OffPolicyLearner):
             ``log_alpha`` is set to ``log(initial_alpha)`` when the Learner builds it.
         target_entropy: The entropy the temperature steers the policy towards; ``"auto"``
             for ``-dim(A)`` (minus the number of action dims).
-        gamma: Discount factor.
-        n_step: Rewards summed into each replayed return before bootstrapping.
-        gradient_steps: Gradient steps per train item, each on a fresh replay minibatch.
-        minibatch_size: Rows per replay minibatch.
-        tau: The target critics' Polyak step size.
-        target_network_update_freq: Gradient steps between target updates.
-        **kwargs: The other ``Learner`` arguments (``lr``, ``grad_clip``, ``grad_clip_by``,
-            ``config_overrides_per_module``, ...).
+        tau: The target critics' Polyak step size (the ``OffPolicyLearner``'s, which copies by default).
+        **kwargs: The other ``OffPolicyLearner`` and ``Learner`` arguments (``gamma``, ``n_step``,
+            ``minibatch_size``, ``lr``, ``grad_clip``, ``grad_clip_by``, ``config_overrides_per_module``, ...).
     """
+
+    hyperparameter_checks: ClassVar[Mapping[str, ArgumentCheck]] = {
+        **dict.fromkeys(("actor_lr", "critic_lr", "alpha_lr"), partial(check_schedule, optional=True)),
+        **dict.fromkeys(
+            ("actor_grad_clip", "critic_grad_clip", "alpha_grad_clip"),
+            partial(check_number, low=0, low_open=True, optional=True),
+        ),
+        "initial_alpha": partial(check_number, low=0, low_open=True, finite=True),
+        "target_entropy": check_target_entropy,
+    }
 
     def __init__(
         self,
@@ -385,42 +400,11 @@ class SACLearner(OffPolicyLearner):
         alpha_grad_clip: float | None = None,
         initial_alpha: float = 1.0,
         target_entropy: TargetEntropy = "auto",
-        gamma: float = 0.99,
-        n_step: int = 1,
-        gradient_steps: int = 1,
-        minibatch_size: int = 256,
         tau: float = 0.005,
-        target_network_update_freq: int = 1,
         **kwargs: Any,
     ) -> None:
-        super().__init__(
-            algorithm_module_spec(module_spec, model_config, SACModule, kwargs.get("module")),
-            gamma=gamma,
-            n_step=n_step,
-            gradient_steps=gradient_steps,
-            minibatch_size=minibatch_size,
-            tau=tau,
-            target_network_update_freq=target_network_update_freq,
-            **kwargs,
-        )
-
-    @staticmethod
-    def _check_config(config: Any, where: str) -> None:
-        OffPolicyLearner._check_config(config, where)
-        for name in ("actor_lr", "critic_lr", "alpha_lr"):
-            if config[name] is not None:
-                Schedule(config[name], name=f"{where}: {name}")
-        for name in ("actor_grad_clip", "critic_grad_clip", "alpha_grad_clip"):
-            clip = config[name]
-            if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip <= 0):
-                raise ValueError(f"{where}: {name} must be a positive number or None, got {clip!r}")
-        alpha = config["initial_alpha"]
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < math.inf:
-            raise ValueError(f"{where}: initial_alpha must be a finite number > 0, got {alpha!r}")
-        entropy = config["target_entropy"]
-        is_number = isinstance(entropy, (int, float)) and not isinstance(entropy, bool)
-        if entropy != "auto" and not (is_number and math.isfinite(entropy)):
-            raise ValueError(f"{where}: target_entropy must be a finite number or 'auto', got {entropy!r}")
+        spec = algorithm_module_spec(module_spec, model_config, SACModule, kwargs.get("module"))
+        super().__init__(spec, tau=tau, **kwargs)
 
     def configure_optimizers_for_module(self, module_id: str, config: LearnerConfig) -> None:
         """Set ``log_alpha`` to ``log(initial_alpha)``; register the "policy", "qf" and "alpha" Adams.

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from lightning import Callback, LightningModule, Trainer
 
+from lightning_rl.core.arguments import check_bool, check_int, check_number, is_int
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME
 from lightning_rl.core.module_checks import validate_module_id
 from lightning_rl.env.matches import seat_mapping, win_rate
@@ -215,8 +216,8 @@ class SelfPlayLeague(Callback):
         if (
             not _is_module_id_list(league)
             or not _is_module_id_list(retired)
-            or not _is_int(added)
-            or not _is_int(rollouts)
+            or not is_int(added)
+            or not is_int(rollouts)
             or not (last is None or isinstance(last, float))
         ):
             raise ValueError(
@@ -344,25 +345,18 @@ def _check_arguments(
         )
     validate_module_id(f"{snapshot_prefix}0")
     for name, value in counts.items():
-        if not _is_int(value) or value < 1:
-            raise ValueError(f"SelfPlayLeague: {name} must be an int >= 1, got {value!r}")
+        check_int(name, value, where="SelfPlayLeague")
     for name, value in fractions.items():
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= 1:
-            raise ValueError(f"SelfPlayLeague: {name} must be a number in [0, 1], got {value!r}")
-    if not _is_int(seed):
+        check_number(name, value, low=0, high=1, where="SelfPlayLeague")
+    if not is_int(seed):
         raise ValueError(f"SelfPlayLeague: seed must be an int, got {seed!r}")
-    if not isinstance(evaluation_explore, bool):
-        raise ValueError(f"SelfPlayLeague: evaluation_explore must be True or False, got {evaluation_explore!r}")
+    check_bool("evaluation_explore", evaluation_explore, where="SelfPlayLeague")
 
 
 def _learner(pl_module: LightningModule) -> Learner:
     if not isinstance(pl_module, Learner):
         raise ValueError(f"SelfPlayLeague works with a lightning_rl Learner, got {type(pl_module).__name__}")
     return pl_module
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_module_id_list(value: Any) -> bool:

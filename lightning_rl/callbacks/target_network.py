@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch import Trainer
 
+from lightning_rl.core.arguments import check_int, check_number
 from lightning_rl.core.target_network import TargetNetworkAPI, update_target_networks
 from lightning_rl.learner.callback import LearnerCallback
 
@@ -33,10 +34,8 @@ class TargetNetworkUpdate(LearnerCallback):
     """
 
     def __init__(self, update_interval: int = 1, tau: float = 1.0) -> None:
-        if isinstance(update_interval, bool) or not isinstance(update_interval, int) or update_interval < 1:
-            raise ValueError(f"update_interval must be an int >= 1, got {update_interval!r}")
-        if not (isinstance(tau, (int, float)) and 0 < tau <= 1):
-            raise ValueError(f"tau must be in (0, 1], got {tau!r}")
+        check_int("update_interval", update_interval)
+        check_number("tau", tau, low=0, high=1, low_open=True)
         self.update_interval = update_interval
         self.tau = float(tau)
         self._seq_no_before: int | None = None

@@ -4,13 +4,25 @@ Each check raises a one-line ``ValueError`` that names the argument, the range i
 and the value it got (``"gamma must be in [0, 1], got 1.5"``), prefixed by ``where`` when the
 caller says where the value came from (``"module 'p0': gamma must be in [0, 1], got 1.5"``).
 A bool is never a number here, although Python counts it as an int.
+
+Every check takes ``(name, value, *, where=...)`` first, so a table of checks per argument name
+(``{"gamma": check_probability, "tau": partial(check_number, low=0, high=1, low_open=True)}``,
+as ``Learner.hyperparameter_checks``) can run them all the same way (:class:`ArgumentCheck`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from collections.abc import Collection
+from typing import Any, Protocol
 
 import numpy as np
+
+
+class ArgumentCheck(Protocol):
+    """A check of one argument: raises a one-line ``ValueError`` naming ``name`` unless ``value`` is allowed."""
+
+    def __call__(self, name: str, value: Any, *, where: str = "") -> None: ...
 
 
 def is_real(value: Any) -> bool:
@@ -49,13 +61,15 @@ def check_number(
     high: float | None = None,
     low_open: bool = False,
     high_open: bool = False,
+    finite: bool = False,
     optional: bool = False,
     where: str = "",
 ) -> None:
     """Raise unless ``value`` is a real number in the given range (or ``None``, when ``optional``).
 
-    The error says the range as a user reads it: ``in [0, 1]`` or ``in (0, 1]`` when both
-    ends are set, ``a positive number`` for ``low=0, low_open=True``, ``a number >= 0``.
+    The error says the range as a user reads it: ``a number in [0, 1]`` or ``a number in (0, 1]``
+    when both ends are set, ``a positive number`` for ``low=0, low_open=True``, ``a number >= 0``,
+    and with ``finite`` ``a finite number > 0``, ``a finite number >= 0``, ``a finite number``.
 
     Args:
         name: The argument's name, for the error.
@@ -64,37 +78,65 @@ def check_number(
         high: The upper end, ``None`` for none.
         low_open: Whether ``low`` itself is excluded.
         high_open: Whether ``high`` itself is excluded.
+        finite: Whether infinities (and NaN) are refused too; a range with both ends refuses them anyway.
         optional: Whether ``None`` is allowed.
         where: Where the value came from, put before the message.
     """
     if optional and value is None:
         return
-    fits = is_real(value)
+    fits = is_real(value) and (math.isfinite(value) or not finite)
     if fits and low is not None:
         fits = value > low if low_open else value >= low
     if fits and high is not None:
         fits = value < high if high_open else value <= high
     if fits:
         return
-    raise ValueError(f"{_prefix(where)}{name} must be {_range(low, high, low_open, high_open, optional)}, got {value!r}")
+    expected = _range(low, high, low_open, high_open, finite, optional)
+    raise ValueError(f"{_prefix(where)}{name} must be {expected}, got {value!r}")
 
 
 def check_probability(name: str, value: Any, *, where: str = "") -> None:
-    """Raise unless ``value`` is a number in ``[0, 1]`` (a discount, a GAE lambda, a quantile)."""
-    check_number(name, value, low=0, high=1, where=where)
+    """Raise unless ``value`` is a number in ``[0, 1]`` (a discount, a GAE lambda).
+
+    Says ``"gamma must be in [0, 1]"``, without ``check_number``'s ``a number``: the words
+    PPO's and the replay Learners' discount checks have always used (and tests match).
+    """
+    if not (is_real(value) and 0 <= value <= 1):
+        raise ValueError(f"{_prefix(where)}{name} must be in [0, 1], got {value!r}")
 
 
-def _range(low: float | None, high: float | None, low_open: bool, high_open: bool, optional: bool) -> str:
+def check_bool(name: str, value: Any, *, where: str = "") -> None:
+    """Raise unless ``value`` is ``True`` or ``False`` (not ``1``, not ``"yes"``)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{_prefix(where)}{name} must be True or False, got {value!r}")
+
+
+def check_choice(name: str, value: Any, *, choices: Collection[Any], where: str = "") -> None:
+    """Raise unless ``value`` is one of ``choices``; the error shows ``choices`` as given (a tuple or a list).
+
+    Args:
+        name: The argument's name, for the error.
+        value: What was given.
+        choices: The allowed values.
+        where: Where the value came from, put before the message.
+    """
+    if value not in choices:
+        raise ValueError(f"{_prefix(where)}{name} must be one of {choices}, got {value!r}")
+
+
+def _range(low: float | None, high: float | None, low_open: bool, high_open: bool, finite: bool, optional: bool) -> str:
     or_none = " or None" if optional else ""
     if low is not None and high is not None:
-        return f"in {'(' if low_open else '['}{_plain(low)}, {_plain(high)}{')' if high_open else ']'}{or_none}"
-    if low == 0 and low_open and high is None:
+        interval = f"{'(' if low_open else '['}{_plain(low)}, {_plain(high)}{')' if high_open else ']'}"
+        return f"a number in {interval}{or_none}"
+    if low == 0 and low_open and high is None and not finite:
         return f"a positive number{or_none}"
+    noun = "a finite number" if finite else "a number"
     if low is not None:
-        return f"a number {'>' if low_open else '>='} {_plain(low)}{or_none}"
+        return f"{noun} {'>' if low_open else '>='} {_plain(low)}{or_none}"
     if high is not None:
-        return f"a number {'<' if high_open else '<='} {_plain(high)}{or_none}"
-    return f"a number{or_none}"
+        return f"{noun} {'<' if high_open else '<='} {_plain(high)}{or_none}"
+    return f"{noun}{or_none}"
 
 
 def _plain(bound: float) -> str:

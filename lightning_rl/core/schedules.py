@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Sequence
-from typing import Union
+from typing import Any, Union
 
 ScheduleSetting = Union[float, Sequence[Sequence[float]]]
 
@@ -52,6 +52,29 @@ class Schedule:
             return f"Schedule({self._values[0]!r}, name={self.name!r})"
         pairs = [[t, v] for t, v in zip(self._timesteps, self._values)]
         return f"Schedule({pairs!r}, name={self.name!r})"
+
+
+def check_schedule(
+    name: str, value: Any, *, optional: bool = False, high: float | None = None, where: str = ""
+) -> None:
+    """Raise unless ``value`` is a schedule setting (a number >= 0 or well-formed pairs), as ``Schedule`` reads it.
+
+    Takes the arguments of ``lightning_rl.core.arguments``' checks, so tables of them can hold it.
+
+    Args:
+        name: The argument's name, for the error.
+        value: What was given.
+        optional: Whether ``None`` is allowed (e.g. an actor's ``lr`` that falls back to the Learner's).
+        high: The largest value the schedule may reach (1 for a probability), ``None`` for no bound.
+        where: Where the value came from, put before the message.
+    """
+    if optional and value is None:
+        return
+    Schedule(value, name=f"{where}: {name}" if where else name)
+    values = [value] if isinstance(value, (int, float)) else [pair[1] for pair in value]
+    if high is not None and any(number > high for number in values):
+        prefix = f"{where}: " if where else ""
+        raise ValueError(f"{prefix}{name} must stay in [0, {high:g}], got {value!r}")
 
 
 def _parse_setting(setting: ScheduleSetting, name: str, allow_negative: bool) -> tuple[list[float], list[float]]:

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from lightning_rl.core.arguments import check_number
+
 
 class TargetNetworkAPI(abc.ABC):
     """What an RLModule implements to have target networks (RLlib's API of the same name)."""
@@ -60,8 +62,7 @@ def update_target_network(online: nn.Module, target: nn.Module, tau: float) -> N
     Raises:
         ValueError: If ``tau`` is outside ``(0, 1]`` or the two networks differ in structure.
     """
-    if not 0 < tau <= 1:
-        raise ValueError(f"tau must be in (0, 1], got {tau!r}")
+    check_number("tau", tau, low=0, high=1, low_open=True)
     # Plain parameter lists, not name dicts: this runs after every SAC gradient step.
     online_params, target_params = list(online.parameters()), list(target.parameters())
     if [p.shape for p in online_params] != [p.shape for p in target_params]:

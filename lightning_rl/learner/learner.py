@@ -41,12 +41,14 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Literal
+from functools import partial
+from typing import Any, ClassVar, Literal
 
 import torch
 from lightning.pytorch import Callback, LightningModule
 
 from lightning_rl.connectors import AddColumnsFromEpisodes, ConnectorPipeline, Piece
+from lightning_rl.core.arguments import ArgumentCheck, check_choice, check_int, check_number
 from lightning_rl.core.batch import MultiModuleBatch
 from lightning_rl.core.columns import (
     ALL_MODULES,
@@ -62,7 +64,7 @@ from lightning_rl.core.rl_module_specs import (
     spec_or_default,
 )
 from lightning_rl.core.rl_modules import MultiRLModule, RLModule
-from lightning_rl.core.schedules import Schedule, ScheduleSetting
+from lightning_rl.core.schedules import ScheduleSetting, check_schedule
 from lightning_rl.core.sharding import gathered
 from lightning_rl.learner._lightning_private import attached_trainer
 from lightning_rl.learner.callback import LearnerCallback
@@ -610,24 +612,34 @@ class Learner(UpdateApiMixin, OptimizersMixin, MultiModuleMixin, StateMixin, Lig
         self._check_config({**self.hparams, **overrides}, f"module {module_id!r}")
         return overrides
 
-    @staticmethod
-    def _check_config(config: Mapping[str, Any], where: str) -> None:
-        Schedule(config["lr"], name=f"{where}: lr")
-        grad_clip = config["grad_clip"]
-        if grad_clip is not None and not (isinstance(grad_clip, (int, float)) and grad_clip > 0):
-            raise ValueError(f"{where}: grad_clip must be a positive number or None, got {grad_clip!r}")
-        if config["grad_clip_by"] not in GRAD_CLIP_BY:
-            raise ValueError(f"{where}: grad_clip_by must be one of {GRAD_CLIP_BY}, got {config['grad_clip_by']!r}")
-        if not (isinstance(config["num_epochs"], int) and config["num_epochs"] >= 1):
-            raise ValueError(f"{where}: num_epochs must be an int >= 1, got {config['num_epochs']!r}")
-        minibatch_size = config["minibatch_size"]
-        if minibatch_size is not None and not (isinstance(minibatch_size, int) and minibatch_size >= 1):
-            raise ValueError(f"{where}: minibatch_size must be an int >= 1 or None, got {minibatch_size!r}")
-        limit = config["max_consecutive_non_finite_steps"]
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-            raise ValueError(f"{where}: max_consecutive_non_finite_steps must be an int >= 1 or None, got {limit!r}")
-        if config["torch_compile_what_to_compile"] not in WHAT_TO_COMPILE:
-            raise ValueError(
-                f"{where}: torch_compile_what_to_compile must be one of {WHAT_TO_COMPILE}, "
-                f"got {config['torch_compile_what_to_compile']!r}"
-            )
+    # The range of every hyperparameter, checked at construction and for each module's
+    # overrides. A subclass declares its own hyperparameters' checks in a table of its own;
+    # ``_check_config`` runs every class's table, the base's first, so a subclass that narrows
+    # a base hyperparameter (``minibatch_size`` must not be ``None``) adds a check, never drops one.
+    hyperparameter_checks: ClassVar[Mapping[str, ArgumentCheck]] = {
+        "lr": check_schedule,
+        "grad_clip": partial(check_number, low=0, low_open=True, optional=True),
+        "grad_clip_by": partial(check_choice, choices=GRAD_CLIP_BY),
+        "num_epochs": check_int,
+        "minibatch_size": partial(check_int, optional=True),
+        "max_consecutive_non_finite_steps": partial(check_int, optional=True),
+        "torch_compile_what_to_compile": partial(check_choice, choices=WHAT_TO_COMPILE),
+    }
+
+    @classmethod
+    def _check_config(cls, config: Mapping[str, Any], where: str) -> None:
+        """Run the ``hyperparameter_checks`` of every class from ``Learner`` down to ``cls`` on ``config``.
+
+        Subclasses override it only for checks that read several hyperparameters together,
+        calling ``super()._check_config`` first.
+
+        Args:
+            config: The hyperparameters, with a module's overrides applied.
+            where: Where they came from, the errors' prefix (``"Learner"``, ``"module 'p0'"``).
+
+        Raises:
+            ValueError: Naming the first hyperparameter out of its range.
+        """
+        for klass in reversed(cls.__mro__):
+            for name, check in vars(klass).get("hyperparameter_checks", {}).items():
+                check(name, config[name], where=where)
