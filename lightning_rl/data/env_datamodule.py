@@ -272,7 +272,7 @@ class EnvDataModule(LightningDataModule, abc.ABC):
         """
 
     # ------------------------------------------------------------------------------------
-    # Spaces, sizes and runners (the Learner reads the spaces at setup)
+    # Spaces, sizes and runners (the Learner reads the spaces at setup, through ``data_offer``)
     # ------------------------------------------------------------------------------------
 
     @property

@@ -417,7 +417,7 @@ def _with_spaces_from(spec: MultiRLModuleSpec, offer: DataOffer | None) -> Multi
 def specs_for_module_spaces(
     spec: MultiRLModuleSpec, module_spaces: Mapping[str, tuple[gym.Space, gym.Space]]
 ) -> MultiRLModuleSpec:
-    """The module specs a multi-agent data module's ``module_spaces`` call for.
+    """The module specs a multi-agent data module's offered ``module_spaces`` (``DataOffer.module_spaces``) call for.
 
     Args:
         spec: The Learner's spec. One ``default_policy`` spec without spaces (what an
