@@ -19,6 +19,7 @@ from lightning_rl.algorithms.iql import IQLLearner, IQLModule
 from lightning_rl.algorithms.marwil import MARWILLearner, MARWILModule
 from lightning_rl.algorithms.ppo import PPOLearner, PPOModule
 from lightning_rl.algorithms.sac import SACLearner, SACModule
+from lightning_rl.core.data_contract import DataOffer
 
 DISCRETE = (gym.spaces.Box(-1.0, 1.0, (3,), np.float32), gym.spaces.Discrete(2))
 CONTINUOUS = (gym.spaces.Box(-1.0, 1.0, (3,), np.float32), gym.spaces.Box(-1.0, 1.0, (2,), np.float32))
@@ -83,7 +84,10 @@ def test_bc_learner_builds_a_bc_module_from_model_config():
 
 def test_an_off_policy_learner_on_rollouts_names_the_data_module_to_use():
     with pytest.raises(ValueError, match="use lightning_rl.data.OffPolicyDataModule"):
-        DQNLearner().check_fits_data(SimpleNamespace(is_off_policy=False))
+        on_policy_data = SimpleNamespace(
+            data_offer=lambda: DataOffer(frozenset({"episodes"})), accept_requirements=lambda requirements: None
+        )
+        DQNLearner().check_fits_data(on_policy_data)
 
 
 def test_an_on_policy_learner_asked_to_replay_names_both_data_modules():

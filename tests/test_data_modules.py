@@ -57,7 +57,7 @@ def test_an_argument_of_neither_module_is_pythons_usual_type_error():
 def test_episode_datamodule_is_the_on_policy_module_and_keeps_its_checkpoint_entry_name(tmp_path: Path):
     data = EpisodeDataModule("CartPole-v1", num_envs=2, rollout_fragment_length=16, rollouts_per_epoch=1, seed=0)
     assert isinstance(data, OnPolicyDataModule)
-    assert not data.is_off_policy and OffPolicyDataModule.is_off_policy
+    assert data.data_offer().sources == {"episodes"} and OffPolicyDataModule().data_offer().sources == {"replay"}
     assert data.train_batch_size == 32
     trainer = make_trainer(tmp_path, limit_val_batches=0)
     trainer.fit(PPOLearner(model_config={"fcnet_hiddens": [8]}, num_epochs=1, minibatch_size=32), datamodule=data)

@@ -20,6 +20,7 @@ from lightning_rl.algorithms.off_policy import N_STEP, WEIGHTS
 from lightning_rl.algorithms.sac import SACModule
 from lightning_rl.core.acting import compute_actions
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME
+from lightning_rl.core.data_contract import DataOffer
 from lightning_rl.env import EnvRunner
 
 OBS = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
@@ -313,7 +314,11 @@ def test_a_module_that_is_not_an_iql_module_is_refused():
 
 def test_on_policy_data_is_refused():
     class OnPolicyData:
-        is_off_policy = False
+        def data_offer(self) -> DataOffer:
+            return DataOffer(frozenset({"episodes"}))
+
+        def accept_requirements(self, requirements: Any) -> None:
+            pass
 
     with pytest.raises(ValueError, match="OffPolicyDataModule"):
         built().check_fits_data(OnPolicyData())

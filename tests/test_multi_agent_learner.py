@@ -14,6 +14,7 @@ from lightning.pytorch import LightningDataModule
 
 from lightning_rl.algorithms.ppo import PPOLearner, PPOModule
 from lightning_rl.core.columns import DEFAULT_MODULE_ID, Columns
+from lightning_rl.core.data_contract import DataOffer
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.train_item import TrainingData, TrainItem
 from lightning_rl.env.multi_agent_episode import MultiAgentEpisode
@@ -170,6 +171,12 @@ class _MultiAgentData(LightningDataModule):
     def train_dataloader(self) -> Any:
         episodes = [_parallel_episodes(self.agents, lambda agent_id, episode: agent_id, steps=4, seed=0)]
         return loader_of([TrainItem(TrainingData(episodes=episodes))])
+
+    def data_offer(self) -> DataOffer:
+        return DataOffer(frozenset({"episodes"}), module_spaces=lambda: self.module_spaces)
+
+    def accept_requirements(self, requirements: Any) -> None:
+        pass
 
 
 PER_AGENT_SPACES = {

@@ -17,6 +17,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning_rl import Columns, MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.algorithms.ppo import PPOLearner, PPOModule
 from lightning_rl.callbacks import SelfPlayLeague
+from lightning_rl.core.data_contract import DataOffer
 from lightning_rl.core.rl_modules import MultiRLModule
 from lightning_rl.core.train_item import TrainingData, TrainItem
 from lightning_rl.env.matches import seat_mapping, win_rate
@@ -69,6 +70,13 @@ class LeagueData(LightningDataModule):
     @property
     def module_spaces(self) -> dict[str, tuple[gym.Space, gym.Space]]:
         return module_spaces(AGENTS, lambda agent: OBS_SPACE, lambda agent: ACT_SPACE, self.policy_mapping_fn)
+
+    def data_offer(self) -> DataOffer:
+        offered = None if type(self).module_spaces is None else (lambda: self.module_spaces)
+        return DataOffer(frozenset({"batch"}), module_spaces=offered)
+
+    def accept_requirements(self, requirements: Any) -> None:
+        pass
 
     def play_episodes(self, *, num_episodes: int, policy_mapping_fn: Any, explore: bool = False) -> list:
         episodes = [_game(policy_mapping_fn, self.main_result) for _ in range(num_episodes)]

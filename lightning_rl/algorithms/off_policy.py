@@ -15,6 +15,7 @@ Learner then takes an update without gradient steps, so its hooks still see the 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from functools import partial
 from typing import Any, ClassVar
@@ -26,6 +27,7 @@ from torch import Tensor
 from lightning_rl.callbacks.target_network import TargetNetworkUpdate
 from lightning_rl.core.arguments import ArgumentCheck, check_int, check_number, check_probability
 from lightning_rl.core.columns import Columns
+from lightning_rl.core.data_contract import DataRequirements
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.data.prioritized_replay import PrioritizedReplayBuffer
 from lightning_rl.data.replay_n_step import BATCH_INDEXES, N_STEP, WEIGHTS
@@ -83,19 +85,19 @@ class OffPolicyLearner(Learner):
         """Adds ``TargetNetworkUpdate`` with this Learner's ``tau`` and update frequency."""
         return [TargetNetworkUpdate(update_interval=self.hparams.target_network_update_freq, tau=self.hparams.tau)]
 
-    def check_fits_data(self, datamodule: Any) -> None:
-        """Check that ``datamodule`` replays (an ``OffPolicyDataModule``).
+    def data_requirements(self) -> DataRequirements:
+        """The Learner's requirements (see ``Learner.data_requirements``), training from replay.
 
-        The minibatches come from the replay buffer, so they need not fit into a train item.
-
-        Raises:
-            ValueError: If the data module yields on-policy rollouts.
+        A replay buffer (``OffPolicyDataModule``), or transitions as batches or batch iterators
+        (``OfflineDataModule``); not episodes, whose train batch holds no ``new_obs`` to
+        bootstrap from. The minibatches are sampled from the buffer, so an off-policy data
+        module offers no train batch to check ``minibatch_size`` against.
         """
-        if getattr(datamodule, "is_off_policy", None) is False:
-            raise ValueError(
-                f"{type(self).__name__} trains from a replay buffer, but the data module samples on-policy rollouts: "
-                "use lightning_rl.data.OffPolicyDataModule"
-            )
+        return dataclasses.replace(
+            super().data_requirements(),
+            sources=frozenset({"replay", "batch", "batches", "data_iterators"}),
+            suggestion="use lightning_rl.data.OffPolicyDataModule (or lightning_rl.data.OfflineDataModule for a dataset)",
+        )
 
     def required_batch_columns(self, module_id: str) -> list[str]:
         """One-step transitions; a replay buffer adds ``n_step`` and ``weights`` (rows without them are 1-step, weight 1)."""

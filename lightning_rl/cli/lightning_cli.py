@@ -43,6 +43,7 @@ from lightning_rl.core.checkpoint import (
     read_checkpoint_file,
     remove_stale_temporary_files,
 )
+from lightning_rl.core.data_contract import data_offer_of
 from lightning_rl.data import OffPolicyDataModule, OnPolicyDataModule  # noqa: F401 (short names, as above)
 from lightning_rl.data.env_datamodule import OFF_POLICY_ARGUMENTS, ON_POLICY_ARGUMENTS
 from lightning_rl.learner._lightning_private import claim_version_directory
@@ -185,7 +186,8 @@ class LightningRLCLI(LightningCLI):
             self.model.check_fits_data(self.datamodule)
             if self._checkpoint is not None:
                 ckpt_path, checkpoint = self._checkpoint
-                spaces = [getattr(self.datamodule, name, None) for name in ("observation_space", "action_space")]
+                offer = data_offer_of(self.datamodule)
+                spaces = offer.single_spaces() if offer is not None else (None, None)
                 check_checkpoint_fits(ckpt_path, checkpoint, type(self.model), *spaces)
         except ValueError as error:
             self.parser.error(f"invalid configuration: {_without_parser_wrapping(error)}")

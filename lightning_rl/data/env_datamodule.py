@@ -23,7 +23,7 @@ import contextlib
 import functools
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import gymnasium as gym
 import numpy as np
@@ -31,6 +31,7 @@ from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch import LightningDataModule
 
 from lightning_rl.core.columns import DEFAULT_MODULE_ID, NUM_ENV_STEPS_SAMPLED_LIFETIME
+from lightning_rl.core.data_contract import DataOffer, DataRequirements, SpacePair
 from lightning_rl.core.rl_modules import RLModule
 from lightning_rl.core.train_item import TrainingData, TrainItem
 from lightning_rl.data.acting_module import learner_acting_module
@@ -152,9 +153,6 @@ class EnvDataModule(LightningDataModule, abc.ABC):
         ImportError: For ``vectorize_mode="envpool"`` without envpool installed.
     """
 
-    #: Whether train items hand the Learner a replay buffer instead of episodes.
-    is_off_policy: ClassVar[bool]
-
     def __init__(
         self,
         env: str | Callable[[], gym.Env] = "CartPole-v1",
@@ -274,7 +272,7 @@ class EnvDataModule(LightningDataModule, abc.ABC):
         """
 
     # ------------------------------------------------------------------------------------
-    # Spaces, sizes and runners (the Learner reads the spaces at setup)
+    # Spaces, sizes and runners (the Learner reads the spaces at setup, through ``data_offer``)
     # ------------------------------------------------------------------------------------
 
     @property
@@ -442,6 +440,25 @@ class EnvDataModule(LightningDataModule, abc.ABC):
         checkpoint = self.trainer.strategy.checkpoint_io.load_checkpoint(path, map_location="cpu", weights_only=True)
         if FORMER_STATE_KEY in checkpoint:
             self.load_state_dict(checkpoint[FORMER_STATE_KEY])
+
+    # ------------------------------------------------------------------------------------
+    # The data contract (``lightning_rl.core.data_contract``: this class is a ``DataSource``)
+    # ------------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def data_offer(self) -> DataOffer:
+        """What this data module offers the Learner: the source its items hold, its train batch, the env's spaces."""
+
+    def accept_requirements(self, requirements: DataRequirements) -> None:
+        """Take the Learner's requirements, after it was built: the env's rollouts meet them as they are, nothing to settle.
+
+        Args:
+            requirements: The Learner's ``data_requirements()``.
+        """
+
+    def _offered_spaces(self) -> SpacePair:
+        """The env's ``(observation_space, action_space)``, for every module without spaces (builds the train envs)."""
+        return self.observation_space, self.action_space
 
 
 class Rollouts:

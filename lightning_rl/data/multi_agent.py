@@ -28,6 +28,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME
+from lightning_rl.core.data_contract import DataOffer, DataRequirements, SpacePair
 from lightning_rl.core.rl_modules import MultiRLModule
 from lightning_rl.core.train_item import TrainingData, TrainItem
 from lightning_rl.data.acting_module import learner_acting_modules
@@ -451,6 +452,28 @@ class MultiAgentDataModule(LightningDataModule):
             reduce = np.nansum if key in _SUMMED else _EXTREMES.get(key, np.nanmean)
             merged[key] = float(reduce(column))
         return merged
+
+    # ------------------------------------------------------------------------------------
+    # The data contract (``lightning_rl.core.data_contract``: this class is a ``DataSource``)
+    # ------------------------------------------------------------------------------------
+
+    def data_offer(self) -> DataOffer:
+        """Multi-agent episodes, and a space pair per module the policy mapping uses (``module_spaces``).
+
+        No train batch: a module's rows per rollout depend on how many agents map to it and how
+        many steps they take (see ``env_steps_per_rollout``).
+        """
+        return DataOffer(frozenset({"episodes"}), module_spaces=self._offered_module_spaces)
+
+    def accept_requirements(self, requirements: DataRequirements) -> None:
+        """Take the Learner's requirements, after it was built: the env's rollouts meet them as they are, nothing to settle.
+
+        Args:
+            requirements: The Learner's ``data_requirements()``.
+        """
+
+    def _offered_module_spaces(self) -> dict[str, SpacePair]:
+        return self.module_spaces
 
 
 def _device_of(module: Any) -> torch.device:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
+from lightning_rl.core.data_contract import DataOffer
 from lightning_rl.core.rl_modules import RLModule
 from lightning_rl.core.schedules import Schedule, ScheduleSetting
 from lightning_rl.core.train_item import TrainingData, TrainItem
@@ -66,8 +67,6 @@ class OffPolicyDataModule(EnvDataModule):
         ValueError: Naming the argument, for invalid values, and naming ``OnPolicyDataModule``
             for its arguments (``rollout_fragment_length``).
     """
-
-    is_off_policy = True
 
     def __init__(
         self,
@@ -203,6 +202,14 @@ class OffPolicyDataModule(EnvDataModule):
             seed = self.sampling.rank_seed(_REPLAY_SEED_OFFSET + 1)
             self._random_module = _UniformRandomModule(self.observation_space, self.action_space, seed=seed)
         return self._random_module
+
+    def data_offer(self) -> DataOffer:
+        """The replay buffer, and the env's spaces (``DataSource``).
+
+        No train batch: the Learner samples its minibatches from the buffer, so an item's
+        ``train_freq`` new env steps are no batch it cuts into minibatches.
+        """
+        return DataOffer(frozenset({"replay"}), spaces=self._offered_spaces)
 
 
 class _UniformRandomModule(RLModule):

@@ -32,6 +32,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 
 from lightning_rl.core.columns import DEFAULT_MODULE_ID, NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
+from lightning_rl.core.data_contract import DataOffer, DataRequirements, SpacePair
 from lightning_rl.core.train_item import TrainingData, TrainItem
 from lightning_rl.data.acting_module import check_learner_has_module, learner_acting_module
 from lightning_rl.data.dataset_rows import (
@@ -171,6 +172,7 @@ class OfflineDataModule(LightningDataModule):
         self._stream: RowStream | None = None
         self._columns: list[str] | None = None  # what the Learner asks for, checked against the dataset
         self._gamma: float | None = None  # the Learner's discount, when it asks for value_targets
+        self._requirements: DataRequirements | None = None  # the Learner's, handed over at its setup
 
     # ------------------------------------------------------------------------------------
     # What the Learner and the user read
@@ -349,11 +351,15 @@ class OfflineDataModule(LightningDataModule):
     def check_learner(self) -> None:
         """Check the Trainer's Learner against the dataset and settle the columns to yield.
 
+        The columns, ``gamma`` and ``n_step`` are the Learner's requirements, which its
+        ``setup`` handed over (``accept_requirements``).
+
         Raises:
             ValueError: If the Learner is not built or has no module ``module_id``; if that
                 module's observation or action space does not fit the dataset's (naming both);
-                if the Learner requires a column no dataset row has; or if it requires
-                ``value_targets`` without a ``gamma`` hyperparameter.
+                if the Learner handed no requirements over; if it requires a column no dataset
+                row has, or ``n_step`` returns; or if it requires ``value_targets`` without a
+                ``gamma`` in [0, 1].
         """
         learner = self.trainer.lightning_module
         module_id = self.hparams.module_id
@@ -365,25 +371,31 @@ class OfflineDataModule(LightningDataModule):
             f"the Learner's module {module_id!r}",
             "train a module built for the dataset's spaces (leave the spaces out of the module spec to take the dataset's)",
         )
-        n_step = learner.hparams.get("n_step")
+        requirements = self._requirements
+        if requirements is None:
+            raise ValueError(
+                f"{type(learner).__name__} handed {type(self).__name__} no data requirements: its setup must call "
+                "datamodule.accept_requirements(self.data_requirements()), as Learner.setup does"
+            )
+        n_step = requirements.n_step
         if n_step is not None and n_step != 1:
             raise ValueError(
-                f"{type(learner).__name__} has n_step={n_step!r}, returns summed over replayed steps, but dataset rows "
+                f"{requirements.learner} has n_step={n_step!r}, returns summed over replayed steps, but dataset rows "
                 "are one-step transitions: set n_step=1"
             )
-        required = list(learner.required_batch_columns(module_id))
+        required = list(requirements.columns[module_id])
         missing = [column for column in required if column not in DATASET_COLUMNS]
         if missing:
             raise ValueError(
-                f"{type(learner).__name__} requires column(s) {missing} for module {self.hparams.module_id!r}, which an "
+                f"{requirements.learner} requires column(s) {missing} for module {self.hparams.module_id!r}, which an "
                 f"offline dataset cannot provide; its rows have {list(DATASET_COLUMNS)}"
             )
         gamma = None
         if Columns.VALUE_TARGETS in required:
-            gamma = learner.hparams.get("gamma")
+            gamma = requirements.gamma
             if not isinstance(gamma, (int, float)) or isinstance(gamma, bool) or not 0 <= gamma <= 1:
                 raise ValueError(
-                    f"{type(learner).__name__} requires value_targets, the discounted return-to-go, but has no "
+                    f"{requirements.learner} requires value_targets, the discounted return-to-go, but has no "
                     f"hyperparameter gamma in [0, 1] to discount with (got {gamma!r})"
                 )
         if self._columns != required or self._gamma != gamma:
@@ -471,6 +483,26 @@ class OfflineDataModule(LightningDataModule):
         if spec.max_episode_steps is not None and spec.max_episode_steps != registered.max_episode_steps:
             kwargs["max_episode_steps"] = spec.max_episode_steps
         return spec.id, {**kwargs, **(env_kwargs or {})}
+
+    # ------------------------------------------------------------------------------------
+    # The data contract (``lightning_rl.core.data_contract``: this class is a ``DataSource``)
+    # ------------------------------------------------------------------------------------
+
+    def data_offer(self) -> DataOffer:
+        """Iterators of ready minibatches (no train batch to cut), and the dataset's spaces."""
+        return DataOffer(frozenset({"data_iterators"}), spaces=self._offered_spaces)
+
+    def accept_requirements(self, requirements: DataRequirements) -> None:
+        """Keep the Learner's requirements: ``check_learner`` settles the columns, ``gamma`` and ``n_step`` from them.
+
+        Args:
+            requirements: The Learner's ``data_requirements()``, handed over by its ``setup``
+                (before ``train_dataloader`` checks them against the dataset).
+        """
+        self._requirements = requirements
+
+    def _offered_spaces(self) -> SpacePair:
+        return self.observation_space, self.action_space
 
 
 class _Minibatches:

@@ -16,6 +16,7 @@ from typing import Any
 import gymnasium as gym
 
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME
+from lightning_rl.core.data_contract import DataOffer
 from lightning_rl.core.train_item import TrainingData, TrainItem
 from lightning_rl.data.env_datamodule import (
     OFF_POLICY_ARGUMENTS,
@@ -43,8 +44,6 @@ class OnPolicyDataModule(EnvDataModule):
         ValueError: Naming the argument, for invalid values, and naming ``OffPolicyDataModule``
             for its arguments (``replay_buffer_capacity``, ``train_freq``, ...).
     """
-
-    is_off_policy = False
 
     def __init__(
         self, env: str | Callable[[], gym.Env] = "CartPole-v1", *, rollout_fragment_length: int = 200, **kwargs: Any
@@ -88,3 +87,7 @@ class OnPolicyDataModule(EnvDataModule):
             episodes, metrics = self.sampling.sample(module, self._gather)
         timesteps = {NUM_ENV_STEPS_SAMPLED_LIFETIME: metrics[NUM_ENV_STEPS_SAMPLED_LIFETIME]}
         return TrainItem(TrainingData(episodes=episodes), timesteps=timesteps, env_runners=metrics)
+
+    def data_offer(self) -> DataOffer:
+        """Episodes of ``train_batch_size`` env steps per item, and the env's spaces (``DataSource``)."""
+        return DataOffer(frozenset({"episodes"}), train_batch_size=self.train_batch_size, spaces=self._offered_spaces)

@@ -324,6 +324,11 @@ class Learner(UpdateApiMixin, OptimizersMixin, MultiModuleMixin, StateMixin, Lig
             raise ValueError(f"{type(self).__name__} has no module_spec yet")
         return self._module_spec
 
+    @property
+    def spec_to_build(self) -> MultiRLModuleSpec | None:
+        """The spec ``build`` will build from; ``None`` when there is none yet (a checkpoint provides it)."""
+        return self._module_spec if self._module is None else None
+
     @module_spec.setter
     def module_spec(self, spec: MultiRLModuleSpec) -> None:
         """What ``build`` builds (a checkpoint sets it before the modules exist).

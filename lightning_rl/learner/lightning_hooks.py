@@ -35,10 +35,14 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.strategies import FSDPStrategy
 
 from lightning_rl.core.checkpoint import CHECKPOINT_KEY
-from lightning_rl.core.columns import (
-    ALL_MODULES,
-    DEFAULT_MODULE_ID,
-    NUM_ENV_STEPS_SAMPLED_LIFETIME,
+from lightning_rl.core.columns import ALL_MODULES, DEFAULT_MODULE_ID, NUM_ENV_STEPS_SAMPLED_LIFETIME
+from lightning_rl.core.data_contract import (
+    TRAINING_DATA_SOURCES,
+    DataOffer,
+    DataRequirements,
+    DataSource,
+    check_data_fits,
+    data_offer_of,
 )
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.train_item import TrainItem
@@ -123,24 +127,30 @@ class LightningHooksMixin:
     """The hooks a Lightning ``Trainer`` calls on a Learner (a part of ``Learner``)."""
 
     def setup(self, stage: str) -> None:
-        """Lightning's hook: build the Learner if it has not been built.
+        """Lightning's hook: build the Learner if it has not been built, meeting its data module through the data contract.
 
-        Modules whose spec leaves out the observation or action space take it from the
-        Trainer's data module (``datamodule.observation_space`` / ``.action_space``). A
-        multi-agent data module exposes ``module_spaces`` (``{module_id: (observation_space,
-        action_space)}``, the modules its policy mapping sends agents to) instead: a spec of one
-        ``default_policy`` module without spaces (an algorithm's default) then becomes one module
-        per id, each with that spec's class and ``model_config`` and its own spaces; an explicit
-        ``MultiRLModuleSpec`` gets each module's missing spaces from its id (see ``specs_for_module_spaces``).
+        The Trainer's data module, if it is a ``DataSource`` (``lightning_rl.core.data_contract``),
+        offers its spaces (``DataOffer``): modules whose spec leaves out the observation or
+        action space take the one pair a single-agent data module offers. A multi-agent data
+        module offers ``module_spaces`` (``{module_id: (observation_space, action_space)}``, the
+        modules its policy mapping sends agents to) instead: a spec of one ``default_policy``
+        module without spaces (an algorithm's default) then becomes one module per id, each with
+        that spec's class and ``model_config`` and its own spaces; an explicit
+        ``MultiRLModuleSpec`` gets each module's missing spaces from its id (see
+        ``specs_for_module_spaces``). Under ``fit`` the offer is checked against
+        ``data_requirements()`` (``check_fits_data``); once built, the Learner hands its
+        requirements to the data module (``accept_requirements``). A data module that is not a
+        ``DataSource`` offers nothing and is not checked.
 
         Raises:
             ValueError: under ``strategy="fsdp"`` (FSDP1: use ``"fsdp2"``); under
                 ``precision="16-mixed"``, whose gradient scaling would hand
-                scaled gradients to the Learner's clipping and non-finite checks; when a space
-                is missing and no data module provides it; for a module id the data module's
-                ``module_spaces`` names but an explicit spec lacks, or whose spec's spaces differ
-                from the data module's; and when ``minibatch_size`` is larger than the data
-                module's train batch.
+                scaled gradients to the Learner's clipping and non-finite checks; when the data
+                module's train items hold a source this Learner does not train from, or
+                ``minibatch_size`` is larger than its train batch (``check_fits_data``); when a
+                space is missing and no data module offers it; and for a module id the data
+                module's ``module_spaces`` names but an explicit spec lacks, or whose spec's
+                spaces differ from the data module's.
         """
         if isinstance(getattr(self.trainer, "strategy", None), FSDPStrategy):
             # FSDP1 wraps the module and shards flat parameter groups at setup, after which the
@@ -157,11 +167,13 @@ class LightningHooksMixin:
                 "checks gradients itself. Use precision='bf16-mixed' or '32-true'."
             )
         datamodule = getattr(self.trainer, "datamodule", None)
-        if self._module is None and self._module_spec is not None:
-            self._module_spec = _with_spaces_from(self._module_spec, datamodule)
         if stage == "fit":
             self.check_fits_data(datamodule)
+        if self.module is None and self.spec_to_build is not None:
+            self.module_spec = _with_spaces_from(self.spec_to_build, data_offer_of(datamodule))
         self.build()
+        if isinstance(datamodule, DataSource):
+            datamodule.accept_requirements(self.data_requirements())
 
     def configure_model(self) -> None:
         """Lightning's hook, after ``setup``: under a sharding strategy, shard the modules (FSDP2).
@@ -183,22 +195,48 @@ class LightningHooksMixin:
         check_writes_whole_checkpoints(strategy, checkpointing=bool(self.trainer.checkpoint_callbacks))
         shard_modules(self, data_parallel_mesh(strategy))
 
-    def check_fits_data(self, datamodule: Any) -> None:
-        """Check that ``minibatch_size`` fits into one train item of ``datamodule``.
+    def data_requirements(self) -> DataRequirements:
+        """What this Learner requires of its data: its side of the data contract (``lightning_rl.core.data_contract``).
 
-        Data modules that know their train batch size expose it as ``train_batch_size``
-        (``OnPolicyDataModule``: ``num_envs * rollout_fragment_length``); others are not checked.
+        Called by ``check_fits_data`` (at ``setup`` under ``fit``, and by the CLI before the
+        run), and once more after ``setup`` built the modules, to hand the requirements to the
+        data module (``DataSource.accept_requirements``). Override it, calling ``super()`` and
+        replacing fields with ``dataclasses.replace``, to train from other sources
+        (``OffPolicyLearner`` takes ``"replay"``).
+
+        Returns:
+            A ``DataRequirements``: every ``TrainingData`` source but ``"replay"`` (which
+            off-policy Learners sample), ``minibatch_size``, each module's
+            ``required_batch_columns`` (the built modules, else the spec's), and the ``gamma``
+            and ``n_step`` hyperparameters, ``None`` where the Learner has none.
+        """
+        if self.module is not None:
+            module_ids = list(self.module.keys())
+        else:
+            module_ids = list(self.spec_to_build.rl_module_specs) if self.spec_to_build is not None else []
+        return DataRequirements(
+            learner=type(self).__name__,
+            sources=frozenset(TRAINING_DATA_SOURCES) - {"replay"},
+            minibatch_size=self.hparams.minibatch_size,
+            columns={module_id: tuple(self.required_batch_columns(module_id)) for module_id in module_ids},
+            gamma=self.hparams.get("gamma"),
+            n_step=self.hparams.get("n_step"),
+            suggestion="a replay buffer is for off-policy Learners (DQNLearner, SACLearner); use "
+            "lightning_rl.data.OnPolicyDataModule",
+        )
+
+    def check_fits_data(self, datamodule: Any) -> None:
+        """Check ``datamodule``'s offer against ``data_requirements()`` (``core.data_contract.check_data_fits``).
+
+        Called by ``setup`` under ``fit``, and by the CLI once the Learner and the data module
+        exist. A data module that is not a ``DataSource`` offers nothing and is not checked.
 
         Raises:
-            ValueError: Naming both sizes, if the minibatch is larger.
+            ValueError: One line naming this Learner's class and the data module's: if the
+                data module's train items hold a source this Learner does not train from, or
+                if ``minibatch_size`` is larger than one train item's rows (naming both sizes).
         """
-        train_batch_size = getattr(datamodule, "train_batch_size", None)
-        minibatch_size = self.hparams.minibatch_size
-        if train_batch_size is not None and minibatch_size is not None and minibatch_size > train_batch_size:
-            raise ValueError(
-                f"minibatch_size={minibatch_size} is larger than the data module's train batch of {train_batch_size} "
-                "env steps (num_envs * rollout_fragment_length); lower minibatch_size or sample more steps"
-            )
+        check_data_fits(self.data_requirements(), data_offer_of(datamodule), type(datamodule).__name__)
 
     def training_step(self, train_item: TrainItem | Mapping[str, Any], batch_idx: int = 0) -> dict[str, Any]:
         """Lightning's hook: one update with the Learner's epoch and minibatch settings.
@@ -415,11 +453,15 @@ def _ends_an_epoch_that_evaluates(trainer: Any, batch_idx: int) -> bool:
     return last_item and (trainer.current_epoch + 1) % trainer.check_val_every_n_epoch == 0
 
 
-def _with_spaces_from(spec: MultiRLModuleSpec, datamodule: Any) -> MultiRLModuleSpec:
-    """``spec`` with every missing observation/action space taken from ``datamodule``."""
-    module_spaces = getattr(datamodule, "module_spaces", None)
-    if module_spaces is not None:
-        return specs_for_module_spaces(spec, module_spaces)
+def _with_spaces_from(spec: MultiRLModuleSpec, offer: DataOffer | None) -> MultiRLModuleSpec:
+    """``spec`` with every missing observation/action space taken from the data module's ``offer``.
+
+    A multi-agent offer (``module_spaces``) goes through ``specs_for_module_spaces``; a
+    single-agent one gives its one pair to every module that lacks a space. The offered spaces
+    are read only when a module lacks one, or for ``module_spaces``.
+    """
+    if offer is not None and offer.module_spaces is not None:
+        return specs_for_module_spaces(spec, offer.module_spaces())
     missing = [
         module_id
         for module_id, module_spec in spec.rl_module_specs.items()
@@ -427,7 +469,8 @@ def _with_spaces_from(spec: MultiRLModuleSpec, datamodule: Any) -> MultiRLModule
     ]
     if not missing:
         return spec
-    if getattr(datamodule, "observation_space", None) is None or getattr(datamodule, "action_space", None) is None:
+    observation_space, action_space = offer.single_spaces() if offer is not None else (None, None)
+    if observation_space is None or action_space is None:
         raise ValueError(
             f"the specs of modules {missing} have no observation/action space, and the Trainer has no data module "
             "that provides them: pass the spaces in the module spec, or fit with "
@@ -437,8 +480,8 @@ def _with_spaces_from(spec: MultiRLModuleSpec, datamodule: Any) -> MultiRLModule
     for module_id in missing:
         specs[module_id] = dataclasses.replace(
             specs[module_id],
-            observation_space=specs[module_id].observation_space or datamodule.observation_space,
-            action_space=specs[module_id].action_space or datamodule.action_space,
+            observation_space=specs[module_id].observation_space or observation_space,
+            action_space=specs[module_id].action_space or action_space,
         )
     return dataclasses.replace(spec, rl_module_specs=specs)
 
@@ -446,7 +489,7 @@ def _with_spaces_from(spec: MultiRLModuleSpec, datamodule: Any) -> MultiRLModule
 def specs_for_module_spaces(
     spec: MultiRLModuleSpec, module_spaces: Mapping[str, tuple[gym.Space, gym.Space]]
 ) -> MultiRLModuleSpec:
-    """The module specs a multi-agent data module's ``module_spaces`` call for.
+    """The module specs a multi-agent data module's offered ``module_spaces`` (``DataOffer.module_spaces``) call for.
 
     Args:
         spec: The Learner's spec. One ``default_policy`` spec without spaces (what an
