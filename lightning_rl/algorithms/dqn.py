@@ -302,7 +302,7 @@ class DQNLearner(OffPolicyLearner):
             self.metrics.log_value((module_id, CURR_EPSILON_KEY), epsilon, window=1, clear_on_reduce=True)
 
     def _set_epsilons(self) -> dict[str, float]:
-        timestep = self._timesteps.get(NUM_ENV_STEPS_SAMPLED_LIFETIME, 0)
+        timestep = self.timesteps.get(NUM_ENV_STEPS_SAMPLED_LIFETIME, 0)
         epsilons = {}
         for module_id, module in self.module.items():
             if module_id not in self._epsilon_schedules:

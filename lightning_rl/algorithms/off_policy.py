@@ -137,9 +137,8 @@ class OffPolicyLearner(Learner):
             ValueError: If the Learner has more than one module (a replay buffer of
                 single-agent transitions cannot say which module a row is for).
         """
-        self._check_is_built()
         timesteps = dict(timesteps or {})
-        module_ids = list(self._module.keys())
+        module_ids = list(self.built_module.keys())
         if len(module_ids) != 1:
             raise ValueError(
                 f"update_from_replay samples single-agent transitions, which need a Learner with one module; "

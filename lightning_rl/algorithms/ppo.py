@@ -284,7 +284,7 @@ class PPOLearner(Learner):
     def before_gradient_based_update(self, *, timesteps: dict[str, Any]) -> None:
         """Sets this update's clip range and entropy coefficient from their schedules."""
         super().before_gradient_based_update(timesteps=timesteps)
-        timestep = self._timesteps.get(NUM_ENV_STEPS_SAMPLED_LIFETIME, 0)
+        timestep = self.timesteps.get(NUM_ENV_STEPS_SAMPLED_LIFETIME, 0)
         for module_id in self.module.keys():
             config = self.config_for_module(module_id)
             current = {

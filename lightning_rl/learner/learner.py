@@ -81,17 +81,7 @@ from lightning_rl.learner.optimizers import (
     OptimizersMixin,
     clip_gradients,
 )
-from lightning_rl.learner.result_keys import (
-    LR_KEY,
-    MODULE_TRAIN_BATCH_SIZE_MEAN,
-    NUM_ENV_STEPS_TRAINED,
-    NUM_ENV_STEPS_TRAINED_LIFETIME,
-    NUM_MODULE_STEPS_TRAINED,
-    NUM_MODULE_STEPS_TRAINED_LIFETIME,
-    NUM_NON_FINITE_UPDATES_SKIPPED,
-    TOTAL_LOSS_KEY,
-    WEIGHTS_SEQ_NO,
-)
+from lightning_rl.learner import result_keys
 from lightning_rl.learner.state import StateMixin
 from lightning_rl.learner.step_runner import WHAT_TO_COMPILE, NonFiniteSteps, StepRunner
 from lightning_rl.learner.update_api import UpdateApiMixin
@@ -163,15 +153,15 @@ class Learner(UpdateApiMixin, OptimizersMixin, MultiModuleMixin, StateMixin, Lig
     """
 
     # Result keys, readable from the class as in RLlib (``Learner.TOTAL_LOSS_KEY``).
-    TOTAL_LOSS_KEY = TOTAL_LOSS_KEY
-    LR_KEY = LR_KEY
-    NUM_ENV_STEPS_TRAINED = NUM_ENV_STEPS_TRAINED
-    NUM_ENV_STEPS_TRAINED_LIFETIME = NUM_ENV_STEPS_TRAINED_LIFETIME
-    NUM_MODULE_STEPS_TRAINED = NUM_MODULE_STEPS_TRAINED
-    NUM_MODULE_STEPS_TRAINED_LIFETIME = NUM_MODULE_STEPS_TRAINED_LIFETIME
-    MODULE_TRAIN_BATCH_SIZE_MEAN = MODULE_TRAIN_BATCH_SIZE_MEAN
-    WEIGHTS_SEQ_NO = WEIGHTS_SEQ_NO
-    NUM_NON_FINITE_UPDATES_SKIPPED = NUM_NON_FINITE_UPDATES_SKIPPED
+    TOTAL_LOSS_KEY = result_keys.TOTAL_LOSS_KEY
+    LR_KEY = result_keys.LR_KEY
+    NUM_ENV_STEPS_TRAINED = result_keys.NUM_ENV_STEPS_TRAINED
+    NUM_ENV_STEPS_TRAINED_LIFETIME = result_keys.NUM_ENV_STEPS_TRAINED_LIFETIME
+    NUM_MODULE_STEPS_TRAINED = result_keys.NUM_MODULE_STEPS_TRAINED
+    NUM_MODULE_STEPS_TRAINED_LIFETIME = result_keys.NUM_MODULE_STEPS_TRAINED_LIFETIME
+    MODULE_TRAIN_BATCH_SIZE_MEAN = result_keys.MODULE_TRAIN_BATCH_SIZE_MEAN
+    WEIGHTS_SEQ_NO = result_keys.WEIGHTS_SEQ_NO
+    NUM_NON_FINITE_UPDATES_SKIPPED = result_keys.NUM_NON_FINITE_UPDATES_SKIPPED
 
     def __init__(
         self,
