@@ -143,8 +143,8 @@ class MultiAgentDataModule(RankedDataModule):
         ignore = [name for name, value in (("env", env), ("policy_mapping_fn", policy_mapping_fn)) if callable(value)]
         self.save_hyperparameters(ignore=ignore)
         self.env = env
-        self._num_env_steps_lifetime = 0
-        self._num_agent_steps_lifetime = 0
+        # The env- and agent-step counters over all ranks, by the names the timesteps and the state use.
+        self._lifetime = {NUM_ENV_STEPS_SAMPLED_LIFETIME: 0, NUM_AGENT_STEPS_SAMPLED_LIFETIME: 0}
         # The training runner's statistics while it is closed between stages (see ``teardown``).
         self._train_runner_state: dict[str, Any] | None = None
         # The random stream actions are sampled from (see ``_sampling_stream``), made on first use.
@@ -195,12 +195,12 @@ class MultiAgentDataModule(RankedDataModule):
     @property
     def num_env_steps_sampled_lifetime(self) -> int:
         """Env steps sampled for training over all ranks and the whole run."""
-        return self._num_env_steps_lifetime
+        return self._lifetime[NUM_ENV_STEPS_SAMPLED_LIFETIME]
 
     @property
     def num_agent_steps_sampled_lifetime(self) -> int:
         """Agent steps (actions taken) sampled for training over all ranks and the whole run."""
-        return self._num_agent_steps_lifetime
+        return self._lifetime[NUM_AGENT_STEPS_SAMPLED_LIFETIME]
 
     def set_policy_mapping_fn(self, policy_mapping_fn: str | PolicyMappingFn) -> None:
         """Map agents to modules with ``policy_mapping_fn`` from the next training episode on.
@@ -229,15 +229,10 @@ class MultiAgentDataModule(RankedDataModule):
         with self._acting_modules() as modules, self._sampling_stream(_device_of(modules)):
             episodes = runner.sample(modules, num_env_steps=self.hparams.rollout_fragment_length, explore=True)
         metrics = self._metrics_over_ranks(runner.get_metrics())
-        self._num_env_steps_lifetime += int(metrics["num_env_steps_sampled"])
-        self._num_agent_steps_lifetime += int(metrics["num_agent_steps_sampled"])
-        metrics[NUM_ENV_STEPS_SAMPLED_LIFETIME] = self._num_env_steps_lifetime
-        metrics[NUM_AGENT_STEPS_SAMPLED_LIFETIME] = self._num_agent_steps_lifetime
-        timesteps = {
-            NUM_ENV_STEPS_SAMPLED_LIFETIME: self._num_env_steps_lifetime,
-            NUM_AGENT_STEPS_SAMPLED_LIFETIME: self._num_agent_steps_lifetime,
-        }
-        return TrainItem(TrainingData(episodes=episodes), timesteps=timesteps, env_runners=metrics)
+        self._lifetime[NUM_ENV_STEPS_SAMPLED_LIFETIME] += int(metrics["num_env_steps_sampled"])
+        self._lifetime[NUM_AGENT_STEPS_SAMPLED_LIFETIME] += int(metrics["num_agent_steps_sampled"])
+        metrics.update(self._lifetime)
+        return TrainItem(TrainingData(episodes=episodes), timesteps=dict(self._lifetime), env_runners=metrics)
 
     def sample_eval_item(self) -> TrainItem:
         """Play this rank's share of the evaluation episodes, and of the games against each opponent.
@@ -256,7 +251,7 @@ class MultiAgentDataModule(RankedDataModule):
             )
             for name in self.evaluation_opponents:
                 win_rates[f"win_rate_vs_{name}"] = self._win_rate_against(name, modules, per_rank, explore)
-        timesteps = {NUM_ENV_STEPS_SAMPLED_LIFETIME: self._num_env_steps_lifetime}
+        timesteps = {NUM_ENV_STEPS_SAMPLED_LIFETIME: self.num_env_steps_sampled_lifetime}
         return TrainItem(TrainingData(episodes=episodes), timesteps=timesteps, env_runners=win_rates)
 
     def play_episodes(
@@ -296,8 +291,7 @@ class MultiAgentDataModule(RankedDataModule):
         """The counters over all ranks and this rank's runner statistics, for Lightning checkpoints."""
         runner = self.__dict__.get("train_runner")
         return {
-            NUM_ENV_STEPS_SAMPLED_LIFETIME: self._num_env_steps_lifetime,
-            NUM_AGENT_STEPS_SAMPLED_LIFETIME: self._num_agent_steps_lifetime,
+            **self._lifetime,
             "train_runner": runner.get_state() if runner is not None else self._train_runner_state,
             "sampling_rng_state": _copied(self._sampling_rng_state),
         }
@@ -308,8 +302,7 @@ class MultiAgentDataModule(RankedDataModule):
         Every rank restores rank 0's runner statistics (its episode window; the env seeds stay
         apart by rank).
         """
-        self._num_env_steps_lifetime = int(state_dict[NUM_ENV_STEPS_SAMPLED_LIFETIME])
-        self._num_agent_steps_lifetime = int(state_dict[NUM_AGENT_STEPS_SAMPLED_LIFETIME])
+        self._lifetime = {key: int(state_dict[key]) for key in self._lifetime}
         # Lightning hands every rank rank 0's state: rank 0 goes on with its own stream, the other
         # ranks start streams of their own (seeded by rank and progress), never rank 0's.
         rank = self.placement()[0]
@@ -345,7 +338,7 @@ class MultiAgentDataModule(RankedDataModule):
         """
         on_cuda = device.type == "cuda"
         if self._sampling_rng_state is None:
-            self._sampling_rng_state = {"seed": self.rank_seed(0) + self._num_env_steps_lifetime}
+            self._sampling_rng_state = {"seed": self.rank_seed(0) + self.num_env_steps_sampled_lifetime}
         state = self._sampling_rng_state
         with torch.random.fork_rng(devices=[device] if on_cuda else [], device_type="cuda"):
             if "cpu" in state:
