@@ -32,6 +32,7 @@ import numpy as np
 
 from lightning_rl.core.rl_modules import RLModule
 from lightning_rl.core.arguments import check_int
+from lightning_rl.env.closes_once import ClosesOnce
 from lightning_rl.env.env_factory import (
     EnvCreator,
     VectorizeMode,
@@ -54,7 +55,7 @@ _STATE_KEYS = frozenset(
 )
 
 
-class EnvRunner:
+class EnvRunner(ClosesOnce):
     """Samples episodes from ``num_envs`` copies of a gymnasium env with an RLModule.
 
     Dict and Tuple observation spaces (of Box, Discrete, MultiDiscrete and MultiBinary parts)
@@ -198,7 +199,6 @@ class EnvRunner:
         )
         timeout = None if settings.sample_timeout_s is None else float(settings.sample_timeout_s)
         self._vector = GuardedVectorEnv(build, sample_timeout_s=timeout, restart=restart)
-        self._closed = False
         #: The env's own observation space (a Dict stays a Dict: modules are built from it).
         self.observation_space: gym.Space = self.env.single_observation_space
         #: The space of the observations in the episodes: ``observation_space`` itself, or for a
@@ -548,17 +548,8 @@ class EnvRunner:
         """The gymnasium vector env (a new one after async workers were rebuilt); each copy is in a ``SubEnvGuard``."""
         return self._vector.env
 
-    def close(self) -> None:
-        """Close the envs (and their subprocesses in async mode); calling it again is a no-op."""
-        if not self._closed:
-            self._closed = True
-            self._vector.close()
-
-    def __enter__(self) -> EnvRunner:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def _close_envs(self) -> None:
+        self._vector.close()  # async mode: its subprocesses too
 
     def __repr__(self) -> str:
         return (
