@@ -1,8 +1,9 @@
-"""``EnvSampling``: one rank's env runners, seeds, counters and their checkpoint state.
+"""``EnvSampling``: one rank's env runners, counters and their checkpoint state.
 
-Both environment data modules (``OnPolicyDataModule``, ``OffPolicyDataModule``) hold one.
-It builds this rank's training and evaluation ``EnvRunner`` on first use, seeded apart from
-the other ranks', samples rollouts and evaluation episodes with the module it is given,
+Both environment data modules (``OnPolicyDataModule``, ``OffPolicyDataModule``) hold one, and
+the offline data module one for evaluation. It builds this rank's training and evaluation
+``EnvRunner`` on first use from the ``EnvSettings`` it is given, with the data module's seeds
+for this rank (``RankedDataModule.rank_seed``), apart from the other ranks', samples rollouts and evaluation episodes with the module it is given,
 keeps the lifetime counters summed over all ranks (one ``all_gather`` per rollout, see
 ``rank_stats``; the same exchange carries each rank's new normalization statistics, which
 every rank then merges in rank order, so they stay equal on all ranks) and saves and
