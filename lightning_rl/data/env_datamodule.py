@@ -13,7 +13,9 @@ small vector of counters and episode sums (``rank_stats``), so every rank report
 global numbers and ``max_env_steps`` stops every rank on the same rollout.
 
 The subclasses say what a rollout becomes (``sample_train_item``) and how many env steps it
-holds (``train_batch_size``); everything else here delegates to ``self.sampling``.
+holds (``train_batch_size``). Placement, seeds and the env-step budget are the base's
+(``RankedDataModule``); the env settings are one ``EnvSettings``, checked here once; the
+sampling itself is ``self.sampling``'s.
 """
 
 from __future__ import annotations

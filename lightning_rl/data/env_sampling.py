@@ -3,8 +3,8 @@
 Both environment data modules (``OnPolicyDataModule``, ``OffPolicyDataModule``) hold one, and
 the offline data module one for evaluation. It builds this rank's training and evaluation
 ``EnvRunner`` on first use from the ``EnvSettings`` it is given, with the data module's seeds
-for this rank (``RankedDataModule.rank_seed``), apart from the other ranks', samples rollouts and evaluation episodes with the module it is given,
-keeps the lifetime counters summed over all ranks (one ``all_gather`` per rollout, see
+for this rank (``RankedDataModule.rank_seed``), apart from the other ranks'. It samples
+rollouts and evaluation episodes with the module it is given, keeps the lifetime counters summed over all ranks (one ``all_gather`` per rollout, see
 ``rank_stats``; the same exchange carries each rank's new normalization statistics, which
 every rank then merges in rank order, so they stay equal on all ranks) and saves and
 restores them. It knows nothing of replay buffers or train items: what a rollout becomes is
