@@ -93,7 +93,8 @@ class RecordEpisodes(Callback):
                 f"OffPolicyDataModule); the fit's data module is {type(datamodule).__name__}"
             )
         sampling = datamodule.sampling
-        normalized = [name for name, on in sampling.normalization.items() if name.startswith("normalize_") and on]
+        settings = sampling.settings
+        normalized = [name for name in ("normalize_observations", "normalize_rewards") if getattr(settings, name)]
         if normalized:
             raise ValueError(
                 f"RecordEpisodes writes the env's own observations and rewards, but the data module "
@@ -115,7 +116,7 @@ class RecordEpisodes(Callback):
                 f"RecordEpisodes: no episode ended during the fit; the dataset {self.dataset_id!r} is not written"
             )
             return
-        sampling = self._sampling
+        settings = self._sampling.settings
         returns = np.array([_episode_return(episode) for episode in self._episodes])
         steps = sum(len(episode) for episode in self._episodes)
         algorithm = self.algorithm_name or type(pl_module).__name__
@@ -128,7 +129,7 @@ class RecordEpisodes(Callback):
             self._episodes,
             observation_space=self._spaces[0],
             action_space=self._spaces[1],
-            env_spec=registered_env_spec(sampling.env, sampling.env_kwargs, sampling.wrappers),
+            env_spec=registered_env_spec(settings.env, settings.env_kwargs, settings.wrappers),
             algorithm_name=algorithm,
             description=description,
             overwrite=self.overwrite,

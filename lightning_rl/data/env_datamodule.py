@@ -13,7 +13,9 @@ small vector of counters and episode sums (``rank_stats``), so every rank report
 global numbers and ``max_env_steps`` stops every rank on the same rollout.
 
 The subclasses say what a rollout becomes (``sample_train_item``) and how many env steps it
-holds (``train_batch_size``); everything else here delegates to ``self.sampling``.
+holds (``train_batch_size``). Placement, seeds and the env-step budget are the base's
+(``RankedDataModule``); the env settings are one ``EnvSettings``, checked here once; the
+sampling itself is ``self.sampling``'s.
 """
 
 from __future__ import annotations
@@ -21,28 +23,24 @@ from __future__ import annotations
 import abc
 import contextlib
 import functools
-import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import gymnasium as gym
-import numpy as np
 from lightning.fabric.utilities.cloud_io import get_filesystem
-from lightning.pytorch import LightningDataModule
 
+from lightning_rl.core.arguments import check_int
 from lightning_rl.core.columns import DEFAULT_MODULE_ID, NUM_ENV_STEPS_SAMPLED_LIFETIME
-from lightning_rl.core.data_contract import DataOffer, DataRequirements, SpacePair
+from lightning_rl.core.data_contract import SpacePair
 from lightning_rl.core.rl_modules import RLModule
 from lightning_rl.core.train_item import TrainingData, TrainItem
 from lightning_rl.data.acting_module import learner_acting_module
 from lightning_rl.data.env_sampling import EnvSampling
 from lightning_rl.data.evaluation_video import EvaluationVideo
-from lightning_rl.data.rank_stats import all_gather_rows, trainer_placement
-from lightning_rl.env.env_factory import check_vectorize_mode, resolve_env
-from lightning_rl.env.env_runner import EnvRunner, check_fault_arguments
-from lightning_rl.env.envpool_vector_env import check_envpool_arguments
+from lightning_rl.data.ranked_datamodule import RankedDataModule
+from lightning_rl.env.env_runner import EnvRunner
+from lightning_rl.env.env_settings import EnvSettings
 from lightning_rl.env.frame_recorder import check_records_frames
-from lightning_rl.env.normalization import check_normalization_arguments
 
 # Each class's own constructor arguments, so that one used on the other class gets an error
 # naming the class it belongs to (tests check these against the signatures).
@@ -67,7 +65,7 @@ EVALUATION_VIDEO_KEY = "evaluation_video"
 WrapperSpec = str | dict[str, Any] | Callable[[gym.Env], gym.Env]
 
 
-class EnvDataModule(LightningDataModule, abc.ABC):
+class EnvDataModule(RankedDataModule):
     """Samples a gymnasium environment with the Learner's module, for ``Trainer.fit`` and ``validate``.
 
     Use ``OnPolicyDataModule`` or ``OffPolicyDataModule``; these are the arguments both take.
@@ -179,45 +177,39 @@ class EnvDataModule(LightningDataModule, abc.ABC):
         normalization_clip: float = 10.0,
         normalization_gamma: float = 0.99,
     ) -> None:
-        super().__init__()
-        check_vectorize_mode(vectorize_mode)
-        if vectorize_mode == "envpool":
-            # What EnvPool cannot build fails here, before anything runs (its ids need not be
-            # in gymnasium's registry).
-            check_envpool_arguments(
-                env, env_kwargs, [*(wrappers or ()), *(evaluation_wrappers or ())],
-                record_video=evaluation_video is not None,
-                restart_failed_sub_environments=restart_failed_sub_environments,
-            )  # fmt: skip
-        elif isinstance(env, str):
-            resolve_env(env)  # an unknown id or factory path fails here, before anything runs
-        if not isinstance(env, str) and not callable(env):
-            raise ValueError(f"env must be a gymnasium id or a callable that makes an env, got {env!r}")
-        for name, value in (
-            ("num_envs", num_envs),
-            ("rollouts_per_epoch", rollouts_per_epoch),
-            ("evaluation_num_episodes", evaluation_num_episodes),
-            ("episode_stats_window", episode_stats_window),
-        ):
-            check_positive_int(name, value)
-        for name, value in (
-            ("max_env_steps", max_env_steps),
-            ("evaluation_num_envs", evaluation_num_envs),
-            ("evaluation_video", evaluation_video),
-        ):
-            if value is not None:
-                check_positive_int(name, value)
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-            raise ValueError(f"seed must be an int >= 0 or None, got {seed!r}")
-        check_fault_arguments(sample_timeout_s, restart_failed_sub_environments, on_nonfinite)
-        check_normalization_arguments(normalize_observations, normalize_rewards, normalization_clip, normalization_gamma)
+        super().__init__(
+            seed=seed, evaluation_num_episodes=evaluation_num_episodes, evaluation_num_envs=evaluation_num_envs
+        )
+        # The settings of this rank's runners, checked here once. The training runner's
+        # rollout length is the subclass's (``train_batch_size``, known after its checks);
+        # the evaluation runner differs only in its wrappers and in recording videos.
+        self.env_settings = EnvSettings(
+            env=env,
+            env_kwargs=env_kwargs,
+            wrappers=list(wrappers or []),
+            num_envs=num_envs,
+            vectorize_mode=vectorize_mode,
+            seed=seed,
+            episode_stats_window=episode_stats_window,
+            sample_timeout_s=sample_timeout_s,
+            restart_failed_sub_environments=restart_failed_sub_environments,
+            on_nonfinite=on_nonfinite,
+            normalize_observations=normalize_observations,
+            normalize_rewards=normalize_rewards,
+            normalization_clip=normalization_clip,
+            normalization_gamma=normalization_gamma,
+        )
+        self.evaluation_settings = self.env_settings.replace(
+            wrappers=self.env_settings.wrappers if evaluation_wrappers is None else list(evaluation_wrappers),
+            record_video=evaluation_video is not None,
+        )
+        for name, value in (("rollouts_per_epoch", rollouts_per_epoch), ("max_env_steps", max_env_steps)):
+            check_int(name, value, optional=name == "max_env_steps")
+        check_int("evaluation_video", evaluation_video, optional=True)
         # Callables (env factories, wrapper functions) are not plain data: keep them out of
         # the hyperparameters that go into checkpoints. The subclass's arguments are saved too.
         callables = (("env", env), ("wrappers", wrappers), ("evaluation_wrappers", evaluation_wrappers))
         self.save_hyperparameters(ignore=[name for name, value in callables if _has_callable(value)])
-        self.env = env
-        self.wrappers = list(wrappers or [])
-        self.evaluation_wrappers = self.wrappers if evaluation_wrappers is None else list(evaluation_wrappers)
         # The checkpoint whose state this data module holds, so it is read once (see
         # ``_restore_state_saved_by_episode_datamodule``).
         self._restored_from: Any = None
@@ -225,33 +217,19 @@ class EnvDataModule(LightningDataModule, abc.ABC):
 
     @functools.cached_property
     def sampling(self) -> EnvSampling:
-        """This rank's runners, seeds and counters (built on first use, after ``__init__`` checked every argument)."""
-        hparams = self.hparams
+        """This rank's runners and counters (built on first use, after ``__init__`` checked every argument)."""
         return EnvSampling(
-            self.env,
-            env_kwargs=hparams.env_kwargs,
-            wrappers=self.wrappers,
-            evaluation_wrappers=self.evaluation_wrappers,
-            num_envs=hparams.num_envs,
-            steps_per_env=self.train_batch_size // hparams.num_envs,
-            vectorize_mode=hparams.vectorize_mode,
-            seed=hparams.seed,
-            evaluation_num_episodes=hparams.evaluation_num_episodes,
-            evaluation_num_envs=hparams.evaluation_num_envs,
-            evaluation_explore=hparams.evaluation_explore,
-            episode_stats_window=hparams.episode_stats_window,
-            placement=self._placement,
-            sample_timeout_s=hparams.sample_timeout_s,
-            restart_failed_sub_environments=hparams.restart_failed_sub_environments,
-            on_nonfinite=hparams.on_nonfinite,
-            record_evaluation_video=self._evaluation_video is not None,
-            normalization={
-                "normalize_observations": hparams.normalize_observations,
-                "normalize_rewards": hparams.normalize_rewards,
-                "normalization_clip": hparams.normalization_clip,
-                "normalization_gamma": hparams.normalization_gamma,
-            },
+            self.env_settings.replace(rollout_fragment_length=self.env_steps_per_rollout // self.hparams.num_envs),
+            self.evaluation_settings,
+            evaluation_num_envs=self.hparams.evaluation_num_envs,
+            evaluation_explore=self.hparams.evaluation_explore,
+            ranks=self,
         )
+
+    @property
+    def env(self) -> str | Callable[[], gym.Env]:
+        """The env the runners are built from, as given."""
+        return self.env_settings.env
 
     # ------------------------------------------------------------------------------------
     # What a subclass defines
@@ -286,17 +264,17 @@ class EnvDataModule(LightningDataModule, abc.ABC):
         return self.sampling.train_runner.action_space
 
     @property
+    def env_steps_per_rollout(self) -> int:
+        """Env steps per train item on one rank: ``train_batch_size``."""
+        return self.train_batch_size
+
+    @property
     def num_env_steps_sampled_lifetime(self) -> int:
         """Env steps sampled for training so far, summed over all ranks, resumed runs included.
 
         Every rank holds the same number: the sum as of the last rollout.
         """
         return self.sampling.num_env_steps_sampled_lifetime
-
-    @property
-    def evaluation_episodes_per_rank(self) -> int:
-        """Evaluation episodes this rank plays: ``ceil(evaluation_num_episodes / world_size)``."""
-        return self.sampling.evaluation_episodes_per_rank
 
     @property
     def train_runner(self) -> EnvRunner:
@@ -353,18 +331,15 @@ class EnvDataModule(LightningDataModule, abc.ABC):
         """
         self.sampling.close_runners_built_elsewhere()
         if self._evaluation_video is not None and stage in ("fit", "validate"):
+            settings = self.evaluation_settings
             self._evaluation_video.check_setup(
-                self.trainer, lambda: check_records_frames(self.env, self.hparams.env_kwargs, self.evaluation_wrappers)
+                self.trainer, lambda: check_records_frames(settings.env, settings.env_kwargs, settings.wrappers)
             )
 
     def train_dataloader(self) -> Iterable[TrainItem]:
         """One epoch of train items, each sampled when Lightning asks for it (a sized iterable: no prefetch)."""
         self._restore_state_saved_by_episode_datamodule()
-        return Rollouts(self)
-
-    def val_dataloader(self) -> Iterable[TrainItem]:
-        """One evaluation item: this rank's share of ``evaluation_num_episodes`` complete episodes."""
-        return EvaluationIterable(self)
+        return super().train_dataloader()
 
     def teardown(self, stage: str) -> None:
         """Close the environments (they are rebuilt, with the counters kept, if the data module is used again)."""
@@ -400,28 +375,6 @@ class EnvDataModule(LightningDataModule, abc.ABC):
     # Helpers
     # ------------------------------------------------------------------------------------
 
-    def _placement(self) -> tuple[int, int]:
-        """(global rank, world size) of the attached Trainer; (0, 1) without one."""
-        return trainer_placement(self.trainer)
-
-    def _gather(self, local: np.ndarray) -> np.ndarray:
-        """Every rank's ``local`` vector, ``[world_size, len(local)]``, in rank order."""
-        world_size = self._placement()[1]
-        device = self.trainer.strategy.root_device if world_size > 1 else "cpu"
-        return all_gather_rows(local, world_size, device)
-
-    def _rollouts_left(self) -> int:
-        """Rollouts in the next epoch: ``rollouts_per_epoch``, fewer when ``max_env_steps`` nears.
-
-        The same on every rank: the budget and the counter are global, and each rollout
-        samples ``world_size * train_batch_size`` env steps over all ranks.
-        """
-        if self.hparams.max_env_steps is None:
-            return self.hparams.rollouts_per_epoch
-        remaining = self.hparams.max_env_steps - self.num_env_steps_sampled_lifetime
-        per_rollout = self.train_batch_size * self._placement()[1]
-        return max(0, min(self.hparams.rollouts_per_epoch, math.ceil(remaining / per_rollout)))
-
     def _restore_state_saved_by_episode_datamodule(self) -> None:
         """Resume from a checkpoint that ``EpisodeDataModule`` wrote before it became two classes.
 
@@ -445,59 +398,9 @@ class EnvDataModule(LightningDataModule, abc.ABC):
     # The data contract (``lightning_rl.core.data_contract``: this class is a ``DataSource``)
     # ------------------------------------------------------------------------------------
 
-    @abc.abstractmethod
-    def data_offer(self) -> DataOffer:
-        """What this data module offers the Learner: the source its items hold, its train batch, the env's spaces."""
-
-    def accept_requirements(self, requirements: DataRequirements) -> None:
-        """Take the Learner's requirements, after it was built: the env's rollouts meet them as they are, nothing to settle.
-
-        Args:
-            requirements: The Learner's ``data_requirements()``.
-        """
-
     def _offered_spaces(self) -> SpacePair:
         """The env's ``(observation_space, action_space)``, for every module without spaces (builds the train envs)."""
         return self.observation_space, self.action_space
-
-
-class Rollouts:
-    """A sized iterable of train items (sized, so Lightning does not prefetch one).
-
-    ``datamodule`` is any data module with ``sample_train_item()``, ``_rollouts_left()``,
-    ``num_env_steps_sampled_lifetime`` and a ``max_env_steps`` hyperparameter.
-    """
-
-    def __init__(self, datamodule: EnvDataModule) -> None:
-        self.datamodule = datamodule
-        self.length = datamodule._rollouts_left()
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __iter__(self) -> Iterator[TrainItem]:
-        datamodule = self.datamodule
-        for _ in range(self.length):
-            item = datamodule.sample_train_item()
-            budget = datamodule.hparams.max_env_steps
-            # The counter is the global one, equal on every rank: all ranks stop together.
-            if budget is not None and datamodule.num_env_steps_sampled_lifetime >= budget:
-                # The update on this last item still runs; then the fit ends.
-                datamodule.trainer.should_stop = True
-            yield item
-
-
-class EvaluationIterable:
-    """A one-item iterable: the data module's ``sample_eval_item()``, played when it is iterated (``val_dataloader``)."""
-
-    def __init__(self, datamodule: Any) -> None:
-        self.datamodule = datamodule
-
-    def __len__(self) -> int:
-        return 1
-
-    def __iter__(self) -> Iterator[TrainItem]:
-        yield self.datamodule.sample_eval_item()
 
 
 def refuse_arguments_of(other_class: str, own_arguments: Sequence[str], given: Mapping[str, Any]) -> None:
@@ -517,12 +420,6 @@ def refuse_arguments_of(other_class: str, own_arguments: Sequence[str], given: M
         names = ", ".join(misplaced)
         kind = f"is an {other_class} argument" if len(misplaced) == 1 else f"are {other_class} arguments"
         raise ValueError(f"{names} {kind}: use lightning_rl.data.{other_class}")
-
-
-def check_positive_int(name: str, value: Any) -> None:
-    """Raise a ``ValueError`` naming ``name`` unless ``value`` is an int >= 1."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
 
 
 def _has_callable(value: Any) -> bool:

@@ -1,9 +1,10 @@
-"""``EnvSampling``: one rank's env runners, seeds, counters and their checkpoint state.
+"""``EnvSampling``: one rank's env runners, counters and their checkpoint state.
 
-Both environment data modules (``OnPolicyDataModule``, ``OffPolicyDataModule``) hold one.
-It builds this rank's training and evaluation ``EnvRunner`` on first use, seeded apart from
-the other ranks', samples rollouts and evaluation episodes with the module it is given,
-keeps the lifetime counters summed over all ranks (one ``all_gather`` per rollout, see
+Both environment data modules (``OnPolicyDataModule``, ``OffPolicyDataModule``) hold one, and
+the offline data module one for evaluation. It builds this rank's training and evaluation
+``EnvRunner`` on first use from the ``EnvSettings`` it is given, with the data module's seeds
+for this rank (``RankedDataModule.rank_seed``), apart from the other ranks'. It samples
+rollouts and evaluation episodes with the module it is given, keeps the lifetime counters summed over all ranks (one ``all_gather`` per rollout, see
 ``rank_stats``; the same exchange carries each rank's new normalization statistics, which
 every rank then merges in rank order, so they stay equal on all ranks) and saves and
 restores them. It knows nothing of replay buffers or train items: what a rollout becomes is
@@ -15,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME
@@ -30,18 +30,12 @@ from lightning_rl.data.rank_stats import (
     raise_if_a_rank_failed,
     saved_global_counts,
 )
-from lightning_rl.env.env_factory import VectorizeMode
+from lightning_rl.data.ranked_datamodule import EVALUATION_SEED_OFFSET, RankedDataModule
 from lightning_rl.env.env_runner import EnvRunner
+from lightning_rl.env.env_settings import EnvSettings
 from lightning_rl.env.episode import SingleAgentEpisode
-from lightning_rl.env.nonfinite import OnNonFinite
 from lightning_rl.env.normalization import REWARD_NORMALIZATION_KEY, check_saved_statistics_fit
 
-# Evaluation envs are seeded apart from the training envs, so evaluation never replays the
-# exact episodes the policy trained on.
-EVALUATION_SEED_OFFSET = 1_000_003
-# Rank r adds r * this to its training and evaluation seeds. A runner's later resets move on
-# by num_envs seeds each, so ranks would meet only after ~10M / num_envs resets.
-RANK_SEED_STRIDE = 10_000_000
 # The keys of ``EnvSampling.state_dict``; a data module adds its own beside them.
 STATE_KEYS = (
     "train_runner", "rank", NUM_ENV_STEPS_SAMPLED_LIFETIME, NUM_EPISODES_LIFETIME,
@@ -49,7 +43,6 @@ STATE_KEYS = (
 )  # fmt: skip
 NORMALIZATION_KEYS = (OBSERVATION_NORMALIZATION_KEY, REWARD_NORMALIZATION_KEY)
 
-Placement = Callable[[], tuple[int, int]]
 Gather = Callable[[np.ndarray], np.ndarray]
 EpisodeListener = Callable[[list[SingleAgentEpisode]], None]
 
@@ -58,70 +51,31 @@ class EnvSampling:
     """This rank's environment sampling: runners built on first use, global counters, state.
 
     Args:
-        env: A registered gymnasium id, or a zero-argument callable that returns a ``gym.Env``.
-        env_kwargs: Keyword arguments for ``gym.make`` or the env factory.
-        wrappers: The training envs' wrappers (see ``EnvRunner``).
-        evaluation_wrappers: The evaluation envs' wrappers.
-        num_envs: Training envs stepped together.
-        steps_per_env: Vector steps per rollout (``EnvRunner.rollout_fragment_length``).
-        vectorize_mode: ``"sync"``, ``"async"`` or ``"envpool"``.
-        seed: The base seed; ``None`` draws one from numpy's global generator on first use.
-        evaluation_num_episodes: Evaluation episodes over all ranks.
+        settings: The training runner's settings; its ``seed`` is replaced by this rank's.
+        evaluation: The evaluation runner's settings (its own wrappers; ``record_video`` for
+            ``evaluate(..., record_video=True)``, kept on rank 0 only); its ``num_envs`` and
+            ``seed`` are replaced by this rank's. It takes the training runner's normalization
+            statistics before each evaluation and never updates them.
         evaluation_num_envs: Evaluation envs; ``None`` for ``min(num_envs, this rank's episodes)``.
         evaluation_explore: Whether evaluation samples actions instead of acting greedily.
-        episode_stats_window: Completed episodes in each runner's statistics window.
-        placement: Returns ``(global rank, world size)`` of the attached Trainer, ``(0, 1)``
-            without one; asked whenever a runner is built, since the Trainer may attach late.
-        sample_timeout_s, restart_failed_sub_environments, on_nonfinite: How both runners
-            handle env faults (see ``EnvRunner``).
-        record_evaluation_video: Build rank 0's evaluation runner to record videos
-            (``EnvRunner(record_video=True)``), for ``evaluate(..., record_video=True)``.
-        normalization: ``EnvRunner``'s ``normalize_observations``, ``normalize_rewards``,
-            ``normalization_clip`` and ``normalization_gamma``, for both runners (the
-            evaluation runner takes the training runner's statistics before each evaluation
-            and never updates them).
+        ranks: The data module: its placement (asked whenever a runner is built, since the
+            Trainer may attach late), this rank's seeds and its share of the evaluation episodes.
     """
 
     def __init__(
         self,
-        env: str | Callable[[], gym.Env],
+        settings: EnvSettings,
+        evaluation: EnvSettings,
         *,
-        env_kwargs: dict[str, Any] | None,
-        wrappers: list[Any],
-        evaluation_wrappers: list[Any],
-        num_envs: int,
-        steps_per_env: int,
-        vectorize_mode: VectorizeMode,
-        seed: int | None,
-        evaluation_num_episodes: int,
         evaluation_num_envs: int | None,
         evaluation_explore: bool,
-        episode_stats_window: int,
-        placement: Placement,
-        sample_timeout_s: float | None,
-        restart_failed_sub_environments: bool,
-        on_nonfinite: OnNonFinite,
-        record_evaluation_video: bool = False,
-        normalization: dict[str, Any] | None = None,
+        ranks: RankedDataModule,
     ) -> None:
-        self.env = env
-        self.env_kwargs = env_kwargs
-        self.wrappers = wrappers
-        self.evaluation_wrappers = evaluation_wrappers
-        self.num_envs = num_envs
-        self.steps_per_env = steps_per_env
-        self.vectorize_mode = vectorize_mode
-        self.evaluation_num_episodes = evaluation_num_episodes
+        self.settings = settings
+        self.evaluation = evaluation
         self.evaluation_num_envs = evaluation_num_envs
         self.evaluation_explore = evaluation_explore
-        self.episode_stats_window = episode_stats_window
-        self.placement = placement
-        self.sample_timeout_s = sample_timeout_s
-        self.restart_failed_sub_environments = restart_failed_sub_environments
-        self.on_nonfinite = on_nonfinite
-        self.record_evaluation_video = record_evaluation_video
-        self.normalization = dict(normalization or {})
-        self._base_seed = seed
+        self.ranks = ranks
         self._train_runner: EnvRunner | None = None
         self._eval_runner: EnvRunner | None = None
         # The (rank, world size) each runner was built for: seeds and the evaluation share
@@ -139,17 +93,17 @@ class EnvSampling:
         self.episode_listeners: list[EpisodeListener] = []
 
     # ------------------------------------------------------------------------------------
-    # Runners and seeds
+    # Runners
     # ------------------------------------------------------------------------------------
 
     @property
     def train_runner(self) -> EnvRunner:
         """This rank's training ``EnvRunner`` (built on first use)."""
         if self._train_runner is None:
-            rank, world_size = self.placement()
-            runner = self._make_runner(self.num_envs, self.rank_seed(0), self.wrappers)
+            placement = self.ranks.placement()
+            runner = EnvRunner.from_settings(self.settings.replace(seed=self.ranks.rank_seed(0)))
             self._train_runner = runner
-            self._runner_placement["train"] = (rank, world_size)
+            self._runner_placement["train"] = placement
             if self._pending_state is not None:
                 self._restore_runner(runner, self._pending_state)
         return self._train_runner
@@ -158,29 +112,16 @@ class EnvSampling:
     def eval_runner(self) -> EnvRunner:
         """This rank's evaluation ``EnvRunner`` (built on first use; its own envs and seeds)."""
         if self._eval_runner is None:
-            rank, world_size = self.placement()
-            num_envs = self.evaluation_num_envs or min(self.num_envs, self.evaluation_episodes_per_rank)
-            seed = self.rank_seed(EVALUATION_SEED_OFFSET)
-            record_video = self.record_evaluation_video and rank == 0
-            self._eval_runner = self._make_runner(num_envs, seed, self.evaluation_wrappers, record_video=record_video)
-            self._runner_placement["eval"] = (rank, world_size)
+            placement = self.ranks.placement()
+            num_envs = self.evaluation_num_envs or min(self.settings.num_envs, self.ranks.evaluation_episodes_per_rank)
+            settings = self.evaluation.replace(
+                num_envs=num_envs,
+                seed=self.ranks.rank_seed(EVALUATION_SEED_OFFSET),
+                record_video=self.evaluation.record_video and placement[0] == 0,
+            )
+            self._eval_runner = EnvRunner.from_settings(settings)
+            self._runner_placement["eval"] = placement
         return self._eval_runner
-
-    @property
-    def evaluation_episodes_per_rank(self) -> int:
-        """Evaluation episodes this rank plays: ``ceil(evaluation_num_episodes / world_size)``."""
-        return -(-self.evaluation_num_episodes // self.placement()[1])
-
-    def rank_seed(self, offset: int) -> int:
-        """``base seed + offset + rank * 10_000_000``: a seed of this rank's own for one purpose.
-
-        Args:
-            offset: Keeps purposes apart (0 for the training envs, ``EVALUATION_SEED_OFFSET``
-                for the evaluation envs; data modules pick their own for what they seed).
-        """
-        if self._base_seed is None:
-            self._base_seed = int(np.random.randint(0, 2**31 - 1 - EVALUATION_SEED_OFFSET))
-        return self._base_seed + offset + self.placement()[0] * RANK_SEED_STRIDE
 
     def close_runners_built_elsewhere(self) -> None:
         """Close runners built for another (rank, world size) than the current one.
@@ -189,7 +130,7 @@ class EnvSampling:
         built as rank 0 and would share rank 0's seeds. The counters and statistics carry
         over to the runners built next.
         """
-        placement = self.placement()
+        placement = self.ranks.placement()
         if any(built_for != placement for built_for in self._runner_placement.values()):
             self.close()
 
@@ -202,23 +143,6 @@ class EnvSampling:
             self._pending_state = self.state_dict()
         self._train_runner = self._eval_runner = None
         self._runner_placement.clear()
-
-    def _make_runner(self, num_envs: int, seed: int, wrappers: list[Any], *, record_video: bool = False) -> EnvRunner:
-        return EnvRunner(
-            self.env,
-            env_kwargs=self.env_kwargs,
-            wrappers=wrappers,
-            num_envs=num_envs,
-            vectorize_mode=self.vectorize_mode,
-            rollout_fragment_length=self.steps_per_env,
-            seed=seed,
-            episode_stats_window=self.episode_stats_window,
-            sample_timeout_s=self.sample_timeout_s,
-            restart_failed_sub_environments=self.restart_failed_sub_environments,
-            on_nonfinite=self.on_nonfinite,
-            record_video=record_video,
-            **self.normalization,
-        )
 
     # ------------------------------------------------------------------------------------
     # Sampling
@@ -283,11 +207,11 @@ class EnvSampling:
         """
         # Without normalization there is nothing to copy, and no training envs need building
         # (an offline data module evaluates without ever sampling training envs).
-        normalizes = self.normalization.get("normalize_observations") or self.normalization.get("normalize_rewards")
-        if normalizes and self.train_runner.normalization is not None:
+        if self.settings.normalizes and self.train_runner.normalization is not None:
             self.eval_runner.normalization.load_state_dict(self.train_runner.normalization.state_dict())
+        num_episodes = self.ranks.evaluation_episodes_per_rank
         return self.eval_runner.sample_episodes(
-            module, self.evaluation_episodes_per_rank, explore=self.evaluation_explore, record_first_episode=record_video
+            module, num_episodes, explore=self.evaluation_explore, record_first_episode=record_video
         )
 
     def take_evaluation_video(self) -> tuple[np.ndarray | None, int | None]:
@@ -335,7 +259,7 @@ class EnvSampling:
         restores the normalization statistics (a state saved without them, by an older version
         or a run without normalization, leaves them fresh).
         """
-        check_saved_statistics_fit(state_dict, self.normalization.get("normalize_observations", False))
+        check_saved_statistics_fit(state_dict, self.settings.normalize_observations)
         self._pending_state = {key: state_dict[key] for key in STATE_KEYS if key in state_dict}
         self._global_env_steps, self._global_episodes = saved_global_counts(self._pending_state)
         if self._train_runner is not None:
@@ -348,7 +272,7 @@ class EnvSampling:
             runner.normalization.load_state_dict({key: state.get(key) for key in NORMALIZATION_KEYS})
 
     def _runner_state_for_this_rank(self, state: dict[str, Any]) -> dict[str, Any]:
-        rank = self.placement()[0]
+        rank = self.ranks.placement()[0]
         runner_state = dict(state["train_runner"])
         env_steps, episodes = saved_global_counts(state)
         runner_state[NUM_ENV_STEPS_SAMPLED_LIFETIME] = env_steps if rank == 0 else 0

@@ -19,21 +19,19 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import torch
-from lightning.pytorch import LightningDataModule
 
+from lightning_rl.core.arguments import check_int
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME
-from lightning_rl.core.data_contract import DataOffer, DataRequirements, SpacePair
+from lightning_rl.core.data_contract import DataOffer, SpacePair
 from lightning_rl.core.rl_modules import MultiRLModule
 from lightning_rl.core.train_item import TrainingData, TrainItem
 from lightning_rl.data.acting_module import learner_acting_modules
-from lightning_rl.data.env_datamodule import EvaluationIterable, Rollouts, check_positive_int
-from lightning_rl.data.rank_stats import all_gather_rows, trainer_placement
+from lightning_rl.data.ranked_datamodule import EVALUATION_SEED_OFFSET, RankedDataModule
 from lightning_rl.env.matches import seat_mapping, win_rate
 from lightning_rl.env.multi_agent_episode import MultiAgentEpisode
 from lightning_rl.env.multi_agent_runner import MultiAgentEnvRunner
@@ -44,9 +42,6 @@ from lightning_rl.env.policy_mapping import PolicyMappingFn, resolve_policy_mapp
 NUM_AGENT_STEPS_SAMPLED_LIFETIME = "num_agent_steps_sampled_lifetime"
 # The module id an evaluation opponent plays under, beside the main module alone.
 OPPONENT_MODULE_ID = "fixed_opponent"
-# Rank r's envs are seeded apart from every other rank's (as the single-agent data modules do).
-_RANK_SEED_STRIDE = 10_000_000
-_EVALUATION_SEED_OFFSET = 1_000_003
 # Counters summed over the ranks; every other statistic is averaged over the ranks that have it.
 _SUMMED = (
     "num_episodes",
@@ -62,7 +57,7 @@ _EXTREMES = {"episode_return_min": np.nanmin, "episode_return_max": np.nanmax}
 _RUNNER_KEYS = _SUMMED + ("episode_return_mean", "episode_return_min", "episode_return_max", "episode_len_mean")
 
 
-class MultiAgentDataModule(LightningDataModule):
+class MultiAgentDataModule(RankedDataModule):
     """Samples on-policy rollouts of a PettingZoo environment for PPO-like Learners with several modules.
 
     On several ranks each rank samples its own env copies, seeded apart, and every size below is
@@ -121,7 +116,9 @@ class MultiAgentDataModule(LightningDataModule):
         evaluation_module_id: str | None = None,
         episode_stats_window: int = 100,
     ) -> None:
-        super().__init__()
+        super().__init__(
+            seed=seed, evaluation_num_episodes=evaluation_num_episodes, evaluation_num_envs=evaluation_num_envs
+        )
         if isinstance(env, str):
             check_pettingzoo_env_name(env)
         elif not callable(env):
@@ -131,15 +128,10 @@ class MultiAgentDataModule(LightningDataModule):
             ("num_envs", num_envs),
             ("rollout_fragment_length", rollout_fragment_length),
             ("rollouts_per_epoch", rollouts_per_epoch),
-            ("evaluation_num_episodes", evaluation_num_episodes),
             ("episode_stats_window", episode_stats_window),
         ):
-            check_positive_int(name, value)
-        for name, value in (("max_env_steps", max_env_steps), ("evaluation_num_envs", evaluation_num_envs)):
-            if value is not None:
-                check_positive_int(name, value)
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-            raise ValueError(f"seed must be an int >= 0 or None, got {seed!r}")
+            check_int(name, value)
+        check_int("max_env_steps", max_env_steps, optional=True)
         self.evaluation_opponents = list(evaluation_opponents)
         unknown = [name for name in self.evaluation_opponents if name not in OPPONENTS]
         if unknown:
@@ -152,9 +144,8 @@ class MultiAgentDataModule(LightningDataModule):
         ignore = [name for name, value in (("env", env), ("policy_mapping_fn", policy_mapping_fn)) if callable(value)]
         self.save_hyperparameters(ignore=ignore)
         self.env = env
-        self._base_seed = seed if seed is not None else int(np.random.randint(0, 2**31 - 1))
-        self._num_env_steps_lifetime = 0
-        self._num_agent_steps_lifetime = 0
+        # The env- and agent-step counters over all ranks, by the names the timesteps and the state use.
+        self._lifetime = {NUM_ENV_STEPS_SAMPLED_LIFETIME: 0, NUM_AGENT_STEPS_SAMPLED_LIFETIME: 0}
         # The training runner's statistics while it is closed between stages (see ``teardown``).
         self._train_runner_state: dict[str, Any] | None = None
         # The random stream actions are sampled from (see ``_sampling_stream``), made on first use.
@@ -167,7 +158,7 @@ class MultiAgentDataModule(LightningDataModule):
     @functools.cached_property
     def train_runner(self) -> MultiAgentEnvRunner:
         """This rank's training env copies (built on first use; rebuilt, they go on from the last ones' statistics)."""
-        runner = self._make_runner(self.hparams.num_envs, self._rank_seed(0))
+        runner = self._make_runner(self.hparams.num_envs, self.rank_seed(0))
         if self._train_runner_state is not None:
             runner.set_state(self._train_runner_state)
         return runner
@@ -176,7 +167,7 @@ class MultiAgentDataModule(LightningDataModule):
     def eval_runner(self) -> MultiAgentEnvRunner:
         """This rank's evaluation env copies, apart from the training ones (built on first use)."""
         num_envs = self.hparams.evaluation_num_envs or self.hparams.num_envs
-        return self._make_runner(num_envs, self._rank_seed(_EVALUATION_SEED_OFFSET))
+        return self._make_runner(num_envs, self.rank_seed(EVALUATION_SEED_OFFSET))
 
     @property
     def possible_agents(self) -> list[str]:
@@ -205,12 +196,12 @@ class MultiAgentDataModule(LightningDataModule):
     @property
     def num_env_steps_sampled_lifetime(self) -> int:
         """Env steps sampled for training over all ranks and the whole run."""
-        return self._num_env_steps_lifetime
+        return self._lifetime[NUM_ENV_STEPS_SAMPLED_LIFETIME]
 
     @property
     def num_agent_steps_sampled_lifetime(self) -> int:
         """Agent steps (actions taken) sampled for training over all ranks and the whole run."""
-        return self._num_agent_steps_lifetime
+        return self._lifetime[NUM_AGENT_STEPS_SAMPLED_LIFETIME]
 
     def set_policy_mapping_fn(self, policy_mapping_fn: str | PolicyMappingFn) -> None:
         """Map agents to modules with ``policy_mapping_fn`` from the next training episode on.
@@ -239,15 +230,10 @@ class MultiAgentDataModule(LightningDataModule):
         with self._acting_modules() as modules, self._sampling_stream(_device_of(modules)):
             episodes = runner.sample(modules, num_env_steps=self.hparams.rollout_fragment_length, explore=True)
         metrics = self._metrics_over_ranks(runner.get_metrics())
-        self._num_env_steps_lifetime += int(metrics["num_env_steps_sampled"])
-        self._num_agent_steps_lifetime += int(metrics["num_agent_steps_sampled"])
-        metrics[NUM_ENV_STEPS_SAMPLED_LIFETIME] = self._num_env_steps_lifetime
-        metrics[NUM_AGENT_STEPS_SAMPLED_LIFETIME] = self._num_agent_steps_lifetime
-        timesteps = {
-            NUM_ENV_STEPS_SAMPLED_LIFETIME: self._num_env_steps_lifetime,
-            NUM_AGENT_STEPS_SAMPLED_LIFETIME: self._num_agent_steps_lifetime,
-        }
-        return TrainItem(TrainingData(episodes=episodes), timesteps=timesteps, env_runners=metrics)
+        self._lifetime[NUM_ENV_STEPS_SAMPLED_LIFETIME] += int(metrics["num_env_steps_sampled"])
+        self._lifetime[NUM_AGENT_STEPS_SAMPLED_LIFETIME] += int(metrics["num_agent_steps_sampled"])
+        metrics.update(self._lifetime)
+        return TrainItem(TrainingData(episodes=episodes), timesteps=dict(self._lifetime), env_runners=metrics)
 
     def sample_eval_item(self) -> TrainItem:
         """Play this rank's share of the evaluation episodes, and of the games against each opponent.
@@ -257,7 +243,7 @@ class MultiAgentDataModule(LightningDataModule):
             ``{"win_rate_vs_<name>": this rank's rate}`` in ``env_runners`` (the Learner logs them
             as ``eval/...``, averaged over the ranks, which play equal shares).
         """
-        per_rank = self._evaluation_episodes_per_rank()
+        per_rank = self.evaluation_episodes_per_rank
         explore = self.hparams.evaluation_explore
         win_rates = {}
         with self._acting_modules() as modules:
@@ -266,7 +252,7 @@ class MultiAgentDataModule(LightningDataModule):
             )
             for name in self.evaluation_opponents:
                 win_rates[f"win_rate_vs_{name}"] = self._win_rate_against(name, modules, per_rank, explore)
-        timesteps = {NUM_ENV_STEPS_SAMPLED_LIFETIME: self._num_env_steps_lifetime}
+        timesteps = {NUM_ENV_STEPS_SAMPLED_LIFETIME: self.num_env_steps_sampled_lifetime}
         return TrainItem(TrainingData(episodes=episodes), timesteps=timesteps, env_runners=win_rates)
 
     def play_episodes(
@@ -282,7 +268,7 @@ class MultiAgentDataModule(LightningDataModule):
             policy_mapping_fn: The match-up: ``(agent_id, episode) -> module_id``.
             explore: Sample actions instead of acting greedily.
         """
-        check_positive_int("num_episodes", num_episodes)
+        check_int("num_episodes", num_episodes)
         with self._acting_modules() as modules:
             return self.eval_runner.sample_episodes(
                 modules, num_episodes=num_episodes, explore=explore, policy_mapping_fn=policy_mapping_fn
@@ -291,14 +277,6 @@ class MultiAgentDataModule(LightningDataModule):
     # ------------------------------------------------------------------------------------
     # Lightning hooks
     # ------------------------------------------------------------------------------------
-
-    def train_dataloader(self) -> Iterable[TrainItem]:
-        """One epoch of train items, each sampled when Lightning asks for it (sized: no prefetch)."""
-        return Rollouts(self)
-
-    def val_dataloader(self) -> Iterable[TrainItem]:
-        """One evaluation item: this rank's share of the evaluation episodes and opponent games."""
-        return EvaluationIterable(self)
 
     def teardown(self, stage: str) -> None:
         """Close the env copies (rebuilt, counters kept, if the data module is used again)."""
@@ -314,8 +292,7 @@ class MultiAgentDataModule(LightningDataModule):
         """The counters over all ranks and this rank's runner statistics, for Lightning checkpoints."""
         runner = self.__dict__.get("train_runner")
         return {
-            NUM_ENV_STEPS_SAMPLED_LIFETIME: self._num_env_steps_lifetime,
-            NUM_AGENT_STEPS_SAMPLED_LIFETIME: self._num_agent_steps_lifetime,
+            **self._lifetime,
             "train_runner": runner.get_state() if runner is not None else self._train_runner_state,
             "sampling_rng_state": _copied(self._sampling_rng_state),
         }
@@ -326,11 +303,10 @@ class MultiAgentDataModule(LightningDataModule):
         Every rank restores rank 0's runner statistics (its episode window; the env seeds stay
         apart by rank).
         """
-        self._num_env_steps_lifetime = int(state_dict[NUM_ENV_STEPS_SAMPLED_LIFETIME])
-        self._num_agent_steps_lifetime = int(state_dict[NUM_AGENT_STEPS_SAMPLED_LIFETIME])
+        self._lifetime = {key: int(state_dict[key]) for key in self._lifetime}
         # Lightning hands every rank rank 0's state: rank 0 goes on with its own stream, the other
         # ranks start streams of their own (seeded by rank and progress), never rank 0's.
-        rank = self._placement()[0]
+        rank = self.placement()[0]
         self._sampling_rng_state = _copied(state_dict.get("sampling_rng_state")) if rank == 0 else None
         self._train_runner_state = state_dict.get("train_runner")
         if self._train_runner_state is not None and "train_runner" in self.__dict__:
@@ -363,7 +339,7 @@ class MultiAgentDataModule(LightningDataModule):
         """
         on_cuda = device.type == "cuda"
         if self._sampling_rng_state is None:
-            self._sampling_rng_state = {"seed": self._rank_seed(0) + self._num_env_steps_lifetime}
+            self._sampling_rng_state = {"seed": self.rank_seed(0) + self.num_env_steps_sampled_lifetime}
         state = self._sampling_rng_state
         with torch.random.fork_rng(devices=[device] if on_cuda else [], device_type="cuda"):
             if "cpu" in state:
@@ -394,7 +370,7 @@ class MultiAgentDataModule(LightningDataModule):
         opponent = OPPONENTS[name](
             observation_space=main.observation_space,
             action_space=main.action_space,
-            model_config={"seed": self._rank_seed(_EVALUATION_SEED_OFFSET)},
+            model_config={"seed": self.rank_seed(EVALUATION_SEED_OFFSET)},
         )
         opponent_id = OPPONENT_MODULE_ID if main_id != OPPONENT_MODULE_ID else f"{OPPONENT_MODULE_ID}_2"
         match = MultiRLModule({main_id: main, opponent_id: opponent.to(_device_of(main))})
@@ -413,24 +389,6 @@ class MultiAgentDataModule(LightningDataModule):
             + [f"module_episode_return_mean/{module_id}" for module_id in learner_modules]
         )
 
-    def _evaluation_episodes_per_rank(self) -> int:
-        return math.ceil(self.hparams.evaluation_num_episodes / self._placement()[1])
-
-    def _rank_seed(self, offset: int) -> int:
-        return self._base_seed + offset + self._placement()[0] * _RANK_SEED_STRIDE
-
-    def _placement(self) -> tuple[int, int]:
-        """(global rank, world size) of the attached Trainer; (0, 1) without one."""
-        return trainer_placement(self.trainer)
-
-    def _rollouts_left(self) -> int:
-        """Rollouts in the next epoch: ``rollouts_per_epoch``, fewer when ``max_env_steps`` nears."""
-        if self.hparams.max_env_steps is None:
-            return self.hparams.rollouts_per_epoch
-        remaining = self.hparams.max_env_steps - self._num_env_steps_lifetime
-        per_rollout = self.env_steps_per_rollout * self._placement()[1]
-        return max(0, min(self.hparams.rollouts_per_epoch, math.ceil(remaining / per_rollout)))
-
     def _metrics_over_ranks(self, local: dict[str, float]) -> dict[str, float]:
         """``local`` statistics merged over the ranks: counters summed, minima and maxima kept, means averaged.
 
@@ -438,12 +396,12 @@ class MultiAgentDataModule(LightningDataModule):
         finished no episode yet has no return), so the key list is the union over this rank's
         runner's agents and modules, and a rank without a value does not count in its mean.
         """
-        world_size = self._placement()[1]
+        world_size = self.placement()[1]
         if world_size == 1:
             return dict(local)
         keys = self._metric_keys()
         vector = np.array([local.get(key, np.nan) for key in keys], dtype=np.float64)
-        rows = all_gather_rows(vector, world_size, self.trainer.strategy.root_device)
+        rows = self._gather(vector)
         merged = {}
         for index, key in enumerate(keys):
             column = rows[:, index]
@@ -464,13 +422,6 @@ class MultiAgentDataModule(LightningDataModule):
         many steps they take (see ``env_steps_per_rollout``).
         """
         return DataOffer(frozenset({"episodes"}), module_spaces=self._offered_module_spaces)
-
-    def accept_requirements(self, requirements: DataRequirements) -> None:
-        """Take the Learner's requirements, after it was built: the env's rollouts meet them as they are, nothing to settle.
-
-        Args:
-            requirements: The Learner's ``data_requirements()``.
-        """
 
     def _offered_module_spaces(self) -> dict[str, SpacePair]:
         return self.module_spaces

@@ -18,17 +18,13 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from lightning_rl.core.arguments import check_int
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
 from lightning_rl.core.data_contract import DataOffer
 from lightning_rl.core.rl_modules import RLModule
 from lightning_rl.core.schedules import Schedule, ScheduleSetting
 from lightning_rl.core.train_item import TrainingData, TrainItem
-from lightning_rl.data.env_datamodule import (
-    ON_POLICY_ARGUMENTS,
-    EnvDataModule,
-    check_positive_int,
-    refuse_arguments_of,
-)
+from lightning_rl.data.env_datamodule import ON_POLICY_ARGUMENTS, EnvDataModule, refuse_arguments_of
 from lightning_rl.data.prioritized_replay import PrioritizedReplayBuffer
 from lightning_rl.data.uniform_replay import ReplayBuffer
 
@@ -84,10 +80,9 @@ class OffPolicyDataModule(EnvDataModule):
         **kwargs: Any,
     ) -> None:
         refuse_arguments_of("OnPolicyDataModule", ON_POLICY_ARGUMENTS, kwargs)
-        check_positive_int("replay_buffer_capacity", replay_buffer_capacity)
-        check_positive_int("train_freq", train_freq)
-        if isinstance(learning_starts, bool) or not isinstance(learning_starts, int) or learning_starts < 0:
-            raise ValueError(f"learning_starts must be an int >= 0, got {learning_starts!r}")
+        check_int("replay_buffer_capacity", replay_buffer_capacity)
+        check_int("train_freq", train_freq)
+        check_int("learning_starts", learning_starts, minimum=0)
         beta_schedule = Schedule(prioritized_replay_beta, name="prioritized_replay_beta")
         # The buffer checks alpha and eps; build one now so bad values fail at construction.
         if prioritized_replay:
@@ -114,7 +109,7 @@ class OffPolicyDataModule(EnvDataModule):
         """This rank's replay buffer (built on first use, from restored contents if there are any)."""
         if self._replay_buffer is None:
             hparams = self.hparams
-            seed = self.sampling.rank_seed(_REPLAY_SEED_OFFSET)
+            seed = self.rank_seed(_REPLAY_SEED_OFFSET)
             if hparams.prioritized_replay:
                 buffer: ReplayBuffer = PrioritizedReplayBuffer(
                     hparams.replay_buffer_capacity,
@@ -193,13 +188,13 @@ class OffPolicyDataModule(EnvDataModule):
         Every rank adds the same number of steps per item, so all ranks agree. A run resumed
         without the buffer's contents refills its share first.
         """
-        world_size = self._placement()[1]
+        world_size = self.placement()[1]
         share = min(-(-self.hparams.learning_starts // world_size), self.hparams.replay_buffer_capacity)
         return len(self.replay_buffer) >= max(share, 1)
 
     def _uniform_random_module(self) -> _UniformRandomModule:
         if self._random_module is None:
-            seed = self.sampling.rank_seed(_REPLAY_SEED_OFFSET + 1)
+            seed = self.rank_seed(_REPLAY_SEED_OFFSET + 1)
             self._random_module = _UniformRandomModule(self.observation_space, self.action_space, seed=seed)
         return self._random_module
 

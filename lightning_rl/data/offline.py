@@ -29,8 +29,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
-from lightning.pytorch import LightningDataModule
 
+from lightning_rl.core.arguments import check_int
 from lightning_rl.core.columns import DEFAULT_MODULE_ID, NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
 from lightning_rl.core.data_contract import DataOffer, DataRequirements, SpacePair
 from lightning_rl.core.train_item import TrainingData, TrainItem
@@ -42,10 +42,9 @@ from lightning_rl.data.dataset_rows import (
     episode_lengths,
     open_dataset,
 )
-from lightning_rl.data.env_datamodule import EvaluationIterable, check_positive_int
-from lightning_rl.data.env_sampling import EVALUATION_SEED_OFFSET, EnvSampling
-from lightning_rl.data.rank_stats import trainer_placement
-from lightning_rl.env.env_factory import resolve_env
+from lightning_rl.data.env_sampling import EnvSampling
+from lightning_rl.data.ranked_datamodule import RankedDataModule, draw_base_seed
+from lightning_rl.env.env_settings import EnvSettings
 
 #: Datasets whose rows take more bytes than this are streamed a window at a time (``in_memory=None``).
 IN_MEMORY_LIMIT_BYTES = 2 * 1024**3
@@ -57,7 +56,7 @@ _EVERY_MINIBATCH_ONE_STEP = {"minibatch_size": None}
 _ROWS_DRAWN, _SEED, _NUM_ROWS = NUM_ENV_STEPS_SAMPLED_LIFETIME, "seed", "num_rows_per_pass"
 
 
-class OfflineDataModule(LightningDataModule):
+class OfflineDataModule(RankedDataModule):
     """Trains on a local Minari dataset; evaluates episodes in the dataset's environment.
 
     Args:
@@ -127,21 +126,18 @@ class OfflineDataModule(LightningDataModule):
         stream_window_rows: int = 100_000,
         sample_timeout_s: float | None = 60.0,
     ) -> None:
-        super().__init__()
+        super().__init__(
+            seed=seed, evaluation_num_episodes=evaluation_num_episodes, evaluation_num_envs=evaluation_num_envs
+        )
         if not isinstance(dataset_id, str) or not dataset_id:
             raise ValueError(f"dataset_id must be the id of a local Minari dataset, got {dataset_id!r}")
         for name, value in (
             ("batch_size", batch_size),
             ("updates_per_epoch", updates_per_epoch),
             ("iterations_per_update", iterations_per_update),
-            ("evaluation_num_episodes", evaluation_num_episodes),
             ("stream_window_rows", stream_window_rows),
         ):
-            check_positive_int(name, value)
-        if evaluation_num_envs is not None:
-            check_positive_int("evaluation_num_envs", evaluation_num_envs)
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-            raise ValueError(f"seed must be an int >= 0 or None, got {seed!r}")
+            check_int(name, value)
         for name, value in (("shuffle", shuffle), ("evaluation_explore", evaluation_explore)):
             if not isinstance(value, bool):
                 raise ValueError(f"{name} must be a bool, got {value!r}")
@@ -153,21 +149,27 @@ class OfflineDataModule(LightningDataModule):
             raise ValueError(
                 f"evaluation_env_kwargs must be a dict or None, got {type(evaluation_env_kwargs).__name__}"
             )
-        env = evaluation_env
-        if env is not None:
-            if not isinstance(env, str):
-                raise ValueError(
-                    f"evaluation_env must be a registered gymnasium id or an env factory's import path, got {env!r}"
-                )
-            resolve_env(env)  # an unknown id or factory path fails here, before anything runs
+        if evaluation_env is not None and not isinstance(evaluation_env, str):
+            raise ValueError(
+                "evaluation_env must be a registered gymnasium id or an env factory's import path, "
+                f"got {evaluation_env!r}"
+            )
         self.save_hyperparameters()
+        # The evaluation runner's settings: a given env is checked here, before the dataset is
+        # read; without one, the dataset's env is used if gymnasium has it (``None`` if not:
+        # ``sampling`` then says so).
+        self._evaluation_settings: EnvSettings | None = None
+        if evaluation_env is not None:
+            self._evaluation_settings = self._evaluation_env_settings(evaluation_env, evaluation_env_kwargs or {})
         self._dataset = open_dataset(dataset_id)
         self._lengths = episode_lengths(self._dataset, dataset_id)
         check_row_space(self._dataset.observation_space, "observation", dataset_id)
         check_row_space(self._dataset.action_space, "action", dataset_id)
-        self._evaluation_env, self._evaluation_env_kwargs = self._resolve_evaluation_env(env, evaluation_env_kwargs)
-        # The seed the stream uses: the argument's, or one drawn at setup (then saved in checkpoints).
-        self._seed = seed
+        recorded_in = self._recorded_env()
+        if evaluation_env is None and recorded_in is not None:
+            env, spec_kwargs = recorded_in
+            env_kwargs = {**spec_kwargs, **(evaluation_env_kwargs or {})}
+            self._evaluation_settings = self._evaluation_env_settings(env, env_kwargs)
         self._rows_drawn = 0  # stream positions drawn, over all ranks
         self._stream: RowStream | None = None
         self._columns: list[str] | None = None  # what the Learner asks for, checked against the dataset
@@ -216,7 +218,7 @@ class OfflineDataModule(LightningDataModule):
                 self.hparams.dataset_id,
                 self._lengths,
                 columns=self._columns,
-                seed=self._resolved_seed(),
+                seed=self.base_seed,
                 shuffle=self.hparams.shuffle,
                 window_rows=None if self.in_memory else self.hparams.stream_window_rows,
                 gamma=self._gamma,
@@ -226,31 +228,20 @@ class OfflineDataModule(LightningDataModule):
     @functools.cached_property
     def sampling(self) -> EnvSampling:
         """This rank's evaluation runner, seeds and episode share (the same as the environment data modules')."""
-        if self._evaluation_env is None:
+        settings = self._evaluation_settings
+        if settings is None:
             spec = self._dataset.env_spec
             raise ValueError(
                 f"the Minari dataset {self.hparams.dataset_id!r} was recorded in env "
                 f"{None if spec is None else spec.id!r}, which is not a registered gymnasium id: pass the evaluation "
                 "env as OfflineDataModule(evaluation_env=...), or fit without evaluation (Trainer(limit_val_batches=0))"
             )
-        hparams = self.hparams
         return EnvSampling(
-            self._evaluation_env,
-            env_kwargs=self._evaluation_env_kwargs,
-            wrappers=[],
-            evaluation_wrappers=[],
-            num_envs=_DEFAULT_EVALUATION_ENVS,  # the evaluation default; no training envs are built
-            steps_per_env=1,
-            vectorize_mode="sync",
-            seed=self._resolved_seed(),
-            evaluation_num_episodes=hparams.evaluation_num_episodes,
-            evaluation_num_envs=hparams.evaluation_num_envs,
-            evaluation_explore=hparams.evaluation_explore,
-            episode_stats_window=hparams.evaluation_num_episodes,
-            placement=self._placement,
-            sample_timeout_s=hparams.sample_timeout_s,
-            restart_failed_sub_environments=False,
-            on_nonfinite="raise",
+            settings,
+            settings,
+            evaluation_num_envs=self.hparams.evaluation_num_envs,
+            evaluation_explore=self.hparams.evaluation_explore,
+            ranks=self,
         )
 
     # ------------------------------------------------------------------------------------
@@ -264,10 +255,10 @@ class OfflineDataModule(LightningDataModule):
         alike to take disjoint slices). Evaluation runners built before the Trainer said which
         rank this is are rebuilt.
         """
-        if self._seed is None:
-            drawn = int(np.random.randint(0, 2**31 - 1 - EVALUATION_SEED_OFFSET))
+        if self._base_seed is None:
+            drawn = draw_base_seed()
             trainer = self.trainer
-            self._seed = int(trainer.strategy.broadcast(drawn, src=0)) if trainer is not None else drawn
+            self._base_seed = int(trainer.strategy.broadcast(drawn, src=0)) if trainer is not None else drawn
         if "sampling" in self.__dict__:
             self.sampling.close_runners_built_elsewhere()
 
@@ -284,7 +275,7 @@ class OfflineDataModule(LightningDataModule):
                 dataset's episodes cannot be read.
         """
         self.check_learner()
-        rank = self._placement()[0]
+        rank = self.placement()[0]
         self.stream.preload(self._rows_drawn + rank * self.hparams.batch_size)
         return _Minibatches(self)
 
@@ -304,10 +295,10 @@ class OfflineDataModule(LightningDataModule):
         self._check_fits_spaces(
             runner.observation_space,
             runner.action_space,
-            f"its evaluation env {self._evaluation_env!r}",
+            f"its evaluation env {self._evaluation_settings.env!r}",
             "pass the env the dataset was recorded in (OfflineDataModule(evaluation_env=...))",
         )
-        return EvaluationIterable(self)
+        return super().val_dataloader()
 
     def teardown(self, stage: str) -> None:
         """Close the evaluation envs (rebuilt if the data module is used again)."""
@@ -321,7 +312,7 @@ class OfflineDataModule(LightningDataModule):
             ``{"num_env_steps_sampled_lifetime": rows drawn over all ranks, "seed": the
             stream's seed (``None`` before setup drew one), "num_rows_per_pass": the dataset's rows}``.
         """
-        return {_ROWS_DRAWN: self._rows_drawn, _SEED: self._seed, _NUM_ROWS: self.num_rows}
+        return {_ROWS_DRAWN: self._rows_drawn, _SEED: self._base_seed, _NUM_ROWS: self.num_rows}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore ``state_dict()``: the next item continues the stream where the checkpoint left it.
@@ -331,7 +322,7 @@ class OfflineDataModule(LightningDataModule):
         """
         self._rows_drawn = int(state_dict[_ROWS_DRAWN])
         if state_dict.get(_SEED) is not None:
-            self._seed = int(state_dict[_SEED])
+            self._base_seed = int(state_dict[_SEED])
             if "sampling" in self.__dict__:  # evaluation seeds follow the restored seed too
                 self.sampling.close()
                 del self.__dict__["sampling"]
@@ -412,7 +403,7 @@ class OfflineDataModule(LightningDataModule):
         yields ``updates_per_epoch`` items per epoch).
         """
         iterations = self.hparams.iterations_per_update
-        rows_per_iteration = self._placement()[1] * self.hparams.batch_size
+        rows_per_iteration = self.placement()[1] * self.hparams.batch_size
         return TrainItem(
             TrainingData(data_iterators=[self._minibatches(iterations)]),
             timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: self._rows_drawn + iterations * rows_per_iteration},
@@ -421,7 +412,7 @@ class OfflineDataModule(LightningDataModule):
 
     def next_minibatch(self) -> dict[str, dict[str, torch.Tensor]]:
         """Draw this rank's next ``batch_size`` rows, ``{module_id: {column: Tensor}}``; move the position on by all ranks' rows."""
-        rank, world_size = self._placement()
+        rank, world_size = self.placement()
         batch_size = self.hparams.batch_size
         start = self._rows_drawn + rank * batch_size
         batch = self.stream.rows(start, start + batch_size)
@@ -456,33 +447,31 @@ class OfflineDataModule(LightningDataModule):
                     f"space {theirs}: {remedy}"
                 )
 
-    def _resolved_seed(self) -> int:
-        if self._seed is None:  # the evaluation runner built before setup (reading its spaces early)
-            self._seed = int(np.random.randint(0, 2**31 - 1 - EVALUATION_SEED_OFFSET))
-        return self._seed
+    def _evaluation_env_settings(self, env: str, env_kwargs: dict[str, Any]) -> EnvSettings:
+        """The evaluation runner's settings (an unknown env id or factory path fails here)."""
+        return EnvSettings(
+            env=env,
+            env_kwargs=dict(env_kwargs),
+            num_envs=_DEFAULT_EVALUATION_ENVS,  # the evaluation default; no training envs are built
+            rollout_fragment_length=1,
+            episode_stats_window=self.hparams.evaluation_num_episodes,
+            sample_timeout_s=self.hparams.sample_timeout_s,
+        )
 
-    def _placement(self) -> tuple[int, int]:
-        """(global rank, world size) of the attached Trainer; (0, 1) without one."""
-        return trainer_placement(self.trainer)
-
-    def _resolve_evaluation_env(
-        self, env: str | None, env_kwargs: dict[str, Any] | None
-    ) -> tuple[str | None, dict[str, Any]]:
-        """The evaluation env id (or factory path) and its keyword arguments; ``None`` if the dataset names none usable.
+    def _recorded_env(self) -> tuple[str, dict[str, Any]] | None:
+        """The id and keyword arguments of the env the dataset was recorded in; ``None`` if gymnasium lacks it.
 
         The dataset's spec is data: only its id, when gymnasium has it registered, and its
         keyword arguments are used; its entry point is never imported.
         """
-        if env is not None:
-            return env, dict(env_kwargs or {})
         spec = self._dataset.env_spec
         if spec is None or ":" in spec.id or spec.id not in gym.registry:
-            return None, dict(env_kwargs or {})
+            return None
         kwargs = {key: value for key, value in (spec.kwargs or {}).items() if key != "render_mode"}
         registered = gym.registry[spec.id]
         if spec.max_episode_steps is not None and spec.max_episode_steps != registered.max_episode_steps:
             kwargs["max_episode_steps"] = spec.max_episode_steps
-        return spec.id, {**kwargs, **(env_kwargs or {})}
+        return spec.id, kwargs
 
     # ------------------------------------------------------------------------------------
     # The data contract (``lightning_rl.core.data_contract``: this class is a ``DataSource``)

@@ -15,15 +15,11 @@ from typing import Any
 
 import gymnasium as gym
 
+from lightning_rl.core.arguments import check_int
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME
 from lightning_rl.core.data_contract import DataOffer
 from lightning_rl.core.train_item import TrainingData, TrainItem
-from lightning_rl.data.env_datamodule import (
-    OFF_POLICY_ARGUMENTS,
-    EnvDataModule,
-    check_positive_int,
-    refuse_arguments_of,
-)
+from lightning_rl.data.env_datamodule import OFF_POLICY_ARGUMENTS, EnvDataModule, refuse_arguments_of
 
 
 class OnPolicyDataModule(EnvDataModule):
@@ -49,7 +45,7 @@ class OnPolicyDataModule(EnvDataModule):
         self, env: str | Callable[[], gym.Env] = "CartPole-v1", *, rollout_fragment_length: int = 200, **kwargs: Any
     ) -> None:
         refuse_arguments_of("OffPolicyDataModule", OFF_POLICY_ARGUMENTS, kwargs)
-        check_positive_int("rollout_fragment_length", rollout_fragment_length)
+        check_int("rollout_fragment_length", rollout_fragment_length)
         super().__init__(env, **kwargs)
 
     @property

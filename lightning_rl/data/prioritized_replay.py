@@ -103,18 +103,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         return positions, weights.astype(np.float32)
 
     def update_priorities(self, batch_indexes: np.ndarray, td_errors: np.ndarray) -> None:
-        """Set the priorities of sampled rows to ``|td_error| + epsilon``.
+        """Set the priorities of sampled rows to ``|td_error| + epsilon`` (arguments and errors: ``ReplayBuffer``'s).
 
         Rows that have left the ring since they were sampled are skipped; for an index
         given twice the last TD error wins.
-
-        Args:
-            batch_indexes: The ``batch_indexes`` column of a sample (absolute row indices).
-            td_errors: One TD error per index.
-
-        Raises:
-            ValueError: If the shapes differ, an index is negative or was never added, or a
-                TD error is not finite.
         """
         indexes, errors = validated_updates(batch_indexes, td_errors, self._num_added)
         keep = indexes >= self._num_added - len(self)

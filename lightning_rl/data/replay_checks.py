@@ -1,4 +1,4 @@
-"""Argument checks the replay buffers share, so both fail the same way on the same mistake.
+"""The check of ``update_priorities``' arguments the replay buffers share, so both fail the same way.
 
 Each check raises ``ValueError`` naming the argument, what was expected and what was given.
 """
@@ -8,17 +8,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-
-
-def check_int_at_least_one(name: str, value: Any) -> None:
-    """Raise ValueError unless ``value`` is an int (numpy ones included, bools not) >= 1.
-
-    Args:
-        name: The argument's name, for the message.
-        value: The value given.
-    """
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
 
 
 def validated_updates(batch_indexes: Any, td_errors: Any, num_added: int) -> tuple[np.ndarray, np.ndarray]:

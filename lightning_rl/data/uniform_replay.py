@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from lightning_rl.core.arguments import is_real
+from lightning_rl.core.arguments import check_int, is_int, is_real
 from lightning_rl.core.columns import Columns
-from lightning_rl.data.replay_checks import check_int_at_least_one, validated_updates
+from lightning_rl.data.replay_checks import validated_updates
 from lightning_rl.data.replay_n_step import BATCH_INDEXES, WEIGHTS, n_step_batch
 from lightning_rl.data.replay_rows import (
     EpisodeArrays,
@@ -74,8 +74,8 @@ class ReplayBuffer:
     """
 
     def __init__(self, capacity: int, *, seed: int | None = None) -> None:
-        check_int_at_least_one("capacity", capacity)
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
+        check_int("capacity", capacity)
+        if seed is not None and not is_int(seed):
             raise ValueError(f"seed must be an int or None, got {seed!r}")
         self.capacity = int(capacity)
         self._rng = np.random.default_rng(None if seed is None else int(seed))
@@ -255,8 +255,8 @@ class ReplayBuffer:
             ValueError: If nothing has been added yet, ``batch_size`` or ``n_step`` is not an
                 int >= 1, or ``gamma`` is not in [0, 1].
         """
-        check_int_at_least_one("batch_size", batch_size)
-        check_int_at_least_one("n_step", n_step)
+        check_int("batch_size", batch_size)
+        check_int("n_step", n_step)
         if not is_real(gamma) or not 0.0 <= gamma <= 1.0:
             raise ValueError(f"gamma must be a float in [0, 1], got {gamma!r}")
         if self._columns is None or self._num_added == 0:

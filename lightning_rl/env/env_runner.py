@@ -22,7 +22,6 @@ it, one idea each:
 from __future__ import annotations
 
 import functools
-import math
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -32,22 +31,22 @@ import gymnasium as gym
 import numpy as np
 
 from lightning_rl.core.rl_modules import RLModule
+from lightning_rl.core.arguments import check_int
+from lightning_rl.env.closes_once import ClosesOnce
 from lightning_rl.env.env_factory import (
     EnvCreator,
     VectorizeMode,
     WrapperSpec,
     check_autoreset_support,
-    check_vectorize_mode,
     make_vector_env,
-    resolve_env,
     resolve_wrappers,
 )
-from lightning_rl.env.envpool_vector_env import check_envpool_arguments
+from lightning_rl.env.env_settings import EnvSettings
 from lightning_rl.env.episode import SingleAgentEpisode
 from lightning_rl.env.frame_recorder import EpisodeFrameRecorder, env_kwargs_for_video
 from lightning_rl.env.guarded_vector_env import GuardedVectorEnv
-from lightning_rl.env.nonfinite import ON_NONFINITE_CHOICES, NonFiniteCheck, OnNonFinite
-from lightning_rl.env.normalization import EnvNormalization, check_normalization_arguments
+from lightning_rl.env.nonfinite import NonFiniteCheck, OnNonFinite
+from lightning_rl.env.normalization import EnvNormalization
 from lightning_rl.env.rollout import run_rollout
 from lightning_rl.env.rollout_buffers import EpisodeStat, RunningEpisodes, cut_episodes
 
@@ -56,7 +55,7 @@ _STATE_KEYS = frozenset(
 )
 
 
-class EnvRunner:
+class EnvRunner(ClosesOnce):
     """Samples episodes from ``num_envs`` copies of a gymnasium env with an RLModule.
 
     Dict and Tuple observation spaces (of Box, Discrete, MultiDiscrete and MultiBinary parts)
@@ -120,8 +119,12 @@ class EnvRunner:
         normalization_clip: The bound on normalized observations and rewards.
         normalization_gamma: The discount of the return whose std scales the rewards.
 
+    The keywords are the fields of :class:`~lightning_rl.env.env_settings.EnvSettings`, which
+    checks them; :meth:`from_settings` builds a runner from such an object.
+
     Raises:
-        ValueError: Naming the argument, for an unknown env id, a wrapper path that is not
+        ValueError: Naming the argument, for an unknown env id, an ``env`` that is neither a
+            string nor a callable, a wrapper path that is not
             a ``gym.Wrapper``, ``num_envs`` or ``rollout_fragment_length`` or
             ``episode_stats_window`` below 1, an unknown ``vectorize_mode`` or
             ``on_nonfinite``, a ``sample_timeout_s`` that is not a positive number, an env
@@ -132,7 +135,7 @@ class EnvRunner:
             invalid normalization arguments; with ``vectorize_mode="envpool"``, for what EnvPool
             cannot build (an id it lacks, a callable, wrappers, other ``env_kwargs``,
             ``record_video``, ``restart_failed_sub_environments``, Dict observations).
-        TypeError: If ``env`` or a wrapper is neither a string nor a callable.
+        TypeError: If a wrapper is neither a string nor a callable.
         ImportError: For ``vectorize_mode="envpool"`` without envpool installed.
         RuntimeError: If the installed gymnasium is older than 1.1 (no SAME_STEP autoreset).
     """
@@ -157,62 +160,54 @@ class EnvRunner:
         normalization_clip: float = 10.0,
         normalization_gamma: float = 0.99,
     ) -> None:
+        # The keywords are EnvSettings' fields, in its order: they are checked there, once.
+        self._build(EnvSettings(**{name: value for name, value in locals().items() if name != "self"}))
+
+    @classmethod
+    def from_settings(cls, settings: EnvSettings) -> EnvRunner:
+        """A runner built from settings already checked (what the data modules hand over).
+
+        Args:
+            settings: The runner's settings; see the constructor for what each one does.
+        """
+        runner = cls.__new__(cls)
+        runner._build(settings)
+        return runner
+
+    def _build(self, settings: EnvSettings) -> None:
         check_autoreset_support()
-        check_fault_arguments(sample_timeout_s, restart_failed_sub_environments, on_nonfinite)
-        check_normalization_arguments(normalize_observations, normalize_rewards, normalization_clip, normalization_gamma)
-        for name, value in (
-            ("num_envs", num_envs),
-            ("rollout_fragment_length", rollout_fragment_length),
-            ("episode_stats_window", episode_stats_window),
-        ):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        check_vectorize_mode(vectorize_mode)
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
-            raise ValueError(f"seed must be an int or None, got {seed!r}")
-        if vectorize_mode == "envpool":
-            # EnvPool's ids are its own (gymnasium's registry need not have them), and what
-            # works on gymnasium env objects cannot work there: refused here, by name.
-            env = check_envpool_arguments(
-                env, env_kwargs, wrappers, record_video=record_video,
-                restart_failed_sub_environments=restart_failed_sub_environments,
-            )  # fmt: skip
-        elif isinstance(env, str):
-            env = resolve_env(env)
-        elif not callable(env):
-            raise TypeError(f"env must be a registered env id or a callable returning a gym.Env, got {env!r}")
+        #: The settings this runner was built from.
+        self.settings = settings
+        self.num_envs = settings.num_envs
+        self.vectorize_mode = settings.vectorize_mode
+        self.rollout_fragment_length = settings.rollout_fragment_length
+        self.seed = None if settings.seed is None else int(settings.seed)
+        self.episode_stats_window = settings.episode_stats_window
+        self.record_video = settings.record_video
 
-        self.num_envs = int(num_envs)
-        self.vectorize_mode = vectorize_mode
-        self.rollout_fragment_length = int(rollout_fragment_length)
-        self.seed = None if seed is None else int(seed)
-        self.episode_stats_window = int(episode_stats_window)
-
-        env_kwargs, wrappers = dict(env_kwargs or {}), resolve_wrappers(wrappers or ())
-        if record_video:
+        env = settings.env_creator
+        env_kwargs, wrappers = dict(settings.env_kwargs or {}), resolve_wrappers(settings.wrappers or ())
+        if self.record_video:
             env_kwargs, wrappers = env_kwargs_for_video(env, env_kwargs), [*wrappers, EpisodeFrameRecorder]
-        self.record_video = bool(record_video)
+        restart = settings.restart_failed_sub_environments
         build = functools.partial(
             make_vector_env, env, env_kwargs, wrappers, self.num_envs,
-            vectorize_mode, restart_failed_sub_environments=restart_failed_sub_environments,
+            self.vectorize_mode, restart_failed_sub_environments=restart,
             # EnvPool seeds its envs when the pool is made: with the first reset's seed, that
             # reset needs no second pool.
-            seed=self.seed if vectorize_mode == "envpool" else None,
+            seed=self.seed if self.vectorize_mode == "envpool" else None,
         )
-        timeout = None if sample_timeout_s is None else float(sample_timeout_s)
-        self._vector = GuardedVectorEnv(build, sample_timeout_s=timeout, restart=restart_failed_sub_environments)
-        self._closed = False
+        timeout = None if settings.sample_timeout_s is None else float(settings.sample_timeout_s)
+        self._vector = GuardedVectorEnv(build, sample_timeout_s=timeout, restart=restart)
         #: The env's own observation space (a Dict stays a Dict: modules are built from it).
         self.observation_space: gym.Space = self.env.single_observation_space
         #: The space of the observations in the episodes: ``observation_space`` itself, or for a
         #: Dict or Tuple a flat Box (see ``core.observation_layout``), each row ``gym.spaces.flatten``'s.
         self.stored_observation_space: gym.Space = self._vector.layout.stored_space
         self.action_space: gym.Space = self.env.single_action_space
-        self._nonfinite = NonFiniteCheck(on_nonfinite, self.stored_observation_space)
+        self._nonfinite = NonFiniteCheck(settings.on_nonfinite, self.stored_observation_space)
         #: The observation and reward statistics (``None`` when neither is normalized).
-        self.normalization = self._make_normalization(
-            normalize_observations, normalize_rewards, normalization_clip, normalization_gamma
-        )
+        self.normalization = self._make_normalization(settings)
 
         # The envs' progress between calls.
         self._needs_reset = True
@@ -228,15 +223,14 @@ class EnvRunner:
         self._num_episodes_since = 0
         self._sample_seconds_since = 0.0
 
-    def _make_normalization(
-        self, normalize_observations: bool, normalize_rewards: bool, clip: float, gamma: float
-    ) -> EnvNormalization | None:
-        if not (normalize_observations or normalize_rewards):
+    def _make_normalization(self, settings: EnvSettings) -> EnvNormalization | None:
+        if not settings.normalizes:
             return None
         try:
             return EnvNormalization(
-                self.observation_space, self.num_envs, normalize_observations=normalize_observations,
-                normalize_rewards=normalize_rewards, clip=clip, gamma=gamma,
+                self.observation_space, self.num_envs, normalize_observations=settings.normalize_observations,
+                normalize_rewards=settings.normalize_rewards, clip=settings.normalization_clip,
+                gamma=settings.normalization_gamma,
             )  # fmt: skip
         except ValueError:  # observations that cannot be normalized: the envs are built already
             self.close()
@@ -328,8 +322,7 @@ class EnvRunner:
             ValueError: If ``num_episodes < 1``, for ``record_first_episode`` without
                 ``record_video``, or as :meth:`sample`.
         """
-        if isinstance(num_episodes, bool) or not isinstance(num_episodes, (int, np.integer)) or num_episodes < 1:
-            raise ValueError(f"num_episodes must be an int >= 1, got {num_episodes!r}")
+        check_int("num_episodes", num_episodes)
         if record_first_episode and not self.record_video:
             raise ValueError("record_first_episode needs an EnvRunner built with record_video=True")
         finished: list[SingleAgentEpisode] = []
@@ -555,17 +548,8 @@ class EnvRunner:
         """The gymnasium vector env (a new one after async workers were rebuilt); each copy is in a ``SubEnvGuard``."""
         return self._vector.env
 
-    def close(self) -> None:
-        """Close the envs (and their subprocesses in async mode); calling it again is a no-op."""
-        if not self._closed:
-            self._closed = True
-            self._vector.close()
-
-    def __enter__(self) -> EnvRunner:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def _close_envs(self) -> None:
+        self._vector.close()  # async mode: its subprocesses too
 
     def __repr__(self) -> str:
         return (
@@ -573,25 +557,3 @@ class EnvRunner:
             f"rollout_fragment_length={self.rollout_fragment_length}, seed={self.seed})"
         )
 
-
-def check_fault_arguments(
-    sample_timeout_s: float | None, restart_failed_sub_environments: bool, on_nonfinite: str
-) -> None:
-    """Check the env-fault arguments an ``EnvRunner`` (and an environment data module) takes.
-
-    Raises:
-        ValueError: Naming the argument and what it must be.
-    """
-    if sample_timeout_s is not None and (
-        isinstance(sample_timeout_s, bool)
-        or not isinstance(sample_timeout_s, (int, float, np.integer, np.floating))
-        or not math.isfinite(sample_timeout_s)
-        or sample_timeout_s <= 0
-    ):
-        raise ValueError(f"sample_timeout_s must be a number of seconds > 0 or None, got {sample_timeout_s!r}")
-    if not isinstance(restart_failed_sub_environments, bool):
-        raise ValueError(
-            f"restart_failed_sub_environments must be True or False, got {restart_failed_sub_environments!r}"
-        )
-    if on_nonfinite not in ON_NONFINITE_CHOICES:
-        raise ValueError(f"on_nonfinite must be one of {ON_NONFINITE_CHOICES}, got {on_nonfinite!r}")

@@ -18,7 +18,9 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from lightning_rl.core.arguments import check_int, is_int
 from lightning_rl.core.rl_modules import MultiRLModule, RLModule
+from lightning_rl.env.closes_once import ClosesOnce
 from lightning_rl.env.multi_agent_episode import AgentID, ModuleID, MultiAgentEpisode
 from lightning_rl.env.multi_agent_rollout import EnvCopy, EpisodeRecord, check_agent_spaces, step_copies
 from lightning_rl.env.pettingzoo_env import PettingZooEnvCreator, make_pettingzoo_env
@@ -35,13 +37,7 @@ _STATE_KEYS = frozenset(
 )
 
 
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return int(value)
-
-
-class MultiAgentEnvRunner:
+class MultiAgentEnvRunner(ClosesOnce):
     """Samples :class:`MultiAgentEpisode` s from ``num_envs`` copies of a PettingZoo env.
 
     Args:
@@ -78,13 +74,14 @@ class MultiAgentEnvRunner:
         seed: int | None = None,
         episode_stats_window: int = 100,
     ) -> None:
-        self.num_envs = _positive_int("num_envs", num_envs)
-        self.episode_stats_window = _positive_int("episode_stats_window", episode_stats_window)
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
+        check_int("num_envs", num_envs)
+        check_int("episode_stats_window", episode_stats_window)
+        if seed is not None and not is_int(seed):
             raise ValueError(f"seed must be an int or None, got {seed!r}")
+        self.num_envs = int(num_envs)
+        self.episode_stats_window = int(episode_stats_window)
         self.seed = None if seed is None else int(seed)
         self.policy_mapping_fn = resolve_policy_mapping_fn(policy_mapping_fn)
-        self._closed = False
         self._copies: list[EnvCopy] = []
         try:
             for _ in range(self.num_envs):
@@ -176,7 +173,7 @@ class MultiAgentEnvRunner:
                 module the given one lacks, or its forward pass returns neither ``actions`` nor
                 ``action_dist_inputs``.
         """
-        num_env_steps = _positive_int("num_env_steps", num_env_steps)
+        check_int("num_env_steps", num_env_steps)
         self._check_module(module)
         start = time.perf_counter()
         completed: list[MultiAgentEpisode] = []
@@ -237,7 +234,7 @@ class MultiAgentEnvRunner:
         Raises:
             ValueError: As :meth:`sample`, or for ``num_episodes < 1``.
         """
-        num_episodes = _positive_int("num_episodes", num_episodes)
+        check_int("num_episodes", num_episodes)
         self._check_module(module)
         mapping = self.policy_mapping_fn if policy_mapping_fn is None else resolve_policy_mapping_fn(policy_mapping_fn)
         for copy in self._copies:
@@ -430,19 +427,9 @@ class MultiAgentEnvRunner:
         """The PettingZoo env copies."""
         return [copy.env for copy in self._copies]
 
-    def close(self) -> None:
-        """Close every env copy; calling it again is a no-op."""
-        if self._closed:
-            return
-        self._closed = True
+    def _close_envs(self) -> None:
         for copy in self._copies:
             copy.env.close()
-
-    def __enter__(self) -> MultiAgentEnvRunner:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return (
