@@ -62,7 +62,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_rl import ALL_MODULES, Columns, RLModuleSpec
 from lightning_rl.algorithms.bc import BCLearner, BCModule
-from lightning_rl.learner.learner import NUM_ENV_STEPS_TRAINED
+from lightning_rl.learner.result_keys import NUM_ENV_STEPS_TRAINED
 
 # A sibling module: this directory is on sys.path when a benchmark runs as a script.
 from _paired import print_paired_table

@@ -10,7 +10,7 @@ from conftest import assert_same_tensors, bc_spec, random_batch, weights
 
 from lightning_rl import DEFAULT_MODULE_ID, Learner, MultiRLModule
 from lightning_rl.algorithms.bc import BCLearner
-from lightning_rl.learner import learner as learner_module
+from lightning_rl.learner import result_keys as learner_module
 
 
 def _two_module_learner(**kwargs) -> BCLearner:

@@ -12,7 +12,7 @@ from torch import nn
 
 from lightning_rl import ALL_MODULES, DEFAULT_MODULE_ID, Columns, Learner, RLModule, RLModuleSpec
 from lightning_rl.algorithms.bc import BCLearner
-from lightning_rl.learner.learner import clip_gradients
+from lightning_rl.learner.optimizers import clip_gradients
 
 
 def _sum_of_params_losses(learner: Learner) -> dict[str, torch.Tensor]:

@@ -27,7 +27,7 @@ from lightning_rl.core.target_network import (
 from lightning_rl.core.train_item import TrainingData, TrainItem
 from lightning_rl.data import EpisodeDataModule, OffPolicyDataModule
 from lightning_rl.data.replay_buffer import PrioritizedReplayBuffer
-from lightning_rl.learner.learner import LearnerConfig
+from lightning_rl.core.learner_config import LearnerConfig
 
 OBS_SPACE = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
 ACT_SPACE = gym.spaces.Discrete(2)
