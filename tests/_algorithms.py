@@ -25,7 +25,7 @@ from lightning_rl.algorithms.sac import SACLearner, SACModule
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME
 from lightning_rl.core.train_item import TrainingData, TrainItem
 from lightning_rl.data import OffPolicyDataModule, OnPolicyDataModule
-from lightning_rl.data.replay_buffer import ReplayBuffer
+from lightning_rl.data.uniform_replay import ReplayBuffer
 from lightning_rl.env import EnvRunner
 
 # The data module classes every row uses: the one place to change when they are renamed or split.

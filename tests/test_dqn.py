@@ -19,7 +19,7 @@ from lightning_rl.algorithms.dqn import Q_TARGET_NEXT, Q_VALUES, Q_VALUES_NEXT, 
 from lightning_rl.algorithms.off_policy import BATCH_INDEXES, N_STEP, WEIGHTS
 from lightning_rl.cli import LightningRLCLI
 from lightning_rl.data import OffPolicyDataModule
-from lightning_rl.data.replay_buffer import ReplayBuffer
+from lightning_rl.data.uniform_replay import ReplayBuffer
 from lightning_rl.env import EnvRunner
 
 REPO = Path(__file__).resolve().parents[1]

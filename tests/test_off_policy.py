@@ -17,7 +17,8 @@ from lightning_rl import Columns, RLModuleSpec
 from lightning_rl.algorithms.off_policy import BATCH_INDEXES, N_STEP, WEIGHTS, OffPolicyLearner, bootstrap_discounts
 from lightning_rl.algorithms.ppo import PPOLearner, PPOModule
 from lightning_rl.callbacks import TargetNetworkUpdate
-from lightning_rl.core.rl_module import MultiRLModuleSpec, RLModule
+from lightning_rl.core.rl_module_specs import MultiRLModuleSpec
+from lightning_rl.core.rl_modules import RLModule
 from lightning_rl.core.target_network import (
     TargetNetworkAPI,
     make_target_network,
@@ -26,7 +27,7 @@ from lightning_rl.core.target_network import (
 )
 from lightning_rl.core.train_item import TrainingData, TrainItem
 from lightning_rl.data import EpisodeDataModule, OffPolicyDataModule
-from lightning_rl.data.replay_buffer import PrioritizedReplayBuffer
+from lightning_rl.data.prioritized_replay import PrioritizedReplayBuffer
 from lightning_rl.core.learner_config import LearnerConfig
 
 OBS_SPACE = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)

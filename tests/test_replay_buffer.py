@@ -14,14 +14,10 @@ import pytest
 import torch
 
 from lightning_rl.core.columns import Columns
-from lightning_rl.data.replay_buffer import (
-    BATCH_INDEXES,
-    N_STEP,
-    WEIGHTS,
-    PrioritizedReplayBuffer,
-    ReplayBuffer,
-    _PriorityTree,
-)
+from lightning_rl.data.prioritized_replay import PrioritizedReplayBuffer
+from lightning_rl.data.priority_tree import PriorityTree as _PriorityTree
+from lightning_rl.data.replay_n_step import BATCH_INDEXES, N_STEP, WEIGHTS
+from lightning_rl.data.uniform_replay import ReplayBuffer
 from lightning_rl.env.episode import SingleAgentEpisode
 
 Row = tuple[float, int, float, bool, bool]  # (return, m, new_obs, terminated, truncated)

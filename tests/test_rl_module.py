@@ -12,18 +12,10 @@ from torch import nn
 
 from lightning_rl.core.columns import ALL_MODULES, DEFAULT_MODULE_ID, Columns
 from lightning_rl.core.distributions import Categorical, DiagGaussian
-from lightning_rl.core.rl_module import (
-    MultiRLModule,
-    MultiRLModuleSpec,
-    RLModule,
-    RLModuleSpec,
-    build_mlp,
-    build_mlp_from_config,
-    check_state_matches,
-    flat_obs_dim,
-    flatten_obs,
-    validate_module_id,
-)
+from lightning_rl.core.mlp import build_mlp, build_mlp_from_config, flat_obs_dim, flatten_obs
+from lightning_rl.core.module_checks import check_state_matches, validate_module_id
+from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
+from lightning_rl.core.rl_modules import MultiRLModule, RLModule
 
 OBS_SPACE = gym.spaces.Box(-np.inf, np.inf, (4,), dtype=np.float32)
 ACTION_SPACE = gym.spaces.Discrete(3)

@@ -48,21 +48,47 @@ def update_source(
             f"one of them; got {sorted(given) or 'none'}"
         )
     source, value = next(iter(given.items()))
-    if source == "data_iterators" and num_learners == 0:
-        return "iterator", _the_local_iterator(value)
-    if source in ("data_iterators", "replay"):
-        raise ValueError(
-            f"LearnerGroup cannot train from {source} (its learners would each need their own, in their own "
-            "process); it trains on batch=, batches= (concatenated) or episodes=. Draw the batches yourself and "
-            "pass them as batch= or batches="
-        )
-    if source == "episodes":
-        if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Sequence) or not value:
-            raise ValueError(f"episodes must be a non-empty list of episodes, got {type(value).__name__}")
-        return "episodes", list(value)
-    if source == "batches":
-        return "batch", concat_batches(value)
-    return "batch", value
+    return _PREPARE_SOURCE[source](source, value, num_learners)
+
+
+def _as_batch(source: str, batch: Any, num_learners: int) -> tuple[str, Any]:
+    return "batch", batch
+
+
+def _joined_batches(source: str, batches: Any, num_learners: int) -> tuple[str, Any]:
+    return "batch", concat_batches(batches)
+
+
+def _episode_list(source: str, episodes: Any, num_learners: int) -> tuple[str, Any]:
+    if isinstance(episodes, (str, bytes, Mapping)) or not isinstance(episodes, Sequence) or not episodes:
+        raise ValueError(f"episodes must be a non-empty list of episodes, got {type(episodes).__name__}")
+    return "episodes", list(episodes)
+
+
+def _local_iterator(source: str, data_iterators: Any, num_learners: int) -> tuple[str, Any]:
+    if num_learners == 0:
+        return "iterator", _the_local_iterator(data_iterators)
+    return _refused(source, data_iterators, num_learners)
+
+
+def _refused(source: str, value: Any, num_learners: int) -> tuple[str, Any]:
+    raise ValueError(
+        f"LearnerGroup cannot train from {source} (its learners would each need their own, in their own "
+        "process); it trains on batch=, batches= (concatenated) or episodes=. Draw the batches yourself and "
+        "pass them as batch= or batches="
+    )
+
+
+# How a LearnerGroup prepares each source of data (``TrainingData``'s field names): which
+# ``update_from_*`` its learners run ("batch", "episodes" or, for a local learner, "iterator"),
+# and on what. A replay buffer, or iterators for learner processes, are refused.
+_PREPARE_SOURCE = {
+    "batch": _as_batch,
+    "batches": _joined_batches,
+    "episodes": _episode_list,
+    "data_iterators": _local_iterator,
+    "replay": _refused,
+}
 
 
 def _the_local_iterator(data_iterators: Any) -> Any:
