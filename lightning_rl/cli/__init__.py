@@ -5,10 +5,11 @@
     lightning-rl evaluate --ckpt_path last.ckpt --num_episodes 100
     lightning-rl export --ckpt_path last.ckpt --format onnx --output policy.onnx
     lightning-rl record --ckpt_path last.ckpt --num_episodes 200 --dataset_id pendulum/sac-medium-v0
+    lightning-rl tune --config examples/tune_ppo_cartpole.yaml
 
 ``fit`` and ``validate`` run Lightning's CLI (``LightningRLCLI``, in ``lightning_cli.py``);
-``evaluate``, ``export`` and ``record`` are commands of their own (``evaluate_command.py``,
-``export_command.py``, ``record_command.py``). This module only dispatches, and imports each command when it runs:
+``evaluate``, ``export``, ``record`` and ``tune`` are commands of their own (``evaluate_command.py``,
+``export_command.py``, ``record_command.py``, ``tune_command.py``). This module only dispatches, and imports each command when it runs:
 ``lightning-rl --help`` answers without loading torch or Lightning, and ``fit --help`` from
 a cache (``help_cache.py``).
 """
@@ -29,6 +30,7 @@ SUBCOMMANDS = {
     "evaluate": "Play episodes with a checkpoint's policy on held-out seeds; print the return's statistics.",
     "export": "Export a checkpoint's policy for deployment (ONNX or torch.export).",
     "record": "Play episodes with checkpoints' policies or random actions; write them as a Minari dataset.",
+    "tune": "Search a training config's hyperparameters with Optuna, each trial a fit (the [tune] extra).",
 }
 # Lightning's other subcommands, and why they are not offered.
 _NOT_OFFERED = {
@@ -39,7 +41,7 @@ _NOT_OFFERED = {
 }
 # The subcommands Lightning's CLI runs (``LightningRLCLI.subcommands``); the others have a module of their own.
 TRAINER_SUBCOMMANDS = ("fit", "validate")
-_USAGE = "usage: lightning-rl [-h] {fit,validate,evaluate,export,record} ..."
+_USAGE = "usage: lightning-rl [-h] {fit,validate,evaluate,export,record,tune} ..."
 
 # Names this package used to define here, imported from lightning_cli.py when first used.
 _FROM_LIGHTNING_CLI = ("LightningRLCLI", "LightningRLArgumentParser", "misplaced_data_argument_hint")
@@ -65,7 +67,7 @@ def main(args: list[str] | None = None) -> None:
     command = args[0]
     if command in _NOT_OFFERED:
         _usage_error(f"'{command}' is not offered: {_NOT_OFFERED[command]}")
-    if command in ("evaluate", "export", "record"):
+    if command in ("evaluate", "export", "record", "tune"):
         module = importlib.import_module(f"lightning_rl.cli.{command}_command")
         module.main(args[1:])
         return

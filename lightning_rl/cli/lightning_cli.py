@@ -34,6 +34,12 @@ from lightning.pytorch.utilities import rank_zero_only
 # Imported so that jsonargparse, which resolves a short class name among the subclasses
 # imported when the parser is built, knows every algorithm's Learner by name.
 import lightning_rl.algorithms  # noqa: F401
+from lightning_rl.callbacks import (  # noqa: F401 (short names, as above)
+    RecordEpisodes,
+    SelfPlayLeague,
+    StoredTrialPruning,
+    TargetNetworkUpdate,
+)
 from lightning_rl.cli import TRAINER_SUBCOMMANDS
 from lightning_rl.cli.resume import plan_resume
 from lightning_rl.core.checkpoint import (
