@@ -25,11 +25,11 @@ from lightning_rl.env.env_runner import EnvRunner
 
 TESTS = Path(__file__).resolve().parent
 # Optional packages that only some features need (ONNX export, Minari datasets, PettingZoo envs,
-# MuJoCo envs, rendering, the SB3 baseline), measured at 10-230 ms of import each beside torch
+# MuJoCo envs, rendering, the SB3 baseline, Optuna), measured at 10-230 ms of import each beside torch
 # and Lightning on a 2-core machine: none of them may load on the way to a PPO fit's first steps.
 OPTIONAL_HEAVY_IMPORTS = (
     "onnx", "onnxruntime", "onnxscript", "minari", "h5py", "pettingzoo", "mujoco", "pygame", "imageio",
-    "stable_baselines3",
+    "stable_baselines3", "optuna",
 )  # fmt: skip
 # Subprocesses import this checkout and the tests' env module, on one intra-op thread.
 PRELUDE = "import torch; torch.set_num_threads(1); "
@@ -49,14 +49,14 @@ def run_python(code: str, tmp_path: Path, **env: str) -> subprocess.CompletedPro
 # ---------------------------------------------------------------------------------------------
 
 
-def test_top_level_help_lists_the_four_subcommands_without_loading_torch_or_lightning(tmp_path):
+def test_top_level_help_lists_the_subcommands_without_loading_torch_or_lightning(tmp_path):
     result = run_python(
         "import sys; from lightning_rl.cli import main; main(['--help']); "
         "print(sorted(name for name in ('torch', 'lightning') if name in sys.modules))",
         tmp_path,
     )
     assert result.returncode == 0, result.stderr
-    for name in ("fit", "validate", "evaluate", "export"):
+    for name in ("fit", "validate", "evaluate", "export", "record", "tune"):
         assert f"\n  {name} " in result.stdout
     assert "test" not in result.stdout.split("options:")[0] and "predict" not in result.stdout
     assert result.stdout.rstrip().endswith("[]"), "--help imported torch or Lightning"
@@ -81,7 +81,7 @@ def test_an_unknown_subcommand_is_a_usage_error_with_a_suggestion(capsys):
     assert "unknown subcommand 'valdiate'" in error and "did you mean 'validate'?" in error
 
 
-@pytest.mark.parametrize("command", ["evaluate", "export", "record"])
+@pytest.mark.parametrize("command", ["evaluate", "export", "record", "tune"])
 def test_evaluate_and_export_run_their_own_module_with_the_remaining_arguments(command, monkeypatch):
     received = []
     module = types.ModuleType(f"lightning_rl.cli.{command}_command")
@@ -89,7 +89,7 @@ def test_evaluate_and_export_run_their_own_module_with_the_remaining_arguments(c
     monkeypatch.setitem(sys.modules, module.__name__, module)
     main([command, "--ckpt_path", "last.ckpt", "--num_episodes", "3"])
     assert received == [["--ckpt_path", "last.ckpt", "--num_episodes", "3"]]
-    assert set(SUBCOMMANDS) == {"fit", "validate", "evaluate", "export", "record"}
+    assert set(SUBCOMMANDS) == {"fit", "validate", "evaluate", "export", "record", "tune"}
 
 
 # ---------------------------------------------------------------------------------------------

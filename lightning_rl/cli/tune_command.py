@@ -111,10 +111,11 @@ def open_study(settings: TuneSettings) -> Any:
     optuna = require_optuna()
     study_settings = settings.study
     sampler_class = optuna.samplers.TPESampler if study_settings.sampler == "tpe" else optuna.samplers.RandomSampler
+    pruner = make_pruner(study_settings.pruner, study_settings.pruner_args)  # bad pruner_args: before any file
     return optuna.create_study(
         storage=open_storage(study_settings.storage),
         sampler=sampler_class(seed=study_settings.seed),
-        pruner=make_pruner(study_settings.pruner, study_settings.pruner_args),
+        pruner=pruner,
         study_name=study_settings.study_name,
         direction=study_settings.direction,
         load_if_exists=True,

@@ -202,8 +202,8 @@ def _search_parameter(key: str, spec: Any, config: Mapping[str, Any], where: str
     known = sorted(flat_keys({section: config.get(section)}))
     if key not in known:
         close = difflib.get_close_matches(key, known, n=1)
-        hint = f"; did you mean {close[0]}?" if close else "; set it in the training config or under trial: to search it"
-        raise CommandError(f"{where}: not a key of the training config{hint}")
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise CommandError(f"{where}: not a key of the training config (set it there or under trial: to search it){hint}")
     spec = _mapping(spec, where)
     kind = spec.get("type")
     if kind not in PARAMETER_KEYS:
