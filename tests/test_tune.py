@@ -16,7 +16,7 @@ from lightning.pytorch import Trainer
 from test_cli import CARTPOLE, REPO
 
 from lightning_rl.algorithms.ppo import PPOLearner
-from lightning_rl.callbacks.optuna_trials import require_optuna
+from lightning_rl.callbacks.optuna_trials import PRUNED_AT_ATTR, require_optuna
 from lightning_rl.callbacks.pruning import OptunaPruning
 from lightning_rl.cli import main
 from lightning_rl.cli.lightning_cli import LightningRLCLI
@@ -169,6 +169,43 @@ def test_the_pruning_callback_reports_at_env_steps_and_stops_a_pruned_fit():
     assert pruning.pruned_at == 512 and data.num_env_steps_sampled_lifetime == 512  # stopped there, not at 2048
     with pytest.raises(optuna.TrialPruned):
         pruning.check_pruned()
+
+
+def _fit_with_stored_trial_pruning(rank: int, world_size: int, storage: str) -> dict:
+    from lightning.pytorch import Trainer
+
+    from lightning_rl.algorithms.ppo import PPOLearner
+    from lightning_rl.callbacks.pruning import StoredTrialPruning
+    from lightning_rl.data import OnPolicyDataModule
+
+    pruning = StoredTrialPruning(storage, "ddp", trial_number=1, pruner="median", pruner_args={"n_startup_trials": 1})
+    # Per rank: 2 envs x 32 steps; 128 env steps per rollout over both ranks, an evaluation after each.
+    data = OnPolicyDataModule(
+        "CartPole-v1", num_envs=2, rollout_fragment_length=32, rollouts_per_epoch=1, max_env_steps=1024,
+        evaluation_num_episodes=2,
+    )  # fmt: skip
+    trainer = Trainer(
+        strategy="ddp", devices=world_size, accelerator="cpu", max_epochs=-1, callbacks=[pruning], logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, num_sanity_val_steps=0,
+    )  # fmt: skip
+    trainer.fit(PPOLearner(model_config={"fcnet_hiddens": [16]}, num_epochs=1, minibatch_size=32), datamodule=data)
+    return {"pruned_at": pruning.pruned_at, "env_steps": data.num_env_steps_sampled_lifetime, "has_trial": pruning.trial is not None}
+
+
+def test_under_ddp_rank_0_reports_and_every_rank_stops_when_pruned(tmp_path):
+    from ranks import run_on_ranks
+
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    study = optuna.create_study(study_name="ddp", storage=storage, direction="maximize")
+    # A finished trial far above anything 128 env steps reach: the median pruner prunes at the first report.
+    study.add_trial(optuna.trial.create_trial(value=500.0, intermediate_values={128: 500.0, 256: 500.0}))
+    study.ask()  # trial 1, running: the fit's
+    results = run_on_ranks(_fit_with_stored_trial_pruning, storage)
+    assert [result["pruned_at"] for result in results] == [128, 128]
+    assert [result["env_steps"] for result in results] == [128, 128]  # both stopped after the first evaluation
+    assert [result["has_trial"] for result in results] == [True, False]  # only rank 0 opened the storage
+    trial = study.get_trials()[1]
+    assert list(trial.intermediate_values) == [128] and trial.user_attrs[PRUNED_AT_ATTR] == 128
 
 
 # ---------------------------------------------------------------------------------------------
