@@ -306,3 +306,13 @@ def test_a_study_killed_with_kill_9_resumes_without_losing_or_repeating_finished
     retried = [t for t in after if t.user_attrs.get("retry_of") == interrupted[0].number]
     assert len(retried) == 1 and retried[0].params == interrupted[0].params and retried[0].state.name == "COMPLETE"
     assert (tmp_path / "out" / BEST_CONFIG_FILE).exists()
+
+
+def test_trials_whose_fit_fails_are_failed_and_the_study_stops_after_three_in_a_row(tmp_path, capsys):
+    # A minibatch larger than the 256-step rollout: every fit stops with a usage error.
+    space = {"model.init_args.minibatch_size": {"type": "categorical", "choices": [512]}}
+    error = tune_error(tune_file(tmp_path, search_space=space), capsys)
+    assert "3 trials failed in a row; see their fit.log" in error
+    study = optuna.load_study(study_name="tune", storage=f"sqlite:///{tmp_path / 'out' / 'study.db'}")
+    assert [trial.state.name for trial in study.get_trials()] == ["FAIL"] * 3
+    assert "minibatch_size" in (tmp_path / "out" / "trial_0" / "fit.log").read_text()

@@ -195,7 +195,12 @@ class TrialRunner:
                     return
                 self._running += 1
                 trial = self.study.ask({p.key: distribution(p) for p in self.settings.search_space})
-            state = self._run_trial(trial)
+            try:
+                state = self._run_trial(trial)
+            except Exception as error:  # noqa: BLE001 (storage trouble): this trial failed, the others go on
+                tell(f"trial {trial.number} failed: {type(error).__name__}: {error}")
+                self.study.tell(trial, state=require_optuna().trial.TrialState.FAIL, skip_if_finished=True)
+                state = "FAIL"
             with self._lock:
                 self._running -= 1
                 if state == "FAIL":
@@ -310,8 +315,9 @@ def summarize(settings: TuneSettings, study: Any) -> None:
 
 
 def _format_params(params: dict[str, Any]) -> str:
-    return " ".join(f"{key.rsplit('.', 1)[-1]}={value:.4g}" if isinstance(value, float) else
-                    f"{key.rsplit('.', 1)[-1]}={value}" for key, value in params.items())  # fmt: skip
+    """``lr=0.0006 num_epochs=12``: each parameter by the last part of its key."""
+    shown = (f"{value:.4g}" if isinstance(value, float) else str(value) for value in params.values())
+    return " ".join(f"{key.rsplit('.', 1)[-1]}={value}" for key, value in zip(params, shown))
 
 
 def _write_yaml(path: Path, content: dict[str, Any], header: str = "") -> None:
