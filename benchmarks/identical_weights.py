@@ -26,7 +26,7 @@ case also runs its evaluation episodes at epoch ends, so a change in what evalua
 from the random streams shows up too.
 
 Only public, documented API is used (the Learner classes of ``lightning_rl.algorithms``, the
-data modules of ``lightning_rl.data`` with keyword arguments as the README shows,
+data modules of ``lightning_rl.data`` with keyword arguments as the docs show,
 ``get_module_state`` and ``get_state``), so the same script runs before and after a refactor.
 
 Run (``PYTHONPATH`` picks the checkout whose ``lightning_rl`` is measured)::

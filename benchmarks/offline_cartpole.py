@@ -1,4 +1,4 @@
-"""Behaviour cloning and MARWIL on CartPole datasets: the README's offline CartPole table.
+"""Behaviour cloning and MARWIL on CartPole datasets: the offline CartPole table of docs/benchmarks.md.
 
     python examples/make_offline_datasets.py --only cartpole-expert   # and --only cartpole-mixed
     python benchmarks/offline_cartpole.py --seeds 0 1 2

@@ -47,7 +47,7 @@ The env steps a seed needs are deterministic for a given variant (same numbers o
 invocation), but each variant has its own random streams, so seed s of one is not seed s of
 another; a change that only moves float rounding (e.g. fused Adam) reshuffles them too. Over
 seeds 0-49 the medians were 62.0k env steps (SB3), 64.1k (hand-written) and 64.9k (ours), no
-difference beyond luck (README, "PPO on CartPole, end to end"), each ranging over ~50k-97k with
+difference beyond luck (docs/benchmarks.md, "PPO on CartPole, end to end"), each ranging over ~50k-97k with
 about one run in fifty never getting there; seeds 0-9 happen to be unlucky for ours (70.9k)
 and seeds 0-2 to favour SB3 (55-58k). So the wall-time medians of a few seeds carry that luck.
 Read ms/step and setup s for the speed of the code, and use 20 or more seeds for the verdict. A shared 2-core machine adds +-25% timing

@@ -15,7 +15,7 @@ from lightning_rl import Columns, RLModuleSpec
 from lightning_rl.algorithms.bc import BCModule
 from lightning_rl.core.train_item import TrainingData, TrainItem
 
-# One intra-op thread: tests may run beside other processes on 2 cores (see README).
+# One intra-op thread: tests may run beside other processes on 2 cores (see docs/tutorials/scaling.md, "Threads").
 torch.set_num_threads(1)
 
 OBS_SPACE = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)

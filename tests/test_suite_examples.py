@@ -2,7 +2,7 @@
 
 Each runs its own config with only the sizes shrunk by flags (budget, rollout, evaluation),
 so everything else the config sets (env, wrappers, model_config, normalization, schedules)
-is what a user gets. ``benchmarks/suite.py`` runs the same configs for the README's results.
+is what a user gets. ``benchmarks/suite.py`` runs the same configs for the results in docs/benchmarks.md.
 """
 
 from __future__ import annotations
