@@ -75,10 +75,17 @@ def python_blocks(page: Path) -> list[tuple[int, str]]:
 
 @pytest.fixture(scope="session")
 def built_site(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess, float]:
-    """The site, built once with warnings as errors from a copy of docs/."""
+    """The site, built once with warnings as errors from a copy of docs/.
+
+    Beside the copy, links to the rest of the checkout, so that pages reach files outside docs/
+    by the same relative paths (``../benchmarks/results/...png``).
+    """
     work = tmp_path_factory.mktemp("docs")
     source = work / "docs"
     shutil.copytree(DOCS, source, ignore=shutil.ignore_patterns("_build", "_autosummary"))
+    for entry in ROOT.iterdir():
+        if entry.name not in ("docs", ".git"):
+            (work / entry.name).symlink_to(entry, target_is_directory=entry.is_dir())
     output = work / "html"
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
