@@ -8,6 +8,19 @@ Pages are MyST Markdown; the API reference is generated from the docstrings at b
 (autosummary writes one page per public module into ``docs/api/_autosummary``, which is not
 committed); the CLI reference prints the real ``--help`` of each subcommand at build time.
 The build never touches the network.
+
+Writing pages (MyST Markdown):
+
+- Link a page by its path, a heading by its anchor: ``[Train](tutorials/train.md)``,
+  ``[fit](cli.md#fit)`` (headings down to ``###`` have anchors: the heading's text,
+  lower-cased, spaces as ``-``). A link to a missing page or anchor fails the build.
+- Name package objects by their public path or where they are defined; both resolve:
+  ``{py:class}`lightning_rl.Learner```, ``{py:meth}`~lightning_rl.Learner.update```,
+  ``{py:class}`lightning_rl.data.OnPolicyDataModule```, ``{py:mod}`lightning_rl.core.columns```.
+  A reference to a ``lightning_rl`` name the site does not describe fails the build.
+- Every ```` ```python ```` block runs in tests/test_docs.py, in order, one namespace per page.
+  A block that cannot run in CI (GPU, cluster) is marked by the line ``% skip-test`` (a MyST
+  comment) right above its fence.
 """
 
 from __future__ import annotations
@@ -164,9 +177,10 @@ def _defined_at(dotted: str) -> str | None:
         break
     else:
         return None
+    parent = None
     try:
         for attr in parts[split:]:
-            obj = getattr(obj, attr)
+            parent, obj = obj, getattr(obj, attr)
     except AttributeError:
         return None
     if inspect.ismodule(obj):
@@ -175,9 +189,14 @@ def _defined_at(dotted: str) -> str | None:
         qualname = getattr(obj, "__qualname__", None)
         owner = getattr(obj, "__module__", None)
         return f"{owner}.{qualname}" if owner and qualname and "<" not in qualname else None
-    if split != len(parts) - 1:
-        return None  # an attribute of a class: documented with its class
     name = parts[-1]
+    if isinstance(parent, type):  # a class attribute or property: where a class defines it
+        for cls in parent.__mro__:
+            if name in vars(cls):
+                return f"{cls.__module__}.{cls.__qualname__}.{name}"
+        return None
+    if split != len(parts) - 1:
+        return None
     if name in _assigned_names(module):
         return dotted
     # A constant re-exported by a package: the module of the package that assigns it.

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -171,6 +172,25 @@ def test_skip_marker_is_read(tmp_path):
         "\n".join(["# T", "", "```python", "ran = 1", "```", "", "% skip-test", "", "```python", "gpu()", "```", ""])
     )
     assert python_blocks(page) == [(4, "ran = 1")]
+
+
+def test_references_to_public_names_resolve_where_objects_are_described():
+    spec = importlib.util.spec_from_file_location("lightning_rl_docs_conf", DOCS / "conf.py")
+    conf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conf)
+    expected = {
+        "lightning_rl.Learner": "lightning_rl.learner.learner.Learner",
+        "lightning_rl.Learner.update": "lightning_rl.learner.update_api.UpdateApiMixin.update",
+        "lightning_rl.Columns.OBS": "lightning_rl.core.columns.Columns.OBS",
+        "lightning_rl.DEFAULT_OPTIMIZER": "lightning_rl.learner.optimizers.DEFAULT_OPTIMIZER",
+        "lightning_rl.data.ReplayBuffer": "lightning_rl.data.uniform_replay.ReplayBuffer",
+        # Defined in a private module: described by the public module that re-exports it.
+        "lightning_rl.LearnerGroupError": "lightning_rl.learner.group.learner_group.LearnerGroupError",
+        "lightning_rl.core.columns": "lightning_rl.core.columns",
+        "lightning_rl.NoSuchName": None,
+        "torch.nn.Module": None,
+    }
+    assert {name: conf.canonical_name(name) for name in expected} == expected
 
 
 def test_cli_reference_prints_every_subcommand():
