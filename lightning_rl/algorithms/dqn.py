@@ -65,15 +65,16 @@ class DQNModule(RLModule, TargetNetworkAPI):
     """A Q network for Discrete actions, its target copy, and epsilon-greedy acting.
 
     ``model_config`` keys:
-        ``fcnet_hiddens``: hidden layer sizes (default ``[256, 256]``).
-        ``fcnet_activation``: their activation (default ``"relu"``, as DQN implementations use).
-        ``dueling``: split the network into a state-value stream ``V(s)`` and an advantage
-            stream ``A(s, a)``, combined as ``Q = V + A - mean_a A`` (Wang et al., 2016;
-            default ``False``). All hidden layers but the last are shared; each stream has
-            its own copy of the last one.
-        ``conv_filters``, ``conv_activation``, ``image_layout``: the CNN of image observations
-            (:mod:`lightning_rl.core.encoders`), the first part of the Q network (and so of its
-            target copy); the encoder of flat observations has no weights.
+
+        - ``fcnet_hiddens``: hidden layer sizes (default ``[256, 256]``).
+        - ``fcnet_activation``: their activation (default ``"relu"``, as DQN implementations use).
+        - ``dueling``: split the network into a state-value stream ``V(s)`` and an advantage
+          stream ``A(s, a)``, combined as ``Q = V + A - mean_a A`` (Wang et al., 2016;
+          default ``False``). All hidden layers but the last are shared; each stream has
+          its own copy of the last one.
+        - ``conv_filters``, ``conv_activation``, ``image_layout``: the CNN of image observations
+          (:mod:`lightning_rl.core.encoders`), the first part of the Q network (and so of its
+          target copy); the encoder of flat observations has no weights.
 
     The ``epsilon`` buffer (a float32 scalar, saved in checkpoints) is the probability that
     ``forward_exploration`` takes a uniformly random action; ``DQNLearner`` sets it from its

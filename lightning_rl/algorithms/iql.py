@@ -1,6 +1,6 @@
 """Implicit Q-Learning (Kostrikov et al., 2021): offline RL that never queries actions outside the data.
 
-Three networks learn from dataset transitions ``(s, a, r, s', terminated)`` alone:
+Three networks learn from dataset transitions ``(s, a, r, s', terminated)`` alone::
 
     V loss      = mean(|expectile - 1(u < 0)| * u^2),   u = min_i Q'_i(s, a) - V(s)
     Q loss      = sum_i mean((Q_i(s, a) - y)^2),        y = r + gamma * (1 - terminated) * V(s')
@@ -94,10 +94,11 @@ class IQLModule(RLModule, TargetNetworkAPI):
     """IQL's networks: a Gaussian actor, twin Q critics with target copies, a state-value network.
 
     ``model_config`` keys:
-        ``fcnet_hiddens``: hidden layer sizes of every network (default ``[256, 256]``).
-        ``fcnet_activation``: their activation (default ``"relu"``).
-        ``conv_filters``, ``conv_activation``, ``image_layout``: the CNN of image observations
-            (:mod:`lightning_rl.core.encoders`).
+
+        - ``fcnet_hiddens``: hidden layer sizes of every network (default ``[256, 256]``).
+        - ``fcnet_activation``: their activation (default ``"relu"``).
+        - ``conv_filters``, ``conv_activation``, ``image_layout``: the CNN of image observations
+          (:mod:`lightning_rl.core.encoders`).
 
     Observations go through an observation encoder first: ``pi_obs_encoder`` for the actor,
     ``qf_obs_encoder`` for both critics (its target copy ``target_qf_obs_encoder``) and

@@ -58,14 +58,15 @@ class PPOModule(RLModule):
     """An actor-critic: a policy head and a state-value head, on observation encoders and MLPs.
 
     ``model_config`` keys:
-        ``fcnet_hiddens``, ``fcnet_activation``: the MLPs' hidden layers (defaults as for all modules).
-        ``vf_share_layers``: one observation encoder and hidden stack for both heads (default
-            ``False``: an encoder and an MLP each).
-        ``free_log_std``: for Box actions, learn one state-independent log standard deviation
-            per action number (``prod(shape)`` of them) (default ``True``) instead of predicting
-            it from the observation.
-        ``conv_filters``, ``conv_activation``, ``image_layout``: the CNN of image observations
-            (:mod:`lightning_rl.core.encoders`).
+
+        - ``fcnet_hiddens``, ``fcnet_activation``: the MLPs' hidden layers (defaults as for all modules).
+        - ``vf_share_layers``: one observation encoder and hidden stack for both heads (default
+          ``False``: an encoder and an MLP each).
+        - ``free_log_std``: for Box actions, learn one state-independent log standard deviation
+          per action number (``prod(shape)`` of them) (default ``True``) instead of predicting
+          it from the observation.
+        - ``conv_filters``, ``conv_activation``, ``image_layout``: the CNN of image observations
+          (:mod:`lightning_rl.core.encoders`).
 
     Action spaces: ``Discrete`` (a categorical), ``MultiDiscrete`` (one categorical per
     dimension, :class:`~lightning_rl.core.distributions.MultiCategorical`) and ``Box`` of any

@@ -2,7 +2,7 @@
 
 A squashed Gaussian actor ``a = tanh(u), u ~ N(mu(s), sigma(s))``, twin Q critics with
 Polyak-averaged target copies, and an entropy temperature ``alpha`` tuned towards a target
-entropy. Per replay minibatch ``(s, a, r, s')`` (``r`` an n-step return):
+entropy. Per replay minibatch ``(s, a, r, s')`` (``r`` an n-step return)::
 
     y            = r + gamma^n * (1 - terminated) * (min_i Q'_i(s', a') - alpha * log pi(a'|s')),  a' ~ pi(s')
     critic loss  = 0.5 * sum_i mean(w * (Q_i(s, a) - y)^2)
@@ -134,10 +134,11 @@ class SACModule(RLModule, TargetNetworkAPI):
     """SAC's networks: a squashed Gaussian actor, twin Q critics, their targets, ``log_alpha``.
 
     ``model_config`` keys:
-        ``fcnet_hiddens``: hidden layer sizes of the actor and of each critic (default ``[256, 256]``).
-        ``fcnet_activation``: their activation (default ``"relu"``).
-        ``conv_filters``, ``conv_activation``, ``image_layout``: the CNN of image observations
-            (:mod:`lightning_rl.core.encoders`).
+
+        - ``fcnet_hiddens``: hidden layer sizes of the actor and of each critic (default ``[256, 256]``).
+        - ``fcnet_activation``: their activation (default ``"relu"``).
+        - ``conv_filters``, ``conv_activation``, ``image_layout``: the CNN of image observations
+          (:mod:`lightning_rl.core.encoders`).
 
     The actor (``pi_obs_encoder``, then the MLP ``pi``) maps observations to means and log
     standard deviations (clamped to ``[-20, 2]``) of a Gaussian whose samples are squashed by

@@ -1,5 +1,7 @@
 """Write complete episodes as a Minari dataset (the format ``OfflineDataModule`` reads).
 
+::
+
     path = write_minari_dataset(
         "pendulum/sac-medium-v0", episodes, env_id="Pendulum-v1",
         observation_space=env.observation_space, action_space=env.action_space,

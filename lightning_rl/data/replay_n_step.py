@@ -15,7 +15,7 @@ import numpy as np
 from lightning_rl.core.columns import Columns
 
 N_STEP = "n_step"
-"""Sample column: how many steps the n-step return of a row sums (``1 .. n_step``)."""
+"""Sample column: how many steps the n-step return of a row sums (``1`` to ``n_step``)."""
 
 WEIGHTS = "weights"
 """Sample column: the importance-sampling weight of a row (all ones for uniform replay)."""

@@ -39,6 +39,7 @@ from lightning_rl.learner._lightning_private import attached_trainer
 from lightning_rl.learner.result_keys import LR_KEY
 
 DEFAULT_OPTIMIZER = "default_optimizer"
+"""The optimizer name ``register_optimizer`` and ``get_optimizer`` use when none is given."""
 GRAD_CLIP_BY = ("value", "norm", "global_norm")
 
 LearningRateOrSchedule = Union[ScheduleSetting, LRScheduler, Callable[[Optimizer], LRScheduler]]
