@@ -42,23 +42,26 @@ def test_every_example_config_writes_last_ckpt(path):
         assert (callback.get("init_args") or {}).get("save_last") is True, f"{path.name}: a ModelCheckpoint without save_last"
 
 
-def test_fit_of_sac_pendulum_writes_last_ckpt(tmp_path):
-    LightningRLCLI(args=["fit", "--config", str(SAC_PENDULUM), "--trainer.default_root_dir", str(tmp_path), *tiny_sac()])
-    assert (tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt").is_file()
-
-
-def test_a_config_without_model_checkpoint_gets_one_that_writes_last_ckpt(tmp_path):
-    config = yaml.safe_load(SAC_PENDULUM.read_text())
-    del config["trainer"]["callbacks"]
-    path = tmp_path / "no_checkpoint.yaml"
-    path.write_text(yaml.safe_dump(config))
-    cli = LightningRLCLI(args=["fit", "--config", str(path), "--trainer.default_root_dir", str(tmp_path), *tiny_sac()])
+def test_fit_of_sac_pendulum_writes_last_ckpt_through_the_cli_default_model_checkpoint(tmp_path):
+    # examples/sac_pendulum.yaml adds no ModelCheckpoint (make_offline_datasets.py adds its own).
+    assert "ModelCheckpoint" not in SAC_PENDULUM.read_text()
+    args = ["fit", "--config", str(SAC_PENDULUM), "--trainer.default_root_dir", str(tmp_path), *tiny_sac()]
+    cli = LightningRLCLI(args=args)
     assert cli.trainer.checkpoint_callback.save_last is True
     assert (tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt").is_file()
-    # enable_checkpointing: false still means no checkpoints.
-    args = ["--config", str(path), "--trainer.enable_checkpointing", "false", "--trainer.logger", "false"]
-    cli = LightningRLCLI(args=[*args, "--trainer.default_root_dir", str(tmp_path / "off"), *tiny_sac()], run=False)
+
+
+def test_enable_checkpointing_false_still_turns_checkpoints_off(tmp_path):
+    args = ["--config", str(SAC_PENDULUM), "--trainer.enable_checkpointing", "false", "--trainer.logger", "false"]
+    cli = LightningRLCLI(args=[*args, "--trainer.default_root_dir", str(tmp_path), *tiny_sac()], run=False)
     assert cli.trainer.checkpoint_callback is None
+
+
+def test_a_config_model_checkpoint_is_kept_as_given(tmp_path):
+    args = ["--config", str(SAC_PENDULUM), "--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.every_n_epochs=2"]
+    cli = LightningRLCLI(args=[*args, "--trainer.default_root_dir", str(tmp_path), *tiny_sac()], run=False)
+    assert len(cli.trainer.checkpoint_callbacks) == 1
+    assert cli.trainer.checkpoint_callback.save_last is None  # Lightning's default: what the config says
 
 
 def test_runs_without_a_logger_write_no_config_into_the_current_directory(tmp_path, monkeypatch):
