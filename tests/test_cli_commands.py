@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import types
@@ -16,7 +17,7 @@ from conftest import bc_spec
 from test_cli import CARTPOLE, REPO, quick
 
 import lightning_rl.cli.lightning_cli as lightning_cli
-from lightning_rl.cli import SUBCOMMANDS, main
+from lightning_rl.cli import _NOT_OFFERED, SUBCOMMANDS, main
 from lightning_rl.cli.help_cache import HelpCache
 from lightning_rl.cli.lightning_cli import TRAINER_SUBCOMMANDS, LightningRLCLI
 from lightning_rl.data import OnPolicyDataModule
@@ -79,6 +80,18 @@ def test_an_unknown_subcommand_is_a_usage_error_with_a_suggestion(capsys):
     assert exit_.value.code == 2
     error = capsys.readouterr().err
     assert "unknown subcommand 'valdiate'" in error and "did you mean 'validate'?" in error
+
+
+def test_the_training_tutorial_names_the_subcommands_the_command_offers():
+    text = (REPO / "docs" / "tutorials" / "train.md").read_text()
+    sentence = re.search(r"`lightning-rl` has (\w+) subcommands:(.*?)\.\s+Lightning's", text, re.S)
+    assert sentence, "docs/tutorials/train.md no longer says how many subcommands lightning-rl has"
+    count, names = sentence.group(1), re.findall(r"`([\w-]+)`", sentence.group(2))
+    numbers = ("zero one two three four five six seven eight nine ten eleven twelve").split()
+    assert names == list(SUBCOMMANDS), "train.md lists other subcommands than lightning_rl.cli.SUBCOMMANDS"
+    assert numbers.index(count) == len(SUBCOMMANDS), f"train.md says {count} subcommands"
+    for name in _NOT_OFFERED:  # and says which of Lightning's are not offered
+        assert f"`{name}`" in text[sentence.end() :].split("\n\n")[0]
 
 
 @pytest.mark.parametrize(
