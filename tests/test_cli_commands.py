@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import types
@@ -16,7 +17,7 @@ from conftest import bc_spec
 from test_cli import CARTPOLE, REPO, quick
 
 import lightning_rl.cli.lightning_cli as lightning_cli
-from lightning_rl.cli import SUBCOMMANDS, main
+from lightning_rl.cli import _NOT_OFFERED, SUBCOMMANDS, main
 from lightning_rl.cli.help_cache import HelpCache
 from lightning_rl.cli.lightning_cli import TRAINER_SUBCOMMANDS, LightningRLCLI
 from lightning_rl.data import OnPolicyDataModule
@@ -81,15 +82,71 @@ def test_an_unknown_subcommand_is_a_usage_error_with_a_suggestion(capsys):
     assert "unknown subcommand 'valdiate'" in error and "did you mean 'validate'?" in error
 
 
-@pytest.mark.parametrize("command", ["evaluate", "export", "record", "tune"])
-def test_evaluate_and_export_run_their_own_module_with_the_remaining_arguments(command, monkeypatch):
+def test_the_training_tutorial_names_the_subcommands_the_command_offers():
+    text = (REPO / "docs" / "tutorials" / "train.md").read_text()
+    sentence = re.search(r"`lightning-rl` has (\w+) subcommands:(.*?)\.\s+Lightning's", text, re.S)
+    assert sentence, "docs/tutorials/train.md no longer says how many subcommands lightning-rl has"
+    count, names = sentence.group(1), re.findall(r"`([\w-]+)`", sentence.group(2))
+    numbers = ("zero one two three four five six seven eight nine ten eleven twelve").split()
+    assert names == list(SUBCOMMANDS), "train.md lists other subcommands than lightning_rl.cli.SUBCOMMANDS"
+    assert numbers.index(count) == len(SUBCOMMANDS), f"train.md says {count} subcommands"
+    for name in _NOT_OFFERED:  # and says which of Lightning's are not offered
+        assert f"`{name}`" in text[sentence.end() :].split("\n\n")[0]
+
+
+@pytest.mark.parametrize(
+    "command,args",
+    [
+        ("evaluate", ["--ckpt_path", "last.ckpt", "--num_episodes", "3"]),
+        ("export", ["--ckpt_path", "last.ckpt", "--format", "onnx", "--output", "policy.onnx"]),
+        ("record", ["--ckpt_path", "last.ckpt", "--num_episodes", "3", "--dataset_id", "cartpole/test-v0"]),
+        ("tune", ["--config", "tune.yaml", "--n_trials", "3"]),
+    ],
+)
+def test_evaluate_and_export_run_their_own_module_with_the_remaining_arguments(
+    command, args, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "last.ckpt").touch()
     received = []
     module = types.ModuleType(f"lightning_rl.cli.{command}_command")
     module.main = received.append
     monkeypatch.setitem(sys.modules, module.__name__, module)
-    main([command, "--ckpt_path", "last.ckpt", "--num_episodes", "3"])
-    assert received == [["--ckpt_path", "last.ckpt", "--num_episodes", "3"]]
+    main([command, *args])
+    assert received == [args]
     assert set(SUBCOMMANDS) == {"fit", "validate", "evaluate", "export", "record", "tune"}
+
+
+@pytest.mark.parametrize(
+    "args,answer",
+    [
+        (["evaluate", "--help"], "usage: lightning-rl evaluate"),
+        (["export", "--help"], "usage: lightning-rl export"),
+        (["record", "--help"], "usage: lightning-rl record"),
+        (["evaluate", "--num_episodes", "3"], "the following arguments are required: --ckpt_path"),
+        (["export", "--ckpt_path", "missing.ckpt", "--format", "onnx", "--output", "p.onnx"], "missing.ckpt: no such"),
+        (["record", "--dataset_id", "a/b-v0", "--num_episodes", "0"], "expected an int >= 1, got 0"),
+    ],
+)
+def test_help_and_usage_errors_of_the_checkpoint_commands_answer_without_loading_torch_or_lightning(
+    args, answer, tmp_path
+):
+    result = run_python(
+        "import sys\nfrom lightning_rl.cli import main\ntry:\n"
+        f"    main({args!r})\n"
+        "finally:\n    print(sorted(name for name in ('torch', 'lightning') if name in sys.modules))",
+        tmp_path,
+    )
+    assert answer in result.stdout + result.stderr
+    assert result.returncode == (0 if "--help" in args else 2), result.stderr
+    assert result.stdout.rstrip().endswith("[]"), "the command imported torch or Lightning before parsing"
+
+
+def test_the_export_parser_offers_the_formats_export_policy_writes():
+    from lightning_rl.cli.command_parsers import EXPORT_FORMATS
+    from lightning_rl.policy.export import EXPORT_FORMATS as WRITTEN
+
+    assert EXPORT_FORMATS == WRITTEN
 
 
 # ---------------------------------------------------------------------------------------------

@@ -203,7 +203,7 @@ def test_ppo_on_stacked_image_frames_from_the_command_line(tmp_path: Path):
     assert conv.in_channels == 2 * IMAGE_SHAPE[-1]  # two frames of three channels
     assert cli.trainer.callback_metrics["eval/num_episodes"] == 2
 
-    (checkpoint,) = (tmp_path / "lightning_logs" / "version_0" / "checkpoints").glob("*.ckpt")
+    checkpoint = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"  # the CLI saves last.ckpt
     policy = Policy.from_checkpoint(str(checkpoint))
     stacked = np.stack([IMAGES.sample(), IMAGES.sample()])
     assert policy.act(stacked) in (0, 1)

@@ -10,8 +10,9 @@
 ``fit`` and ``validate`` run Lightning's CLI (``LightningRLCLI``, in ``lightning_cli.py``);
 ``evaluate``, ``export``, ``record`` and ``tune`` are commands of their own (``evaluate_command.py``,
 ``export_command.py``, ``record_command.py``, ``tune_command.py``). This module only dispatches, and imports each command when it runs:
-``lightning-rl --help`` answers without loading torch or Lightning, and ``fit --help`` from
-a cache (``help_cache.py``).
+``lightning-rl --help`` answers without loading torch or Lightning, as do the ``--help`` and
+usage errors of ``evaluate``, ``export`` and ``record`` (their parsers are in
+``command_parsers.py``), and ``fit --help`` from a cache (``help_cache.py``).
 """
 
 from __future__ import annotations
@@ -68,6 +69,11 @@ def main(args: list[str] | None = None) -> None:
     if command in _NOT_OFFERED:
         _usage_error(f"'{command}' is not offered: {_NOT_OFFERED[command]}")
     if command in ("evaluate", "export", "record", "tune"):
+        if command != "tune":
+            # --help and usage errors answer here, before the command's module loads torch.
+            from lightning_rl.cli.command_parsers import PARSERS
+
+            PARSERS[command]().parse_args(args[1:])
         module = importlib.import_module(f"lightning_rl.cli.{command}_command")
         module.main(args[1:])
         return

@@ -29,16 +29,9 @@ import gymnasium as gym
 import numpy as np
 import yaml
 
-from lightning_rl.cli._command_line import (
-    CommandError,
-    OneLineArgumentParser,
-    existing_checkpoint,
-    nonnegative_int,
-    output_file,
-    positive_int,
-    run_command,
-    tell,
-)
+from lightning_rl.cli._command_line import CommandError, run_command, tell
+from lightning_rl.cli.command_parsers import HELD_OUT_SEED_OFFSET
+from lightning_rl.cli.command_parsers import build_evaluate_parser as build_parser
 from lightning_rl.core.checkpoint import atomic_write
 from lightning_rl.core.observation_layout import ObservationLayout
 from lightning_rl.core.spaces import space_to_dict
@@ -49,8 +42,6 @@ from lightning_rl.env.frame_recorder import EpisodeFrameRecorder, env_kwargs_for
 from lightning_rl.policy.loading import read_policy_checkpoint
 from lightning_rl.policy.policy import Policy
 
-#: Added to the run's base seed for the default evaluation seeds (see the module's docstring).
-HELD_OUT_SEED_OFFSET = 5_000_000
 #: The first episode's video, in ``--video_dir``.
 VIDEO_FILE_NAME = "evaluation-episode-0.gif"
 
@@ -101,32 +92,6 @@ class EpisodeStats:
                 }
             )
         return result
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The ``evaluate`` command's arguments."""
-    parser = OneLineArgumentParser(
-        prog="lightning-rl evaluate",
-        description="Play greedy episodes with a checkpoint's policy on held-out seeds and report the returns.",
-    )
-    parser.add_argument("--ckpt_path", required=True, type=existing_checkpoint, help="a .ckpt file or save_to_path dir")
-    parser.add_argument("--num_episodes", type=positive_int, default=100, help="episodes to play (default 100)")
-    parser.add_argument(
-        "--seed",
-        type=nonnegative_int,
-        default=None,
-        help=f"episode i resets with seed+i (default: the run's seed + {HELD_OUT_SEED_OFFSET:,}, held out)",
-    )
-    parser.add_argument("--video", action="store_true", help="record the first episode as an animated GIF")
-    parser.add_argument("--video_dir", type=Path, default=None, help="default: evaluation_videos beside the checkpoint")
-    parser.add_argument(
-        "--env", default=None, help="a registered gymnasium id (or module:Id), overriding the checkpoint's"
-    )
-    parser.add_argument("--config", type=Path, default=None, help="a training config whose data section names the env")
-    parser.add_argument("--module_id", default=None, help="the module that acts, for checkpoints with several")
-    parser.add_argument("--num_envs", type=positive_int, default=8, help="envs stepped together (default 8)")
-    parser.add_argument("--json", type=output_file, default=None, help="also write the statistics to this JSON file")
-    return parser
 
 
 def main(args: list[str]) -> None:

@@ -15,42 +15,15 @@ import argparse
 
 import gymnasium as gym
 
-from lightning_rl.cli._command_line import (
-    CommandError,
-    OneLineArgumentParser,
-    existing_checkpoint,
-    output_file,
-    run_command,
-    tell,
-)
+from lightning_rl.cli._command_line import CommandError, run_command, tell
+from lightning_rl.cli.command_parsers import build_export_parser as build_parser
 from lightning_rl.policy.export import (
     EXPORT_ATOL,
-    EXPORT_FORMATS,
     NUM_CHECK_OBSERVATIONS,
     ExportCheckError,
     export_policy,
 )
 from lightning_rl.policy.policy import Policy
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The ``export`` command's arguments."""
-    parser = OneLineArgumentParser(
-        prog="lightning-rl export",
-        description="Export a checkpoint's greedy policy (normalization and action post-processing included).",
-    )
-    parser.add_argument(
-        "--ckpt_path",
-        required=True,
-        type=existing_checkpoint,
-        help="a Lightning .ckpt file or a save_to_path directory",
-    )
-    parser.add_argument(
-        "--format", required=True, choices=EXPORT_FORMATS, help="onnx (onnxruntime) or torch (torch.export, .pt2)"
-    )
-    parser.add_argument("--output", required=True, type=output_file, help="the file to write (replaced atomically)")
-    parser.add_argument("--module_id", default=None, help="the module to export, for checkpoints with several")
-    return parser
 
 
 def main(args: list[str]) -> None:

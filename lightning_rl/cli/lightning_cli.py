@@ -27,8 +27,9 @@ from typing import Any, NoReturn
 
 from jsonargparse import Namespace
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-from lightning.pytorch import LightningDataModule
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch import LightningDataModule, LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_only
 
 # Imported so that jsonargparse, which resolves a short class name among the subclasses
@@ -79,6 +80,21 @@ class LightningRLArgumentParser(LightningArgumentParser):
         super().error(f"{message}\n{hint}" if hint else message, ex)
 
 
+class SaveConfigToLogDirectory(SaveConfigCallback):
+    """Lightning's ``SaveConfigCallback``, which writes ``config.yaml`` only for a run with a logger.
+
+    Without a logger (``--trainer.logger false``) Lightning's ``trainer.log_dir`` is
+    ``default_root_dir``, the current directory by default: the stock callback writes
+    ``config.yaml`` there, and the next such run stops because the file exists. Such a run
+    has no log directory, so no config is written.
+    """
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if trainer.logger is None:
+            return
+        super().setup(trainer, pl_module, stage)
+
+
 class LightningRLCLI(LightningCLI):
     """``LightningCLI`` set up for Learners.
 
@@ -90,7 +106,9 @@ class LightningRLCLI(LightningCLI):
     environment data module gets an error naming that one. ``--ckpt_path`` is read safely and
     merged under the user's settings (``_parse_ckpt_path``); checkpoints are written by
     ``AtomicCheckpointIO`` unless the user chose another plugin; every run gets a version
-    directory of its own.
+    directory of its own, with its ``config.yaml`` (none for a run without a logger,
+    ``SaveConfigToLogDirectory``). A config that adds no ``ModelCheckpoint`` gets Lightning's
+    default one with ``save_last=True``, so every run writes ``checkpoints/last.ckpt``.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -102,6 +120,7 @@ class LightningRLCLI(LightningCLI):
         kwargs.setdefault("subclass_mode_data", True)
         kwargs.setdefault("auto_configure_optimizers", False)
         kwargs.setdefault("parser_class", LightningRLArgumentParser)
+        kwargs.setdefault("save_config_callback", SaveConfigToLogDirectory)
         self._checkpoint: tuple[str, dict[str, Any]] | None = None  # --ckpt_path and what it holds
         super().__init__(*args, **kwargs)
 
@@ -184,6 +203,25 @@ class LightningRLCLI(LightningCLI):
                 f"--ckpt_path {ckpt_path}: a Learner directory, not a Lightning checkpoint a Trainer resumes from"
             )
         return checkpoint
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        """Lightning's Trainer, with a ``ModelCheckpoint(save_last=True)`` when the config adds none.
+
+        Lightning adds ``ModelCheckpoint()`` itself when no callback is one, which keeps only
+        the latest epoch's file under a name with the epoch and step; the commands that read a
+        run's checkpoint (``validate``, ``evaluate``, ``export``, ``record``) are shown with
+        ``last.ckpt``. ``enable_checkpointing: false`` still turns checkpoints off.
+        """
+        trainer_config = {**(self._get(self.config_init, "trainer", default={}) or {}), **kwargs}
+        callbacks = trainer_config.get("callbacks") or []
+        callbacks = list(callbacks) if isinstance(callbacks, list) else [callbacks]
+        extra = [self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys]
+        defaults = self.trainer_defaults.get("callbacks") or []
+        defaults = defaults if isinstance(defaults, list) else [defaults]
+        has_checkpoint = any(isinstance(callback, ModelCheckpoint) for callback in [*callbacks, *extra, *defaults])
+        if trainer_config.get("enable_checkpointing") is not False and not has_checkpoint:
+            kwargs["callbacks"] = [*callbacks, ModelCheckpoint(save_last=True)]
+        return super().instantiate_trainer(**kwargs)
 
     def instantiate_classes(self) -> None:
         """Instantiate model, data and Trainer; turn their ``ValueError``\\ s into usage errors."""

@@ -28,17 +28,10 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from lightning_rl.cli._command_line import (
-    CommandError,
-    OneLineArgumentParser,
-    existing_checkpoint,
-    nonnegative_int,
-    positive_int,
-    run_command,
-    tell,
-)
+from lightning_rl.cli._command_line import CommandError, run_command, tell
+from lightning_rl.cli.command_parsers import HELD_OUT_SEED_OFFSET
+from lightning_rl.cli.command_parsers import build_record_parser as build_parser
 from lightning_rl.cli.evaluate_command import (
-    HELD_OUT_SEED_OFFSET,
     Act,
     EnvSource,
     check_env_fits,
@@ -70,47 +63,6 @@ class EpisodeSource:
     act: Act
     num_episodes: int
     policy: Policy | None = None
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The ``record`` command's arguments."""
-    parser = OneLineArgumentParser(
-        prog="lightning-rl record",
-        description="Play episodes with checkpoints' policies or random actions; write them as a Minari dataset.",
-    )
-    parser.add_argument("--dataset_id", required=True, help="the Minari dataset to write, e.g. pendulum/sac-medium-v0")
-    parser.add_argument(
-        "--ckpt_path",
-        action="append",
-        default=[],
-        type=existing_checkpoint,
-        help="a .ckpt file or save_to_path dir; repeat it for a mix of policies (episodes spread evenly)",
-    )
-    parser.add_argument("--num_episodes", type=positive_int, default=100, help="episodes to record (default 100)")
-    parser.add_argument(
-        "--random_fraction",
-        type=_fraction,
-        default=0.0,
-        help="this fraction of the episodes is played with uniformly random actions (default 0; 1 needs no checkpoint)",
-    )
-    parser.add_argument(
-        "--explore", action="store_true", help="sample from the policy's exploration distribution instead of greedy"
-    )
-    parser.add_argument(
-        "--seed",
-        type=nonnegative_int,
-        default=None,
-        help=f"episode i resets with seed+i (default: the run's seed + {HELD_OUT_SEED_OFFSET:,}, held out)",
-    )
-    parser.add_argument(
-        "--env", default=None, help="a registered gymnasium id (or module:Id), overriding the checkpoint's"
-    )
-    parser.add_argument("--config", type=Path, default=None, help="a training config whose data section names the env")
-    parser.add_argument("--module_id", default=None, help="the module that acts, for checkpoints with several")
-    parser.add_argument("--num_envs", type=positive_int, default=8, help="envs stepped together (default 8)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset of that id")
-    parser.add_argument("--description", default=None, help="the dataset's description (Minari metadata)")
-    return parser
 
 
 def main(args: list[str]) -> None:
@@ -265,14 +217,3 @@ class _RandomActions:
 
     def __call__(self, observations: np.ndarray) -> np.ndarray:
         return np.stack([self.space.sample() for _ in range(len(observations))])
-
-
-def _fraction(text: str) -> float:
-    """A float in ``[0, 1]``; an argparse type."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {text!r}") from None
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {value}")
-    return value

@@ -1,0 +1,73 @@
+"""Every run writes ``checkpoints/last.ckpt``; a run without a logger writes no ``config.yaml`` into the current directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lightning_rl.cli import LightningRLCLI
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+SAC_PENDULUM = REPO / "examples" / "sac_pendulum.yaml"
+MODEL_CHECKPOINT = "lightning.pytorch.callbacks.ModelCheckpoint"
+
+
+def tiny_sac(*extra: str) -> list[str]:
+    """Flags that shrink examples/sac_pendulum.yaml to a few seconds: 300 env steps, one 1-episode evaluation."""
+    return [
+        "--trainer.enable_progress_bar", "false",
+        "--data.init_args.max_env_steps", "300",
+        "--data.init_args.learning_starts", "100",
+        "--data.init_args.rollouts_per_epoch", "300",
+        "--data.init_args.evaluation_num_episodes", "1",
+        "--data.init_args.evaluation_num_envs", "1",
+        "--model.init_args.minibatch_size", "16",
+        "--model.init_args.model_config.fcnet_hiddens", "[8]",
+        *extra,
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("path", [path for path in EXAMPLES if "model" in yaml.safe_load(path.read_text())], ids=str)
+def test_every_example_config_writes_last_ckpt(path):
+    trainer = yaml.safe_load(path.read_text()).get("trainer") or {}
+    assert trainer.get("enable_checkpointing", True) is not False, f"{path.name} turns checkpoints off"
+    checkpoints = [
+        callback for callback in trainer.get("callbacks") or [] if callback["class_path"].endswith("ModelCheckpoint")
+    ]
+    # None: the CLI adds ModelCheckpoint(save_last=True) itself.
+    for callback in checkpoints:
+        assert (callback.get("init_args") or {}).get("save_last") is True, f"{path.name}: a ModelCheckpoint without save_last"
+
+
+def test_fit_of_sac_pendulum_writes_last_ckpt_through_the_cli_default_model_checkpoint(tmp_path):
+    # examples/sac_pendulum.yaml adds no ModelCheckpoint (make_offline_datasets.py adds its own).
+    assert "ModelCheckpoint" not in SAC_PENDULUM.read_text()
+    args = ["fit", "--config", str(SAC_PENDULUM), "--trainer.default_root_dir", str(tmp_path), *tiny_sac()]
+    cli = LightningRLCLI(args=args)
+    assert cli.trainer.checkpoint_callback.save_last is True
+    assert (tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_enable_checkpointing_false_still_turns_checkpoints_off(tmp_path):
+    args = ["--config", str(SAC_PENDULUM), "--trainer.enable_checkpointing", "false", "--trainer.logger", "false"]
+    cli = LightningRLCLI(args=[*args, "--trainer.default_root_dir", str(tmp_path), *tiny_sac()], run=False)
+    assert cli.trainer.checkpoint_callback is None
+
+
+def test_a_config_model_checkpoint_is_kept_as_given(tmp_path):
+    args = ["--config", str(SAC_PENDULUM), "--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.every_n_epochs=2"]
+    cli = LightningRLCLI(args=[*args, "--trainer.default_root_dir", str(tmp_path), *tiny_sac()], run=False)
+    assert len(cli.trainer.checkpoint_callbacks) == 1
+    assert cli.trainer.checkpoint_callback.save_last is None  # Lightning's default: what the config says
+
+
+def test_runs_without_a_logger_write_no_config_into_the_current_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for _ in range(2):  # the second run once stopped at the first one's config.yaml
+        LightningRLCLI(args=["fit", "--config", str(SAC_PENDULUM), "--trainer.logger", "false", *tiny_sac()])
+    assert not (tmp_path / "config.yaml").exists()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["checkpoints"]
+    assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
