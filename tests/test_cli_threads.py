@@ -135,3 +135,10 @@ def test_help_says_the_default_and_how_to_change_it(subcommand, tmp_path):
     help_text = " ".join(result.stdout.split())
     assert "--threads THREADS" in help_text
     assert "Default: 1" in help_text and "OMP_NUM_THREADS" in help_text and "0 leaves torch's own default" in help_text
+
+
+@pytest.mark.parametrize("command", ["evaluate", "record"])
+def test_evaluate_and_record_take_threads_too(command):
+    module = __import__(f"lightning_rl.cli.{command}_command", fromlist=["build_parser"])
+    help_text = " ".join(module.build_parser().format_help().split())
+    assert "--threads THREADS" in help_text and "Default: 1" in help_text

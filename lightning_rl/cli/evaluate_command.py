@@ -39,6 +39,8 @@ from lightning_rl.cli._command_line import (
     run_command,
     tell,
 )
+from lightning_rl.cli.threads import HELP as THREADS_HELP
+from lightning_rl.cli.threads import apply_threads
 from lightning_rl.core.checkpoint import atomic_write
 from lightning_rl.core.observation_layout import ObservationLayout
 from lightning_rl.core.spaces import space_to_dict
@@ -126,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--module_id", default=None, help="the module that acts, for checkpoints with several")
     parser.add_argument("--num_envs", type=positive_int, default=8, help="envs stepped together (default 8)")
     parser.add_argument("--json", type=output_file, default=None, help="also write the statistics to this JSON file")
+    parser.add_argument("--threads", type=nonnegative_int, default=None, help=THREADS_HELP)
     return parser
 
 
@@ -139,6 +142,7 @@ def main(args: list[str]) -> None:
 
 
 def _evaluate(args: argparse.Namespace) -> None:
+    apply_threads(args.threads)
     module, normalization, content = read_policy_checkpoint(args.ckpt_path, args.module_id)
     policy = Policy(module, observation_normalization=normalization)
     source = env_source(args.env, args.config, content, args.ckpt_path)

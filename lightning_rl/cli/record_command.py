@@ -46,6 +46,8 @@ from lightning_rl.cli.evaluate_command import (
     episode_stats,
     run_episodes,
 )
+from lightning_rl.cli.threads import HELP as THREADS_HELP
+from lightning_rl.cli.threads import apply_threads
 from lightning_rl.data.minari_writer import check_dataset_id, registered_env_spec, write_minari_dataset
 from lightning_rl.env.episode import SingleAgentEpisode
 from lightning_rl.policy.loading import read_policy_checkpoint
@@ -110,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num_envs", type=positive_int, default=8, help="envs stepped together (default 8)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset of that id")
     parser.add_argument("--description", default=None, help="the dataset's description (Minari metadata)")
+    parser.add_argument("--threads", type=nonnegative_int, default=None, help=THREADS_HELP)
     return parser
 
 
@@ -124,6 +127,7 @@ def main(args: list[str]) -> None:
 
 
 def _record(args: argparse.Namespace) -> None:
+    apply_threads(args.threads)
     check_dataset_id(args.dataset_id, overwrite=args.overwrite)  # before any episode is played
     num_random = round(args.random_fraction * args.num_episodes)
     num_policy = args.num_episodes - num_random
