@@ -127,7 +127,9 @@ def main() -> None:
                     fit_seconds, steps, threads[variant] = _run_fit(task, variant, args, environment, root)
                     seconds[variant].append(fit_seconds)
                     print(f"  {task} round {round_} {variant}: {fit_seconds:.2f} s ({threads[variant]} threads), load {_loadavg()}", flush=True)
-            print(f"\n{task}: {steps} train steps per fit ({'gradient steps' if task == 'bc' else 'env steps'}), {args.rounds} rounds")
+            # BC: one optimizer step per batch; SAC: Lightning counts each of its optimizers' steps, so env steps.
+            steps = steps if task == "bc" else args.sac_env_steps
+            print(f"\n{task}: {steps} {'gradient' if task == 'bc' else 'env'} steps per fit, {args.rounds} rounds")
             labels = {name: f"{LABELS[name]} [{threads[name]} thr]" for name in VARIANTS}
             print_paired_table(seconds, labels, baseline="old", work=steps, unit="steps/s")
             print()
