@@ -19,6 +19,7 @@ from lightning_rl.cli._command_line import (
     output_file,
     positive_int,
 )
+from lightning_rl.cli.threads import HELP as THREADS_HELP
 
 #: Added to the run's base seed for the default evaluation seeds (see ``lightning_rl.cli.evaluate_command``).
 HELD_OUT_SEED_OFFSET = 5_000_000
@@ -49,6 +50,7 @@ def build_evaluate_parser() -> argparse.ArgumentParser:
     parser.add_argument("--module_id", default=None, help="the module that acts, for checkpoints with several")
     parser.add_argument("--num_envs", type=positive_int, default=8, help="envs stepped together (default 8)")
     parser.add_argument("--json", type=output_file, default=None, help="also write the statistics to this JSON file")
+    parser.add_argument("--threads", type=nonnegative_int, default=None, help=THREADS_HELP)
     return parser
 
 
@@ -110,6 +112,7 @@ def build_record_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num_envs", type=positive_int, default=8, help="envs stepped together (default 8)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset of that id")
     parser.add_argument("--description", default=None, help="the dataset's description (Minari metadata)")
+    parser.add_argument("--threads", type=nonnegative_int, default=None, help=THREADS_HELP)
     return parser
 
 

@@ -32,6 +32,7 @@ import yaml
 from lightning_rl.cli._command_line import CommandError, run_command, tell
 from lightning_rl.cli.command_parsers import HELD_OUT_SEED_OFFSET
 from lightning_rl.cli.command_parsers import build_evaluate_parser as build_parser
+from lightning_rl.cli.threads import apply_threads
 from lightning_rl.core.checkpoint import atomic_write
 from lightning_rl.core.observation_layout import ObservationLayout
 from lightning_rl.core.spaces import space_to_dict
@@ -104,6 +105,7 @@ def main(args: list[str]) -> None:
 
 
 def _evaluate(args: argparse.Namespace) -> None:
+    apply_threads(args.threads)
     module, normalization, content = read_policy_checkpoint(args.ckpt_path, args.module_id)
     policy = Policy(module, observation_normalization=normalization)
     source = env_source(args.env, args.config, content, args.ckpt_path)

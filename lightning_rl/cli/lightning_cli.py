@@ -26,6 +26,7 @@ import warnings
 from typing import Any, NoReturn
 
 from jsonargparse import Namespace
+from jsonargparse.typing import NonNegativeInt
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -43,6 +44,8 @@ from lightning_rl.callbacks import (  # noqa: F401 (short names, as above)
 )
 from lightning_rl.cli import TRAINER_SUBCOMMANDS
 from lightning_rl.cli.resume import plan_resume
+from lightning_rl.cli.threads import HELP as THREADS_HELP
+from lightning_rl.cli.threads import apply_threads
 from lightning_rl.core.checkpoint import (
     CHECKPOINT_KEY,
     check_checkpoint_fits,
@@ -138,6 +141,12 @@ class LightningRLCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         parser.set_defaults({"data": {"class_path": f"{OnPolicyDataModule.__module__}.{OnPolicyDataModule.__name__}"}})
+        parser.add_argument("--threads", type=NonNegativeInt | None, default=None, help=THREADS_HELP)
+
+    def before_instantiate_classes(self) -> None:
+        """Set torch's thread count (``--threads``, ``threads.py``) before the Trainer, model or data exist."""
+        subcommand = self.config.get("subcommand")
+        apply_threads((self.config[subcommand] if subcommand else self.config).get("threads"))
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         """Parse as Lightning does, keeping the arguments to tell the user's settings from defaults."""

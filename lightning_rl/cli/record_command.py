@@ -39,6 +39,7 @@ from lightning_rl.cli.evaluate_command import (
     episode_stats,
     run_episodes,
 )
+from lightning_rl.cli.threads import apply_threads
 from lightning_rl.data.minari_writer import check_dataset_id, registered_env_spec, write_minari_dataset
 from lightning_rl.env.episode import SingleAgentEpisode
 from lightning_rl.policy.loading import read_policy_checkpoint
@@ -76,6 +77,7 @@ def main(args: list[str]) -> None:
 
 
 def _record(args: argparse.Namespace) -> None:
+    apply_threads(args.threads)
     check_dataset_id(args.dataset_id, overwrite=args.overwrite)  # before any episode is played
     num_random = round(args.random_fraction * args.num_episodes)
     num_policy = args.num_episodes - num_random

@@ -239,7 +239,7 @@ class TrialRunner:
 
     def _run_fit(self, config_file: Path, log: IO[str]) -> int:
         """Run ``lightning-rl fit --config config_file`` in a child process; its exit status."""
-        # One intra-op thread per fit: n_jobs fits share the machine's cores (README "Threads").
+        # One intra-op thread per fit: n_jobs fits share the machine's cores (docs/tutorials/scaling.md, "Threads").
         environment = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         command = [sys.executable, "-m", "lightning_rl", "fit", "--config", str(config_file)]
         with self._lock:
