@@ -20,12 +20,15 @@ id or factory path in a checkpoint is never imported).
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import warnings
 from typing import Any, NoReturn
 
+import yaml
 from jsonargparse import Namespace
+from jsonargparse._common import debug_mode_active
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -41,6 +44,7 @@ from lightning_rl.callbacks import (  # noqa: F401 (short names, as above)
     TargetNetworkUpdate,
 )
 from lightning_rl.cli import TRAINER_SUBCOMMANDS
+from lightning_rl.cli.config_errors import short_error
 from lightning_rl.cli.resume import plan_resume
 from lightning_rl.core.checkpoint import (
     CHECKPOINT_KEY,
@@ -75,8 +79,31 @@ class LightningRLArgumentParser(LightningArgumentParser):
     """
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        """Report a bad config in one or two lines (``config_errors.short_error``), without the usage block."""
         hint = misplaced_data_argument_hint(message)
-        super().error(f"{message}\n{hint}" if hint else message, ex)
+        if not self.exit_on_error or debug_mode_active():  # jsonargparse's inner parsers raise, and it catches
+            super().error(f"{message}\n{hint}" if hint else message, ex)
+        parser = getattr(ex, "subcommand_parser", None) or self
+        text = short_error(parser.prog.replace(" [options]", ""), message, parser)
+        if hint:
+            first, see = text.rstrip("\n").rsplit("\n", 1)
+            text = f"{first}\n{hint}\n{see}\n"
+        self._logger.error(message)
+        sys.stderr.write(text)
+        self.exit(2)
+
+    def _load_config_parser_mode(self, content: str, path: Any = "", *args: Any, **kwargs: Any) -> Namespace:
+        """Load a config, naming the file and line of a YAML syntax error rather than ``<unicode string>``."""
+        try:
+            return super()._load_config_parser_mode(content, path, *args, **kwargs)
+        except TypeError as error:
+            cause = error.__cause__
+            if not isinstance(cause, yaml.MarkedYAMLError) or cause.problem_mark is None:
+                raise
+            # jsonargparse loads a config file from the file's directory and passes its base name.
+            where = f"{os.path.abspath(path) if path else 'config'}, line {cause.problem_mark.line + 1}"
+            context = f" ({cause.context}, line {cause.context_mark.line + 1})" if cause.context_mark else ""
+            raise TypeError(f"{where}: YAML syntax error: {cause.problem}{context}") from cause
 
 
 class LightningRLCLI(LightningCLI):
@@ -147,7 +174,7 @@ class LightningRLCLI(LightningCLI):
         try:
             check_checkpoint_fits(ckpt_path, checkpoint, chosen)
         except ValueError as error:
-            self.parser.error(f"--ckpt_path {error}")
+            self._error(f"--ckpt_path {error}")
         given = self._given_settings()[subcommand].get("model") or {}
         same_class = given.get("class_path") in (None, model.class_path)
         given_names = set((given.get("init_args") or {}).keys()) if same_class else set()
@@ -157,7 +184,7 @@ class LightningRLCLI(LightningCLI):
             try:
                 self.config = self.parser.parse_object(adopted, self.config)
             except SystemExit:  # the parser has printed which value does not fit
-                self.parser.error(
+                self._error(
                     f"--ckpt_path {ckpt_path}: the checkpoint's hyperparameters do not fit {chosen.__name__}"
                 )
         for line in plan.report_lines(ckpt_path):
@@ -166,6 +193,12 @@ class LightningRLCLI(LightningCLI):
             _tell(
                 f"{ckpt_path}: settings from the checkpoint that your config and flags leave out: {', '.join(plan.adopted)}"
             )
+
+    def _error(self, message: str) -> NoReturn:
+        """A usage error of the running subcommand (``lightning-rl fit: error: ...``, then where to look)."""
+        config = getattr(self, "config", None)
+        subcommand = config.get("subcommand") if config is not None else None
+        self._parser(subcommand if subcommand in self._subcommand_parsers else None).error(message)
 
     def _given_settings(self) -> Any:
         """What the user set (config files and flags, or the ``args`` dict), without the defaults."""
@@ -178,9 +211,9 @@ class LightningRLCLI(LightningCLI):
         try:
             checkpoint = read_checkpoint_file(ckpt_path)
         except ValueError as error:
-            self.parser.error(f"--ckpt_path {error}")
+            self._error(f"--ckpt_path {error}")
         if CHECKPOINT_KEY not in checkpoint:
-            self.parser.error(
+            self._error(
                 f"--ckpt_path {ckpt_path}: a Learner directory, not a Lightning checkpoint a Trainer resumes from"
             )
         return checkpoint
@@ -196,7 +229,7 @@ class LightningRLCLI(LightningCLI):
                 spaces = offer.single_spaces() if offer is not None else (None, None)
                 check_checkpoint_fits(ckpt_path, checkpoint, type(self.model), *spaces)
         except ValueError as error:
-            self.parser.error(f"invalid configuration: {_without_parser_wrapping(error)}")
+            self._error(f"invalid configuration: {_without_parser_wrapping(error)}")
         strategy = self.trainer.strategy
         if type(strategy.checkpoint_io) is TorchCheckpointIO:  # Lightning's default, not one the user chose
             strategy.checkpoint_io = AtomicCheckpointIO()
