@@ -87,6 +87,11 @@ def test_an_unknown_trainer_key_in_yaml_suggests_the_trainer_argument(tmp_path, 
     assert "unknown key 'trainer.max_epoch'; did you mean 'trainer.max_epochs'" in error
 
 
+def test_a_mistyped_class_name_suggests_the_classes_of_that_section(capsys):
+    error = run_error(capsys, "fit", "--config", str(CARTPOLE), "--data", "OfPolicyDataModule")
+    assert "data: expected a LightningDataModule or None, got OfPolicyDataModule; did you mean 'OffPolicyDataModule'" in error
+
+
 def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path, capsys):
     path = tmp_path / "broken.yaml"
     lines = CARTPOLE.read_text().splitlines()

@@ -27,7 +27,7 @@ _PARSER_KEY = re.compile(r'Parser key "([\w.]+)":')
 _CLASS_PATH = re.compile(r"Problem with given class_path '([\w.]+)'")
 _NOT_ACCEPTED = re.compile(r"Option '(\w+)' is not accepted")
 _UNKNOWN_OPTION = re.compile(r"(?:Subcommand|Group) '[\w.]+' does not accept option '([\w.]+)'")
-_UNRECOGNIZED = re.compile(r"Unrecognized arguments: (--?[\w.-]+)")
+_UNRECOGNIZED = re.compile(r"(?i)unrecognized arguments: (--?[\w.-]+)")
 _GIVEN_VALUE = re.compile(r"(?:Given value|Got value): (.*)")
 # The sections whose class a config chooses by ``class_path``.
 _CLASS_SECTIONS = ("model", "data")
@@ -87,8 +87,33 @@ def _top_level_problem(message: str, parser: Any) -> str | None:
         return f"unknown key '{key}'{hint}"
     key = _PARSER_KEY.match(message.lstrip())
     if key and key.group(1) in keys and ("Given value" in message or "Got value" in message):
-        return f"{key.group(1)}: {_expected(keys[key.group(1)], message)}"
+        name, annotation = key.group(1), keys[key.group(1)]
+        return f"{name}: {_expected(annotation, message)}{_class_name_hint(annotation, message)}"
+    if key and "\n" not in message.strip():  # 'Parser key "config": File does not exist: ...'
+        return f"{key.group(1)}: {message.lstrip()[key.end():].strip()}"
     return None
+
+
+def _class_name_hint(annotation: Any, message: str) -> str:
+    """"; did you mean 'PPOLearner'?" for a mistyped class name given to ``--model`` or ``--data``."""
+    given = _GIVEN_VALUE.findall(message)
+    if not given or not re.fullmatch(r"[\w.]+", given[0].strip()):
+        return ""
+    bases = [argument for argument in typing.get_args(annotation) or (annotation,) if isinstance(argument, type)]
+    names = {cls.__name__ for base in bases if base is not type(None) for cls in _subclasses(base)}
+    close = difflib.get_close_matches(given[0].strip().rsplit(".", 1)[-1], sorted(names), n=3)
+    return f"; did you mean {_quoted(close)}?" if close else ""
+
+
+def _subclasses(base: type) -> set[type]:
+    found: set[type] = set()
+    pending = [base]
+    while pending:
+        for cls in pending.pop().__subclasses__():
+            if cls not in found:
+                found.add(cls)
+                pending.append(cls)
+    return found
 
 
 def _expected(annotation: Any, message: str) -> str:
