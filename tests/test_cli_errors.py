@@ -87,6 +87,15 @@ def test_an_unknown_trainer_key_in_yaml_suggests_the_trainer_argument(tmp_path, 
     assert "unknown key 'trainer.max_epoch'; did you mean 'trainer.max_epochs'" in error
 
 
+def test_a_callbacks_argument_typo_names_the_callback_and_suggests_the_argument(tmp_path, capsys):
+    def typo(config):
+        early_stopping = config["trainer"]["callbacks"][0]["init_args"]
+        early_stopping["monitr"] = early_stopping.pop("monitor")
+
+    error = run_error(capsys, "fit", "--config", edited_config(tmp_path, typo))
+    assert "trainer.callbacks: EarlyStopping has no argument 'monitr'; did you mean 'monitor'?" in error
+
+
 def test_a_mistyped_class_name_suggests_the_classes_of_that_section(capsys):
     error = run_error(capsys, "fit", "--config", str(CARTPOLE), "--data", "OfPolicyDataModule")
     assert "data: expected a LightningDataModule or None, got OfPolicyDataModule; did you mean 'OffPolicyDataModule'" in error

@@ -47,33 +47,42 @@ def short_error(prog: str, message: str, parser: Any = None) -> str:
         The lines, ending in a newline, with no usage block and no union-type report.
     """
     section = _PARSER_KEY.search(message)
-    class_path = _CLASS_PATH.search(message)
+    class_paths = _CLASS_PATH.findall(message)
     see = f"see {prog} --help"
-    if section and class_path and section.group(1) in _CLASS_SECTIONS:
+    if section and class_paths:
         name = section.group(1)
-        cls = _load(class_path.group(1))
-        if cls is not None:
+        cls = _load(class_paths[-1])  # the innermost class, whose argument is wrong
+        own_section = name in _CLASS_SECTIONS and len(class_paths) == 1
+        if own_section and cls is not None:
             see = f"see {prog} --{name}.help {cls.__name__}"
-        problem = _class_argument_problem(name, cls, class_path.group(1), message)
+        problem = _class_argument_problem(name, cls, class_paths[-1], message, own_section)
     else:
         problem = _top_level_problem(message, parser)
     lines = [f"{prog}: error: {problem or message.strip()}"]
     return "\n".join([*lines, see]) + "\n"
 
 
-def _class_argument_problem(section: str, cls: type | None, class_path: str, message: str) -> str | None:
-    """An unknown or mistyped init argument of the class a ``model`` or ``data`` section chooses."""
+def _class_argument_problem(
+    section: str, cls: type | None, class_path: str, message: str, own_section: bool
+) -> str | None:
+    """An unknown or mistyped init argument of a class chosen by ``class_path``.
+
+    ``own_section``: the class is the one ``model`` or ``data`` chooses, whose arguments are
+    keys of their own (``model.init_args.gamma``); otherwise (a callback in ``trainer.callbacks``,
+    a class inside an init argument) the section and the class name say where.
+    """
     parameters = _init_parameters(cls)
     class_name = class_path.rsplit(".", 1)[-1]
     unknown = _NOT_ACCEPTED.search(message)
-    if unknown:
-        name = unknown.group(1)
-        return f"{section}.init_args.{name}: {class_name} has no argument '{name}'{_did_you_mean(name, parameters)}"
     keys = _PARSER_KEY.findall(message)
-    if len(keys) >= 2:  # the section's key, then the argument's
-        name = keys[-1]
-        return f"{section}.init_args.{name}: {_expected(parameters.get(name), message)}"
-    return None
+    name = unknown.group(1) if unknown else keys[-1] if len(keys) >= 2 else None
+    if name is None:
+        return None
+    if unknown:
+        where = f"{section}.init_args.{name}" if own_section else section
+        return f"{where}: {class_name} has no argument '{name}'{_did_you_mean(name, parameters)}"
+    where = f"{section}.init_args.{name}" if own_section else f"{section}: {class_name} argument '{name}'"
+    return f"{where}: {_expected(parameters.get(name), message)}"
 
 
 def _top_level_problem(message: str, parser: Any) -> str | None:
