@@ -101,6 +101,12 @@ def test_a_mistyped_class_name_suggests_the_classes_of_that_section(capsys):
     assert "data: expected a LightningDataModule or None, got OfPolicyDataModule; did you mean 'OffPolicyDataModule'" in error
 
 
+def test_a_flag_that_prefixes_another_is_an_unknown_key_not_an_abbreviation(capsys):
+    # argparse's abbreviations took --trainer.max_epoch for --trainer.max_epochs and trained.
+    error = run_error(capsys, "fit", "--config", str(CARTPOLE), "--trainer.max_epoch", "3")
+    assert "unknown key 'trainer.max_epoch'; did you mean 'trainer.max_epochs'" in error
+
+
 def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path, capsys):
     path = tmp_path / "broken.yaml"
     lines = CARTPOLE.read_text().splitlines()

@@ -122,7 +122,9 @@ class LightningRLCLI(LightningCLI):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         _silence_lightning_pytree_deprecation()
-        kwargs.setdefault("parser_kwargs", {"prog": "lightning-rl"})
+        # No abbreviated flags: argparse would take a typo such as --trainer.max_epoch for
+        # --trainer.max_epochs, which it prefixes, and run; it is an unknown key instead.
+        kwargs.setdefault("parser_kwargs", {"prog": "lightning-rl", "allow_abbrev": False})
         kwargs.setdefault("model_class", Learner)
         kwargs.setdefault("subclass_mode_model", True)
         kwargs.setdefault("datamodule_class", LightningDataModule)
