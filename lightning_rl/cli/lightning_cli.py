@@ -71,11 +71,14 @@ _NOT_ACCEPTED = re.compile(r"Option '(\w+)' is not accepted")
 
 
 class LightningRLArgumentParser(LightningArgumentParser):
-    """Lightning's parser, whose errors also name the data module that takes a misplaced argument.
+    """Lightning's parser, whose errors are short and also name the data module that takes a misplaced argument.
 
-    jsonargparse checks a config against the chosen class's signature before anything is
-    built, so ``replay_buffer_capacity`` under ``OnPolicyDataModule`` fails there with
-    "Option 'replay_buffer_capacity' is not accepted"; this adds which class takes it.
+    A config error is one line naming the key, with the closest valid names or the expected
+    type (``config_errors.short_error``), then a pointer to ``--help``: no usage block and no
+    union-type dump; a YAML syntax error names the file and line. jsonargparse checks a config
+    against the chosen class's signature before anything is built, so ``replay_buffer_capacity``
+    under ``OnPolicyDataModule`` fails there with "Option 'replay_buffer_capacity' is not
+    accepted"; this adds which class takes it.
     """
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
