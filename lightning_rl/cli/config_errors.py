@@ -182,7 +182,7 @@ def _init_parameters(cls: type | None) -> dict[str, Any]:
 
     try:
         return {parameter.name: parameter.annotation for parameter in get_signature_parameters(cls, None, logger=False)}
-    except Exception:  # a signature jsonargparse cannot read: no suggestions then
+    except Exception:  # noqa: BLE001 (a signature jsonargparse cannot read: no suggestions then)
         return {}
 
 
