@@ -20,12 +20,15 @@ id or factory path in a checkpoint is never imported).
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import warnings
 from typing import Any, NoReturn
 
+import yaml
 from jsonargparse import Namespace
+from jsonargparse._common import debug_mode_active
 from jsonargparse.typing import NonNegativeInt
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
@@ -43,6 +46,7 @@ from lightning_rl.callbacks import (  # noqa: F401 (short names, as above)
     TargetNetworkUpdate,
 )
 from lightning_rl.cli import TRAINER_SUBCOMMANDS
+from lightning_rl.cli.config_errors import short_error
 from lightning_rl.cli.resume import plan_resume
 from lightning_rl.cli.threads import HELP as THREADS_HELP
 from lightning_rl.cli.threads import apply_threads
@@ -71,16 +75,42 @@ _NOT_ACCEPTED = re.compile(r"Option '(\w+)' is not accepted")
 
 
 class LightningRLArgumentParser(LightningArgumentParser):
-    """Lightning's parser, whose errors also name the data module that takes a misplaced argument.
+    """Lightning's parser, whose errors are short and also name the data module that takes a misplaced argument.
 
-    jsonargparse checks a config against the chosen class's signature before anything is
-    built, so ``replay_buffer_capacity`` under ``OnPolicyDataModule`` fails there with
-    "Option 'replay_buffer_capacity' is not accepted"; this adds which class takes it.
+    A config error is one line naming the key, with the closest valid names or the expected
+    type (``config_errors.short_error``), then a pointer to ``--help``: no usage block and no
+    union-type dump; a YAML syntax error names the file and line. jsonargparse checks a config
+    against the chosen class's signature before anything is built, so ``replay_buffer_capacity``
+    under ``OnPolicyDataModule`` fails there with "Option 'replay_buffer_capacity' is not
+    accepted"; this adds which class takes it.
     """
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        """Report a bad config in one or two lines (``config_errors.short_error``), without the usage block."""
         hint = misplaced_data_argument_hint(message)
-        super().error(f"{message}\n{hint}" if hint else message, ex)
+        if not self.exit_on_error or debug_mode_active():  # jsonargparse's inner parsers raise, and it catches
+            super().error(f"{message}\n{hint}" if hint else message, ex)
+        parser = getattr(ex, "subcommand_parser", None) or self
+        text = short_error(parser.prog.replace(" [options]", ""), message, parser)
+        if hint:
+            first, see = text.rstrip("\n").rsplit("\n", 1)
+            text = f"{first}\n{hint}\n{see}\n"
+        self._logger.error(message)
+        sys.stderr.write(text)
+        self.exit(2)
+
+    def _load_config_parser_mode(self, content: str, path: Any = "", *args: Any, **kwargs: Any) -> Namespace:
+        """Load a config, naming the file and line of a YAML syntax error rather than ``<unicode string>``."""
+        try:
+            return super()._load_config_parser_mode(content, path, *args, **kwargs)
+        except TypeError as error:
+            cause = error.__cause__
+            if not isinstance(cause, yaml.MarkedYAMLError) or cause.problem_mark is None:
+                raise
+            # jsonargparse loads a config file from the file's directory and passes its base name.
+            where = f"{os.path.abspath(path) if path else 'config'}, line {cause.problem_mark.line + 1}"
+            context = f" ({cause.context}, line {cause.context_mark.line + 1})" if cause.context_mark else ""
+            raise TypeError(f"{where}: YAML syntax error: {cause.problem}{context}") from cause
 
 
 class SaveConfigToLogDirectory(SaveConfigCallback):
@@ -116,7 +146,9 @@ class LightningRLCLI(LightningCLI):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         _silence_lightning_pytree_deprecation()
-        kwargs.setdefault("parser_kwargs", {"prog": "lightning-rl"})
+        # No abbreviated flags: argparse would take a typo such as --trainer.max_epoch for
+        # --trainer.max_epochs, which it prefixes, and run; it is an unknown key instead.
+        kwargs.setdefault("parser_kwargs", {"prog": "lightning-rl", "allow_abbrev": False})
         kwargs.setdefault("model_class", Learner)
         kwargs.setdefault("subclass_mode_model", True)
         kwargs.setdefault("datamodule_class", LightningDataModule)
@@ -175,7 +207,7 @@ class LightningRLCLI(LightningCLI):
         try:
             check_checkpoint_fits(ckpt_path, checkpoint, chosen)
         except ValueError as error:
-            self.parser.error(f"--ckpt_path {error}")
+            self._error(f"--ckpt_path {error}")
         given = self._given_settings()[subcommand].get("model") or {}
         same_class = given.get("class_path") in (None, model.class_path)
         given_names = set((given.get("init_args") or {}).keys()) if same_class else set()
@@ -185,7 +217,7 @@ class LightningRLCLI(LightningCLI):
             try:
                 self.config = self.parser.parse_object(adopted, self.config)
             except SystemExit:  # the parser has printed which value does not fit
-                self.parser.error(
+                self._error(
                     f"--ckpt_path {ckpt_path}: the checkpoint's hyperparameters do not fit {chosen.__name__}"
                 )
         for line in plan.report_lines(ckpt_path):
@@ -194,6 +226,12 @@ class LightningRLCLI(LightningCLI):
             _tell(
                 f"{ckpt_path}: settings from the checkpoint that your config and flags leave out: {', '.join(plan.adopted)}"
             )
+
+    def _error(self, message: str) -> NoReturn:
+        """A usage error of the running subcommand (``lightning-rl fit: error: ...``, then where to look)."""
+        config = getattr(self, "config", None)
+        subcommand = config.get("subcommand") if config is not None else None
+        self._parser(subcommand if subcommand in self._subcommand_parsers else None).error(message)
 
     def _given_settings(self) -> Any:
         """What the user set (config files and flags, or the ``args`` dict), without the defaults."""
@@ -206,9 +244,9 @@ class LightningRLCLI(LightningCLI):
         try:
             checkpoint = read_checkpoint_file(ckpt_path)
         except ValueError as error:
-            self.parser.error(f"--ckpt_path {error}")
+            self._error(f"--ckpt_path {error}")
         if CHECKPOINT_KEY not in checkpoint:
-            self.parser.error(
+            self._error(
                 f"--ckpt_path {ckpt_path}: a Learner directory, not a Lightning checkpoint a Trainer resumes from"
             )
         return checkpoint
@@ -243,7 +281,7 @@ class LightningRLCLI(LightningCLI):
                 spaces = offer.single_spaces() if offer is not None else (None, None)
                 check_checkpoint_fits(ckpt_path, checkpoint, type(self.model), *spaces)
         except ValueError as error:
-            self.parser.error(f"invalid configuration: {_without_parser_wrapping(error)}")
+            self._error(f"invalid configuration: {_without_parser_wrapping(error)}")
         strategy = self.trainer.strategy
         if type(strategy.checkpoint_io) is TorchCheckpointIO:  # Lightning's default, not one the user chose
             strategy.checkpoint_io = AtomicCheckpointIO()

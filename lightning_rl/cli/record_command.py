@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Sequence
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
