@@ -31,7 +31,7 @@ from pathlib import Path
 from lightning.pytorch import Callback
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _paired import print_paired_table  # noqa: E402
+from _paired import print_paired_table
 
 REPO = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
