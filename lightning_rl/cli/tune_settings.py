@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -201,8 +201,7 @@ def _search_parameter(key: str, spec: Any, config: Mapping[str, Any], where: str
         raise CommandError(f"{where}: only the training config's model and data sections are searched")
     known = sorted(flat_keys({section: config.get(section)}))
     if key not in known:
-        close = difflib.get_close_matches(key, known, n=1)
-        hint = f"; did you mean {close[0]}?" if close else ""
+        hint = _did_you_mean(key, known) or ""
         raise CommandError(f"{where}: not a key of the training config (set it there or under trial: to search it){hint}")
     spec = _mapping(spec, where)
     kind = spec.get("type")
@@ -262,9 +261,14 @@ def _read_yaml(path: Path, what: str) -> Any:
 def _check_keys(content: Mapping[str, Any], known: tuple[str, ...], where: str) -> None:
     for key in content:
         if key not in known:
-            close = difflib.get_close_matches(str(key), known, n=1)
-            hint = f"; did you mean {close[0]}?" if close else f" (expected {', '.join(known)})"
+            hint = _did_you_mean(str(key), known) or f" (expected {', '.join(known)})"
             raise CommandError(f"{where}{key}: unknown key{hint}")
+
+
+def _did_you_mean(word: str, known: Sequence[str]) -> str | None:
+    """``"; did you mean X?"`` for the closest of ``known`` to ``word``, or ``None`` when none is close."""
+    close = difflib.get_close_matches(word, known, n=1)
+    return f"; did you mean {close[0]}?" if close else None
 
 
 def _check_dotted_key(key: Any, where: str) -> None:
@@ -286,8 +290,7 @@ def _string(value: Any, where: str) -> str:
 
 def _one_of(value: Any, choices: tuple[str, ...], where: str) -> str:
     if value not in choices:
-        close = difflib.get_close_matches(str(value), choices, n=1)
-        hint = f"; did you mean {close[0]}?" if close else ""
+        hint = _did_you_mean(str(value), choices) or ""
         raise CommandError(f"{where}: expected one of {', '.join(choices)}, got {value!r}{hint}")
     return value
 
