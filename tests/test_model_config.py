@@ -139,6 +139,12 @@ def test_the_defaults_fill_the_keys_left_out_and_model_config_stays_as_given():
         "vf_share_layers": False,
         "free_log_std": True,
         **encoder_defaults,
+        "use_lstm": False,
+        "recurrent_cell": "lstm",
+        "lstm_cell_size": 256,
+        "max_seq_len": 20,
+        "lstm_use_prev_action": False,
+        "lstm_use_prev_reward": False,
     }
 
 

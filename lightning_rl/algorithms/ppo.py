@@ -31,7 +31,17 @@ from lightning_rl.core.distributions import distribution_class_for_space
 from lightning_rl.core.metrics import MetricsLogger
 from lightning_rl.core.encoders import OBSERVATION_ENCODER_KEYS, build_observation_encoder
 from lightning_rl.core.mlp import DEFAULT_FCNET_ACTIVATION, DEFAULT_FCNET_HIDDENS, build_mlp
+from lightning_rl.core.action_masks import observation_part
 from lightning_rl.core.module_checks import ModelConfigKey
+from lightning_rl.core.observation_layout import stored_observation_space
+from lightning_rl.core.recurrent import (
+    RECURRENT_KEYS,
+    RecurrentCore,
+    check_has_time_axis,
+    fold_time,
+    is_recurrent_config,
+    unfold_time,
+)
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.rl_modules import MultiRLModule, RLModule
 from lightning_rl.core.schedules import Schedule, ScheduleSetting, check_schedule
@@ -87,6 +97,7 @@ class PPOModule(RLModule):
         "vf_share_layers": ModelConfigKey.flag(False),
         "free_log_std": ModelConfigKey.flag(True),
         **OBSERVATION_ENCODER_KEYS,
+        **RECURRENT_KEYS,
     }
 
     @classmethod
@@ -99,14 +110,19 @@ class PPOModule(RLModule):
         hiddens = list(config["fcnet_hiddens"])
         activation = config["fcnet_activation"]
         self.vf_share_layers = config["vf_share_layers"]
+        self.recurrent = is_recurrent_config(config)
         dist_inputs = distribution_class_for_space(self.action_space).required_input_dim(self.action_space)
         self.free_log_std = isinstance(self.action_space, gym.spaces.Box) and config["free_log_std"]
         pi_out = dist_inputs // 2 if self.free_log_std else dist_inputs
 
         self.obs_encoder = self.pi_obs_encoder = self.vf_obs_encoder = None
+        self.core = self.pi_core = self.vf_core = None
         if self.vf_share_layers:
             self.obs_encoder = build_observation_encoder(self.observation_space, config)
             obs_dim = self.obs_encoder.out_dim
+            if self.recurrent:
+                self.core = RecurrentCore(obs_dim, config, self.action_space)
+                obs_dim = self.core.out_dim
             last_hidden = hiddens[-1] if hiddens else obs_dim
             self.encoder = build_mlp(obs_dim, hiddens, activation)
             self.pi = nn.Linear(last_hidden, pi_out)
@@ -114,11 +130,19 @@ class PPOModule(RLModule):
         else:
             self.encoder = None
             self.pi_obs_encoder = build_observation_encoder(self.observation_space, config)
-            self.pi = build_mlp(self.pi_obs_encoder.out_dim, hiddens, activation, pi_out)
+            pi_dim = self.pi_obs_encoder.out_dim
+            if self.recurrent:
+                self.pi_core = RecurrentCore(pi_dim, config, self.action_space, prefix="pi_")
+                pi_dim = self.pi_core.out_dim
+            self.pi = build_mlp(pi_dim, hiddens, activation, pi_out)
             self.vf = None
             if not self.inference_only:
                 self.vf_obs_encoder = build_observation_encoder(self.observation_space, config)
-                self.vf = build_mlp(self.vf_obs_encoder.out_dim, hiddens, activation, 1)
+                vf_dim = self.vf_obs_encoder.out_dim
+                if self.recurrent:
+                    self.vf_core = RecurrentCore(vf_dim, config, self.action_space, prefix="vf_")
+                    vf_dim = self.vf_core.out_dim
+                self.vf = build_mlp(vf_dim, hiddens, activation, 1)
         if self.free_log_std:
             self.log_std = nn.Parameter(torch.zeros(pi_out))
         self._init_weights()
@@ -135,6 +159,14 @@ class PPOModule(RLModule):
         if self.vf is not None:
             nn.init.orthogonal_(_weight_layers(self.vf)[-1].weight, 1.0)
 
+    def get_initial_state(self) -> dict[str, Tensor]:
+        """The recurrent cores' zero states (``h``, ``c``; ``pi_``/``vf_`` ones for separate networks); empty without ``use_lstm``."""
+        state: dict[str, Tensor] = {}
+        for core in (self.core, self.pi_core, self.vf_core):
+            if core is not None:
+                state.update(core.initial_state())
+        return state
+
     def _action_dist_inputs(self, features: Tensor) -> Tensor:
         out = self.pi(features)
         if self.free_log_std:
@@ -142,6 +174,8 @@ class PPOModule(RLModule):
         return out
 
     def _forward(self, batch: dict[str, Any]) -> dict[str, Any]:
+        if self.recurrent:
+            return self._recurrent_forward(batch, with_values=False)
         obs = batch[Columns.OBS]
         if self.vf_share_layers:
             features = self.encoder(self.obs_encoder(obs))
@@ -150,6 +184,8 @@ class PPOModule(RLModule):
         return {Columns.ACTION_DIST_INPUTS: self._action_dist_inputs(features)}
 
     def _forward_train(self, batch: dict[str, Any]) -> dict[str, Any]:
+        if self.recurrent:
+            return self._recurrent_forward(batch, with_values=True)
         obs = batch[Columns.OBS]
         if self.vf_share_layers:
             features = self.encoder(self.obs_encoder(obs))
@@ -163,17 +199,52 @@ class PPOModule(RLModule):
         }
 
     def compute_values(self, batch: dict[str, Any]) -> Tensor:
-        """State values ``V(s)`` of ``batch["obs"]``, shape ``[B]``.
+        """State values ``V(s)`` of ``batch["obs"]``: shape ``[B]``, or ``[B, T]`` for a recurrent module.
 
         Args:
-            batch: ``{"obs": Tensor[B, ...]}``.
+            batch: ``{"obs": Tensor[B, ...]}``; a recurrent module's ``{"obs": Tensor[B, T, ...],
+                "state_in": {...}}`` (and ``prev_actions``/``prev_rewards`` when it reads them).
         """
         if self.vf is None:
             raise ValueError("this PPOModule was built with inference_only=True and has no value network")
+        if self.recurrent:
+            return self._recurrent_forward(batch, with_values=True)[Columns.VF_PREDS]
         obs = batch[Columns.OBS]
         if self.vf_share_layers:
             return self.vf(self.encoder(self.obs_encoder(obs))).squeeze(-1)
         return self.vf(self.vf_obs_encoder(obs)).squeeze(-1)
+
+    def _recurrent_forward(self, batch: dict[str, Any], *, with_values: bool) -> dict[str, Any]:
+        """The passes of a recurrent module: encoder per step, core over time, MLPs and heads per step.
+
+        Separate networks step the value core too when acting, so that the state stored for
+        every step holds the value network's part (what training and GAE start from).
+        """
+        obs = batch[Columns.OBS]
+        check_has_time_axis(obs, len(self._stored_obs_shape()), type(self).__name__)
+        size = obs.shape[0]
+        steps = fold_time(obs)
+        if self.vf_share_layers:
+            core_out, state_out = self.core(unfold_time(self.obs_encoder(steps), size), batch)
+            features = self.encoder(core_out)
+            out = {Columns.ACTION_DIST_INPUTS: self._action_dist_inputs(features), Columns.STATE_OUT: state_out}
+            if with_values:
+                out[Columns.VF_PREDS] = self.vf(features).squeeze(-1)
+            return out
+        pi_out, state_out = self.pi_core(unfold_time(self.pi_obs_encoder(steps), size), batch)
+        out = {Columns.ACTION_DIST_INPUTS: self._action_dist_inputs(pi_out)}
+        if self.vf_core is not None:
+            vf_out, vf_state_out = self.vf_core(unfold_time(self.vf_obs_encoder(steps), size), batch)
+            state_out = {**state_out, **vf_state_out}
+            if with_values:
+                out[Columns.VF_PREDS] = self.vf(vf_out).squeeze(-1)
+        elif with_values:
+            raise ValueError("this PPOModule was built with inference_only=True and has no value network")
+        out[Columns.STATE_OUT] = state_out
+        return out
+
+    def _stored_obs_shape(self) -> tuple[int, ...]:
+        return tuple(stored_observation_space(observation_part(self.observation_space)).shape)
 
 
 class PPOLearner(Learner):

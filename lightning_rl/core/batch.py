@@ -33,6 +33,24 @@ def to_tensor(value: Any, device: torch.device) -> torch.Tensor:
     return tensor.to(device, non_blocking=True)
 
 
+def masked_mean(values: torch.Tensor, loss_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The mean of ``values`` over the real steps: all of them without a mask, else where ``loss_mask`` is true.
+
+    A recurrent module's batch is zero-padded sequences ``[S, T]`` with ``loss_mask [S, T]``;
+    its losses average over the real steps only, so padding contributes neither to the loss
+    nor to any gradient.
+
+    Args:
+        values: Per-step values, ``[B]`` or ``[S, T]``.
+        loss_mask: Same shape as ``values``, true on real steps; ``None`` for none.
+    """
+    if loss_mask is None:
+        return values.mean()
+    mask = loss_mask.to(values.dtype)
+    # Where the mask is false, 0 * value would still be NaN for an infinite value: pick zeros instead.
+    return torch.where(loss_mask.bool(), values, torch.zeros_like(values)).sum() / mask.sum().clamp(min=1.0)
+
+
 def num_rows(module_batch: Mapping[str, torch.Tensor]) -> int:
     """The number of rows of one module's batch (its columns agree; see ``check_rows``)."""
     return len(next(iter(module_batch.values())))

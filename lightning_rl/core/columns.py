@@ -31,7 +31,14 @@ class Columns:
     ACTION_MASK = "action_mask"
     """Which actions are legal, ``[B, n]`` (see :mod:`lightning_rl.core.action_masks`)."""
     STATE_IN = "state_in"
+    """A recurrent module's state before each row's first step: ``{name: Tensor[B, ...]}`` in a
+    pass's batch, one packed float vector per step in episodes (see :mod:`lightning_rl.core.recurrent`)."""
     STATE_OUT = "state_out"
+    """A recurrent module's state after each row's last step, ``{name: Tensor[B, ...]}``."""
+    PREV_ACTIONS = "prev_actions"
+    """The action taken just before each step, ``[B, T, ...]`` (zeros at an episode's first step)."""
+    PREV_REWARDS = "prev_rewards"
+    """The reward received just before each step, ``[B, T]`` (zero at an episode's first step)."""
     EMBEDDINGS = "embeddings"
 
 

@@ -127,8 +127,13 @@ class RLModule(nn.Module):
                 from :func:`~lightning_rl.core.encoders.check_observation_encoder`, prefixed
                 with the class name.
         """
-        check_model_config(model_config, cls.model_config_keys, cls.__name__)
         keys = cls.model_config_keys
+        if keys is not None and isinstance(model_config, Mapping) and "use_lstm" in model_config and "use_lstm" not in keys:
+            raise ValueError(
+                f"{cls.__name__} has no recurrent version (model_config['use_lstm']): recurrent modules are "
+                "PPOModule, BCModule and MARWILModule (PPO, BC, MARWIL)"
+            )
+        check_model_config(model_config, cls.model_config_keys, cls.__name__)
         if observation_space is None or keys is None or not OBSERVATION_ENCODER_KEYS.keys() <= keys.keys():
             return
         try:
@@ -245,9 +250,18 @@ class RLModule(nn.Module):
         """Return the distribution class for :meth:`forward_train`'s outputs."""
         return distribution_class_for_space(self.action_space)
 
+    def get_initial_state(self) -> dict[str, Tensor]:
+        """Return the recurrent state at an episode's start, ``{name: Tensor}`` without a batch axis.
+
+        Empty (the base) for a feed-forward module. A stateful module returns its state's
+        names and shapes here; its passes then take batches with a time axis and a
+        ``state_in`` column and return ``state_out`` (see :mod:`lightning_rl.core.recurrent`).
+        """
+        return {}
+
     def is_stateful(self) -> bool:
-        """Return whether the module carries a recurrent state between steps."""
-        return False
+        """Return whether the module carries a recurrent state between steps (a non-empty initial state)."""
+        return bool(self.get_initial_state())
 
     def get_state(self) -> dict[str, Tensor]:
         """Return a detached copy of the ``state_dict`` that later updates do not change.
