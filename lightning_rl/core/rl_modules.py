@@ -49,6 +49,14 @@ class RLModule(nn.Module):
     in ``obs`` and requires the ``action_mask`` column. A subclass that overrides a pass
     calls :meth:`mask_action_dist_inputs` on its outputs itself.
 
+    Recurrent modules: a module whose :meth:`get_initial_state` is not empty is *stateful*. Its
+    passes take ``obs`` with a time axis ``[B, T, ...]`` (``T = 1`` when acting), ``state_in``
+    (each row's state before its first step) and, if it reads them, ``prev_actions`` and
+    ``prev_rewards``; they return outputs ``[B, T, ...]`` and ``state_out``. The acting path
+    (:class:`~lightning_rl.core.acting.Acting`) keeps each env's state, and the Learner trains
+    on ``max_seq_len`` sequences that start from the states stored while acting (see
+    :mod:`lightning_rl.core.recurrent`).
+
     Args:
         observation_space: The space observations come from. ``None`` only for containers
             such as :class:`MultiRLModule`.
