@@ -1,4 +1,4 @@
-"""The lightning-rl command: fit from the example config, print_config, validate a checkpoint, bad values."""
+"""The lightning-rl command: fit from the example config, print_config, validate a checkpoint, bad values, the progress bar."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 
+from lightning_rl.callbacks import EnvStepProgressBar
 from lightning_rl.cli import LightningRLCLI, misplaced_data_argument_hint
 
 REPO = Path(__file__).resolve().parents[1]
@@ -141,3 +143,30 @@ def test_the_hint_is_only_for_data_module_arguments_the_chosen_class_does_not_ta
     assert misplaced_data_argument_hint(rejected.replace('"data"', '"model"')) is None
     assert misplaced_data_argument_hint(rejected.replace("train_freq", "some_other_option")) is None
     assert misplaced_data_argument_hint('Parser key "data":\n  train_freq must be an int >= 1') is None
+
+
+def test_fit_shows_the_env_step_progress_bar_without_an_epoch_total(tmp_path, capsys):
+    # Lightning's own choice with rich installed, RichProgressBar, read "Epoch 0/-2" for max_epochs: -1.
+    args = [*quick(tmp_path), "--trainer.enable_progress_bar", "true"]
+    cli = LightningRLCLI(args=["fit", "--config", CARTPOLE, *args])
+    assert type(cli.trainer.progress_bar_callback) is EnvStepProgressBar
+    assert cli.trainer.max_epochs == -1
+    bar = capsys.readouterr().out
+    assert "Epoch 0" in bar and "/-" not in bar
+    assert "env_steps=512" in bar
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--trainer.callbacks+=RichProgressBar"], RichProgressBar),
+        (["--trainer.callbacks+=TQDMProgressBar", "--trainer.callbacks.refresh_rate=5"], TQDMProgressBar),
+        (["--trainer.enable_progress_bar", "false"], type(None)),
+    ],
+    ids=["rich", "tqdm", "off"],
+)
+def test_a_progress_bar_the_user_chose_or_turned_off_is_kept(tmp_path, flags, expected):
+    args = ["--config", CARTPOLE, "--trainer.default_root_dir", str(tmp_path), *flags]
+    cli = LightningRLCLI(args=args, run=False)
+    assert type(cli.trainer.progress_bar_callback) is expected
+    assert not any(isinstance(callback, EnvStepProgressBar) for callback in cli.trainer.callbacks)
