@@ -1,4 +1,4 @@
-"""The lightning-rl command: fit from the example config, print_config, validate a checkpoint, bad values, the progress bar."""
+"""The lightning-rl command: fit from the example config, print_config, validate a checkpoint, bad values, the progress bar, the logger."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
+from lightning.pytorch.loggers import CSVLogger
 
 from lightning_rl.callbacks import EnvStepProgressBar
 from lightning_rl.cli import LightningRLCLI, misplaced_data_argument_hint
+from lightning_rl.learner.tensorboard_logger import HParamsTensorBoardLogger
 
 REPO = Path(__file__).resolve().parents[1]
 CARTPOLE = str(REPO / "examples" / "ppo_cartpole.yaml")
@@ -170,3 +172,25 @@ def test_a_progress_bar_the_user_chose_or_turned_off_is_kept(tmp_path, flags, ex
     cli = LightningRLCLI(args=args, run=False)
     assert type(cli.trainer.progress_bar_callback) is expected
     assert not any(isinstance(callback, EnvStepProgressBar) for callback in cli.trainer.callbacks)
+
+
+def test_fit_logs_hp_metric_only_from_evaluations_and_lists_the_run_in_the_hparams_dashboard(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cli = LightningRLCLI(args=["fit", "--config", CARTPOLE, *quick(tmp_path)])
+    assert type(cli.trainer.logger) is HParamsTensorBoardLogger
+    events = EventAccumulator(str(tmp_path / "lightning_logs" / "version_0"))
+    events.Reload()
+    # Lightning's TensorBoardLogger logged hp_metric = -1 at step 0 before any evaluation.
+    hp_metric = [(event.step, event.value) for event in events.Scalars("hp_metric")]
+    evaluations = [(event.step, event.value) for event in events.Scalars("eval/episode_return_mean")]
+    assert hp_metric and [step for step, _ in hp_metric] == [step for step, _ in evaluations]
+    assert all(value >= 8 for _, value in hp_metric)  # CartPole returns, no -1
+    # The HParams summary, which lists the run in the dashboard, is written all the same.
+    assert "_hparams_/session_start_info" in events.PluginTagToContent("hparams")
+
+
+def test_fit_keeps_a_logger_the_user_chose(tmp_path):
+    args = ["--config", CARTPOLE, "--trainer.default_root_dir", str(tmp_path), "--trainer.logger", "CSVLogger"]
+    cli = LightningRLCLI(args=[*args, "--trainer.logger.save_dir", str(tmp_path)], run=False)
+    assert type(cli.trainer.logger) is CSVLogger

@@ -20,6 +20,7 @@ id or factory path in a checkpoint is never imported).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import sys
@@ -30,6 +31,7 @@ import yaml
 from jsonargparse import Namespace
 from jsonargparse._common import debug_mode_active
 from jsonargparse.typing import NonNegativeInt
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ProgressBar
@@ -64,6 +66,7 @@ from lightning_rl.data.env_datamodule import OFF_POLICY_ARGUMENTS, ON_POLICY_ARG
 from lightning_rl.learner._lightning_private import claim_version_directory
 from lightning_rl.learner.checkpoint_io import AtomicCheckpointIO
 from lightning_rl.learner.learner import Learner
+from lightning_rl.learner.tensorboard_logger import HParamsTensorBoardLogger
 
 # What a fit without a logger or a default_root_dir says about its checkpoints.
 NO_CHECKPOINT_DIRECTORY = (
@@ -277,6 +280,11 @@ class LightningRLCLI(LightningCLI):
         A config that adds no progress bar gets ``EnvStepProgressBar`` rather than Lightning's
         choice (``RichProgressBar`` once ``rich`` is installed, which reads ``Epoch 1/-2`` for
         ``max_epochs: -1``); ``enable_progress_bar: false`` still turns it off.
+
+        A config that chooses no logger gets Lightning's default TensorBoard logger as
+        ``HParamsTensorBoardLogger``, which does not log ``hp_metric = -1`` at step 0 (the
+        Learner logs the best evaluation return as ``hp_metric``); without ``tensorboard``
+        installed, Lightning's own default.
         """
         trainer_config = {**(self._get(self.config_init, "trainer", default={}) or {}), **kwargs}
         callbacks = trainer_config.get("callbacks") or []
@@ -303,6 +311,11 @@ class LightningRLCLI(LightningCLI):
         if progress_bar and not has(ProgressBar):
             callbacks.append(EnvStepProgressBar())
         kwargs["callbacks"] = callbacks
+        default_logger = trainer_config.get("logger") in (None, True) and not trainer_config.get("barebones")
+        if default_logger and importlib.util.find_spec("tensorboard") is not None:
+            # Lightning's default logger, as Lightning builds it, but without the hp_metric = -1 point.
+            save_dir = trainer_config.get("default_root_dir") or os.getcwd()
+            kwargs["logger"] = HParamsTensorBoardLogger(save_dir=save_dir, version=SLURMEnvironment.job_id())
         return super().instantiate_trainer(**kwargs)
 
     def instantiate_classes(self) -> None:

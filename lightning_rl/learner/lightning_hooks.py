@@ -17,8 +17,9 @@ different ``num_envs``, ``rollout_fragment_length`` or ``train_freq`` share one 
 CleanRL's ``global_step`` charts do. (Lightning then adds no ``epoch`` value to those rows,
 as it does when it picks the step itself.)
 
-``hp_metric`` is the value TensorBoard's HParams dashboard shows for a run
-(``TensorBoardLogger`` writes -1 at the start of a fit); the Learner logs the best evaluation
+``hp_metric`` is the value TensorBoard's HParams dashboard shows for a run (Lightning's
+``TensorBoardLogger`` writes -1 at the start of a fit; ``HParamsTensorBoardLogger``, the
+default logger of ``lightning-rl fit``, does not); the Learner logs the best evaluation
 return so far under that name after every evaluation.
 """
 
