@@ -70,8 +70,8 @@ from lightning_rl.learner.tensorboard_logger import HParamsTensorBoardLogger
 
 # What a fit without a logger or a default_root_dir says about its checkpoints.
 NO_CHECKPOINT_DIRECTORY = (
-    "No logger and no --trainer.default_root_dir: no checkpoints are written, but those of a "
-    "ModelCheckpoint with a dirpath (--trainer.default_root_dir DIR keeps them in DIR/checkpoints)"
+    "No logger and no --trainer.default_root_dir: only a ModelCheckpoint with a dirpath of its own "
+    "writes checkpoints (--trainer.default_root_dir DIR keeps them in DIR/checkpoints)"
 )
 
 # Names Lightning's Trainer resolves itself rather than as a file path.
