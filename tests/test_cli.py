@@ -1,4 +1,4 @@
-"""The lightning-rl command: fit from the example config, print_config, validate a checkpoint, bad values."""
+"""The lightning-rl command: fit from the example config, print_config, validate a checkpoint, bad values, the progress bar, the logger."""
 
 from __future__ import annotations
 
@@ -8,8 +8,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
+from lightning.pytorch.loggers import CSVLogger
 
+from lightning_rl.callbacks import EnvStepProgressBar
 from lightning_rl.cli import LightningRLCLI, misplaced_data_argument_hint
+from lightning_rl.learner.tensorboard_logger import HParamsTensorBoardLogger
 
 REPO = Path(__file__).resolve().parents[1]
 CARTPOLE = str(REPO / "examples" / "ppo_cartpole.yaml")
@@ -141,3 +145,52 @@ def test_the_hint_is_only_for_data_module_arguments_the_chosen_class_does_not_ta
     assert misplaced_data_argument_hint(rejected.replace('"data"', '"model"')) is None
     assert misplaced_data_argument_hint(rejected.replace("train_freq", "some_other_option")) is None
     assert misplaced_data_argument_hint('Parser key "data":\n  train_freq must be an int >= 1') is None
+
+
+def test_fit_shows_the_env_step_progress_bar_without_an_epoch_total(tmp_path, capsys):
+    # Lightning's own choice with rich installed, RichProgressBar, read "Epoch 0/-2" for max_epochs: -1.
+    args = [*quick(tmp_path), "--trainer.enable_progress_bar", "true"]
+    cli = LightningRLCLI(args=["fit", "--config", CARTPOLE, *args])
+    assert type(cli.trainer.progress_bar_callback) is EnvStepProgressBar
+    assert cli.trainer.max_epochs == -1
+    bar = capsys.readouterr().out
+    assert "Epoch 0" in bar and "/-" not in bar
+    assert "env_steps=512" in bar
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--trainer.callbacks+=RichProgressBar"], RichProgressBar),
+        (["--trainer.callbacks+=TQDMProgressBar", "--trainer.callbacks.refresh_rate=5"], TQDMProgressBar),
+        (["--trainer.enable_progress_bar", "false"], type(None)),
+    ],
+    ids=["rich", "tqdm", "off"],
+)
+def test_a_progress_bar_the_user_chose_or_turned_off_is_kept(tmp_path, flags, expected):
+    args = ["--config", CARTPOLE, "--trainer.default_root_dir", str(tmp_path), *flags]
+    cli = LightningRLCLI(args=args, run=False)
+    assert type(cli.trainer.progress_bar_callback) is expected
+    assert not any(isinstance(callback, EnvStepProgressBar) for callback in cli.trainer.callbacks)
+
+
+def test_fit_logs_hp_metric_only_from_evaluations_and_lists_the_run_in_the_hparams_dashboard(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cli = LightningRLCLI(args=["fit", "--config", CARTPOLE, *quick(tmp_path)])
+    assert type(cli.trainer.logger) is HParamsTensorBoardLogger
+    events = EventAccumulator(str(tmp_path / "lightning_logs" / "version_0"))
+    events.Reload()
+    # Lightning's TensorBoardLogger logged hp_metric = -1 at step 0 before any evaluation.
+    hp_metric = [(event.step, event.value) for event in events.Scalars("hp_metric")]
+    evaluations = [(event.step, event.value) for event in events.Scalars("eval/episode_return_mean")]
+    assert hp_metric and [step for step, _ in hp_metric] == [step for step, _ in evaluations]
+    assert all(value >= 8 for _, value in hp_metric)  # CartPole returns, no -1
+    # The HParams summary, which lists the run in the dashboard, is written all the same.
+    assert "_hparams_/session_start_info" in events.PluginTagToContent("hparams")
+
+
+def test_fit_keeps_a_logger_the_user_chose(tmp_path):
+    args = ["--config", CARTPOLE, "--trainer.default_root_dir", str(tmp_path), "--trainer.logger", "CSVLogger"]
+    cli = LightningRLCLI(args=[*args, "--trainer.logger.save_dir", str(tmp_path)], run=False)
+    assert type(cli.trainer.logger) is CSVLogger

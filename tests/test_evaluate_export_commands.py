@@ -204,3 +204,30 @@ def test_export_bad_input_is_one_line_and_exit_status_2(cli_checkpoint, change, 
     error = usage_error(export_command.main, [word for pair in args.items() for word in pair], capsys)
     assert error.startswith("lightning-rl export: error: ") and message in error
     assert not (tmp_path / "policy.onnx").exists()
+
+
+def test_evaluate_takes_seed_everything_when_the_data_module_has_no_seed(cli_checkpoint, tmp_path, capsys):
+    # A data module with seed: null draws its seed from the generator seed_everything seeds.
+    checkpoint = torch.load(cli_checkpoint, weights_only=True)
+    checkpoint["datamodule_hyper_parameters"]["seed"] = None
+    run = tmp_path / "version_0"
+    (run / "checkpoints").mkdir(parents=True)
+    crafted = run / "checkpoints" / "last.ckpt"
+    torch.save(resealed(checkpoint), crafted)
+    args = ["--ckpt_path", str(crafted), "--num_episodes", "1"]
+
+    # No seed anywhere: the note.
+    evaluate_command.main(args)
+    out = capsys.readouterr().out
+    assert f"seeds {HELD_OUT_SEED_OFFSET}..{HELD_OUT_SEED_OFFSET}" in out and "the run's seed is unknown" in out
+
+    # The config.yaml that fit saved beside checkpoints/, and then a --config, each with seed_everything.
+    (run / "config.yaml").write_text(yaml.safe_dump({"seed_everything": 0, "data": {"init_args": {"seed": None}}}))
+    evaluate_command.main(args)
+    out = capsys.readouterr().out
+    assert f"seeds {HELD_OUT_SEED_OFFSET}..{HELD_OUT_SEED_OFFSET}" in out and "seed is unknown" not in out
+    config = tmp_path / "given.yaml"
+    config.write_text(yaml.safe_dump({"seed_everything": 7, "data": {"init_args": {"env": "CartPole-v1"}}}))
+    evaluate_command.main([*args, "--config", str(config)])
+    out = capsys.readouterr().out
+    assert f"seeds {HELD_OUT_SEED_OFFSET + 7}..{HELD_OUT_SEED_OFFSET + 7}" in out and "seed is unknown" not in out

@@ -1,4 +1,4 @@
-"""Every run writes ``checkpoints/last.ckpt``; a run without a logger writes no ``config.yaml`` into the current directory."""
+"""Every run writes ``checkpoints/last.ckpt``; a run without a logger writes nothing into the current directory."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ import pytest
 import yaml
 
 from lightning_rl.cli import LightningRLCLI
+from lightning_rl.cli.lightning_cli import NO_CHECKPOINT_DIRECTORY
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 SAC_PENDULUM = REPO / "examples" / "sac_pendulum.yaml"
+PPO_CARTPOLE = REPO / "examples" / "ppo_cartpole.yaml"
 MODEL_CHECKPOINT = "lightning.pytorch.callbacks.ModelCheckpoint"
 
 
@@ -64,10 +66,33 @@ def test_a_config_model_checkpoint_is_kept_as_given(tmp_path):
     assert cli.trainer.checkpoint_callback.save_last is None  # Lightning's default: what the config says
 
 
-def test_runs_without_a_logger_write_no_config_into_the_current_directory(tmp_path, monkeypatch):
+def test_runs_without_a_logger_write_nothing_into_the_current_directory(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     for _ in range(2):  # the second run once stopped at the first one's config.yaml
-        LightningRLCLI(args=["fit", "--config", str(SAC_PENDULUM), "--trainer.logger", "false", *tiny_sac()])
-    assert not (tmp_path / "config.yaml").exists()
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["checkpoints"]
-    assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
+        cli = LightningRLCLI(args=["fit", "--config", str(SAC_PENDULUM), "--trainer.logger", "false", *tiny_sac()])
+        assert cli.trainer.checkpoint_callback is None
+        assert NO_CHECKPOINT_DIRECTORY in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_without_a_logger_drops_the_config_checkpoints_that_have_no_dirpath(tmp_path, monkeypatch):
+    # examples/ppo_cartpole.yaml adds a ModelCheckpoint without a dirpath: it would write ./checkpoints.
+    monkeypatch.chdir(tmp_path)
+    kept = tmp_path / "kept"
+    args = ["--config", str(PPO_CARTPOLE), "--trainer.logger", "false", "--trainer.enable_progress_bar", "false"]
+    named = ["--trainer.callbacks+=ModelCheckpoint", f"--trainer.callbacks.dirpath={kept}"]
+    cli = LightningRLCLI(args=args, run=False)
+    assert cli.trainer.checkpoint_callbacks == []
+    cli = LightningRLCLI(args=[*args, *named], run=False)
+    assert [Path(callback.dirpath) for callback in cli.trainer.checkpoint_callbacks] == [kept]
+
+
+def test_a_run_without_a_logger_writes_checkpoints_under_the_default_root_dir_the_user_set(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    root = tmp_path / "root"
+    for _ in range(2):
+        args = ["fit", "--config", str(SAC_PENDULUM), "--trainer.logger", "false", "--trainer.default_root_dir", str(root)]
+        LightningRLCLI(args=[*args, *tiny_sac()])
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["root"]
+    assert (root / "checkpoints" / "last.ckpt").is_file()
+    assert not (root / "config.yaml").exists()  # a run without a logger has no log directory to save it in

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from conftest import bc_spec, loader_of, make_trainer, random_batch
 from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch import Callback, LightningModule
+from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.strategies import DDPStrategy
 from torch.nn.parallel import DistributedDataParallel
 
@@ -25,6 +26,7 @@ from lightning_rl.learner._lightning_private import (
     step_without_dispatch,
     trainer_writes_logs_now,
     wrap_model_for_strategy,
+    write_hparams_summary,
 )
 
 
@@ -146,3 +148,20 @@ def test_run_validation_now_runs_the_fits_validation_loop_from_on_train_start(tm
     trainer = make_trainer(tmp_path, callbacks=[Early()], num_sanity_val_steps=0, limit_val_batches=1)
     trainer.fit(learner, loader_of([random_batch()]), loader_of([random_batch()]))
     assert learner.validated == 2  # once early, once after the epoch
+
+
+def test_write_hparams_summary_writes_the_flattened_hyperparameters_and_no_metric_value(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    logger = TensorBoardLogger(tmp_path, default_hp_metric=False)
+    write_hparams_summary(logger, {"lr": 0.1, "model_config": {"fcnet_hiddens": [8]}, "seed": None}, ["hp_metric"])
+    logger.experiment.flush()
+    events = EventAccumulator(logger.log_dir)
+    events.Reload()
+    content = events.PluginTagToContent("hparams")
+    start = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"]).session_start_info
+    assert set(start.hparams) == {"lr", "model_config/fcnet_hiddens", "seed"}
+    experiment = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment
+    assert [info.name.tag for info in experiment.metric_infos] == ["hp_metric"]
+    assert events.Tags()["scalars"] == []

@@ -35,6 +35,7 @@ from lightning_rl.env.frame_recorder import check_records_frames
 TRAIN_TAG = "default_policy/total_loss"
 SAMPLED_TAG = "env_runners/num_env_steps_sampled_lifetime"
 EVAL_TAG = "eval/episode_return_mean"
+TRAIN_RETURN_TAG = "env_runners/episode_return_mean"
 
 
 def _ppo() -> PPOLearner:
@@ -92,6 +93,20 @@ def test_train_and_eval_scalars_are_written_at_the_env_step_count(tmp_path: Path
     rows = _csv_rows(table)
     assert [int(row["step"]) for row in rows if row[TRAIN_TAG]] == train_steps
     assert [int(row["step"]) for row in rows if row[EVAL_TAG]] == [2 * per_item, 4 * per_item]
+
+
+def test_episode_statistics_are_not_logged_before_the_first_episode_ended(tmp_path: Path):
+    """Items of 4 env steps: CartPole's first episode (8 steps or more) ends after the first item."""
+    tensorboard, table = TensorBoardLogger(tmp_path, name="tb"), CSVLogger(tmp_path, name="csv")
+    learner = PPOLearner(model_config={"fcnet_hiddens": [8]}, num_epochs=1, minibatch_size=4)
+    data = _on_policy(num_envs=1, rollout_fragment_length=4, rollouts_per_epoch=10)
+    _fit(tmp_path, learner, data, [tensorboard, table], max_epochs=1)
+    events = _events(tensorboard)
+    returns = _scalars(events, TRAIN_RETURN_TAG)
+    assert returns and returns[0][0] >= 8, "no episode return, or one before the first episode ended"
+    assert all(np.isfinite(value) for _, value in returns)
+    assert _scalars(events, SAMPLED_TAG)[0] == (4, 4.0)  # the counters are logged from the first item on
+    assert all(row[TRAIN_RETURN_TAG] != "nan" for row in _csv_rows(table))
 
 
 def test_off_policy_scalars_are_written_at_the_env_step_count(tmp_path: Path):

@@ -1,7 +1,8 @@
 """Generic Lightning callbacks that hook into a Learner's updates.
 
 ``RecordEpisodes`` writes a fit's training episodes as a Minari dataset; ``OptunaPruning``
-reports evaluations to an Optuna trial at the env-step count (``lightning-rl tune``).
+reports evaluations to an Optuna trial at the env-step count (``lightning-rl tune``);
+``EnvStepProgressBar`` is the progress bar of ``lightning-rl fit``.
 Algorithm-specific callbacks live with their algorithm (``KLCoeffAdaptation`` in
 ``lightning_rl.algorithms.ppo``); the ``LearnerCallback`` base class lives with the Learner.
 
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 # Each public name and the module that defines it.
 _PUBLIC = {
+    "EnvStepProgressBar": "lightning_rl.callbacks.progress_bar",
     "OptunaPruning": "lightning_rl.callbacks.pruning",
     "RecordEpisodes": "lightning_rl.callbacks.record_episodes",
     "SelfPlayLeague": "lightning_rl.callbacks.self_play",
@@ -25,12 +27,20 @@ _PUBLIC = {
 }
 
 if TYPE_CHECKING:
+    from lightning_rl.callbacks.progress_bar import EnvStepProgressBar
     from lightning_rl.callbacks.pruning import OptunaPruning, StoredTrialPruning
     from lightning_rl.callbacks.record_episodes import RecordEpisodes
     from lightning_rl.callbacks.self_play import SelfPlayLeague
     from lightning_rl.callbacks.target_network import TargetNetworkUpdate
 
-__all__ = ["OptunaPruning", "RecordEpisodes", "SelfPlayLeague", "StoredTrialPruning", "TargetNetworkUpdate"]
+__all__ = [
+    "EnvStepProgressBar",
+    "OptunaPruning",
+    "RecordEpisodes",
+    "SelfPlayLeague",
+    "StoredTrialPruning",
+    "TargetNetworkUpdate",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -11,9 +11,12 @@ checkpoint never makes this command import anything). The policy acts through ``
 with seed ``S + i``; by default ``S`` is the run's base seed plus ``HELD_OUT_SEED_OFFSET``
 (5,000,000), seeds that the data module reaches only after millions of episodes: its training
 envs reset with ``seed + i + k * num_envs`` and its evaluation envs from ``seed + 1,000,003``,
-and other ranks start at multiples of 10,000,000. A run whose data module drew its seed at
-random (``seed: null``) did not save it: then ``S`` is 5,000,000 and the command says that
-those seeds may have been trained on.
+and other ranks start at multiples of 10,000,000. A run whose data module drew its seed
+(``seed: null``) did not save it: it drew it from numpy's generator, which the run's
+``seed_everything`` seeds, so ``S`` is then that seed plus 5,000,000 (``seed_everything``
+from ``--config``, or from the ``config.yaml`` that ``lightning-rl fit`` saved beside the
+checkpoint's ``checkpoints`` directory). Only a run with no seed anywhere gets ``S`` =
+5,000,000 and a note that those seeds may have been trained on.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ class EnvSource:
         env_kwargs: Keyword arguments for ``gym.make``.
         wrappers: Wrapper specs, as a data module takes them.
         origin: ``"--env"``, ``"--config"`` or ``"the checkpoint"`` (for the report).
-        base_seed: The run's base seed, when known.
+        base_seed: The run's base seed (its data module's ``seed``, else its ``seed_everything``), when known.
     """
 
     env: str
@@ -120,7 +123,10 @@ def _evaluate(args: argparse.Namespace) -> None:
         f"{source.env} (env from {source.origin}): {args.num_episodes} greedy episodes, seeds {first_seed}..{last_seed}"
     )
     if args.seed is None and source.base_seed is None:
-        tell("the run's seed is unknown (drawn at random, or not saved): these seeds may have been trained on")
+        tell(
+            "the run's seed is unknown (no data seed or seed_everything in the checkpoint, --config or the run's "
+            "config.yaml): these seeds may have been trained on"
+        )
     for name in ("episode_return", "episode_len"):
         values = " ".join(f"{key} {summary[f'{name}_{key}']:.3f}" for key in ("mean", "std", "min", "max"))
         tell(f"{name}: {values}")
@@ -140,7 +146,9 @@ def env_source(env: str | None, config: Path | None, checkpoint: Mapping[str, An
             code from the checkpoint, saying what to pass.
     """
     saved = dict(checkpoint.get("datamodule_hyper_parameters") or {})
-    saved_seed = saved.get("seed") if isinstance(saved.get("seed"), int) else None
+    saved_seed = _int_or_none(saved.get("seed"))
+    if saved_seed is None:
+        saved_seed = _seed_everything_of_run(Path(ckpt_path))
     if env is not None:
         resolve_env(env)
         return EnvSource(env, {}, [], "--env", saved_seed)
@@ -179,14 +187,44 @@ def _env_from_config(config: Path, saved_seed: int | None) -> EnvSource:
     resolve_env(env)
     wrappers = init_args.get("evaluation_wrappers")
     wrappers = init_args.get("wrappers") if wrappers is None else wrappers
-    seed = init_args.get("seed")
+    seed = _int_or_none(init_args.get("seed"))
+    if seed is None:
+        seed = _int_or_none(content.get("seed_everything"))
     return EnvSource(
         env,
         dict(init_args.get("env_kwargs") or {}),
         list(wrappers or []),
         "--config",
-        seed if isinstance(seed, int) else saved_seed,
+        saved_seed if seed is None else seed,
     )
+
+
+def _seed_everything_of_run(ckpt_path: Path) -> int | None:
+    """The ``seed_everything`` of the run that wrote ``ckpt_path``, from the config ``lightning-rl fit`` saved.
+
+    Lightning's CLI saves the run's config (``seed_everything`` always an int: a random one
+    when the config sets none) as ``version_N/config.yaml``, beside the ``checkpoints``
+    directory the checkpoint is in. It is read as data only.
+
+    Args:
+        ckpt_path: The checkpoint file (or Learner directory) being evaluated.
+
+    Returns:
+        The saved ``seed_everything``; ``None`` when there is no such config, it cannot be
+        read, or it holds no int seed.
+    """
+    if ckpt_path.parent.name != "checkpoints":
+        return None
+    try:
+        content = yaml.safe_load((ckpt_path.parent.parent / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    return _int_or_none(content.get("seed_everything")) if isinstance(content, Mapping) else None
+
+
+def _int_or_none(value: Any) -> int | None:
+    """``value`` if it is an int seed; ``None`` otherwise (``seed_everything: true`` is not a seed)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def play_episodes(

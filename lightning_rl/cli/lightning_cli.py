@@ -20,6 +20,7 @@ id or factory path in a checkpoint is never imported).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import sys
@@ -30,9 +31,10 @@ import yaml
 from jsonargparse import Namespace
 from jsonargparse._common import debug_mode_active
 from jsonargparse.typing import NonNegativeInt
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_only
 
@@ -45,6 +47,7 @@ from lightning_rl.callbacks import (  # noqa: F401 (short names, as above)
     StoredTrialPruning,
     TargetNetworkUpdate,
 )
+from lightning_rl.callbacks.progress_bar import EnvStepProgressBar
 from lightning_rl.cli import TRAINER_SUBCOMMANDS
 from lightning_rl.cli.config_errors import short_error
 from lightning_rl.cli.resume import plan_resume
@@ -63,6 +66,13 @@ from lightning_rl.data.env_datamodule import OFF_POLICY_ARGUMENTS, ON_POLICY_ARG
 from lightning_rl.learner._lightning_private import claim_version_directory
 from lightning_rl.learner.checkpoint_io import AtomicCheckpointIO
 from lightning_rl.learner.learner import Learner
+from lightning_rl.learner.tensorboard_logger import HParamsTensorBoardLogger
+
+# What a fit without a logger or a default_root_dir says about its checkpoints.
+NO_CHECKPOINT_DIRECTORY = (
+    "No logger and no --trainer.default_root_dir: only a ModelCheckpoint with a dirpath of its own "
+    "writes checkpoints (--trainer.default_root_dir DIR keeps them in DIR/checkpoints)"
+)
 
 # Names Lightning's Trainer resolves itself rather than as a file path.
 _LIGHTNING_CKPT_NAMES = ("last", "best", "hpc", "registry")
@@ -141,7 +151,9 @@ class LightningRLCLI(LightningCLI):
     ``AtomicCheckpointIO`` unless the user chose another plugin; every run gets a version
     directory of its own, with its ``config.yaml`` (none for a run without a logger,
     ``SaveConfigToLogDirectory``). A config that adds no ``ModelCheckpoint`` gets Lightning's
-    default one with ``save_last=True``, so every run writes ``checkpoints/last.ckpt``.
+    default one with ``save_last=True``, so every run writes ``checkpoints/last.ckpt``; a run
+    without a logger writes none into the current directory (``instantiate_trainer``). A config
+    that adds no progress bar gets ``EnvStepProgressBar``.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -252,12 +264,27 @@ class LightningRLCLI(LightningCLI):
         return checkpoint
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
-        """Lightning's Trainer, with a ``ModelCheckpoint(save_last=True)`` when the config adds none.
+        """Lightning's Trainer, with the CLI's default checkpoint and progress bar callbacks.
 
-        Lightning adds ``ModelCheckpoint()`` itself when no callback is one, which keeps only
-        the latest epoch's file under a name with the epoch and step; the commands that read a
+        A config that adds no ``ModelCheckpoint`` gets one with ``save_last=True``: Lightning
+        adds ``ModelCheckpoint()`` itself when no callback is one, which keeps only the latest
+        epoch's file under a name with the epoch and step, while the commands that read a
         run's checkpoint (``validate``, ``evaluate``, ``export``, ``record``) are shown with
         ``last.ckpt``. ``enable_checkpointing: false`` still turns checkpoints off.
+
+        A run without a logger (``--trainer.logger false``) has no log directory: it writes
+        checkpoints under ``default_root_dir`` only if the user set one, and otherwise only
+        those of a ``ModelCheckpoint`` with a ``dirpath`` of its own. Lightning would put the
+        others in ``./checkpoints``, the current directory's.
+
+        A config that adds no progress bar gets ``EnvStepProgressBar`` rather than Lightning's
+        choice (``RichProgressBar`` once ``rich`` is installed, which reads ``Epoch 1/-2`` for
+        ``max_epochs: -1``); ``enable_progress_bar: false`` still turns it off.
+
+        A config that chooses no logger gets Lightning's default TensorBoard logger as
+        ``HParamsTensorBoardLogger``, which does not log ``hp_metric = -1`` at step 0 (the
+        Learner logs the best evaluation return as ``hp_metric``); without ``tensorboard``
+        installed, Lightning's own default.
         """
         trainer_config = {**(self._get(self.config_init, "trainer", default={}) or {}), **kwargs}
         callbacks = trainer_config.get("callbacks") or []
@@ -265,9 +292,30 @@ class LightningRLCLI(LightningCLI):
         extra = [self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys]
         defaults = self.trainer_defaults.get("callbacks") or []
         defaults = defaults if isinstance(defaults, list) else [defaults]
-        has_checkpoint = any(isinstance(callback, ModelCheckpoint) for callback in [*callbacks, *extra, *defaults])
-        if trainer_config.get("enable_checkpointing") is not False and not has_checkpoint:
-            kwargs["callbacks"] = [*callbacks, ModelCheckpoint(save_last=True)]
+        others = [*extra, *defaults]  # Lightning's CLI adds these to the callbacks itself
+
+        def has(kind: type[Callback]) -> bool:
+            return any(isinstance(callback, kind) for callback in [*callbacks, *others])
+
+        checkpointing = trainer_config.get("enable_checkpointing") is not False
+        if checkpointing and not _has_checkpoint_directory(trainer_config):
+            callbacks = [c for c in callbacks if not isinstance(c, ModelCheckpoint) or c.dirpath is not None]
+            if self.subcommand == "fit":
+                _tell(NO_CHECKPOINT_DIRECTORY)
+            if not has(ModelCheckpoint):
+                # Lightning adds a ModelCheckpoint of its own unless checkpointing is off.
+                kwargs["enable_checkpointing"] = checkpointing = False
+        if checkpointing and not has(ModelCheckpoint):
+            callbacks.append(ModelCheckpoint(save_last=True))
+        progress_bar = trainer_config.get("enable_progress_bar") is not False and not trainer_config.get("barebones")
+        if progress_bar and not has(ProgressBar):
+            callbacks.append(EnvStepProgressBar())
+        kwargs["callbacks"] = callbacks
+        default_logger = trainer_config.get("logger") in (None, True) and not trainer_config.get("barebones")
+        if default_logger and importlib.util.find_spec("tensorboard") is not None:
+            # Lightning's default logger, as Lightning builds it, but without the hp_metric = -1 point.
+            save_dir = trainer_config.get("default_root_dir") or os.getcwd()
+            kwargs["logger"] = HParamsTensorBoardLogger(save_dir=save_dir, version=SLURMEnvironment.job_id())
         return super().instantiate_trainer(**kwargs)
 
     def instantiate_classes(self) -> None:
@@ -294,6 +342,21 @@ class LightningRLCLI(LightningCLI):
                     # meet the temporary file a killed save left in an earlier one.
                     for directory in claimed.parent.glob("version_*/checkpoints"):
                         remove_stale_temporary_files(directory)
+
+
+def _has_checkpoint_directory(trainer_config: dict[str, Any]) -> bool:
+    """Whether a ``ModelCheckpoint`` without a ``dirpath`` has a directory to write into other than the current one.
+
+    Lightning puts such checkpoints in the logger's version directory, or, without a logger,
+    in ``default_root_dir/checkpoints``, where ``default_root_dir`` is the current directory
+    unless the user set one.
+
+    Args:
+        trainer_config: The Trainer's arguments, as the CLI parsed them.
+    """
+    logger = trainer_config.get("logger")
+    has_logger = logger is None or bool(logger)  # None: Lightning's default logger
+    return has_logger or trainer_config.get("default_root_dir") is not None
 
 
 def _silence_lightning_pytree_deprecation() -> None:

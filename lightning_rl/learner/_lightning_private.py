@@ -10,9 +10,12 @@ function, so the breakage shows up as one failing test instead of a wrong traini
 from __future__ import annotations
 
 import os
+from argparse import Namespace
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
@@ -83,6 +86,32 @@ def claim_version_directory(logger: Logger) -> Path | None:
             continue
         logger._version = version
         return root / f"version_{version}"
+
+
+def write_hparams_summary(
+    logger: TensorBoardLogger, params: dict[str, Any] | Namespace, metric_names: Sequence[str]
+) -> None:
+    """Write ``params`` as TensorBoard's HParams summary into ``logger``'s event file, naming ``metric_names``.
+
+    The HParams dashboard lists a run once its event file holds this summary (the
+    hyperparameters and the names of the metrics to show beside them, no values; it reads
+    the values from the scalars of those names). ``TensorBoardLogger.log_hyperparams``
+    writes it only together with metric values: by default ``hp_metric = -1`` at step 0, a
+    placeholder point on that metric's chart. Writing the summary alone needs what it uses
+    to flatten and sanitize the parameters (``_convert_params``, ``_flatten_dict``,
+    ``_sanitize_params``) and the writer (``_get_file_writer``), all private.
+
+    Args:
+        logger: The TensorBoard logger (with ``tensorboard`` installed, not only ``tensorboardX``).
+        params: The hyperparameters, nested as ``log_hyperparams`` takes them.
+        metric_names: The scalars the dashboard shows for the run.
+    """
+    from torch.utils.tensorboard.summary import hparams
+
+    flat = logger._sanitize_params(_flatten_dict(_convert_params(params)))
+    writer = logger.experiment._get_file_writer()
+    for summary in hparams(flat, dict.fromkeys(metric_names, 0.0)):  # the values are not written
+        writer.add_summary(summary)
 
 
 def run_validation_now(trainer: Trainer) -> None:

@@ -17,14 +17,16 @@ different ``num_envs``, ``rollout_fragment_length`` or ``train_freq`` share one 
 CleanRL's ``global_step`` charts do. (Lightning then adds no ``epoch`` value to those rows,
 as it does when it picks the step itself.)
 
-``hp_metric`` is the value TensorBoard's HParams dashboard shows for a run
-(``TensorBoardLogger`` writes -1 at the start of a fit); the Learner logs the best evaluation
+``hp_metric`` is the value TensorBoard's HParams dashboard shows for a run (Lightning's
+``TensorBoardLogger`` writes -1 at the start of a fit; ``HParamsTensorBoardLogger``, the
+default logger of ``lightning-rl fit``, does not); the Learner logs the best evaluation
 return so far under that name after every evaluation.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -244,8 +246,9 @@ class LightningHooksMixin:
         ``train_item`` is a ``TrainItem`` (what every lightning_rl data module yields): its data
         goes to ``update(training_data=...)``, which trains on it as its source requires, its
         ``timesteps`` drive the schedules, its ``env_runners`` statistics are logged as
-        ``env_runners/{key}`` and its ``update_settings`` replace the Learner's epoch and
-        minibatch settings for this update alone. A plain batch (a ``DataLoader`` of
+        ``env_runners/{key}`` (but not a NaN, a statistic with nothing to measure yet, such as
+        ``episode_return_mean`` before the first episode ended) and its ``update_settings``
+        replace the Learner's epoch and minibatch settings for this update alone. A plain batch (a ``DataLoader`` of
         ``{column: tensor}`` dicts) is trained on as it is. The results are logged
         (``"{module_id}/{key}"``) to the Trainer's logger.
 
@@ -256,7 +259,12 @@ class LightningHooksMixin:
         item = as_train_item(train_item)
         results = self.update(training_data=item.data, timesteps=dict(item.timesteps), **self._update_settings_for(item))
         metrics = {f"{mid}/{key}": value for mid, values in results.items() for key, value in values.items()}
-        metrics.update({f"env_runners/{key}": value for key, value in item.env_runners.items()})
+        # A NaN sampling statistic is a placeholder, not a measurement: the return and length
+        # statistics before the first episode ended, a speed with no sampling time. Logged, it
+        # would be a NaN point at the start of every chart; it is left out instead.
+        metrics.update(
+            {f"env_runners/{key}": value for key, value in item.env_runners.items() if not math.isnan(value)}
+        )
         self._log_train_metrics(metrics, batch_idx, item.timesteps.get(NUM_ENV_STEPS_SAMPLED_LIFETIME))
         self.evaluation_progress.pending = _ends_an_epoch_that_evaluates(attached_trainer(self), batch_idx)
         return {"results": results}

@@ -1,0 +1,43 @@
+"""``EnvStepProgressBar``: Lightning's tqdm progress bar, with the env steps sampled so far.
+
+``lightning-rl fit`` uses it unless the config adds a progress bar of its own or sets
+``enable_progress_bar: false``. Lightning's own choice, once ``rich`` is installed (the test
+extras install it), is ``RichProgressBar``, which reads ``Epoch 1/-2`` for an RL run's
+``max_epochs: -1`` (the run ends at the data module's ``max_env_steps``, not at an epoch
+count). The tqdm bar names the epoch without a total, counts the epoch's train items, and
+shows ``env_steps`` (the Learner's ``num_env_steps_sampled_lifetime``, over all ranks): the
+count the run's budget, x-axis and checkpoint names are in.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import TQDMProgressBar
+
+from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME
+from lightning_rl.learner.learner import Learner
+
+# The progress bar's name for the env-step count.
+ENV_STEPS_KEY = "env_steps"
+
+
+class EnvStepProgressBar(TQDMProgressBar):
+    """Lightning's ``TQDMProgressBar``, whose figures also show the env steps sampled so far."""
+
+    def get_metrics(self, trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
+        """Lightning's progress bar figures, with ``env_steps`` once the Learner has sampled any.
+
+        Args:
+            trainer: The running Trainer.
+            pl_module: The module being trained; only a ``Learner`` counts env steps.
+
+        Returns:
+            The figures the bar shows after its description and counts.
+        """
+        metrics = super().get_metrics(trainer, pl_module)
+        env_steps = pl_module.timesteps.get(NUM_ENV_STEPS_SAMPLED_LIFETIME) if isinstance(pl_module, Learner) else None
+        if env_steps is not None:
+            metrics[ENV_STEPS_KEY] = int(env_steps)
+        return metrics
