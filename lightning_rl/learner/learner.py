@@ -47,7 +47,7 @@ from typing import Any, ClassVar, Literal
 import torch
 from lightning.pytorch import Callback, LightningModule
 
-from lightning_rl.connectors import AddColumnsFromEpisodes, ConnectorPipeline, Piece
+from lightning_rl.connectors import AddColumnsFromEpisodes, AddTimeDimToBatchAndZeroPad, ConnectorPipeline, Piece
 from lightning_rl.core.arguments import ArgumentCheck, check_choice, check_int, check_number
 from lightning_rl.core.batch import MultiModuleBatch
 from lightning_rl.core.columns import (
@@ -252,6 +252,22 @@ class Learner(UpdateApiMixin, OptimizersMixin, MultiModuleMixin, StateMixin, Lig
         self._learner_connector = self.build_learner_connector()
         for piece in self._user_connector_pieces:
             self._learner_connector.append(piece)
+        self._end_connector_with_time_axis()
+
+    def _end_connector_with_time_axis(self) -> None:
+        """With a stateful (recurrent) module, end the Learner connector with ``AddTimeDimToBatchAndZeroPad``.
+
+        It runs after every other piece (user pieces included), so they all see rows, and
+        the batch the Learner trains on is sequences. A Learner of feed-forward modules
+        keeps its pipeline as it is (the piece would do nothing); ``build`` calls this, and so
+        does adding a module.
+        """
+        pipeline = self._learner_connector
+        if pipeline is None or not any(self._module[mid].is_stateful() for mid in self._module):
+            return
+        if any(isinstance(piece, AddTimeDimToBatchAndZeroPad) for piece in pipeline):
+            pipeline.remove(AddTimeDimToBatchAndZeroPad)  # moved to the end, behind pieces added since
+        pipeline.append(AddTimeDimToBatchAndZeroPad())
 
     def build_learner_connector(self) -> ConnectorPipeline:
         """Override point: the Learner connector, the pipeline that turns episodes into a train batch.
