@@ -277,9 +277,9 @@ class StepRunner:
                 "that sharded them (Trainer.fit, or a LearnerGroup), where the ranks keep in step"
             )
         self.modules_in_update, num_rows_per_pass = None, None
-        # In the batch's rows from here on: sequences for stateful modules, so that the ranks
-        # agree on (and iterate over) numbers of sequences.
-        minibatch_size = self.minibatch_rows(minibatch_size)
+        # In the batch's rows: sequences for stateful modules, so that the ranks agree on (and
+        # iterate over) numbers of sequences. Converted from the modules alike on every rank.
+        rows_per_minibatch = self.minibatch_rows(minibatch_size)
         if self.is_data_parallel():
             self.modules_in_update, num_rows_per_pass = agree_with_other_ranks(
                 attached_trainer(self._learner).strategy,
@@ -292,7 +292,7 @@ class StepRunner:
         trained = StepsTrained()
         try:
             if batch or self.modules_in_update:
-                trained = self._minibatch_steps(batch, num_epochs, minibatch_size, shuffle, num_rows_per_pass)
+                trained = self._minibatch_steps(batch, num_epochs, rows_per_minibatch, shuffle, num_rows_per_pass)
         finally:
             self.modules_in_update = None
         # Only steps that changed the weights count: one whose optimizers all skipped for
@@ -559,7 +559,8 @@ def agree_with_other_ranks(
         module_ids: All of the Learner's module ids (the same on every rank).
         batch: This rank's prepared batch.
         num_epochs: This rank's passes over its batch.
-        minibatch_size: This rank's rows per step (sequences, for stateful modules' batches).
+        minibatch_size: This rank's ``minibatch_size`` setting (env steps; stateful modules'
+            batches take it in sequences, converted alike on every rank).
         device: Where the all-reduced tensor lives (the Learner's device).
 
     Raises:
