@@ -131,7 +131,9 @@ class Learner(UpdateApiMixin, OptimizersMixin, MultiModuleMixin, StateMixin, Lig
         grad_clip_by: ``"value"`` (each element), ``"norm"`` (each tensor's L2 norm) or
             ``"global_norm"`` (the L2 norm of all of one optimizer's gradients together).
         num_epochs: Passes over each train batch when run by a Trainer.
-        minibatch_size: Rows per gradient step when run by a Trainer; ``None`` for the whole batch.
+        minibatch_size: Rows (env steps) per gradient step when run by a Trainer; ``None`` for the
+            whole batch. Stateful (recurrent) modules take whole sequences:
+            ``max(1, minibatch_size // max_seq_len)`` of them per step.
         shuffle_batch_per_epoch: Whether each pass visits the rows in a new random order.
         policies_to_train: The module ids to train (others are left as they are), or a
             callable ``(module_id, batch) -> bool``; ``None`` trains every module.
@@ -276,7 +278,9 @@ class Learner(UpdateApiMixin, OptimizersMixin, MultiModuleMixin, StateMixin, Lig
         ``learner_connector_pieces`` are appended to what it returns. The base pipeline
         holds ``AddColumnsFromEpisodes`` (the episodes' steps as columns, keyed by module
         id). Override to add pieces anywhere (``insert_after``, ``prepend``, ...); call
-        ``super()`` first, as ``PPOLearner`` does to append GAE.
+        ``super()`` first, as ``PPOLearner`` does to append GAE. With a stateful module,
+        ``build`` ends the pipeline with ``AddTimeDimToBatchAndZeroPad``, after the pieces
+        given as ``learner_connector_pieces``.
         """
         return ConnectorPipeline([AddColumnsFromEpisodes()])
 
