@@ -41,7 +41,7 @@ class _Chunk:
         return SingleAgentEpisode(
             self.id_,
             observations=np.stack(self.observations).astype(np.float32),
-            actions=np.asarray(self.actions),
+            actions=np.asarray(self.actions),  # Box actions as sampled (the stored action is the unclipped one)
             rewards=np.asarray(self.rewards, dtype=np.float32),
             terminated=terminated,
             truncated=truncated,
@@ -51,18 +51,22 @@ class _Chunk:
 
 
 class Rollouts:
-    """``num_envs`` CartPoles (episodes truncated at ``max_episode_steps``) acted on by ``module``.
+    """``num_envs`` envs of ``env_id`` (episodes truncated at ``max_episode_steps``) acted on by ``module``.
 
     Args:
-        module: A stateful single-agent module (``Discrete`` actions, CartPole's observations).
+        module: A stateful single-agent module for the env's spaces.
         num_envs: Envs stepped side by side.
         max_episode_steps: Where episodes are truncated.
         seed: The envs' first reset seeds and the action sampling's torch seed.
+        env_id: A gymnasium env with ``Discrete`` or ``Box`` actions.
     """
 
-    def __init__(self, module: Any, num_envs: int = 2, max_episode_steps: int = 30, seed: int = 0) -> None:
+    def __init__(
+        self, module: Any, num_envs: int = 2, max_episode_steps: int = 30, seed: int = 0, env_id: str = "CartPole-v1"
+    ) -> None:
         self.module = module
-        self.envs = [gym.make("CartPole-v1", max_episode_steps=max_episode_steps) for _ in range(num_envs)]
+        self.envs = [gym.make(env_id, max_episode_steps=max_episode_steps) for _ in range(num_envs)]
+        self.discrete = isinstance(self.envs[0].action_space, gym.spaces.Discrete)
         self.acting = Acting(module, num_envs)
         self.chunks = [
             _Chunk(env.reset(seed=seed + index)[0], t_started=0) for index, env in enumerate(self.envs)
@@ -79,7 +83,7 @@ class Rollouts:
                 out, actions = self.acting.act(obs, explore=True)
             rewards, starts = [], []
             for index, (env, chunk) in enumerate(zip(self.envs, self.chunks)):
-                action = int(actions[index])
+                action = int(actions[index]) if self.discrete else actions[index].numpy()
                 next_obs, reward, terminated, truncated, _ = env.step(action)
                 chunk.actions.append(action)
                 chunk.rewards.append(float(reward))

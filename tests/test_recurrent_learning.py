@@ -38,7 +38,7 @@ from lightning_rl.env.episode import SingleAgentEpisode
 CARTPOLE = gym.make("CartPole-v1")
 
 
-def lstm_spec(max_seq_len: int = 4, **model_config: Any) -> RLModuleSpec:
+def lstm_spec(max_seq_len: int = 4, env: gym.Env = CARTPOLE, **model_config: Any) -> RLModuleSpec:
     config = {
         "fcnet_hiddens": [8],
         "use_lstm": True,
@@ -50,8 +50,8 @@ def lstm_spec(max_seq_len: int = 4, **model_config: Any) -> RLModuleSpec:
     }
     return RLModuleSpec(
         module_class=PPOModule,
-        observation_space=CARTPOLE.observation_space,
-        action_space=CARTPOLE.action_space,
+        observation_space=env.observation_space,
+        action_space=env.action_space,
         model_config=config,
     )
 
@@ -281,10 +281,11 @@ def test_a_padded_step_gets_exactly_zero_gradient(use_kl_loss):
         assert torch.equal(gradient, after[name]), name
 
 
-def test_a_ppo_update_on_recurrent_episodes_trains_on_whole_sequences():
-    learner = built(lstm_spec(max_seq_len=4), num_epochs=2, minibatch_size=8)
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_a_ppo_update_on_recurrent_episodes_trains_on_whole_sequences(env_id):
+    learner = built(lstm_spec(max_seq_len=4, env=gym.make(env_id)), num_epochs=2, minibatch_size=8)
     module = learner.module["default_policy"]
-    episodes = two_rollouts(module)
+    episodes = two_rollouts(module, env_id=env_id)
     num_sequences = sum(math.ceil(len(episode) / 4) for episode in episodes)
     shapes: list[tuple[int, ...]] = []
     compute_loss = learner.compute_loss_for_module
@@ -304,6 +305,7 @@ def test_a_ppo_update_on_recurrent_episodes_trains_on_whole_sequences():
     env_steps = sum(map(len, episodes))
     assert results[ALL_MODULES]["num_env_steps_trained"] == 2 * env_steps  # real steps, not padding
     assert math.isfinite(results["default_policy"]["total_loss"])
+    assert math.isfinite(results["default_policy"]["vf_explained_var"])  # logged on rows, before the time axis
     assert any(not torch.equal(before[name], value) for name, value in module.state_dict().items())
 
 
