@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from lightning_rl.connectors import ConnectorPipeline, GeneralAdvantageEstimation, TrainBatch
 from lightning_rl.core.arguments import ArgumentCheck, check_number, check_probability
+from lightning_rl.core.batch import masked_mean
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
 from lightning_rl.core.distributions import distribution_class_for_space
 from lightning_rl.core.metrics import MetricsLogger
@@ -385,42 +386,52 @@ class PPOLearner(Learner):
     def compute_loss_for_module(
         self, *, module_id: str, config: LearnerConfig, batch: dict[str, Tensor], fwd_out: dict[str, Any]
     ) -> Tensor:
+        """PPO's loss; every mean is over the real steps (``masked_mean``), so a recurrent
+        module's zero-padded sequence steps add nothing to the loss or its gradients."""
         current = self._current[module_id]
         clip = current[CURR_CLIP_PARAM_KEY]
+        # None for a feed-forward module's rows; [S, T] for a stateful module's sequences.
+        mask = batch.get(Columns.LOSS_MASK)
         dist_class = self.module[module_id].get_train_action_dist_cls()
         curr_dist = dist_class.from_logits(fwd_out[Columns.ACTION_DIST_INPUTS])
-        logp_ratio = torch.exp(curr_dist.logp(batch[Columns.ACTIONS]) - batch[Columns.ACTION_LOGP])
+        log_ratio = curr_dist.logp(batch[Columns.ACTIONS]) - batch[Columns.ACTION_LOGP]
+        if mask is not None:
+            # A padded step's ratio is 1: exp of an arbitrary log-probability could overflow, and
+            # inf times the zero gradient masked_mean gives it would still be NaN.
+            log_ratio = torch.where(mask, log_ratio, torch.zeros_like(log_ratio))
+        logp_ratio = torch.exp(log_ratio)
 
         advantages = batch[Columns.ADVANTAGES]
-        if config.normalize_advantages and len(advantages) > 1:
-            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        if config.normalize_advantages:
+            advantages = _normalized(advantages, mask)
         surrogate = torch.min(advantages * logp_ratio, advantages * logp_ratio.clamp(1 - clip, 1 + clip))
-        policy_loss = -surrogate.mean()
+        policy_loss = -masked_mean(surrogate, mask)
 
         vf_preds = fwd_out[Columns.VF_PREDS]
         vf_loss_unclipped = (vf_preds - batch[Columns.VALUE_TARGETS]).pow(2)
         vf_loss = vf_loss_unclipped if config.vf_clip_param is None else vf_loss_unclipped.clamp(max=config.vf_clip_param)
-        vf_loss = vf_loss.mean()
+        vf_loss = masked_mean(vf_loss, mask)
 
-        entropy = curr_dist.entropy().mean()
+        entropy = masked_mean(curr_dist.entropy(), mask)
         total_loss = policy_loss + config.vf_loss_coeff * vf_loss - current[CURR_ENTROPY_COEFF_KEY] * entropy
 
         if config.use_kl_loss:
             old_dist = dist_class.from_logits(batch[Columns.ACTION_DIST_INPUTS])
-            mean_kl = old_dist.kl(curr_dist).mean()
+            mean_kl = masked_mean(old_dist.kl(curr_dist), mask)
             total_loss = total_loss + current[CURR_KL_COEFF_KEY] * mean_kl
         else:
             with torch.no_grad():  # for logging only: the usual estimator E[(r - 1) - log r]
-                mean_kl = ((logp_ratio - 1) - torch.log(logp_ratio)).mean()
+                mean_kl = masked_mean((logp_ratio - 1) - torch.log(logp_ratio), mask)
 
         log = self.metrics.log_value
         log((module_id, POLICY_LOSS_KEY), policy_loss, window=math.inf, clear_on_reduce=True)
         log((module_id, VF_LOSS_KEY), vf_loss, window=math.inf, clear_on_reduce=True)
-        log((module_id, VF_LOSS_UNCLIPPED_KEY), vf_loss_unclipped.mean(), window=math.inf, clear_on_reduce=True)
+        log((module_id, VF_LOSS_UNCLIPPED_KEY), masked_mean(vf_loss_unclipped, mask), window=math.inf, clear_on_reduce=True)
         log((module_id, ENTROPY_KEY), entropy, window=math.inf, clear_on_reduce=True)
         log((module_id, MEAN_KL_KEY), mean_kl, window=math.inf, clear_on_reduce=True)
         with torch.no_grad():
-            log((module_id, CLIP_FRACTION_KEY), ((logp_ratio - 1).abs() > clip).float().mean(), window=math.inf, clear_on_reduce=True)
+            clipped = ((logp_ratio - 1).abs() > clip).float()
+            log((module_id, CLIP_FRACTION_KEY), masked_mean(clipped, mask), window=math.inf, clear_on_reduce=True)
         return total_loss
 
     def get_state(self, components: Any = None, *, not_components: Any = None) -> dict[str, Any]:
@@ -467,6 +478,25 @@ def log_vf_explained_var(
             clear_on_reduce=True,
         )
     return batch
+
+
+def _normalized(advantages: Tensor, mask: Tensor | None) -> Tensor:
+    """Advantages standardized over the minibatch's real steps (all rows without a mask); as they are for one step.
+
+    Args:
+        advantages: ``[B]`` rows, or ``[S, T]`` sequences.
+        mask: ``loss_mask [S, T]`` of sequences; ``None`` for rows.
+    """
+    if mask is None:
+        if len(advantages) <= 1:
+            return advantages
+        return (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    count = mask.sum()
+    mean = masked_mean(advantages, mask)
+    # The unbiased std over the real steps, as Tensor.std() of rows; no host sync for the count.
+    variance = torch.where(mask, (advantages - mean).pow(2), torch.zeros_like(advantages)).sum() / (count - 1).clamp(min=1)
+    normalized = (advantages - mean) / (variance.sqrt() + 1e-8)
+    return torch.where(count > 1, normalized, advantages)
 
 
 def _explained_variance(predictions: Tensor, targets: Tensor) -> Tensor:

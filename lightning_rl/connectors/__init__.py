@@ -1,7 +1,8 @@
 """Learner connector pieces: episodes in, a train batch ``{module_id: {column: Tensor}}`` out.
 
 A :class:`ConnectorPipeline` runs small pieces in order; the default one holds
-:class:`AddColumnsFromEpisodes`, PPO adds :class:`GeneralAdvantageEstimation` after it.
+:class:`AddColumnsFromEpisodes`, PPO adds :class:`GeneralAdvantageEstimation` after it, and a
+Learner with stateful (recurrent) modules ends it with :class:`AddTimeDimToBatchAndZeroPad`.
 """
 
 from lightning_rl.connectors.add_columns import MODULE_EPISODES, AddColumnsFromEpisodes
@@ -14,10 +15,12 @@ from lightning_rl.connectors.pipeline import (
     TrainBatch,
     piece_name,
 )
+from lightning_rl.connectors.time_axis import AddTimeDimToBatchAndZeroPad
 
 __all__ = [
     "MODULE_EPISODES",
     "AddColumnsFromEpisodes",
+    "AddTimeDimToBatchAndZeroPad",
     "ConnectorPiece",
     "ConnectorPipeline",
     "GeneralAdvantageEstimation",

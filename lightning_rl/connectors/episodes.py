@@ -14,8 +14,8 @@ of a chunk cut by the rollout length).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -23,6 +23,8 @@ from torch import Tensor
 
 from lightning_rl.core.batch import to_tensor
 from lightning_rl.core.columns import Columns
+from lightning_rl.core.recurrent import unpack_state
+from lightning_rl.core.sequences import from_sequences, sequence_layout, to_sequences
 
 if TYPE_CHECKING:
     from lightning_rl.env.episode import SingleAgentEpisode
@@ -75,33 +77,40 @@ def last_observations(episodes: Sequence[SingleAgentEpisode], device: torch.devi
 def add_value_targets_and_advantages(
     batch: dict[str, Tensor],
     episodes: Sequence[SingleAgentEpisode],
-    compute_values: Callable[[dict[str, Tensor]], Tensor],
+    compute_values: Callable[[dict[str, Any]], Tensor],
     *,
     gamma: float,
     gae_lambda: float,
+    initial_state: Mapping[str, Tensor] | None = None,
 ) -> dict[str, Tensor]:
     """Add ``vf_preds``, ``advantages`` and ``value_targets`` (GAE) to a batch of ``episodes``.
 
     Values come from one forward pass of ``compute_values`` over every step's observation
-    and every episode's last observation. An episode that terminated is worth 0 after its
-    last step; one that was truncated, or cut by the rollout length, is bootstrapped from
-    the value of its last observation.
+    and every episode's last observation (a stateful module's: :func:`values_along_chunks`).
+    An episode that terminated is worth 0 after its last step; one that was truncated, or
+    cut by the rollout length, is bootstrapped from the value of its last observation.
 
     Args:
         batch: What :func:`episodes_to_batch` returned for ``episodes``; changed in place.
         episodes: The episodes, in the batch's order.
-        compute_values: Maps ``{"obs": Tensor[N, ...]}`` to state values ``Tensor[N]``.
+        compute_values: Maps ``{"obs": Tensor[N, ...]}`` to state values ``Tensor[N]``; for a
+            stateful module, a batch of sequences to ``Tensor[B, T]``.
         gamma: Discount factor.
         gae_lambda: GAE's lambda (RLlib's ``lambda_``): 0 gives one-step TD, 1 Monte Carlo.
+        initial_state: A stateful module's ``get_initial_state()`` (the names and shapes of
+            its state); ``None`` or empty for a feed-forward module.
 
     Returns:
         ``batch``, with the three columns added.
     """
     obs = batch[Columns.OBS]
-    all_obs = torch.cat([obs, last_observations(episodes, obs.device).to(obs.dtype)])
-    with torch.no_grad():
-        all_values = compute_values({Columns.OBS: all_obs}).reshape(-1).float()
-    values, last_values = all_values[: len(obs)], all_values[len(obs) :]
+    if initial_state:
+        values, last_values = values_along_chunks(batch, episodes, compute_values, initial_state)
+    else:
+        all_obs = torch.cat([obs, last_observations(episodes, obs.device).to(obs.dtype)])
+        with torch.no_grad():
+            all_values = compute_values({Columns.OBS: all_obs}).reshape(-1).float()
+        values, last_values = all_values[: len(obs)], all_values[len(obs) :]
     terminated = torch.tensor([episode.is_terminated for episode in episodes], device=obs.device)
     last_values = torch.where(terminated, torch.zeros_like(last_values), last_values)
     lengths = torch.tensor([len(episode) for episode in episodes], device=obs.device)
@@ -111,6 +120,68 @@ def add_value_targets_and_advantages(
     batch[Columns.ADVANTAGES] = advantages
     batch[Columns.VALUE_TARGETS] = advantages + values
     return batch
+
+
+def values_along_chunks(
+    batch: Mapping[str, Tensor],
+    episodes: Sequence[SingleAgentEpisode],
+    compute_values: Callable[[dict[str, Any]], Tensor],
+    initial_state: Mapping[str, Tensor],
+) -> tuple[Tensor, Tensor]:
+    """A stateful module's values of every step and of each chunk's last observation, from the stored states.
+
+    Each chunk's ``L + 1`` observations are one sequence (padded to the longest chunk) that
+    starts from the state stored for the chunk's first step, so every value is computed from
+    the state the actor had there (and the bootstrap value of a chunk cut by the rollout
+    length from the state after its last step). The previous action and reward at position
+    ``L`` are the chunk's last action and reward. One forward pass for all chunks.
+
+    Args:
+        batch: The chunks' rows (:func:`episodes_to_batch`), with ``state_in`` packed ``[N, S]``
+            and ``prev_actions`` / ``prev_rewards`` as :class:`~lightning_rl.core.acting.Acting` records them.
+        episodes: The chunks, in the batch's order.
+        compute_values: The module's ``compute_values``: sequences in, ``Tensor[E, T]`` out.
+        initial_state: The module's ``get_initial_state()``.
+
+    Returns:
+        ``values [N]`` and ``last_values [E]`` (float32).
+
+    Raises:
+        ValueError: Without the ``state_in`` column.
+    """
+    if Columns.STATE_IN not in batch:
+        raise ValueError(
+            f"a stateful module's values start from the recurrent state stored in its episodes "
+            f"(extra_model_outputs[{Columns.STATE_IN!r}], which lightning_rl.core.acting.Acting records); the rows "
+            f"have {sorted(batch)}"
+        )
+    obs, device = batch[Columns.OBS], batch[Columns.OBS].device
+    lengths = torch.tensor([len(episode) for episode in episodes], device=device)
+    starts = torch.cumsum(lengths, 0) - lengths
+    last_rows = starts + lengths - 1
+    # Chunk e's steps and its last observation laid end to end: L_e + 1 positions each.
+    chunk_of_row = torch.repeat_interleave(torch.arange(len(episodes), device=device), lengths)
+    row_position = torch.arange(len(obs), device=device) + chunk_of_row
+    last_position = last_rows + 1 + torch.arange(len(episodes), device=device)
+    layout = sequence_layout(lengths + 1, int(lengths.max()) + 1)  # one sequence per chunk
+
+    def with_last(rows: Tensor, last: Tensor) -> Tensor:
+        extended = rows.new_empty((len(rows) + len(last), *rows.shape[1:]))
+        extended[row_position] = rows
+        extended[last_position] = last.to(rows.dtype)
+        return to_sequences(extended, layout)
+
+    sequences: dict[str, Any] = {
+        Columns.OBS: with_last(obs, last_observations(episodes, device)),
+        Columns.STATE_IN: unpack_state(batch[Columns.STATE_IN][starts], initial_state),
+    }
+    if Columns.PREV_ACTIONS in batch:
+        sequences[Columns.PREV_ACTIONS] = with_last(batch[Columns.PREV_ACTIONS], batch[Columns.ACTIONS][last_rows])
+    if Columns.PREV_REWARDS in batch:
+        sequences[Columns.PREV_REWARDS] = with_last(batch[Columns.PREV_REWARDS], batch[Columns.REWARDS][last_rows])
+    with torch.no_grad():
+        all_values = from_sequences(compute_values(sequences), layout).float()
+    return all_values[row_position], all_values[last_position]
 
 
 def generalized_advantages(

@@ -21,7 +21,9 @@ class GeneralAdvantageEstimation(ConnectorPiece):
     """Adds ``vf_preds``, ``advantages`` and ``value_targets`` to every module's rows.
 
     Values come from the module's ``compute_values`` with its current weights, in one
-    forward pass per module over every step and every episode's last observation; the
+    forward pass per module over every step and every episode's last observation (a
+    stateful module's over each episode chunk as one sequence, from the state stored for
+    its first step: ``values_along_chunks``); the
     advantages are GAE over each episode (see
     :func:`~lightning_rl.connectors.episodes.add_value_targets_and_advantages`). Runs after
     :class:`~lightning_rl.connectors.add_columns.AddColumnsFromEpisodes`, whose record of
@@ -73,6 +75,7 @@ class GeneralAdvantageEstimation(ConnectorPiece):
                 module.compute_values,
                 gamma=self.gamma.for_module(module_id),
                 gae_lambda=self.gae_lambda.for_module(module_id),
+                initial_state=module.get_initial_state(),
             )
         return batch
 

@@ -145,8 +145,10 @@ class Acting:
             return dict(out), actions
         index = slice(None) if rows is None else rows
         state_in = {name: value[index] for name, value in self._state.items()}
-        prev_rewards = self._prev_rewards[index]
-        prev_actions = self._prev_actions[index] if self._prev_actions is not None else None
+        # Copies, not views (index may be a slice): the outputs keep this step's inputs after the
+        # buffers move on (this step's actions, observe_rewards).
+        prev_rewards = self._prev_rewards[index].clone()
+        prev_actions = self._prev_actions[index].clone() if self._prev_actions is not None else None
         if prev_actions is None:
             prev_actions = self._zero_actions(len(obs))
         columns = {

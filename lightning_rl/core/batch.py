@@ -1,7 +1,10 @@
 """Train batches: conversion to tensors and iteration over epochs of minibatches.
 
 A multi-module batch is ``{module_id: {column: Tensor[B_m, ...]}}``; every module may have
-its own number of rows ``B_m``.
+its own number of rows ``B_m``. A stateful (recurrent) module's batch is in the sequence
+layout (:mod:`lightning_rl.core.sequences`): its rows are sequences, every column
+``[S, T, ...]``, with ``loss_mask [S, T]`` and ``state_in``, a dict ``{name: Tensor[S, ...]}``
+(the state at each sequence's first step); minibatches then take whole sequences.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
-MultiModuleBatch = dict[str, dict[str, torch.Tensor]]
+MultiModuleBatch = dict[str, dict[str, Any]]
+"""``{module_id: {column: Tensor}}``; a column may also be a dict of tensors with the same rows (``state_in``)."""
 
 
 def to_tensor(value: Any, device: torch.device) -> torch.Tensor:
@@ -51,9 +55,15 @@ def masked_mean(values: torch.Tensor, loss_mask: torch.Tensor | None = None) -> 
     return torch.where(loss_mask.bool(), values, torch.zeros_like(values)).sum() / mask.sum().clamp(min=1.0)
 
 
-def num_rows(module_batch: Mapping[str, torch.Tensor]) -> int:
-    """The number of rows of one module's batch (its columns agree; see ``check_rows``)."""
-    return len(next(iter(module_batch.values())))
+def num_rows(module_batch: Mapping[str, Any]) -> int:
+    """The number of rows of one module's batch (its columns agree): sequences for a sequence batch."""
+    return len(_first_tensor(module_batch))
+
+
+def num_env_steps(module_batch: Mapping[str, Any]) -> int:
+    """The env steps one module's batch holds: its rows, or a sequence batch's real (unpadded) steps."""
+    loss_mask = module_batch.get("loss_mask")
+    return num_rows(module_batch) if loss_mask is None else int(loss_mask.sum())
 
 
 def iterate_minibatches(
@@ -104,17 +114,29 @@ def iterate_minibatches(
 
 
 def _take_rows(
-    module_batch: dict[str, torch.Tensor], start: int, stop: int, count: int, order: torch.Tensor | None
-) -> dict[str, torch.Tensor]:
+    module_batch: dict[str, Any], start: int, stop: int, count: int, order: torch.Tensor | None
+) -> dict[str, Any]:
     if stop <= count:
         if order is None:  # contiguous rows: views, no copy
-            return {column: values[start:stop] for column, values in module_batch.items()}
+            return {column: _index(values, slice(start, stop)) for column, values in module_batch.items()}
         index = order[start:stop]
     else:  # a smaller module cycles through its rows
         positions = torch.arange(start, stop, device=_device_of(module_batch)) % count
         index = positions if order is None else order[positions]
-    return {column: values[index] for column, values in module_batch.items()}
+    return {column: _index(values, index) for column, values in module_batch.items()}
 
 
-def _device_of(module_batch: Mapping[str, torch.Tensor]) -> torch.device:
-    return next(iter(module_batch.values())).device
+def _index(values: Any, index: slice | torch.Tensor) -> Any:
+    # A sequence batch's state_in is {name: Tensor[S, ...]}: its rows go with the sequences.
+    if isinstance(values, Mapping):
+        return {name: value[index] for name, value in values.items()}
+    return values[index]
+
+
+def _first_tensor(module_batch: Mapping[str, Any]) -> torch.Tensor:
+    first = next(iter(module_batch.values()))
+    return next(iter(first.values())) if isinstance(first, Mapping) else first
+
+
+def _device_of(module_batch: Mapping[str, Any]) -> torch.device:
+    return _first_tensor(module_batch).device

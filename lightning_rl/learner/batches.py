@@ -63,8 +63,8 @@ def prepare_batch(
             raise ValueError(
                 f"module {module_id!r}: the batch lacks column(s) {missing}; it has {sorted(module_batch)}"
             )
-        columns = {column: to_tensor(values, device) for column, values in module_batch.items()}
-        lengths = {column: (len(values) if values.dim() > 0 else 0) for column, values in columns.items()}
+        columns = {column: _to_tensors(values, device) for column, values in module_batch.items()}
+        lengths = {column: _num_rows(values) for column, values in columns.items()}
         if data_parallel and set(lengths.values()) == {0}:
             continue  # no rows of this module on this rank
         if len(set(lengths.values())) != 1 or 0 in lengths.values():
@@ -72,15 +72,51 @@ def prepare_batch(
                 f"module {module_id!r}: columns must have the same, non-zero number of rows; got {lengths}"
             )
         rl_module = module[module_id]
+        # A stateful module's rows are sequences: each step is checked as a row is.
+        steps = _sequence_steps(module_id, columns) if rl_module.is_stateful() else columns
         obs_space = observation_part(rl_module.observation_space)
         # A Dict or Tuple observation is stored flat: its obs column holds gymnasium's flatten layout.
         stored = stored_observation_space(obs_space)
         described = None if stored is obs_space else f"the flat layout (gym.spaces.flatten) of the {obs_space}"
-        check_column_shape(module_id, Columns.OBS, columns.get(Columns.OBS), stored, "observation", described=described)
-        check_column_shape(module_id, Columns.ACTIONS, columns.get(Columns.ACTIONS), rl_module.action_space, "action")
-        check_action_mask_column(module_id, columns, rl_module.observation_space)
+        check_column_shape(module_id, Columns.OBS, steps.get(Columns.OBS), stored, "observation", described=described)
+        check_column_shape(module_id, Columns.ACTIONS, steps.get(Columns.ACTIONS), rl_module.action_space, "action")
+        check_action_mask_column(module_id, steps, rl_module.observation_space)
         prepared[module_id] = columns
     return prepared
+
+
+def _to_tensors(values: Any, device: torch.device) -> Any:
+    # A sequence batch's state_in is {name: array[S, ...]}.
+    if isinstance(values, Mapping):
+        return {name: to_tensor(value, device) for name, value in values.items()}
+    return to_tensor(values, device)
+
+
+def _num_rows(values: Any) -> int:
+    if isinstance(values, Mapping):
+        return len(next(iter(values.values()))) if values else 0
+    return len(values) if values.dim() > 0 else 0
+
+
+def _sequence_steps(module_id: str, columns: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """A stateful module's sequence batch, checked, with every ``[S, T, ...]`` column as steps ``[S * T, ...]``.
+
+    Raises:
+        ValueError: Without ``loss_mask [S, T]`` or a ``state_in`` dict.
+    """
+    loss_mask = columns.get(Columns.LOSS_MASK)
+    if loss_mask is None or loss_mask.dim() != 2 or not isinstance(columns.get(Columns.STATE_IN), Mapping):
+        raise ValueError(
+            f"module {module_id!r} is stateful (recurrent): its batch must be sequences, every column [S, T, ...] "
+            f"with {Columns.LOSS_MASK!r} [S, T] and {Columns.STATE_IN!r} {{name: Tensor[S, ...]}}, as the Learner "
+            "connector's AddTimeDimToBatchAndZeroPad makes them from episodes (update(episodes=...)); got columns "
+            f"{sorted(columns)}"
+        )
+    return {
+        column: values.reshape(-1, *values.shape[2:])
+        for column, values in columns.items()
+        if column != Columns.STATE_IN and values.dim() >= 2
+    }
 
 
 def concat_batches(batches: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

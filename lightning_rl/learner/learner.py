@@ -47,7 +47,7 @@ from typing import Any, ClassVar, Literal
 import torch
 from lightning.pytorch import Callback, LightningModule
 
-from lightning_rl.connectors import AddColumnsFromEpisodes, ConnectorPipeline, Piece
+from lightning_rl.connectors import AddColumnsFromEpisodes, AddTimeDimToBatchAndZeroPad, ConnectorPipeline, Piece
 from lightning_rl.core.arguments import ArgumentCheck, check_choice, check_int, check_number
 from lightning_rl.core.batch import MultiModuleBatch
 from lightning_rl.core.columns import (
@@ -131,7 +131,9 @@ class Learner(UpdateApiMixin, OptimizersMixin, MultiModuleMixin, StateMixin, Lig
         grad_clip_by: ``"value"`` (each element), ``"norm"`` (each tensor's L2 norm) or
             ``"global_norm"`` (the L2 norm of all of one optimizer's gradients together).
         num_epochs: Passes over each train batch when run by a Trainer.
-        minibatch_size: Rows per gradient step when run by a Trainer; ``None`` for the whole batch.
+        minibatch_size: Rows (env steps) per gradient step when run by a Trainer; ``None`` for the
+            whole batch. Stateful (recurrent) modules take whole sequences:
+            ``max(1, minibatch_size // max_seq_len)`` of them per step.
         shuffle_batch_per_epoch: Whether each pass visits the rows in a new random order.
         policies_to_train: The module ids to train (others are left as they are), or a
             callable ``(module_id, batch) -> bool``; ``None`` trains every module.
@@ -252,6 +254,22 @@ class Learner(UpdateApiMixin, OptimizersMixin, MultiModuleMixin, StateMixin, Lig
         self._learner_connector = self.build_learner_connector()
         for piece in self._user_connector_pieces:
             self._learner_connector.append(piece)
+        self._end_connector_with_time_axis()
+
+    def _end_connector_with_time_axis(self) -> None:
+        """With a stateful (recurrent) module, end the Learner connector with ``AddTimeDimToBatchAndZeroPad``.
+
+        It runs after every other piece (user pieces included), so they all see rows, and
+        the batch the Learner trains on is sequences. A Learner of feed-forward modules
+        keeps its pipeline as it is (the piece would do nothing); ``build`` calls this, and so
+        does adding a module.
+        """
+        pipeline = self._learner_connector
+        if pipeline is None or not any(self._module[mid].is_stateful() for mid in self._module):
+            return
+        if any(isinstance(piece, AddTimeDimToBatchAndZeroPad) for piece in pipeline):
+            pipeline.remove(AddTimeDimToBatchAndZeroPad)  # moved to the end, behind pieces added since
+        pipeline.append(AddTimeDimToBatchAndZeroPad())
 
     def build_learner_connector(self) -> ConnectorPipeline:
         """Override point: the Learner connector, the pipeline that turns episodes into a train batch.
@@ -260,7 +278,9 @@ class Learner(UpdateApiMixin, OptimizersMixin, MultiModuleMixin, StateMixin, Lig
         ``learner_connector_pieces`` are appended to what it returns. The base pipeline
         holds ``AddColumnsFromEpisodes`` (the episodes' steps as columns, keyed by module
         id). Override to add pieces anywhere (``insert_after``, ``prepend``, ...); call
-        ``super()`` first, as ``PPOLearner`` does to append GAE.
+        ``super()`` first, as ``PPOLearner`` does to append GAE. With a stateful module,
+        ``build`` ends the pipeline with ``AddTimeDimToBatchAndZeroPad``, after the pieces
+        given as ``learner_connector_pieces``.
         """
         return ConnectorPipeline([AddColumnsFromEpisodes()])
 

@@ -119,6 +119,7 @@ class MultiModuleMixin:
 
     def _modules_changed(self) -> None:
         """After a module was added or removed: compile anew, and build DDP's wrapper, or the FSDP unit, around the modules."""
+        self._end_connector_with_time_axis()  # a stateful module added: its rows become sequences
         runner = self.step_runner
         if runner.sharding_mesh is not None:
             shard_modules(self, runner.sharding_mesh)  # compiles the new unit

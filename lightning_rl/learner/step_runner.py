@@ -37,10 +37,18 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 
-from lightning_rl.core.batch import MultiModuleBatch, iterate_minibatches, num_rows
+from lightning_rl.connectors.time_axis import check_all_stateful_or_none
+from lightning_rl.core.batch import (
+    MultiModuleBatch,
+    iterate_minibatches,
+    num_env_steps,
+    num_rows,
+)
 from lightning_rl.core.columns import ALL_MODULES
 from lightning_rl.core.metrics import MetricsLogger
+from lightning_rl.core.recurrent import max_seq_len_of
 from lightning_rl.core.rl_modules import MultiRLModule
+from lightning_rl.core.sequences import sequences_per_minibatch
 from lightning_rl.learner._lightning_private import (
     attached_trainer,
     step_hooks_have_listeners,
@@ -110,6 +118,8 @@ class NonFiniteSteps:
 @dataclasses.dataclass
 class StepsTrained:
     """What minibatch steps trained: rows per module, steps, env steps (rows of the largest module).
+
+    Rows are env steps: a stateful module's sequences count their real (unpadded) steps.
 
     ``num_steps_applied`` counts the steps that changed the weights: all but those whose every
     optimizer step was skipped for non-finite gradients.
@@ -249,14 +259,17 @@ class StepRunner:
             batch: The prepared batch of the modules to train; may be ``{}`` on a
                 data-parallel rank without rows, which still takes every step in step with the others.
             num_epochs: Passes over the batch.
-            minibatch_size: Rows per step; ``None`` for the whole batch.
+            minibatch_size: Rows (env steps) per step; ``None`` for the whole batch. Stateful
+                modules train on whole sequences: ``max(1, minibatch_size // max_seq_len)`` of them
+                per step (``minibatch_rows``).
             shuffle: Whether each pass visits the rows in a new random order.
             device: Where the ranks' agreement is reduced (the Learner's device).
 
         Raises:
             ValueError: With sharded modules outside their Trainer (the ranks would not agree
                 on their steps, and could wait on each other forever); on several ranks asked
-                for different ``num_epochs`` or ``minibatch_size``.
+                for different ``num_epochs`` or ``minibatch_size``; for stateful modules
+                together with feed-forward ones, or with different ``max_seq_len``.
         """
         if self.sharding_mesh is not None and self.running_trainer() is None:
             raise ValueError(
@@ -264,6 +277,9 @@ class StepRunner:
                 "that sharded them (Trainer.fit, or a LearnerGroup), where the ranks keep in step"
             )
         self.modules_in_update, num_rows_per_pass = None, None
+        # In the batch's rows: sequences for stateful modules, so that the ranks agree on (and
+        # iterate over) numbers of sequences. Converted from the modules alike on every rank.
+        rows_per_minibatch = self.minibatch_rows(minibatch_size)
         if self.is_data_parallel():
             self.modules_in_update, num_rows_per_pass = agree_with_other_ranks(
                 attached_trainer(self._learner).strategy,
@@ -276,13 +292,39 @@ class StepRunner:
         trained = StepsTrained()
         try:
             if batch or self.modules_in_update:
-                trained = self._minibatch_steps(batch, num_epochs, minibatch_size, shuffle, num_rows_per_pass)
+                trained = self._minibatch_steps(batch, num_epochs, rows_per_minibatch, shuffle, num_rows_per_pass)
         finally:
             self.modules_in_update = None
         # Only steps that changed the weights count: one whose optimizers all skipped for
         # non-finite gradients does not, so a TargetNetworkUpdate does not fire on it.
         self.weights_seq_no += trained.num_steps_applied
         return trained
+
+    def minibatch_rows(self, minibatch_size: int | None) -> int | None:
+        """``minibatch_size`` (env steps) in the rows of this Learner's batches: sequences when its modules are stateful.
+
+        Read from the Learner's modules, not from the batch, so that a data-parallel rank
+        without rows converts it as the others do.
+
+        Args:
+            minibatch_size: Env steps per minibatch, as users set it; ``None`` for the whole batch.
+
+        Raises:
+            ValueError: For stateful and feed-forward modules in one Learner, or stateful
+                modules with different ``max_seq_len`` (not supported yet).
+        """
+        module = self._learner.module
+        stateful = [module_id for module_id in module if module[module_id].is_stateful()]
+        if not stateful:
+            return minibatch_size
+        check_all_stateful_or_none(module, list(module))
+        lengths = {module_id: max_seq_len_of(module[module_id]) for module_id in stateful}
+        if len(set(lengths.values())) > 1:
+            raise ValueError(
+                f"this Learner's stateful modules have different max_seq_len {lengths}; minibatches of sequences "
+                "of different lengths are not supported yet: give them one max_seq_len"
+            )
+        return sequences_per_minibatch(minibatch_size, next(iter(lengths.values())))
 
     def _minibatch_steps(
         self,
@@ -303,7 +345,7 @@ class StepRunner:
             num_rows_per_pass=num_rows_per_pass,
         ):
             num_steps_applied += bool(self._minibatch_step_fn(minibatch))
-            rows = {module_id: num_rows(module_batch) for module_id, module_batch in minibatch.items()}
+            rows = {module_id: num_env_steps(module_batch) for module_id, module_batch in minibatch.items()}
             for module_id, count in rows.items():
                 module_rows[module_id] += count
             env_steps += max(rows.values(), default=0)
@@ -505,6 +547,9 @@ def agree_with_other_ranks(
 ) -> tuple[set[str], int]:
     """The modules trained on any rank and the largest module batch on any rank (a collective call).
 
+    Rows are a module batch's first axis: sequences for a stateful module, so ranks with
+    unequal episode lengths agree on numbers of sequence minibatches.
+
     Every rank then takes the same number of minibatch steps, each with one backward pass
     that reaches every parameter (see ``unused_parameter_anchor``), even when its shard is
     smaller or holds no rows of some module, so no rank waits on another forever.
@@ -514,7 +559,8 @@ def agree_with_other_ranks(
         module_ids: All of the Learner's module ids (the same on every rank).
         batch: This rank's prepared batch.
         num_epochs: This rank's passes over its batch.
-        minibatch_size: This rank's rows per step.
+        minibatch_size: This rank's ``minibatch_size`` setting (env steps; stateful modules'
+            batches take it in sequences, converted alike on every rank).
         device: Where the all-reduced tensor lives (the Learner's device).
 
     Raises:

@@ -83,8 +83,9 @@ class UpdateApiMixin:
                 to ``update_from_replay``).
             timesteps: Lifetime counters that drive the schedules, as in ``update_from_batch``.
             num_epochs: Passes over a batch or episodes; must be 1 for ``data_iterators``.
-            minibatch_size: Rows per gradient step; ``None`` for the whole batch (or each
-                drawn batch of an iterator).
+            minibatch_size: Rows (env steps) per gradient step; ``None`` for the whole batch (or
+                each drawn batch of an iterator). Stateful modules take whole sequences,
+                ``max(1, minibatch_size // max_seq_len)`` of them.
             shuffle_batch_per_epoch: Whether each pass visits rows in a new random order.
 
         With no source at all, the update takes no gradient step but runs its hooks
@@ -117,11 +118,14 @@ class UpdateApiMixin:
 
         Args:
             batch: ``{column: array}`` for a single-module Learner, or
-                ``{module_id: {column: array}}``; numpy arrays or tensors.
+                ``{module_id: {column: array}}``; numpy arrays or tensors. A stateful module's
+                batch is sequences (every column ``[S, T, ...]``, ``loss_mask [S, T]``, ``state_in``
+                ``{name: array[S, ...]}``), as ``episodes_to_train_batch`` makes it.
             timesteps: Lifetime counters, e.g. ``{"num_env_steps_sampled_lifetime": 4000}``;
                 they drive the learning-rate schedules. Left out, the last ones are kept.
             num_epochs: Passes over the batch.
-            minibatch_size: Rows per gradient step; ``None`` for the whole batch.
+            minibatch_size: Rows (env steps) per gradient step; ``None`` for the whole batch.
+                Stateful modules take whole sequences, ``max(1, minibatch_size // max_seq_len)`` of them.
             shuffle_batch_per_epoch: Whether each pass visits rows in a new random order.
 
         Under a Trainer on several DDP ranks, every rank calls this with its own shard: the

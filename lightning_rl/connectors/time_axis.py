@@ -1,0 +1,115 @@
+"""The last piece of a Learner connector with stateful modules: rows become zero-padded sequences."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from lightning_rl.connectors.add_columns import MODULE_EPISODES
+from lightning_rl.connectors.pipeline import ConnectorPiece, TrainBatch
+from lightning_rl.core.columns import Columns
+from lightning_rl.core.recurrent import max_seq_len_of, unpack_state
+from lightning_rl.core.sequences import sequence_layout, to_sequences
+
+if TYPE_CHECKING:
+    from lightning_rl.core.metrics import MetricsLogger
+    from lightning_rl.core.rl_modules import MultiRLModule, RLModule
+
+
+class AddTimeDimToBatchAndZeroPad(ConnectorPiece):
+    """Cuts each stateful module's rows into sequences of its ``max_seq_len`` (RLlib's piece of that name).
+
+    Each episode chunk of ``L`` rows becomes ``ceil(L / max_seq_len)`` sequences, the last
+    one zero-padded: every column becomes ``[S, T, ...]``, ``loss_mask [S, T]`` (true on real
+    steps) is added, and ``state_in`` (stored packed per step by the actor) becomes the
+    module's state dict at each sequence's first step, ``{name: Tensor[S, ...]}``. A sequence
+    never spans two chunks. Feed-forward modules' rows pass untouched.
+
+    The Learner appends this piece last (after user pieces), so every piece before it sees
+    rows, as for a feed-forward module (GAE, ``log_vf_explained_var``).
+    """
+
+    def __call__(
+        self,
+        *,
+        rl_module: MultiRLModule,
+        batch: TrainBatch,
+        episodes: Sequence[Any],
+        shared_data: dict[str, Any],
+        metrics: MetricsLogger,
+    ) -> TrainBatch:
+        """Replace every stateful module's rows in ``batch`` by its sequences.
+
+        Raises:
+            ValueError: If the batch holds both stateful and feed-forward modules (not yet
+                supported), no piece before recorded the module episodes, or a stateful
+                module's rows lack the ``state_in`` its episodes should carry.
+        """
+        stateful = [module_id for module_id in batch if rl_module[module_id].is_stateful()]
+        if not stateful:
+            return batch
+        check_all_stateful_or_none(rl_module, list(batch))
+        if MODULE_EPISODES not in shared_data:
+            raise ValueError(
+                f"AddTimeDimToBatchAndZeroPad needs shared_data[{MODULE_EPISODES!r}] (which episode chunks became "
+                "which module's rows) to cut the rows into sequences: put it after AddColumnsFromEpisodes"
+            )
+        for module_id in stateful:
+            lengths = [len(episode) for episode in shared_data[MODULE_EPISODES][module_id]]
+            batch[module_id] = rows_to_sequences(batch[module_id], lengths, rl_module[module_id], module_id)
+        return batch
+
+    def __repr__(self) -> str:
+        return "AddTimeDimToBatchAndZeroPad()"
+
+
+def rows_to_sequences(columns: Mapping[str, Tensor], lengths: Sequence[int], module: RLModule, module_id: str) -> dict[str, Any]:
+    """One stateful module's rows (episode chunks laid end to end) as its sequence batch.
+
+    Args:
+        columns: ``{column: Tensor[N, ...]}``, with ``state_in`` packed ``[N, S]``.
+        lengths: Rows per episode chunk, in row order (summing to ``N``).
+        module: The stateful module: its ``max_seq_len`` and ``get_initial_state()`` (the state's names and shapes).
+        module_id: Named in errors.
+
+    Returns:
+        Every column ``[S, T, ...]``, ``loss_mask [S, T]``, and ``state_in {name: Tensor[S, ...]}``.
+
+    Raises:
+        ValueError: Without a ``state_in`` column.
+    """
+    if Columns.STATE_IN not in columns:
+        raise ValueError(
+            f"module {module_id!r} is stateful, so its episodes must carry the recurrent state the actor had at "
+            f"every step (extra_model_outputs[{Columns.STATE_IN!r}], which lightning_rl.core.acting.Acting "
+            f"records); its rows have {sorted(columns)}"
+        )
+    device = columns[Columns.STATE_IN].device
+    layout = sequence_layout(torch.tensor(lengths, dtype=torch.long, device=device), max_seq_len_of(module))
+    sequences: dict[str, Any] = {
+        name: to_sequences(values, layout) for name, values in columns.items() if name != Columns.STATE_IN
+    }
+    # Each sequence starts from the state stored for its first step (the actor's state there).
+    sequences[Columns.STATE_IN] = unpack_state(columns[Columns.STATE_IN][layout.first_row], module.get_initial_state())
+    sequences[Columns.LOSS_MASK] = layout.loss_mask()
+    return sequences
+
+
+def check_all_stateful_or_none(rl_module: MultiRLModule, module_ids: Sequence[str]) -> None:
+    """Raise if ``module_ids`` mix stateful and feed-forward modules (minibatches of sequences and of rows: not yet supported).
+
+    Args:
+        rl_module: The Learner's modules.
+        module_ids: The modules trained together.
+    """
+    stateful = sorted(m for m in module_ids if rl_module[m].is_stateful())
+    feed_forward = sorted(m for m in module_ids if not rl_module[m].is_stateful())
+    if stateful and feed_forward:
+        raise ValueError(
+            f"this Learner trains stateful (recurrent) modules {stateful} and feed-forward modules {feed_forward} "
+            "together; one Learner whose minibatches hold both sequences and rows is not supported yet: train them "
+            "in separate Learners, or give all of them use_lstm"
+        )
