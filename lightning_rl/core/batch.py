@@ -1,7 +1,9 @@
 """Train batches: conversion to tensors and iteration over epochs of minibatches.
 
 A multi-module batch is ``{module_id: {column: Tensor[B_m, ...]}}``; every module may have
-its own number of rows ``B_m``.
+its own number of rows ``B_m``. A column may also be a dict of tensors with those rows (a
+recurrent module's ``state_in``, ``{name: Tensor[B_m, ...]}``): minibatches slice every tensor
+in it by the same rows.
 """
 
 from __future__ import annotations
@@ -51,9 +53,9 @@ def masked_mean(values: torch.Tensor, loss_mask: torch.Tensor | None = None) -> 
     return torch.where(loss_mask.bool(), values, torch.zeros_like(values)).sum() / mask.sum().clamp(min=1.0)
 
 
-def num_rows(module_batch: Mapping[str, torch.Tensor]) -> int:
+def num_rows(module_batch: Mapping[str, Any]) -> int:
     """The number of rows of one module's batch (its columns agree; see ``check_rows``)."""
-    return len(next(iter(module_batch.values())))
+    return len(_first_tensor(module_batch))
 
 
 def iterate_minibatches(
@@ -108,13 +110,27 @@ def _take_rows(
 ) -> dict[str, torch.Tensor]:
     if stop <= count:
         if order is None:  # contiguous rows: views, no copy
-            return {column: values[start:stop] for column, values in module_batch.items()}
+            return _index_rows(module_batch, slice(start, stop))
         index = order[start:stop]
     else:  # a smaller module cycles through its rows
         positions = torch.arange(start, stop, device=_device_of(module_batch)) % count
         index = positions if order is None else order[positions]
-    return {column: values[index] for column, values in module_batch.items()}
+    return _index_rows(module_batch, index)
 
 
-def _device_of(module_batch: Mapping[str, torch.Tensor]) -> torch.device:
-    return next(iter(module_batch.values())).device
+def _index_rows(columns: Mapping[str, Any], index: slice | torch.Tensor) -> dict[str, Any]:
+    """Every column's rows ``index``; a dict-valued column (``state_in``) has each of its tensors indexed alike."""
+    return {
+        column: _index_rows(values, index) if isinstance(values, Mapping) else values[index]
+        for column, values in columns.items()
+    }
+
+
+def _first_tensor(columns: Mapping[str, Any]) -> torch.Tensor:
+    """The first tensor of a module batch, looking inside dict-valued columns."""
+    first = next(iter(columns.values()))
+    return _first_tensor(first) if isinstance(first, Mapping) else first
+
+
+def _device_of(module_batch: Mapping[str, Any]) -> torch.device:
+    return _first_tensor(module_batch).device
