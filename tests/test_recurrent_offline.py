@@ -21,8 +21,10 @@ from lightning_rl.core.rl_module_specs import RLModuleSpec
 from lightning_rl.data import OfflineDataModule
 
 minari = pytest.importorskip("minari")
-from minari.data_collector import EpisodeBuffer  # noqa: E402
-from test_offline_datamodule import make_hand_dataset, minari_root, offline_trainer  # noqa: E402, F401
+from minari.data_collector import EpisodeBuffer
+
+# minari_root: the autouse fixture that gives every test its own dataset folder.
+from test_offline_datamodule import make_hand_dataset, minari_root, offline_trainer  # noqa: F401
 
 MODULE_ID = "default_policy"
 OBS = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
