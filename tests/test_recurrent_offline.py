@@ -22,6 +22,7 @@ from lightning_rl.data import OfflineDataModule
 
 minari = pytest.importorskip("minari")
 from minari.data_collector import EpisodeBuffer
+from ranks import run_on_ranks
 
 # minari_root: the autouse fixture that gives every test its own dataset folder.
 from test_offline_datamodule import make_hand_dataset, minari_root, offline_trainer  # noqa: F401
@@ -279,3 +280,33 @@ def test_feed_forward_modules_keep_their_layers_and_train_on_rows(tmp_path):
 def test_modules_without_a_recurrent_version_name_those_that_have_one():
     with pytest.raises(ValueError, match="PPOModule, BCModule and MARWILModule"):
         DQNModule(OBS, ACTIONS, {"use_lstm": True})
+
+
+def _sequence_fit_on_rank(rank: int, world_size: int, root: str) -> dict[str, Any]:
+    import os
+
+    from lightning.pytorch import seed_everything
+
+    os.environ["MINARI_DATASETS_PATH"] = os.path.join(root, "minari")
+    seed_everything(0)
+    record = RecordMinibatches()
+    learner = BCLearner(model_config=recurrent_config(3), lr=1e-2)
+    data = OfflineDataModule("test/ranks-seq-v0", batch_size=3, updates_per_epoch=4)  # one sequence per minibatch
+    trainer = offline_trainer(Path(root), strategy="ddp", devices=world_size, callbacks=[record], limit_val_batches=0)
+    trainer.fit(learner, datamodule=data)
+    return {
+        "obs": [minibatch[Columns.OBS].numpy().copy() for minibatch in record.minibatches],
+        "timesteps": record.timesteps,
+        "weights": {k: v.detach().numpy().copy() for k, v in learner.module[MODULE_ID].state_dict().items()},
+    }
+
+
+def test_two_ranks_train_on_disjoint_sequences_that_together_cover_a_pass(tmp_path):
+    make_hand_dataset("test/ranks-seq-v0", [5, 7, 6, 6])  # 2 + 3 + 2 + 2 = 9 sequences of 3 steps: 8 drawn
+    rank0, rank1 = run_on_ranks(_sequence_fit_on_rank, str(tmp_path), world_size=2, timeout=240)
+
+    firsts = [tuple(obs[0, 0].tolist()) for rank in (rank0, rank1) for obs in rank["obs"]]
+    assert len(firsts) == len(set(firsts)) == 8  # every sequence's first step once: disjoint sequences
+    assert rank0["timesteps"] == rank1["timesteps"]  # both ranks count the real steps of all ranks' sequences
+    for name, value in rank0["weights"].items():
+        np.testing.assert_array_equal(value, rank1["weights"][name], err_msg=name)
