@@ -485,7 +485,7 @@ class OfflineDataModule(RankedDataModule):
         """Draw this rank's next ``batch_size`` rows, ``{module_id: {column: Tensor}}``; move the position on by all ranks' rows.
 
         For a stateful module, its next ``sequences_per_minibatch`` sequences instead (the
-        layout is in the module docstring), each with the module's initial state as ``state_in``.
+        layout is in this file's docstring), each with the module's initial state as ``state_in``.
         """
         rank, world_size = self.placement()
         if self._max_seq_len is not None:
