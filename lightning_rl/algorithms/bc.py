@@ -6,12 +6,24 @@ from typing import Any
 
 import gymnasium as gym
 import torch
+from torch import Tensor
 
+from lightning_rl.core.action_masks import observation_part
+from lightning_rl.core.batch import masked_mean
 from lightning_rl.core.columns import Columns
 from lightning_rl.core.distributions import distribution_class_for_space
 from lightning_rl.core.encoders import OBSERVATION_ENCODER_KEYS, build_observation_encoder
 from lightning_rl.core.mlp import DEFAULT_FCNET_ACTIVATION, DEFAULT_FCNET_HIDDENS, build_mlp_from_config
 from lightning_rl.core.module_checks import ModelConfigKey
+from lightning_rl.core.observation_layout import stored_observation_space
+from lightning_rl.core.recurrent import (
+    RECURRENT_KEYS,
+    RecurrentCore,
+    check_has_time_axis,
+    fold_time,
+    is_recurrent_config,
+    unfold_time,
+)
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.rl_modules import RLModule
 from lightning_rl.core.learner_config import LearnerConfig
@@ -27,12 +39,19 @@ class BCModule(RLModule):
     Discrete actions get categorical logits; MultiDiscrete actions one categorical per dimension
     (``sum(nvec)`` logits); Box actions of any shape a diagonal Gaussian (a mean and a log-std per
     number of the flattened box).
+
+    With ``use_lstm`` (and the other keys of :data:`~lightning_rl.core.recurrent.RECURRENT_KEYS`)
+    a recurrent core ``pi_core`` sits between the encoder and the MLP, with the state names
+    ``pi_h`` (and ``pi_c`` for an LSTM): the module is stateful, its passes take ``obs [B, T, ...]``
+    and ``state_in`` and return ``state_out`` (:mod:`lightning_rl.core.recurrent`). Without it the
+    module is exactly the feed-forward one (same layers, initial weights and ``state_dict`` keys).
     """
 
     model_config_keys = {
         "fcnet_hiddens": ModelConfigKey.layer_sizes(DEFAULT_FCNET_HIDDENS),
         "fcnet_activation": ModelConfigKey.activation(DEFAULT_FCNET_ACTIVATION),
         **OBSERVATION_ENCODER_KEYS,
+        **RECURRENT_KEYS,
     }
 
     @classmethod
@@ -43,11 +62,45 @@ class BCModule(RLModule):
     def setup(self) -> None:
         out_dim = distribution_class_for_space(self.action_space).required_input_dim(self.action_space)
         config = self.resolved_model_config()
+        self.recurrent = is_recurrent_config(config)
         self.pi_obs_encoder = build_observation_encoder(self.observation_space, config)
-        self.pi = build_mlp_from_config(self.pi_obs_encoder.out_dim, config, out_dim)
+        pi_dim = self.pi_obs_encoder.out_dim
+        # A plain attribute when feed-forward: no layer, so the state_dict keys stay as they were.
+        self.pi_core: RecurrentCore | None = None
+        if self.recurrent:
+            self.pi_core = RecurrentCore(pi_dim, config, self.action_space, prefix="pi_")
+            pi_dim = self.pi_core.out_dim
+        self.pi = build_mlp_from_config(pi_dim, config, out_dim)
+
+    def get_initial_state(self) -> dict[str, Tensor]:
+        """The recurrent core's zero state (``pi_h``, and ``pi_c`` for an LSTM); empty without ``use_lstm``."""
+        return self.pi_core.initial_state() if self.pi_core is not None else {}
 
     def _forward(self, batch: dict[str, Any]) -> dict[str, Any]:
+        if self.recurrent:
+            return self._recurrent_forward(batch, with_values=False)
         return {Columns.ACTION_DIST_INPUTS: self.pi(self.pi_obs_encoder(batch[Columns.OBS]))}
+
+    def _recurrent_forward(self, batch: dict[str, Any], *, with_values: bool) -> dict[str, Any]:
+        """The passes of a recurrent module: encoder per step, core over time, MLP per step.
+
+        Args:
+            batch: ``obs [B, T, ...]``, ``state_in`` (and ``prev_actions``/``prev_rewards`` when
+                the core reads them).
+            with_values: Whether to add value predictions; a policy alone has none, subclasses
+                with a value network (``MARWILModule``) add them.
+
+        Returns:
+            ``action_dist_inputs [B, T, ...]`` and ``state_out {name: [B, cell_size]}``.
+        """
+        obs = batch[Columns.OBS]
+        check_has_time_axis(obs, len(self._stored_obs_shape()), type(self).__name__)
+        features = unfold_time(self.pi_obs_encoder(fold_time(obs)), obs.shape[0])
+        core_out, state_out = self.pi_core(features, batch)
+        return {Columns.ACTION_DIST_INPUTS: self.pi(core_out), Columns.STATE_OUT: state_out}
+
+    def _stored_obs_shape(self) -> tuple[int, ...]:
+        return tuple(stored_observation_space(observation_part(self.observation_space)).shape)
 
 
 class BCLearner(Learner):
@@ -57,7 +110,8 @@ class BCLearner(Learner):
         module_spec: What to build. May be left out when ``model_config`` or ``module`` is
             given, or a checkpoint provides it.
         model_config: Instead of ``module_spec``, the settings of a :class:`BCModule`
-            (``fcnet_hiddens``, ``fcnet_activation``) built with the spaces of the Trainer's
+            (``fcnet_hiddens``, ``fcnet_activation``, the recurrent keys such as ``use_lstm``
+            and ``max_seq_len``) built with the spaces of the Trainer's
             data module. Unlike the other algorithms, leaving out both builds no default
             module: behaviour cloning has no standard network to assume.
         **kwargs: The ``Learner`` arguments (``module``, ``lr``, ``num_epochs``, ...).
@@ -82,4 +136,5 @@ class BCLearner(Learner):
     ) -> torch.Tensor:
         dist_class = self.module[module_id].get_train_action_dist_cls()
         action_dist = dist_class.from_logits(fwd_out[Columns.ACTION_DIST_INPUTS])
-        return -action_dist.logp(batch[Columns.ACTIONS]).mean()
+        # Over the real steps only: a recurrent module's sequences are zero-padded (loss_mask).
+        return -masked_mean(action_dist.logp(batch[Columns.ACTIONS]), batch.get(Columns.LOSS_MASK))

@@ -29,9 +29,11 @@ from torch import Tensor
 
 from lightning_rl.algorithms.bc import BCModule
 from lightning_rl.core.arguments import ArgumentCheck, check_number
+from lightning_rl.core.batch import masked_mean
 from lightning_rl.core.columns import Columns
 from lightning_rl.core.encoders import build_observation_encoder
 from lightning_rl.core.mlp import build_mlp_from_config
+from lightning_rl.core.recurrent import RecurrentCore, fold_time, unfold_time
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.learner_config import LearnerConfig
 from lightning_rl.learner.learner import Learner, algorithm_module_spec
@@ -57,37 +59,84 @@ class MARWILModule(BCModule):
     ``inference_only`` module has the policy alone.
 
     ``model_config`` takes ``BCModule``'s keys; Discrete and MultiDiscrete actions get
-    categorical logits, Box actions a diagonal Gaussian, as for ``BCModule``.
+    categorical logits, Box actions a diagonal Gaussian, as for ``BCModule``. With ``use_lstm``
+    the value network has a recurrent core of its own, ``vf_core`` (state names ``vf_h``, and
+    ``vf_c`` for an LSTM, beside the policy's ``pi_`` ones), between its encoder and its MLP. It
+    steps in every pass, acting included, so that a state recorded while acting would hold the
+    value network's part too (as ``PPOModule``'s separate networks do).
     """
 
     def setup(self) -> None:
         super().setup()
+        self.vf_core: RecurrentCore | None = None
         if not self.inference_only:
             config = self.resolved_model_config()
             self.vf_obs_encoder = build_observation_encoder(self.observation_space, config)
-            self.vf = build_mlp_from_config(self.vf_obs_encoder.out_dim, config, 1)
+            vf_dim = self.vf_obs_encoder.out_dim
+            if self.recurrent:
+                self.vf_core = RecurrentCore(vf_dim, config, self.action_space, prefix="vf_")
+                vf_dim = self.vf_core.out_dim
+            self.vf = build_mlp_from_config(vf_dim, config, 1)
             # Persistent: the moving average is training state that checkpoints must carry.
             self.register_buffer(MOVING_AVG_BUFFER, torch.tensor(100.0))
 
+    def get_initial_state(self) -> dict[str, Tensor]:
+        """The policy core's zero state and the value core's (``vf_h``, ``vf_c``); empty without ``use_lstm``."""
+        state = super().get_initial_state()
+        if self.vf_core is not None:
+            state.update(self.vf_core.initial_state())
+        return state
+
     def compute_values(self, batch: dict[str, Any]) -> Tensor:
-        """State values ``V(s)`` of ``batch["obs"]``, shape ``[B]``.
+        """State values ``V(s)`` of ``batch["obs"]``: shape ``[B]``, or ``[B, T]`` for a recurrent module.
+
+        Args:
+            batch: ``{"obs": Tensor[B, ...]}``; a recurrent module's ``{"obs": Tensor[B, T, ...],
+                "state_in": {...}}`` (and ``prev_actions``/``prev_rewards`` when it reads them).
 
         Raises:
             ValueError: For an ``inference_only`` module, which has no value network.
         """
         if self.inference_only:
             raise ValueError("this MARWILModule was built with inference_only=True and has no value network")
+        if self.recurrent:
+            return self._recurrent_forward(batch, with_values=True)[Columns.VF_PREDS]
         return self.vf(self.vf_obs_encoder(batch[Columns.OBS])).squeeze(-1)
 
     def _forward_train(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """The policy's ``action_dist_inputs`` and the values ``vf_preds`` of ``batch["obs"]``."""
+        """The policy's ``action_dist_inputs`` and the values ``vf_preds`` of ``batch["obs"]`` (and ``state_out`` if recurrent)."""
         if self.inference_only:
             raise ValueError("this MARWILModule was built with inference_only=True and has no value network to train")
+        if self.recurrent:
+            return self._recurrent_forward(batch, with_values=True)
         obs = batch[Columns.OBS]
         return {
             Columns.ACTION_DIST_INPUTS: self.pi(self.pi_obs_encoder(obs)),
             Columns.VF_PREDS: self.vf(self.vf_obs_encoder(obs)).squeeze(-1),
         }
+
+    def _recurrent_forward(self, batch: dict[str, Any], *, with_values: bool) -> dict[str, Any]:
+        """The policy's recurrent pass (``BCModule``'s), then the value core's over the same steps.
+
+        Args:
+            batch: As ``BCModule._recurrent_forward`` takes it; ``state_in`` holds both cores' names.
+            with_values: Whether to add ``vf_preds [B, T]``.
+
+        Raises:
+            ValueError: If ``with_values`` and the module is ``inference_only`` (no value network).
+        """
+        out = super()._recurrent_forward(batch, with_values=False)
+        if self.vf_core is None:
+            if with_values:
+                raise ValueError("this MARWILModule was built with inference_only=True and has no value network")
+            return out
+        obs = batch[Columns.OBS]
+        features = unfold_time(self.vf_obs_encoder(fold_time(obs)), obs.shape[0])
+        vf_out, vf_state_out = self.vf_core(features, batch)
+        out[Columns.STATE_OUT] = {**out[Columns.STATE_OUT], **vf_state_out}
+        if with_values:
+            out[Columns.VF_PREDS] = self.vf(vf_out).squeeze(-1)
+        return out
 
 
 class MARWILLearner(Learner):
@@ -102,7 +151,8 @@ class MARWILLearner(Learner):
         module_spec: What to build; ``None`` builds a :class:`MARWILModule` from
             ``model_config`` with the spaces of the Trainer's data module.
         model_config: The ``MARWILModule``'s settings when ``module_spec`` is ``None``
-            (``fcnet_hiddens``, ``fcnet_activation``).
+            (``fcnet_hiddens``, ``fcnet_activation``, the recurrent keys such as ``use_lstm``
+            and ``max_seq_len``).
         beta: The advantages' inverse temperature (>= 0); 0 is behaviour cloning.
         vf_coeff: The value loss's weight in the total loss (>= 0).
         moving_average_sqd_adv_norm_update_rate: The step size ``rate`` in ``[0, 1]`` of the
@@ -172,15 +222,17 @@ class MARWILLearner(Learner):
         action_dist = module.get_train_action_dist_cls().from_logits(fwd_out[Columns.ACTION_DIST_INPUTS])
         logp = action_dist.logp(batch[Columns.ACTIONS])
         log = self.metrics.log_value
+        # A recurrent module's batch is zero-padded sequences: every mean is over the real steps.
+        mask = batch.get(Columns.LOSS_MASK)
         if config.beta == 0:
             # Behaviour cloning, as RLlib falls back to it: no value loss, weights of one.
-            policy_loss = -logp.mean()
+            policy_loss = -masked_mean(logp, mask)
             log((module_id, POLICY_LOSS_KEY), policy_loss, window=math.inf, clear_on_reduce=True)
             return policy_loss
 
         values = fwd_out[Columns.VF_PREDS]
         advantages = batch[Columns.VALUE_TARGETS].float() - values
-        squared_advantages_mean = advantages.pow(2).mean()
+        squared_advantages_mean = masked_mean(advantages.pow(2), mask)
         value_loss = 0.5 * squared_advantages_mean
 
         # Update the moving average first, so this batch's weights use it (RLlib's order).
@@ -191,7 +243,7 @@ class MARWILLearner(Learner):
         # poison the average either (a tensor choice: no device sync).
         moving_avg.copy_(torch.where(torch.isfinite(updated), updated, moving_avg))
         weights = torch.exp(config.beta * advantages.detach() / (1e-8 + moving_avg.sqrt()))
-        policy_loss = -(weights * logp).mean()
+        policy_loss = -masked_mean(weights * logp, mask)
 
         log((module_id, POLICY_LOSS_KEY), policy_loss, window=math.inf, clear_on_reduce=True)
         log((module_id, VF_LOSS_KEY), value_loss, window=math.inf, clear_on_reduce=True)
@@ -199,6 +251,8 @@ class MARWILLearner(Learner):
         log((module_id, MOVING_AVG_SQD_ADV_NORM_KEY), moving_avg.clone(), window=1, clear_on_reduce=True)
         with torch.no_grad():
             targets = batch[Columns.VALUE_TARGETS].float()
+            if mask is not None:  # the real steps, as rows
+                targets, values = targets[mask], values[mask]
             explained = 1 - (targets - values).var(unbiased=False) / targets.var(unbiased=False).clamp(min=1e-8)
         log((module_id, VF_EXPLAINED_VAR_KEY), explained, window=math.inf, clear_on_reduce=True)
         return policy_loss + config.vf_coeff * value_loss

@@ -118,24 +118,26 @@ def _take_rows(
 ) -> dict[str, Any]:
     if stop <= count:
         if order is None:  # contiguous rows: views, no copy
-            return {column: _index(values, slice(start, stop)) for column, values in module_batch.items()}
+            return _index_rows(module_batch, slice(start, stop))
         index = order[start:stop]
     else:  # a smaller module cycles through its rows
         positions = torch.arange(start, stop, device=_device_of(module_batch)) % count
         index = positions if order is None else order[positions]
-    return {column: _index(values, index) for column, values in module_batch.items()}
+    return _index_rows(module_batch, index)
 
 
-def _index(values: Any, index: slice | torch.Tensor) -> Any:
-    # A sequence batch's state_in is {name: Tensor[S, ...]}: its rows go with the sequences.
-    if isinstance(values, Mapping):
-        return {name: value[index] for name, value in values.items()}
-    return values[index]
+def _index_rows(columns: Mapping[str, Any], index: slice | torch.Tensor) -> dict[str, Any]:
+    """Every column's rows ``index``; a dict-valued column (``state_in``) has each of its tensors indexed alike."""
+    return {
+        column: _index_rows(values, index) if isinstance(values, Mapping) else values[index]
+        for column, values in columns.items()
+    }
 
 
-def _first_tensor(module_batch: Mapping[str, Any]) -> torch.Tensor:
-    first = next(iter(module_batch.values()))
-    return next(iter(first.values())) if isinstance(first, Mapping) else first
+def _first_tensor(columns: Mapping[str, Any]) -> torch.Tensor:
+    """The first tensor of a module batch, looking inside dict-valued columns."""
+    first = next(iter(columns.values()))
+    return _first_tensor(first) if isinstance(first, Mapping) else first
 
 
 def _device_of(module_batch: Mapping[str, Any]) -> torch.device:

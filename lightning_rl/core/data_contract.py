@@ -7,8 +7,9 @@ A Learner and a data module meet under ``Trainer.fit`` and never import each oth
   for (one pair for any module, or a pair per module id), the rows of one train item, and the
   ``TrainingData`` sources its train items hold.
 - ``DataRequirements``: what a Learner requires of its data: the sources it trains from, the
-  rows of its minibatches, the columns of each module's batch, and the discount ``gamma``
-  and ``n_step`` that rows carrying returns must be computed with.
+  rows of its minibatches, the columns of each module's batch, the discount ``gamma``
+  and ``n_step`` that rows carrying returns must be computed with, and which modules are
+  stateful (train on sequences of ``max_seq_len`` steps rather than rows).
 
 A data module that implements ``DataSource`` (every lightning_rl data module does) hands its
 offer to the Learner (``data_offer``) and receives the Learner's requirements in return
@@ -108,6 +109,10 @@ class DataRequirements:
             Learner does not bootstrap from n-step rows.
         suggestion: What to use instead, appended to a mismatch error
             (``"use lightning_rl.data.OffPolicyDataModule"``).
+        max_seq_lens: ``{module_id: max_seq_len}`` of each stateful (recurrent) module: it
+            trains on sequences of that many steps (``[S, T, ...]`` columns, ``loss_mask``,
+            ``state_in``; see ``lightning_rl.core.sequences``), not on rows. A module not
+            named here is feed-forward.
 
     Raises:
         ValueError: For sources that are not ``TrainingData`` fields.
@@ -120,6 +125,7 @@ class DataRequirements:
     gamma: float | None = None
     n_step: int | None = None
     suggestion: str = ""
+    max_seq_lens: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check_sources(self.sources, "DataRequirements")

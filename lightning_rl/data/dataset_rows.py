@@ -17,6 +17,10 @@ disjoint slices of the same stream, and a resumed fit continues from a saved pos
 A small dataset is one window, read into memory once; a large one is read a window of
 episodes at a time (episodes in a per-pass random order, rows shuffled within the window),
 so memory holds at most two windows.
+
+``SequenceStream`` is the same for a stateful (recurrent) module, in units of sequences:
+each episode cut into sequences of ``max_seq_len`` steps (``core.sequences``), every pass
+visiting all sequences in its own order; it holds the dataset in memory.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import torch
 from lightning_rl.connectors.episodes import segmented_discounted_sum
 from lightning_rl.core.columns import Columns
 from lightning_rl.core.observation_layout import ARRAY_SPACES
+from lightning_rl.core.sequences import sequence_layout
 from lightning_rl.data.minari_io import datasets_root, require_minari
 
 #: The columns a dataset row can have (``value_targets`` only when a discount is given).
@@ -356,6 +361,131 @@ class RowStream:
 
     def _generator(self, *keys: int) -> np.random.Generator:
         return np.random.default_rng([self.seed, *keys])
+
+
+class SequenceStream:
+    """An endless, deterministic stream of episode sequences for a stateful module: pass after pass, each shuffled anew.
+
+    Each episode is cut into sequences of ``max_seq_len`` steps (the last one of an episode
+    shorter, zero-padded; ``core.sequences.sequence_layout``); a sequence never spans two
+    episodes. Stream position ``g`` is sequence ``order_p[g % S]`` of pass ``p = g // S``
+    (``S`` sequences per pass, ``order_p`` a permutation seeded with ``(seed, p)``), so the
+    sequences at any position are a function of ``(seed, g)`` alone, as ``RowStream``'s rows
+    are. The whole dataset is held in memory (read on first use).
+
+    Args:
+        dataset: The Minari dataset.
+        dataset_id: Its id, for errors.
+        lengths: ``episode_lengths(dataset)``.
+        columns: The dataset columns ``sequences`` returns (``DATASET_COLUMNS``).
+        seed: Seeds each pass's order (``(seed, pass)``).
+        shuffle: Whether passes are shuffled; without it sequences come in the dataset's order.
+        max_seq_len: ``T``, the steps of a sequence.
+        gamma: The discount of ``value_targets`` (needed only when ``columns`` holds it).
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        dataset_id: str,
+        lengths: np.ndarray,
+        *,
+        columns: Sequence[str],
+        seed: int,
+        shuffle: bool,
+        max_seq_len: int,
+        gamma: float | None,
+    ) -> None:
+        self.dataset = dataset
+        self.dataset_id = dataset_id
+        self.columns = list(columns)
+        self.seed = seed
+        self.shuffle = shuffle
+        self.max_seq_len = max_seq_len
+        self.gamma = gamma if Columns.VALUE_TARGETS in self.columns else None
+        layout = sequence_layout(torch.from_numpy(np.asarray(lengths, dtype=np.int64)), max_seq_len)
+        self.num_sequences = layout.num_sequences
+        self._first_row = layout.first_row
+        #: The real (unpadded) steps of each sequence, ``[S]``.
+        self.steps_per_sequence = torch.bincount(layout.sequence_of_row, minlength=layout.num_sequences)
+        # Rows that start an episode: their previous action and reward are zeros.
+        episode_starts = torch.from_numpy(np.cumsum(lengths) - lengths)
+        self._starts_episode = torch.zeros(layout.num_rows, dtype=torch.bool)
+        self._starts_episode[episode_starts] = True
+        self._rows: EpisodeRows | None = None
+        self._orders: collections.OrderedDict[int, torch.Tensor] = collections.OrderedDict()
+
+    def preload(self, position: int) -> None:
+        """Read the dataset now (and the order of the pass holding stream position ``position``).
+
+        Called before training, so that reading costs no train step and a dataset whose
+        episodes cannot be read fails before the first gradient step.
+        """
+        self._episode_rows()
+        self._order(position // self.num_sequences)
+
+    def sequences(self, start: int, stop: int) -> dict[str, torch.Tensor]:
+        """The sequences at stream positions ``[start, stop)``, zero-padded to ``max_seq_len`` steps.
+
+        Returns:
+            ``{column: Tensor[k, T, ...]}`` for ``columns``, plus ``loss_mask [k, T]`` (true on
+            real steps), ``prev_actions [k, T, ...]`` and ``prev_rewards [k, T]`` (the action and
+            reward of the episode's previous step; zeros at its first step), ``k = stop - start``.
+        """
+        ids = self._sequence_ids(start, stop)
+        count, steps = len(ids), self.max_seq_len
+        offsets = torch.arange(steps)
+        real = offsets < self.steps_per_sequence[ids, None]
+        # Padding reads row 0 and is zeroed after: one gather per column, no Python loop per step.
+        rows = torch.where(real, self._first_row[ids, None] + offsets, 0).reshape(-1)
+        episode_rows = self._episode_rows()
+        taken = episode_rows.take(rows, self.columns)
+        out = {column: _zero_where_not(values.reshape(count, steps, *values.shape[1:]), real) for column, values in taken.items()}
+        has_previous = real & ~self._starts_episode[rows].reshape(count, steps)
+        previous = episode_rows.take((rows - 1).clamp(min=0), [Columns.ACTIONS, Columns.REWARDS])
+        for column, source in ((Columns.PREV_ACTIONS, Columns.ACTIONS), (Columns.PREV_REWARDS, Columns.REWARDS)):
+            values = previous[source]
+            out[column] = _zero_where_not(values.reshape(count, steps, *values.shape[1:]), has_previous)
+        out[Columns.LOSS_MASK] = real
+        return out
+
+    def steps(self, start: int, stop: int) -> int:
+        """The real (unpadded) env steps of the sequences at stream positions ``[start, stop)``."""
+        return int(self.steps_per_sequence[self._sequence_ids(start, stop)].sum()) if stop > start else 0
+
+    def _sequence_ids(self, start: int, stop: int) -> torch.Tensor:
+        """The sequences at stream positions ``[start, stop)``, ``[stop - start]`` int64."""
+        if not 0 <= start <= stop:
+            raise ValueError(f"a stretch of the sequence stream must have 0 <= start <= stop, got [{start}, {stop})")
+        pieces = []
+        position = start
+        while position < stop:
+            pass_index, offset = divmod(position, self.num_sequences)
+            take = min(stop - position, self.num_sequences - offset)
+            pieces.append(self._order(pass_index)[offset : offset + take])
+            position += take
+        return torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.long)
+
+    def _episode_rows(self) -> EpisodeRows:
+        if self._rows is None:
+            self._rows = EpisodeRows(self.dataset, self.dataset_id, self.dataset.episode_indices, gamma=self.gamma)
+        return self._rows
+
+    def _order(self, pass_index: int) -> torch.Tensor:
+        """The order a pass visits the sequences in (cached: the current and previous passes)."""
+        if pass_index not in self._orders:
+            generator = np.random.default_rng([self.seed, pass_index])
+            order = generator.permutation(self.num_sequences) if self.shuffle else np.arange(self.num_sequences)
+            self._orders[pass_index] = torch.from_numpy(order)
+            while len(self._orders) > _CACHED_WINDOWS:
+                self._orders.popitem(last=False)
+        return self._orders[pass_index]
+
+
+def _zero_where_not(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """``values [k, T, ...]`` with zeros wherever ``keep [k, T]`` is false."""
+    keep = keep.reshape(*keep.shape, *([1] * (values.dim() - keep.dim())))
+    return torch.where(keep, values, torch.zeros((), dtype=values.dtype))
 
 
 def _as_tensor(values: np.ndarray, space: gym.Space) -> torch.Tensor:

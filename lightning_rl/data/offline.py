@@ -13,6 +13,19 @@ data module's state in checkpoints, so a resumed fit continues with the very row
 interrupted one would have drawn next (on any number of ranks), and it is the
 ``num_env_steps_sampled_lifetime`` that drives the Learner's schedules.
 
+A stateful (recurrent) module (``use_lstm``; the Learner's ``DataRequirements.max_seq_lens``
+names it) trains on sequences instead of rows (``dataset_rows.SequenceStream``): each episode
+cut into sequences of ``max_seq_len`` steps, zero-padded, shuffled per pass, and a minibatch
+of ``max(1, batch_size // max_seq_len)`` sequences per rank: every column ``[S, T, ...]``,
+``loss_mask [S, T]``, ``prev_actions``/``prev_rewards`` (the episode's previous step; zeros at
+its first step) and ``state_in``. A dataset stores no recurrent states, so every sequence
+starts from the module's initial (zero) state: R2D2's "zero start state" strategy (Kapturowski
+et al., 2019), which RLlib also uses when episodes carry no ``STATE_OUT``. A sequence that
+starts mid-episode thus begins without the memory of the steps before it; a ``max_seq_len``
+covering the memory the task needs (or whole episodes) keeps that cost small. The stream
+position is then counted in sequences (``sequences_drawn`` in the checkpoint state), and
+``num_env_steps_sampled_lifetime`` in the real (unpadded) steps of the sequences drawn.
+
 Evaluation (``val_dataloader``) plays episodes (greedy unless ``evaluation_explore``) in the
 dataset's environment with the Learner's module, through the same ``EnvSampling`` as the
 environment data modules, so ``eval/episode_return_mean``, ``EarlyStopping`` and
@@ -38,6 +51,7 @@ from lightning_rl.data.acting_module import check_learner_has_module, learner_ac
 from lightning_rl.data.dataset_rows import (
     DATASET_COLUMNS,
     RowStream,
+    SequenceStream,
     check_row_space,
     episode_lengths,
     open_dataset,
@@ -54,6 +68,7 @@ _DEFAULT_EVALUATION_ENVS = 4
 _EVERY_MINIBATCH_ONE_STEP = {"minibatch_size": None}
 # Keys of ``state_dict``.
 _ROWS_DRAWN, _SEED, _NUM_ROWS = NUM_ENV_STEPS_SAMPLED_LIFETIME, "seed", "num_rows_per_pass"
+_SEQUENCES_DRAWN = "sequences_drawn"
 
 
 class OfflineDataModule(RankedDataModule):
@@ -63,7 +78,8 @@ class OfflineDataModule(RankedDataModule):
         dataset_id: The id of a local Minari dataset, as ``minari.load_dataset`` takes it
             (``"cartpole/ppo-expert-v0"``), under ``$MINARI_DATASETS_PATH`` (default
             ``~/.minari/datasets``). Nothing is downloaded.
-        batch_size: Rows per gradient step on each rank.
+        batch_size: Rows per gradient step on each rank; for a stateful module,
+            ``max(1, batch_size // max_seq_len)`` sequences.
         updates_per_epoch: Train items (updates) per Lightning epoch; validation,
             checkpoints and epoch-level logging happen at epoch ends.
         iterations_per_update: Minibatches per train item (RLlib's
@@ -93,7 +109,8 @@ class OfflineDataModule(RankedDataModule):
             instead of acting greedily (``forward_inference``), as RLlib evaluates by default.
         in_memory: Hold the whole dataset in memory (``True``) or stream it a window of
             episodes at a time (``False``); ``None`` holds it when its rows take at most
-            ``IN_MEMORY_LIMIT_BYTES`` (2 GiB).
+            ``IN_MEMORY_LIMIT_BYTES`` (2 GiB). A stateful module's sequences are cut from a
+            dataset held in memory.
         stream_window_rows: When streaming, about how many rows each window holds (whole
             episodes; at most two windows are in memory). Rows are shuffled within a window,
             windows are whole episodes in a per-pass random order.
@@ -170,8 +187,11 @@ class OfflineDataModule(RankedDataModule):
             env, spec_kwargs = recorded_in
             env_kwargs = {**spec_kwargs, **(evaluation_env_kwargs or {})}
             self._evaluation_settings = self._evaluation_env_settings(env, env_kwargs)
-        self._rows_drawn = 0  # stream positions drawn, over all ranks
-        self._stream: RowStream | None = None
+        self._rows_drawn = 0  # env steps drawn, over all ranks (the row stream's position)
+        self._sequences_drawn = 0  # the sequence stream's position, over all ranks (stateful modules)
+        self._max_seq_len: int | None = None  # the module's, when it is stateful
+        self._initial_state: dict[str, torch.Tensor] = {}  # every sequence's state_in (a stateful module's)
+        self._stream: RowStream | SequenceStream | None = None
         self._columns: list[str] | None = None  # what the Learner asks for, checked against the dataset
         self._gamma: float | None = None  # the Learner's discount, when it asks for value_targets
         self._requirements: DataRequirements | None = None  # the Learner's, handed over at its setup
@@ -208,11 +228,34 @@ class OfflineDataModule(RankedDataModule):
         return self.num_rows * _bytes_per_row(self.observation_space, self.action_space) <= IN_MEMORY_LIMIT_BYTES
 
     @property
-    def stream(self) -> RowStream:
-        """The row stream (built on first use, after the Learner's columns were checked)."""
+    def sequences_per_minibatch(self) -> int:
+        """A stateful module's sequences per minibatch on each rank: ``max(1, batch_size // max_seq_len)``.
+
+        Raises:
+            RuntimeError: Before the Learner was checked, or for a feed-forward module.
+        """
+        if self._max_seq_len is None:
+            raise RuntimeError("only a stateful module, once the Learner was checked (train_dataloader), trains on sequences")
+        return max(1, self.hparams.batch_size // self._max_seq_len)
+
+    @property
+    def stream(self) -> RowStream | SequenceStream:
+        """The row stream, or a stateful module's sequence stream (built on first use, after the Learner's columns were checked)."""
         if self._stream is None:
             if self._columns is None:
                 raise RuntimeError("the row stream is built once the Learner is known: call train_dataloader first")
+            if self._max_seq_len is not None:
+                self._stream = SequenceStream(
+                    self._dataset,
+                    self.hparams.dataset_id,
+                    self._lengths,
+                    columns=self._columns,
+                    seed=self.base_seed,
+                    shuffle=self.hparams.shuffle,
+                    max_seq_len=self._max_seq_len,
+                    gamma=self._gamma,
+                )
+                return self._stream
             self._stream = RowStream(
                 self._dataset,
                 self.hparams.dataset_id,
@@ -276,7 +319,10 @@ class OfflineDataModule(RankedDataModule):
         """
         self.check_learner()
         rank = self.placement()[0]
-        self.stream.preload(self._rows_drawn + rank * self.hparams.batch_size)
+        if self._max_seq_len is not None:
+            self.stream.preload(self._sequences_drawn + rank * self.sequences_per_minibatch)
+        else:
+            self.stream.preload(self._rows_drawn + rank * self.hparams.batch_size)
         return _Minibatches(self)
 
     def val_dataloader(self) -> Iterable[TrainItem]:
@@ -309,10 +355,16 @@ class OfflineDataModule(RankedDataModule):
         """The stream position, saved in Lightning checkpoints.
 
         Returns:
-            ``{"num_env_steps_sampled_lifetime": rows drawn over all ranks, "seed": the
-            stream's seed (``None`` before setup drew one), "num_rows_per_pass": the dataset's rows}``.
+            ``{"num_env_steps_sampled_lifetime": rows (env steps) drawn over all ranks, "seed": the
+            stream's seed (``None`` before setup drew one), "num_rows_per_pass": the dataset's rows,
+            "sequences_drawn": a stateful module's sequence stream position over all ranks (0 for rows)}``.
         """
-        return {_ROWS_DRAWN: self._rows_drawn, _SEED: self._base_seed, _NUM_ROWS: self.num_rows}
+        return {
+            _ROWS_DRAWN: self._rows_drawn,
+            _SEED: self._base_seed,
+            _NUM_ROWS: self.num_rows,
+            _SEQUENCES_DRAWN: self._sequences_drawn,
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore ``state_dict()``: the next item continues the stream where the checkpoint left it.
@@ -321,6 +373,8 @@ class OfflineDataModule(RankedDataModule):
         dataset whose size changed since is trained on from the same position with a warning.
         """
         self._rows_drawn = int(state_dict[_ROWS_DRAWN])
+        # Checkpoints written before sequences existed lack the key: they trained on rows.
+        self._sequences_drawn = int(state_dict.get(_SEQUENCES_DRAWN, 0))
         if state_dict.get(_SEED) is not None:
             self._base_seed = int(state_dict[_SEED])
             if "sampling" in self.__dict__:  # evaluation seeds follow the restored seed too
@@ -342,15 +396,18 @@ class OfflineDataModule(RankedDataModule):
     def check_learner(self) -> None:
         """Check the Trainer's Learner against the dataset and settle the columns to yield.
 
-        The columns, ``gamma`` and ``n_step`` are the Learner's requirements, which its
-        ``setup`` handed over (``accept_requirements``).
+        The columns, ``gamma``, ``n_step`` and whether the module is stateful (its
+        ``max_seq_len``) are the Learner's requirements, which its ``setup`` handed over
+        (``accept_requirements``); a stateful module's initial state is every sequence's
+        ``state_in``.
 
         Raises:
             ValueError: If the Learner is not built or has no module ``module_id``; if that
                 module's observation or action space does not fit the dataset's (naming both);
                 if the Learner handed no requirements over; if it requires a column no dataset
-                row has, or ``n_step`` returns; or if it requires ``value_targets`` without a
-                ``gamma`` in [0, 1].
+                row has, or ``n_step`` returns; if it requires ``value_targets`` without a
+                ``gamma`` in [0, 1]; or if the module is stateful and the dataset is streamed
+                (``in_memory``).
         """
         learner = self.trainer.lightning_module
         module_id = self.hparams.module_id
@@ -389,37 +446,70 @@ class OfflineDataModule(RankedDataModule):
                     f"{requirements.learner} requires value_targets, the discounted return-to-go, but has no "
                     f"hyperparameter gamma in [0, 1] to discount with (got {gamma!r})"
                 )
-        if self._columns != required or self._gamma != gamma:
+        max_seq_len = requirements.max_seq_lens.get(module_id)
+        if max_seq_len is not None and not self.in_memory:
+            raise ValueError(
+                f"{requirements.learner}'s module {module_id!r} is stateful (recurrent): it trains on sequences cut "
+                f"from the dataset held in memory, but {self.hparams.dataset_id!r} is streamed (in_memory="
+                f"{self.hparams.in_memory!r}, {self.num_rows} rows): set OfflineDataModule(in_memory=True)"
+            )
+        if self._columns != required or self._gamma != gamma or self._max_seq_len != max_seq_len:
             self._stream = None
-        self._columns, self._gamma = required, gamma
+        self._columns, self._gamma, self._max_seq_len = required, gamma, max_seq_len
+        # The zero start state of every sequence (a dataset stores no states), kept on the CPU as the rows are.
+        self._initial_state = {name: value.detach().cpu() for name, value in module.get_initial_state().items()}
 
     def next_train_item(self) -> TrainItem:
         """The next train item: an iterator of this rank's next ``iterations_per_update`` minibatches.
 
         The Learner trains on it with ``update_from_iterator`` (one gradient step per
         minibatch drawn). The minibatches are drawn as the update iterates, each moving the
-        stream position on by all ranks' rows; the item's timesteps are the position after its
-        last minibatch. Every rank must call it the same number of times (they do: every rank
-        yields ``updates_per_epoch`` items per epoch).
+        stream position on by all ranks' rows; the item's timesteps are the env steps drawn after
+        its last minibatch (for sequences, their real steps). Every rank must call it the same
+        number of times (they do: every rank yields ``updates_per_epoch`` items per epoch).
         """
         iterations = self.hparams.iterations_per_update
-        rows_per_iteration = self.placement()[1] * self.hparams.batch_size
+        world_size = self.placement()[1]
+        if self._max_seq_len is not None:
+            start = self._sequences_drawn
+            steps = self.stream.steps(start, start + iterations * world_size * self.sequences_per_minibatch)
+        else:
+            steps = iterations * world_size * self.hparams.batch_size
         return TrainItem(
             TrainingData(data_iterators=[self._minibatches(iterations)]),
-            timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: self._rows_drawn + iterations * rows_per_iteration},
+            timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: self._rows_drawn + steps},
             update_settings=dict(_EVERY_MINIBATCH_ONE_STEP),
         )
 
-    def next_minibatch(self) -> dict[str, dict[str, torch.Tensor]]:
-        """Draw this rank's next ``batch_size`` rows, ``{module_id: {column: Tensor}}``; move the position on by all ranks' rows."""
+    def next_minibatch(self) -> dict[str, dict[str, Any]]:
+        """Draw this rank's next ``batch_size`` rows, ``{module_id: {column: Tensor}}``; move the position on by all ranks' rows.
+
+        For a stateful module, its next ``sequences_per_minibatch`` sequences instead (the
+        layout is in this file's docstring), each with the module's initial state as ``state_in``.
+        """
         rank, world_size = self.placement()
+        if self._max_seq_len is not None:
+            return {self.hparams.module_id: self._next_sequences(rank, world_size)}
         batch_size = self.hparams.batch_size
         start = self._rows_drawn + rank * batch_size
         batch = self.stream.rows(start, start + batch_size)
         self._rows_drawn += world_size * batch_size
         return {self.hparams.module_id: batch}
 
-    def _minibatches(self, count: int) -> Iterator[dict[str, dict[str, torch.Tensor]]]:
+    def _next_sequences(self, rank: int, world_size: int) -> dict[str, Any]:
+        """This rank's next sequences, from zero start states; moves both positions on by all ranks' share."""
+        count = self.sequences_per_minibatch
+        start = self._sequences_drawn + rank * count
+        stream = self.stream
+        batch = stream.sequences(start, start + count)
+        batch[Columns.STATE_IN] = {
+            name: value.unsqueeze(0).expand(count, *value.shape).clone() for name, value in self._initial_state.items()
+        }
+        self._rows_drawn += stream.steps(self._sequences_drawn, self._sequences_drawn + world_size * count)
+        self._sequences_drawn += world_size * count
+        return batch
+
+    def _minibatches(self, count: int) -> Iterator[dict[str, dict[str, Any]]]:
         for _ in range(count):
             yield self.next_minibatch()
 

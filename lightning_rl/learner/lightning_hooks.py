@@ -46,6 +46,7 @@ from lightning_rl.core.data_contract import (
     check_data_fits,
     data_offer_of,
 )
+from lightning_rl.core.recurrent import max_seq_len_of
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.train_item import TrainItem
 from lightning_rl.learner import state as learner_state
@@ -209,8 +210,9 @@ class LightningHooksMixin:
         Returns:
             A ``DataRequirements``: every ``TrainingData`` source but ``"replay"`` (which
             off-policy Learners sample), ``minibatch_size``, each module's
-            ``required_batch_columns`` (the built modules, else the spec's), and the ``gamma``
-            and ``n_step`` hyperparameters, ``None`` where the Learner has none.
+            ``required_batch_columns`` (the built modules, else the spec's), the ``gamma``
+            and ``n_step`` hyperparameters, ``None`` where the Learner has none, and the
+            ``max_seq_len`` of each built stateful module (none before the modules are built).
         """
         if self.module is not None:
             module_ids = list(self.module.keys())
@@ -225,6 +227,11 @@ class LightningHooksMixin:
             n_step=self.hparams.get("n_step"),
             suggestion="a replay buffer is for off-policy Learners (DQNLearner, SACLearner); use "
             "lightning_rl.data.OnPolicyDataModule",
+            max_seq_lens={
+                module_id: max_seq_len_of(module)
+                for module_id, module in (self.module.items() if self.module is not None else ())
+                if module.is_stateful()
+            },
         )
 
     def check_fits_data(self, datamodule: Any) -> None:

@@ -1,0 +1,312 @@
+"""Recurrent (use_lstm) BC and MARWIL trained on offline datasets: sequences from zero start states."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from lightning_rl.algorithms.bc import BCLearner, BCModule
+from lightning_rl.algorithms.dqn import DQNModule
+from lightning_rl.algorithms.marwil import MARWILLearner, MARWILModule
+from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
+from lightning_rl.core.recurrent import batched_initial_state
+from lightning_rl.core.rl_module_specs import RLModuleSpec
+from lightning_rl.data import OfflineDataModule
+
+minari = pytest.importorskip("minari")
+from minari.data_collector import EpisodeBuffer
+from ranks import run_on_ranks
+
+# minari_root: the autouse fixture that gives every test its own dataset folder.
+from test_offline_datamodule import make_hand_dataset, minari_root, offline_trainer  # noqa: F401
+
+MODULE_ID = "default_policy"
+OBS = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+ACTIONS = gym.spaces.Discrete(3)
+
+
+def recurrent_config(max_seq_len: int, **extra: Any) -> dict[str, Any]:
+    return {"fcnet_hiddens": [8], "use_lstm": True, "lstm_cell_size": 4, "max_seq_len": max_seq_len, **extra}
+
+
+def make_cue_dataset(dataset_id: str, num_episodes: int, steps: int) -> None:
+    """A memory task: a cue (0, 1 or 2) shows in the first observation only, and every action repeats it.
+
+    A feed-forward policy can copy the first step only (log-likelihood of chance, log 3, on the
+    others); a recurrent one that remembers the cue copies every step.
+    """
+    rng = np.random.default_rng(0)
+    episodes = []
+    for _ in range(num_episodes):
+        cue = int(rng.integers(3))
+        observations = np.zeros((steps + 1, 2), dtype=np.float32)
+        observations[0] = [cue - 1, 1]
+        flags = [False] * (steps - 1)
+        episodes.append(
+            EpisodeBuffer(
+                observations=observations,
+                actions=np.full(steps, cue, dtype=np.int64),
+                rewards=[1.0] * steps,
+                terminations=[*flags, True],
+                truncations=[False] * steps,
+            )
+        )
+    minari.create_dataset_from_buffers(dataset_id, episodes, observation_space=OBS, action_space=ACTIONS)
+
+
+class RecordMinibatches(Callback):
+    """Every minibatch the Learner draws (as the data module yields it), the items' timesteps and the losses."""
+
+    def __init__(self) -> None:
+        self.minibatches: list[dict[str, Any]] = []
+        self.timesteps: list[float] = []
+        self.losses: list[float] = []
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self.timesteps.append(batch.timesteps[NUM_ENV_STEPS_SAMPLED_LIFETIME])
+        (minibatches,) = batch.data.data_iterators
+        batch.data.data_iterators = [self._recorded(minibatches)]
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.losses.append(outputs["results"][MODULE_ID]["total_loss"])
+
+    def _recorded(self, minibatches: Any) -> Any:
+        for minibatch in minibatches:
+            self.minibatches.append(minibatch[MODULE_ID])
+            yield minibatch
+
+
+def test_episodes_become_zero_padded_sequences_from_zero_states_with_the_previous_step(tmp_path):
+    # Episode 0 has 5 steps, episode 1 has 3: with max_seq_len 4 that is sequences
+    # [0:4] and [4] of episode 0 and [0:3] of episode 1, three per pass, in order (no shuffle).
+    make_hand_dataset("test/seq-v0", [5, 3])
+    learner = BCLearner(model_config=recurrent_config(4, lstm_use_prev_action=True, lstm_use_prev_reward=True))
+    data = OfflineDataModule("test/seq-v0", batch_size=8, updates_per_epoch=2, shuffle=False, seed=0)
+    record = RecordMinibatches()
+    offline_trainer(tmp_path, callbacks=[record], limit_val_batches=0).fit(learner, datamodule=data)
+
+    assert data.sequences_per_minibatch == 2  # batch_size 8 // max_seq_len 4
+    first, second = record.minibatches
+    # obs t of episode e is [e, t]; its action t % 3 and reward t + 100 e (zeros in the padding).
+    np.testing.assert_array_equal(
+        first[Columns.OBS].numpy(),
+        [[[0, 0], [0, 1], [0, 2], [0, 3]], [[0, 4], [0, 0], [0, 0], [0, 0]]],
+    )
+    assert first[Columns.LOSS_MASK].tolist() == [[True] * 4, [True, False, False, False]]
+    assert first[Columns.ACTIONS].tolist() == [[0, 1, 2, 0], [1, 0, 0, 0]]
+    # The previous step's action and reward, across the cut inside episode 0 (step 4 follows step 3).
+    assert first[Columns.PREV_ACTIONS].tolist() == [[0, 0, 1, 2], [0, 0, 0, 0]]
+    assert first[Columns.PREV_REWARDS].tolist() == [[0, 0, 1, 2], [3, 0, 0, 0]]
+    # The second minibatch: episode 1 (zeros before its first step), then pass 2 starts again.
+    np.testing.assert_array_equal(
+        second[Columns.OBS].numpy(),
+        [[[1, 0], [1, 1], [1, 2], [0, 0]], [[0, 0], [0, 1], [0, 2], [0, 3]]],
+    )
+    assert second[Columns.LOSS_MASK].tolist() == [[True, True, True, False], [True] * 4]
+    assert second[Columns.PREV_ACTIONS].tolist() == [[0, 0, 1, 0], [0, 0, 1, 2]]
+    assert second[Columns.PREV_REWARDS].tolist() == [[0, 100, 101, 0], [0, 0, 1, 2]]
+    for minibatch in record.minibatches:
+        assert set(minibatch[Columns.STATE_IN]) == {"pi_h", "pi_c"}
+        for state in minibatch[Columns.STATE_IN].values():
+            assert state.shape == (2, 4) and not state.any()  # the zero start state of every sequence
+    # Timesteps and the checkpoint state count real steps (4 + 1, then 3 + 4); the position counts sequences.
+    assert record.timesteps == [5, 12]
+    assert data.state_dict()[NUM_ENV_STEPS_SAMPLED_LIFETIME] == 12
+    assert data.state_dict()["sequences_drawn"] == 4
+
+
+def test_a_learner_names_its_stateful_modules_max_seq_len_in_its_requirements():
+    recurrent = BCLearner(RLModuleSpec(BCModule, OBS, ACTIONS, recurrent_config(7)))
+    recurrent.build()
+    assert recurrent.data_requirements().max_seq_lens == {MODULE_ID: 7}
+    feed_forward = BCLearner(RLModuleSpec(BCModule, OBS, ACTIONS, {"fcnet_hiddens": [8]}))
+    feed_forward.build()
+    assert feed_forward.data_requirements().max_seq_lens == {}
+
+
+def test_recurrent_bc_fits_a_tiny_dataset_end_to_end_and_its_loss_falls(tmp_path):
+    # Whole episodes per sequence (5 steps, max_seq_len 5): the cue is always in the sequence.
+    make_cue_dataset("test/cue-v0", num_episodes=24, steps=5)
+    torch.manual_seed(0)
+    learner = BCLearner(model_config=recurrent_config(5, lstm_cell_size=16), lr=3e-2)
+    data = OfflineDataModule("test/cue-v0", batch_size=40, updates_per_epoch=60, seed=0)
+    record = RecordMinibatches()
+    offline_trainer(tmp_path, callbacks=[record], limit_val_batches=0).fit(learner, datamodule=data)
+
+    assert learner.module[MODULE_ID].is_stateful()
+    assert all(minibatch[Columns.OBS].shape == (8, 5, 2) for minibatch in record.minibatches)
+    assert np.all(np.isfinite(record.losses))
+    # Below what a policy without memory can reach (chance, log 3, on 4 of every 5 steps).
+    assert np.mean(record.losses[-5:]) < 0.5 * 0.8 * np.log(3) < np.mean(record.losses[:5])
+
+
+def test_padded_steps_get_exactly_zero_gradient():
+    learner = BCLearner(RLModuleSpec(BCModule, OBS, ACTIONS, recurrent_config(3)))
+    learner.build()
+    module = learner.module[MODULE_ID]
+    torch.manual_seed(0)
+    batch = {
+        Columns.OBS: torch.randn(2, 3, 2),
+        Columns.ACTIONS: torch.randint(0, 3, (2, 3)),
+        Columns.LOSS_MASK: torch.tensor([[True, True, True], [True, False, False]]),
+        Columns.STATE_IN: batched_initial_state(module, 2),
+    }
+
+    def gradients(batch: dict[str, Any]) -> list[torch.Tensor]:
+        module.zero_grad()
+        loss = learner.compute_loss_for_module(
+            module_id=MODULE_ID, config=learner.config_for_module(MODULE_ID), batch=batch, fwd_out=module.forward_train(batch)
+        )
+        loss.backward()
+        return [param.grad.clone() for param in module.parameters()]
+
+    before = gradients(batch)
+    padding = ~batch[Columns.LOSS_MASK]
+    changed = dict(batch)
+    changed[Columns.OBS] = torch.where(padding[..., None], torch.full_like(batch[Columns.OBS], 1e3), batch[Columns.OBS])
+    changed[Columns.ACTIONS] = torch.where(padding, (batch[Columns.ACTIONS] + 1) % 3, batch[Columns.ACTIONS])
+    for ours, theirs in zip(before, gradients(changed)):
+        assert torch.equal(ours, theirs)
+
+
+def _fit(root: Path, *, max_epochs: int, ckpt_path: str | None = None, every: int | None = None) -> tuple:
+    record = RecordMinibatches()
+    callbacks: list[Callback] = [record]
+    if every is not None:
+        callbacks.append(ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=every, save_top_k=-1))
+    torch.manual_seed(0)
+    learner = BCLearner(model_config=recurrent_config(3), lr=[[0, 3e-2], [40, 1e-3]])
+    # 2 sequences per minibatch of the 2 + 2 + 1 + 2 = 7 per pass: items straddle passes.
+    data = OfflineDataModule("test/resume-seq-v0", batch_size=6, updates_per_epoch=3, seed=3)
+    trainer = offline_trainer(
+        root, max_epochs=max_epochs, callbacks=callbacks, enable_checkpointing=every is not None, limit_val_batches=0
+    )
+    trainer.fit(learner, datamodule=data, ckpt_path=ckpt_path)
+    return learner, record, data
+
+
+def test_a_resumed_fit_continues_the_sequence_stream_and_ends_with_identical_weights(tmp_path):
+    make_hand_dataset("test/resume-seq-v0", [4, 5, 3, 6])
+    whole, whole_items, whole_data = _fit(tmp_path / "whole", max_epochs=3)
+    _fit(tmp_path / "first", max_epochs=3, every=4)
+    checkpoint = min((tmp_path / "first" / "ckpt").glob("*.ckpt"), key=lambda path: path.stat().st_mtime_ns)
+    resumed, resumed_items, resumed_data = _fit(tmp_path / "resumed", max_epochs=3, ckpt_path=str(checkpoint))
+
+    assert resumed_items.timesteps == whole_items.timesteps[4:]
+    assert len(resumed_items.minibatches) == len(whole_items.minibatches) - 4
+    for ours, theirs in zip(resumed_items.minibatches, whole_items.minibatches[4:]):
+        for column in (Columns.OBS, Columns.LOSS_MASK, Columns.PREV_ACTIONS):
+            assert torch.equal(ours[column], theirs[column])
+    assert resumed_data.state_dict() == whole_data.state_dict()
+    for name, value in whole.module[MODULE_ID].state_dict().items():
+        assert torch.equal(value, resumed.module[MODULE_ID].state_dict()[name]), name
+
+
+def test_recurrent_marwil_trains_on_sequences_with_its_value_core(tmp_path):
+    make_cue_dataset("test/marwil-cue-v0", num_episodes=8, steps=6)  # sequences of 4 and 2 steps
+    torch.manual_seed(0)
+    learner = MARWILLearner(model_config=recurrent_config(4), lr=1e-2, moving_average_sqd_adv_norm_update_rate=0.1)
+    data = OfflineDataModule("test/marwil-cue-v0", batch_size=12, updates_per_epoch=6, seed=0)
+    record = RecordMinibatches()
+    offline_trainer(tmp_path, callbacks=[record], limit_val_batches=0).fit(learner, datamodule=data)
+
+    module = learner.module[MODULE_ID]
+    assert set(module.get_initial_state()) == {"pi_h", "pi_c", "vf_h", "vf_c"}
+    minibatch = record.minibatches[0]
+    assert set(minibatch[Columns.STATE_IN]) == {"pi_h", "pi_c", "vf_h", "vf_c"}
+    assert minibatch[Columns.VALUE_TARGETS].shape == (3, 4)
+    assert np.all(np.isfinite(record.losses))
+    with torch.no_grad():
+        values = module.compute_values(minibatch)
+    assert values.shape == (3, 4)
+    # The moving average moved from its start (100) by the squared advantages of real steps.
+    assert float(module.moving_avg_sqd_adv_norm) < 100.0
+
+
+def test_the_moving_average_takes_the_squared_advantages_of_real_steps_only():
+    learner = MARWILLearner(
+        RLModuleSpec(MARWILModule, OBS, ACTIONS, recurrent_config(3)), moving_average_sqd_adv_norm_update_rate=1.0
+    )
+    learner.build()
+    module = learner.module[MODULE_ID]
+    mask = torch.tensor([[True, True, False]])
+    batch = {
+        Columns.OBS: torch.zeros(1, 3, 2),
+        Columns.ACTIONS: torch.zeros(1, 3, dtype=torch.long),
+        Columns.VALUE_TARGETS: torch.tensor([[1.0, 2.0, 1e6]]),  # the padded step's target must not count
+        Columns.LOSS_MASK: mask,
+        Columns.STATE_IN: batched_initial_state(module, 1),
+    }
+    fwd_out = module.forward_train(batch)
+    learner.metrics.reduce()  # nothing logged yet; the loss logs into a fresh window
+    learner.compute_loss_for_module(
+        module_id=MODULE_ID, config=learner.config_for_module(MODULE_ID), batch=batch, fwd_out=fwd_out
+    )
+    advantages = batch[Columns.VALUE_TARGETS] - fwd_out[Columns.VF_PREDS].detach()
+    expected = advantages[mask].pow(2).mean()
+    assert torch.allclose(module.moving_avg_sqd_adv_norm, expected)
+
+
+def test_a_stateful_module_on_a_streamed_dataset_is_refused_before_training(tmp_path):
+    make_hand_dataset("test/streamed-v0", [4, 4])
+    learner = BCLearner(model_config=recurrent_config(2))
+    data = OfflineDataModule("test/streamed-v0", batch_size=4, updates_per_epoch=1, in_memory=False, seed=0)
+    with pytest.raises(ValueError, match=r"stateful \(recurrent\).*in_memory=True"):
+        offline_trainer(tmp_path, limit_val_batches=0).fit(learner, datamodule=data)
+
+
+def test_feed_forward_modules_keep_their_layers_and_train_on_rows(tmp_path):
+    torch.manual_seed(0)
+    plain = MARWILModule(OBS, ACTIONS, {"fcnet_hiddens": [8]})
+    assert not plain.is_stateful() and plain.get_initial_state() == {}
+    assert not any("core" in name for name in plain.state_dict())
+    make_hand_dataset("test/rows-v0", [4, 4])
+    data = OfflineDataModule("test/rows-v0", batch_size=4, updates_per_epoch=1, seed=0)
+    record = RecordMinibatches()
+    offline_trainer(tmp_path, callbacks=[record], limit_val_batches=0).fit(
+        BCLearner(model_config={"fcnet_hiddens": [8]}), datamodule=data
+    )
+    assert sorted(record.minibatches[0]) == [Columns.ACTIONS, Columns.OBS]
+    assert data.state_dict()["sequences_drawn"] == 0
+
+
+def test_modules_without_a_recurrent_version_name_those_that_have_one():
+    with pytest.raises(ValueError, match="PPOModule, BCModule and MARWILModule"):
+        DQNModule(OBS, ACTIONS, {"use_lstm": True})
+
+
+def _sequence_fit_on_rank(rank: int, world_size: int, root: str) -> dict[str, Any]:
+    import os
+
+    from lightning.pytorch import seed_everything
+
+    os.environ["MINARI_DATASETS_PATH"] = os.path.join(root, "minari")
+    seed_everything(0)
+    record = RecordMinibatches()
+    learner = BCLearner(model_config=recurrent_config(3), lr=1e-2)
+    data = OfflineDataModule("test/ranks-seq-v0", batch_size=3, updates_per_epoch=4)  # one sequence per minibatch
+    trainer = offline_trainer(Path(root), strategy="ddp", devices=world_size, callbacks=[record], limit_val_batches=0)
+    trainer.fit(learner, datamodule=data)
+    return {
+        "obs": [minibatch[Columns.OBS].numpy().copy() for minibatch in record.minibatches],
+        "timesteps": record.timesteps,
+        "weights": {k: v.detach().numpy().copy() for k, v in learner.module[MODULE_ID].state_dict().items()},
+    }
+
+
+def test_two_ranks_train_on_disjoint_sequences_that_together_cover_a_pass(tmp_path):
+    make_hand_dataset("test/ranks-seq-v0", [5, 7, 6, 6])  # 2 + 3 + 2 + 2 = 9 sequences of 3 steps: 8 drawn
+    rank0, rank1 = run_on_ranks(_sequence_fit_on_rank, str(tmp_path), world_size=2, timeout=240)
+
+    firsts = [tuple(obs[0, 0].tolist()) for rank in (rank0, rank1) for obs in rank["obs"]]
+    assert len(firsts) == len(set(firsts)) == 8  # every sequence's first step once: disjoint sequences
+    assert rank0["timesteps"] == rank1["timesteps"]  # both ranks count the real steps of all ranks' sequences
+    for name, value in rank0["weights"].items():
+        np.testing.assert_array_equal(value, rank1["weights"][name], err_msg=name)
