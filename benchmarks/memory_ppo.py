@@ -379,10 +379,14 @@ def plot(records: list[dict[str, Any]], arms: list[str], path: Path, budget: int
             steps, values = zip(*r["evals"])
             ax.plot(steps, values, color=color, alpha=0.3, linewidth=1)
         grid = np.linspace(0, budget, 101)
-        mean = np.mean([np.interp(grid, *zip(*r["evals"]), left=np.nan) for r in runs], axis=0)
+        mean = np.mean([np.interp(grid, *zip(*r["evals"]), left=np.nan, right=np.nan) for r in runs], axis=0)
         ax.plot(grid, mean, color=color, linewidth=2.5, label=f"{arm} ({len(runs)} seeds)")
     ax.axhline(SOLVED, color="gray", linestyle="--", linewidth=1)
-    ax.set(xlabel="env steps", ylabel="greedy evaluation return (10 episodes)", title="CartPole without velocities")
+    ax.set(
+        xlabel="env steps",
+        ylabel="greedy evaluation return (10 episodes)",
+        title="CartPole without velocities (ff_cartpole: with them)",
+    )
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
