@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -77,3 +79,15 @@ def test_the_wrapper_by_import_path_on_cartpole_v1_gives_the_same_observations()
     np.testing.assert_array_equal(env.reset(seed=5)[0], registered.reset(seed=5)[0])
     for step in range(20):  # alternating pushes: the pole stays up, no step after termination
         np.testing.assert_array_equal(env.step(step % 2)[0], registered.step(step % 2)[0])
+
+
+def test_a_spawned_worker_builds_the_env_by_its_id():
+    # A fresh process (spawn: nothing inherited) unpickles the env factory, which imports
+    # lightning_rl.env and so registers the id there too: nothing to import by hand.
+    make_one = functools.partial(make_env, resolve_env(CARTPOLE_NO_VEL_ID), {}, [])
+    envs = gym.vector.AsyncVectorEnv([make_one], context="spawn")
+    try:
+        obs, _ = envs.reset(seed=0)
+        np.testing.assert_array_equal(obs[0], gym.make(CARTPOLE_NO_VEL_ID).reset(seed=0)[0])
+    finally:
+        envs.close()
