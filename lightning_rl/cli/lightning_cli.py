@@ -243,7 +243,9 @@ class LightningRLCLI(LightningCLI):
         """A usage error of the running subcommand (``lightning-rl fit: error: ...``, then where to look)."""
         config = getattr(self, "config", None)
         subcommand = config.get("subcommand") if config is not None else None
-        self._parser(subcommand if subcommand in self._subcommand_parsers else None).error(message)
+        # Lightning makes subcommand parsers only when the CLI runs a subcommand (not with run=False).
+        subcommand_parsers = getattr(self, "_subcommand_parsers", {})
+        self._parser(subcommand if subcommand in subcommand_parsers else None).error(message)
 
     def _given_settings(self) -> Any:
         """What the user set (config files and flags, or the ``args`` dict), without the defaults."""
