@@ -56,7 +56,7 @@ class Actor(Protocol):
     """
 
     def act(self, observations: np.ndarray, rows: list[int]) -> np.ndarray:
-        """Observations ``[B, *obs_shape]`` (a Dict's flat layout) of envs ``rows`` to the actions ``[B, ...]`` stepped."""
+        """Observations ``[B, *obs_shape]`` (a Dict's flat layout) of envs ``rows`` to the actions ``[B, ...]``."""
         ...
 
     def start_episodes(self, rows: list[int]) -> None:

@@ -96,9 +96,6 @@ class EnvCopy:
         self.episode = MultiAgentEpisode(agent_to_module_mapping_fn=mapping_fn)
         #: ``{agent_id: (observation part, mask)}`` of the agents that must act at the next step.
         self.waiting: dict[AgentID, AgentObservation] = {}
-        #: ``{agent_id: reward}`` of the latest step (for an AEC env: what each agent that observed
-        #: collected since it last acted).
-        self.step_rewards: dict[AgentID, float] = {}
         self._masked = {agent: is_action_masked_space(env.observation_space(agent)) for agent in env.possible_agents}
         self.action_spaces: dict[AgentID, gym.Space] = {agent: env.action_space(agent) for agent in env.possible_agents}
         # The whole episode's per-agent returns and end flags, over all its chunks.
@@ -118,7 +115,6 @@ class EnvCopy:
         split = {agent: self._split(agent, observation) for agent, observation in observations.items()}
         self.episode.add_env_reset({agent: obs for agent, (obs, _) in split.items()})
         self.waiting = split
-        self.step_rewards = {}
 
     def step(
         self, actions: dict[AgentID, Any], env_actions: dict[AgentID, Any], extras: dict[AgentID, dict[str, Any]]
@@ -142,7 +138,6 @@ class EnvCopy:
             self.env.step(env_actions[agent])
             observations, rewards, terminateds, truncateds = self._aec_observe()
         done = not self._raw.agents
-        self.step_rewards = rewards
         split = {agent: self._split(agent, observation) for agent, observation in observations.items()}
         for agent in observations:
             if terminateds.get(agent) or truncateds.get(agent):
@@ -208,7 +203,7 @@ def step_copies(copies: list[EnvCopy], acting: AgentActing, *, explore: bool) ->
         acting: How the agents act: its ``module`` is a ``MultiRLModule`` holding every module
             id the agents map to, or a single ``RLModule`` when every agent maps to
             ``DEFAULT_MODULE_ID``. A copy's agents start afresh when its episode is a new one;
-            each agent's reward goes back to it after the step.
+            each agent's reward (its agent episode's) goes back to it after the step.
         explore: Sample actions (``forward_exploration``) or take the most likely ones.
 
     Returns:
@@ -245,13 +240,18 @@ def step_copies(copies: list[EnvCopy], acting: AgentActing, *, explore: bool) ->
 
 
 def _observe_rewards(copies: list[EnvCopy], acting: AgentActing) -> None:
-    # The reward each agent that acts next received (its next prev_rewards), one call per module.
+    # Each agent that acts next gets the reward of its agent episode's latest step as its next
+    # prev_rewards, as the Learner sees it; one that has not acted yet in its episode keeps zero
+    # (a reward before an agent's first action is no step of its). One call per module.
     groups: dict[ModuleID, tuple[list[int], list[float]]] = {}
     for copy in copies:
         for agent in copy.waiting:
+            agent_episode = copy.episode.agent_episodes.get(agent)
+            if agent_episode is None or len(agent_episode) == 0:
+                continue
             rows, rewards = groups.setdefault(copy.episode.module_for(agent), ([], []))
             rows.append(acting.row(copy, agent))
-            rewards.append(float(copy.step_rewards.get(agent, 0.0)))
+            rewards.append(float(agent_episode.rewards[-1]))
     for module_id, (rows, rewards) in groups.items():
         acting.observe_rewards(module_id, rows, rewards)
 

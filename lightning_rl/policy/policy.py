@@ -327,7 +327,7 @@ class Policy:
             self._acting.start_episodes(self._row_index(rows))
 
     def observe_rewards(self, rewards: Any, rows: Sequence[int] | None = None) -> None:
-        """Tell a recurrent module the rewards of the step just taken (only one with ``lstm_use_prev_reward`` reads them).
+        """Tell a recurrent module the rewards of the step just taken (read with ``lstm_use_prev_reward`` only).
 
         Args:
             rewards: ``[B]`` rewards of ``rows``, after the actions of the latest :meth:`act`.
@@ -338,7 +338,7 @@ class Policy:
             self._acting.observe_rewards(np.asarray(rewards, dtype=np.float32).reshape(-1), index)
 
     def _act_with_state(self, batch: torch.Tensor, *, explore: bool, rows: Sequence[int] | None) -> torch.Tensor:
-        """:meth:`act` of a recurrent module: the observations of ``rows`` step their states on through :class:`Acting`."""
+        """:meth:`act` of a recurrent module: ``rows`` step their states on through :class:`Acting`."""
         if self._acting is None:
             if rows is not None and list(rows) != list(range(len(batch))):
                 raise ValueError(
