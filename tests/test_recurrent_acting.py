@@ -10,6 +10,7 @@ one step at a time from the initial state.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import minari
 import numpy as np
 import pytest
 import torch
+from test_env_faults import faulty_runner
 from test_multi_agent_runner import OBS, TurnGame, whole_agent_episodes
 
 from lightning_rl import Policy
@@ -97,7 +99,7 @@ def check_replays(module: PPOModule, episode: SingleAgentEpisode) -> None:
 
 
 def whole_episodes(chunks: list[SingleAgentEpisode]) -> list[SingleAgentEpisode]:
-    """The chunks of each episode that started in these calls, concatenated (the last may still run)."""
+    """Each episode that started in these calls, its chunks concatenated into its first (the last may run on)."""
     whole: dict[str, SingleAgentEpisode] = {}
     for chunk in chunks:
         if chunk.id_ in whole:
@@ -143,6 +145,21 @@ def test_dropped_episodes_and_evaluation_restart_the_state() -> None:
     # Evaluation left the envs mid-episode: training starts afresh, its state too.
     assert all(chunk.t_started == 0 for chunk in after)
     for episode in whole_episodes(after):
+        check_replays(module, episode)
+
+
+@pytest.mark.parametrize("fault, vectorize_mode", [("raise", "sync"), ("exit", "async")])
+def test_rebuilt_envs_start_their_episodes_from_the_initial_state(fault: str, vectorize_mode: str) -> None:
+    # "raise": env 1 alone is rebuilt at its step 3; "exit": every async worker is (EnvsRebuilt).
+    with faulty_runner(fault, vectorize_mode, num_envs=2, restart_failed_sub_environments=True) as runner:
+        module = recurrent_module(runner.observation_space, runner.action_space, WITH_PREVIOUS)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "env 1's worker process exited ..."
+            chunks = [chunk for _ in range(3) for chunk in runner.sample(module)]
+        assert runner.get_metrics()["num_env_restarts"] >= 1
+    episodes = whole_episodes(chunks)
+    assert any(episode.observations[0, 1] == -1 for episode in episodes)  # a rebuilt env's (reset without a seed)
+    for episode in episodes:
         check_replays(module, episode)
 
 
