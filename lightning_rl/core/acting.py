@@ -102,6 +102,10 @@ class Acting:
     :meth:`start_episodes` for the rows whose episode (re)starts (a reset, an autoreset, a
     dropped episode), which puts them back to the initial state.
 
+    The rows' state is kept in ordinary tensors (never inference tensors, detached from any
+    graph), so the runners (under ``torch.inference_mode``) and ``Policy`` (under
+    ``no_grad``) may build, step and reset it in whichever mode they act.
+
     Args:
         module: A single-agent RLModule.
         num_rows: How many rows (envs, agent slots) act; fixed for the object's life.
