@@ -7,7 +7,8 @@ The env is, in this order: ``--env`` (a registered gymnasium id, or ``module:Id`
 section of ``--config`` (its ``env``, ``env_kwargs`` and evaluation wrappers); or the
 checkpoint's own data-module settings when they name a registered id with no wrappers (a
 checkpoint never makes this command import anything). The policy acts through ``Policy.act``
-(the saved observation normalization, the greedy action, Box clipping). Episode ``i`` resets
+(the saved observation normalization, the greedy action, Box clipping; a recurrent policy
+keeps its state per env, reset where each episode starts). Episode ``i`` resets
 with seed ``S + i``; by default ``S`` is the run's base seed plus ``HELD_OUT_SEED_OFFSET``
 (5,000,000), seeds that the data module reaches only after millions of episodes: its training
 envs reset with ``seed + i + k * num_envs`` and its evaluation envs from ``seed + 1,000,003``,
@@ -26,7 +27,7 @@ import dataclasses
 import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import gymnasium as gym
 import numpy as np
@@ -49,8 +50,53 @@ from lightning_rl.policy.policy import Policy
 #: The first episode's video, in ``--video_dir``.
 VIDEO_FILE_NAME = "evaluation-episode-0.gif"
 
-#: Observations ``[B, *obs_shape]`` (a Dict's flat layout) to actions ``[B, ...]`` (``Policy.act``, or random actions).
-Act = Callable[[np.ndarray], np.ndarray]
+class Actor(Protocol):
+    """What plays :func:`run_episodes`' envs: a policy (:class:`PolicyActor`) or random actions.
+
+    Rows are the envs' indices: an actor that keeps a state per env (a recurrent policy)
+    learns from :meth:`start_episodes` where an episode starts and from :meth:`observe_rewards`
+    what each step returned.
+    """
+
+    def act(self, observations: np.ndarray, rows: list[int]) -> np.ndarray:
+        """Observations ``[B, *obs_shape]`` (a Dict's flat layout) of envs ``rows`` to the actions ``[B, ...]``."""
+        ...
+
+    def start_episodes(self, rows: list[int]) -> None:
+        """Envs ``rows`` were reset: their next observation is an episode's first."""
+        ...
+
+    def observe_rewards(self, rewards: np.ndarray, rows: list[int]) -> None:
+        """The rewards ``[B]`` envs ``rows`` returned for the latest actions."""
+        ...
+
+
+@dataclasses.dataclass
+class PolicyActor:
+    """A :class:`Policy` as an :class:`Actor`: one row per env (a recurrent policy's state included).
+
+    Attributes:
+        policy: The policy; its recurrent state is reset by the first :meth:`start_episodes`
+            for every env.
+        deterministic: Greedy actions, else sampled as in training.
+        num_envs: How many envs (rows) it acts for.
+    """
+
+    policy: Policy
+    deterministic: bool
+    num_envs: int
+
+    def act(self, observations: np.ndarray, rows: list[int]) -> np.ndarray:
+        """``Policy.act`` for the envs ``rows`` (a recurrent policy steps those rows' states)."""
+        return self.policy.act(observations, deterministic=self.deterministic, rows=rows)
+
+    def start_episodes(self, rows: list[int]) -> None:
+        """Reset the rows' recurrent state (every env: a fresh batch of ``num_envs`` rows)."""
+        self.policy.reset(None if len(rows) == self.num_envs else rows)
+
+    def observe_rewards(self, rewards: np.ndarray, rows: list[int]) -> None:
+        """Pass the rewards on to a recurrent policy (its next previous rewards)."""
+        self.policy.observe_rewards(rewards, rows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,7 +303,8 @@ def play_episodes(
         for index in range(min(num_envs, num_episodes)):
             envs.append(_make_env(source, video_dir if index == 0 else None))
         check_env_fits(envs[0], policy, source.env)
-        summaries = run_episodes(envs, policy.act, first_seed, num_episodes, keep=_return_and_length)
+        actor = PolicyActor(policy, deterministic=True, num_envs=len(envs))
+        summaries = run_episodes(envs, actor, first_seed, num_episodes, keep=_return_and_length)
         stats = EpisodeStats(
             np.array([summary[0] for summary in summaries], dtype=np.float64),
             np.array([summary[1] for summary in summaries], dtype=np.int64),
@@ -272,7 +319,7 @@ def play_episodes(
 
 def run_episodes(
     envs: Sequence[gym.Env],
-    act: Act,
+    actor: Actor,
     first_seed: int,
     num_episodes: int,
     keep: Callable[[SingleAgentEpisode], Any] = lambda episode: episode,
@@ -285,7 +332,11 @@ def run_episodes(
 
     Args:
         envs: At most ``num_episodes`` envs (extra ones would start episodes past the last).
-        act: Observations ``[B, *obs_shape]`` to the actions ``[B, ...]`` that are stepped.
+        actor: Acts for the envs still playing (``actor.act(observations [B, *obs_shape],
+            rows)`` to the actions ``[B, ...]`` that are stepped, ``rows`` the envs' indices);
+            told which envs start an episode (all of them first, then each env reset for the
+            next episode) and each step's rewards, so that a recurrent policy keeps its
+            state per env.
         first_seed: The first episode's seed.
         num_episodes: How many episodes.
         keep: What to keep of each episode once it ends (the whole episode by default); only
@@ -295,7 +346,7 @@ def run_episodes(
     Returns:
         ``keep`` of each episode, in the order of their seeds. An episode is list-backed: every
         observation (the reset's, then each step's, the final one included) in the stored
-        layout (a Dict or Tuple observation flattened, as the env runner stores it; ``act``
+        layout (a Dict or Tuple observation flattened, as the env runner stores it; ``actor``
         gets the same rows), the actions stepped, the env's rewards, and whether it ended
         terminated or truncated.
     """
@@ -311,12 +362,14 @@ def run_episodes(
         observations.append(obs)
     next_episode = len(envs)
     playing = list(range(len(envs)))
+    actor.start_episodes(playing)
     while playing:
-        actions = act(np.stack([observations[index] for index in playing]))
-        still_playing = []
+        actions = actor.act(np.stack([observations[index] for index in playing]), playing)
+        still_playing, rewards, restarted = [], [], []
         for index, action in zip(playing, actions):
             obs, reward, terminated, truncated, _ = envs[index].step(action)
             obs = stored(obs)
+            rewards.append(float(reward))
             episodes[episode_of[index]].add_env_step(
                 obs, np.array(action), float(reward), terminated=terminated, truncated=truncated
             )
@@ -328,8 +381,13 @@ def run_episodes(
                 episode_of[index], next_episode = next_episode, next_episode + 1
                 obs = stored(envs[index].reset(seed=first_seed + episode_of[index])[0])
                 episodes[episode_of[index]].add_env_reset(obs)
+                restarted.append(index)
             observations[index] = obs
             still_playing.append(index)
+        # Rewards first: a restarted env's then go back to its new episode's zeros.
+        actor.observe_rewards(np.array(rewards, dtype=np.float32), playing)
+        if restarted:
+            actor.start_episodes(restarted)
         playing = still_playing
     return kept
 

@@ -7,7 +7,8 @@
 
 The env, the policies and the seeds are ``evaluate``'s: the env from ``--env``, ``--config``
 or the (first) checkpoint; each policy through ``Policy.act`` (its saved observation
-normalization, greedy unless ``--explore``, Box actions clipped); episode ``i`` resets with
+normalization, greedy unless ``--explore``, Box actions clipped, a recurrent policy's state
+per env reset where each episode starts); episode ``i`` resets with
 seed ``S + i``, ``S`` held out from training by default. ``--ckpt_path`` may be given several
 times, for a mix of policies: the policy episodes are spread evenly over them, in the order
 given, and ``--random_fraction F`` of all episodes (rounded) come first, played with uniformly
@@ -31,8 +32,9 @@ from lightning_rl.cli._command_line import CommandError, run_command, tell
 from lightning_rl.cli.command_parsers import HELD_OUT_SEED_OFFSET
 from lightning_rl.cli.command_parsers import build_record_parser as build_parser
 from lightning_rl.cli.evaluate_command import (
-    Act,
+    Actor,
     EnvSource,
+    PolicyActor,
     check_env_fits,
     env_source,
     episode_stats,
@@ -54,13 +56,13 @@ class EpisodeSource:
 
     Attributes:
         label: ``"random"``, or the checkpoint's path and ``(greedy)`` / ``(explore)``.
-        act: Observations to actions.
+        actor: Plays the episodes (:class:`~lightning_rl.cli.evaluate_command.Actor`).
         num_episodes: How many episodes it plays.
         policy: The checkpoint's policy (``None`` for random actions).
     """
 
     label: str
-    act: Act
+    actor: Actor
     num_episodes: int
     policy: Policy | None = None
 
@@ -140,8 +142,9 @@ def _episode_sources(
     share, extra = divmod(num_policy, max(len(policies), 1))
     mode = "explore" if args.explore else "greedy"
     for index, (policy, path) in enumerate(zip(policies, args.ckpt_path)):
-        act = _policy_actions(policy, deterministic=not args.explore)
-        sources.append(EpisodeSource(f"{path} ({mode})", act, share + (index < extra), policy))
+        num_episodes = share + (index < extra)
+        actor = PolicyActor(policy, deterministic=not args.explore, num_envs=min(args.num_envs, num_episodes))
+        sources.append(EpisodeSource(f"{path} ({mode})", actor, num_episodes, policy))
     return sources
 
 
@@ -156,7 +159,7 @@ def _play(
             envs.append(source.make_env())
         seed = first_seed
         for share in sources:
-            played.append(run_episodes(envs[: share.num_episodes], share.act, seed, share.num_episodes))
+            played.append(run_episodes(envs[: share.num_episodes], share.actor, seed, share.num_episodes))
             seed += share.num_episodes
     finally:
         for env in envs:
@@ -202,13 +205,6 @@ def _summary(episodes: Sequence[SingleAgentEpisode]) -> str:
     )
 
 
-def _policy_actions(policy: Policy, *, deterministic: bool) -> Act:
-    def act(observations: np.ndarray) -> np.ndarray:
-        return policy.act(observations, deterministic=deterministic)
-
-    return act
-
-
 class _RandomActions:
     """Uniformly random actions of ``action_space`` (seeded with ``seed``), one per observation."""
 
@@ -216,5 +212,12 @@ class _RandomActions:
         self.space = action_space
         self.space.seed(seed)
 
-    def __call__(self, observations: np.ndarray) -> np.ndarray:
+    def act(self, observations: np.ndarray, rows: list[int]) -> np.ndarray:
+        """One random action per observation."""
         return np.stack([self.space.sample() for _ in range(len(observations))])
+
+    def start_episodes(self, rows: list[int]) -> None:
+        """Random actions keep no state."""
+
+    def observe_rewards(self, rewards: np.ndarray, rows: list[int]) -> None:
+        """Random actions ignore rewards."""

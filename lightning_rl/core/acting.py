@@ -102,6 +102,10 @@ class Acting:
     :meth:`start_episodes` for the rows whose episode (re)starts (a reset, an autoreset, a
     dropped episode), which puts them back to the initial state.
 
+    The rows' state is kept in ordinary tensors (never inference tensors, detached from any
+    graph), so the runners (under ``torch.inference_mode``) and ``Policy`` (under
+    ``no_grad``) may build, step and reset it in whichever mode they act.
+
     Args:
         module: A single-agent RLModule.
         num_rows: How many rows (envs, agent slots) act; fixed for the object's life.
@@ -115,8 +119,11 @@ class Acting:
         self._prev_actions: torch.Tensor | None = None
         self._prev_rewards: torch.Tensor | None = None
         if self.stateful:
-            self._state = batched_initial_state(module, self.num_rows)
-            self._prev_rewards = torch.zeros(self.num_rows, device=self._device())
+            # Normal tensors even when built under torch.inference_mode (as the env runners act):
+            # start_episodes and observe_rewards update them in place outside that mode too.
+            with torch.inference_mode(False):
+                self._state = batched_initial_state(module, self.num_rows)
+                self._prev_rewards = torch.zeros(self.num_rows, device=self._device())
 
     def act(
         self,
@@ -144,9 +151,8 @@ class Acting:
             out, actions = compute_actions(self.module, obs, explore=explore, with_logp=with_logp, action_mask=action_mask)
             return dict(out), actions
         index = slice(None) if rows is None else rows
-        state_in = {name: value[index] for name, value in self._state.items()}
-        # Copies, not views (index may be a slice): the outputs keep this step's inputs after the
-        # buffers move on (this step's actions, observe_rewards).
+        # Copies, not views: the rows' state moves on below, and the outputs keep what the step started from.
+        state_in = {name: value[index].clone() for name, value in self._state.items()}
         prev_rewards = self._prev_rewards[index].clone()
         prev_actions = self._prev_actions[index].clone() if self._prev_actions is not None else None
         if prev_actions is None:
@@ -167,10 +173,14 @@ class Acting:
         out[Columns.PREV_ACTIONS] = prev_actions
         out[Columns.PREV_REWARDS] = prev_rewards
         for name, value in state_out.items():
-            self._state[name][index] = value.to(self._state[name].dtype)
+            # Detached: acting outside no_grad must not chain one step's graph to the next.
+            self._state[name][index] = value.detach().to(self._state[name].dtype)
         if self._prev_actions is None:
-            self._prev_actions = torch.zeros((self.num_rows, *actions.shape[1:]), dtype=actions.dtype, device=actions.device)
-        self._prev_actions[index] = actions
+            with torch.inference_mode(False):
+                self._prev_actions = torch.zeros(
+                    (self.num_rows, *actions.shape[1:]), dtype=actions.dtype, device=actions.device
+                )
+        self._prev_actions[index] = actions.detach()
         return out, actions
 
     def observe_rewards(self, rewards: Any, rows: torch.Tensor | None = None) -> None:

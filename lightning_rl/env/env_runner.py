@@ -30,6 +30,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from lightning_rl.core.acting import Acting
 from lightning_rl.core.rl_modules import RLModule
 from lightning_rl.core.arguments import check_int
 from lightning_rl.env.closes_once import ClosesOnce
@@ -212,6 +213,9 @@ class EnvRunner(ClosesOnce):
         # The envs' progress between calls.
         self._needs_reset = True
         self._episodes = RunningEpisodes(self.num_envs)
+        # How the module acts, one row per env (with a recurrent module's state): rebuilt for
+        # another module object, restarted by every full reset.
+        self._acting: Acting | None = None
 
         # Statistics: lifetime counters, the window, and what accrued since get_metrics.
         self._num_resets = 0
@@ -257,13 +261,17 @@ class EnvRunner(ClosesOnce):
             episode still running, which continues in the next call under the same
             ``id_``. Numpy episodes; ``extra_model_outputs`` holds ``action_logp`` (when a
             distribution was sampled), ``action_dist_inputs`` and every other tensor output
-            with a leading batch dimension, such as ``vf_preds``. With normalization on,
-            observations and rewards are the normalized ones, and the call's observations
-            and returns were added to :attr:`normalization`'s statistics.
+            with a leading batch dimension, such as ``vf_preds``; for a stateful (recurrent)
+            module also ``state_in`` (the packed state each step started from),
+            ``prev_actions`` and ``prev_rewards`` (see :class:`~lightning_rl.core.acting.Acting`).
+            A recurrent state carries over between calls with its episode, and starts afresh
+            with every episode (autoresets, dropped episodes and full resets included). With
+            normalization on, observations and rewards are the normalized ones (so are
+            ``prev_rewards``), and the call's observations and returns were added to
+            :attr:`normalization`'s statistics.
 
         Raises:
-            ValueError: For a stateful (recurrent) module, which is not supported yet, or
-                outputs without ``actions`` or ``action_dist_inputs``.
+            ValueError: For outputs without ``actions`` or ``action_dist_inputs``.
             EnvFaultError: Naming the env and the step: ``SampleTimeoutError`` after
                 ``sample_timeout_s``, ``SubEnvError`` for an env that failed (without
                 ``restart_failed_sub_environments``), ``NonFiniteEnvError`` for a NaN or
@@ -301,7 +309,8 @@ class EnvRunner(ClosesOnce):
         with a new seed), the training counters and statistics stay as they are, and the
         next :meth:`sample` starts from fresh episodes too. An episode a training
         :meth:`sample` left running is abandoned, so evaluate with a runner of its own to
-        keep training episodes whole. The call returns only when enough episodes ended, so
+        keep training episodes whole (a recurrent module's state starts afresh with this call's
+        reset, and again with the next :meth:`sample`'s). The call returns only when enough episodes ended, so
         the env needs a time limit if the policy may never end an episode. With
         normalization on, observations are normalized with :attr:`normalization`'s statistics
         as they stand (never updated here) and rewards are the env's own.
@@ -392,6 +401,8 @@ class EnvRunner(ClosesOnce):
         if self.normalization is not None:
             obs = self.normalization.on_reset(obs, training=training)
         self._episodes.restart(obs, infos)
+        if self._acting is not None:
+            self._acting.start_episodes(None)
         self._needs_reset = False
 
     def _after_failure(self) -> None:
@@ -420,12 +431,10 @@ class EnvRunner(ClosesOnce):
             (episodes ended in this call, chunks still running, (return, length) of each
             ended episode over all its chunks).
         """
-        if module.is_stateful():
-            raise ValueError(
-                f"{type(module).__name__} is stateful; EnvRunner does not carry recurrent states yet"
-            )
+        if self._acting is None or self._acting.module is not module:
+            self._acting = Acting(module, self.num_envs)
         buffers, steps_done = run_rollout(
-            self._vector, module, self._episodes, num_steps, explore=explore, nonfinite=self._nonfinite,
+            self._vector, self._acting, self._episodes, num_steps, explore=explore, nonfinite=self._nonfinite,
             stop_after_episodes=stop_after_episodes, normalization=self.normalization, training=training,
         )
         return cut_episodes(buffers, steps_done, self._episodes)

@@ -5,8 +5,9 @@ acts at once) or an ``AECEnv`` (one agent acts per env step, the ``agent_selecti
 the same three calls: :meth:`EnvCopy.reset`, :attr:`EnvCopy.waiting` (the agents that must act
 now, with their observations) and :meth:`EnvCopy.step`. :func:`step_copies` then takes one
 step of every copy: it gathers every (copy, agent) that must act, groups the rows by the module
-each agent is mapped to, runs ONE forward pass per module over all its rows, and scatters the
-actions back.
+each agent is mapped to, runs ONE forward pass per module over all its rows (through
+:class:`~lightning_rl.env.agent_acting.AgentActing`, which keeps a recurrent module's state per
+agent per copy), and scatters the actions back.
 
 An agent whose observation space is PettingZoo's action-mask Dict (``{"action_mask",
 "observation"}``) is stored with the observation part in its episode's ``observations`` and
@@ -23,7 +24,6 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from lightning_rl.core.acting import compute_actions
 from lightning_rl.core.action_masks import (
     ACTION_MASK,
     check_maskable_action_space,
@@ -34,6 +34,7 @@ from lightning_rl.core.action_masks import (
 from lightning_rl.core.columns import DEFAULT_MODULE_ID, Columns
 from lightning_rl.core.observation_layout import ARRAY_SPACES
 from lightning_rl.core.rl_modules import MultiRLModule, RLModule
+from lightning_rl.env.agent_acting import AgentActing
 from lightning_rl.env.multi_agent_episode import ALL_AGENTS, AgentID, ModuleID, MultiAgentEpisode
 from lightning_rl.env.pettingzoo_env import is_parallel_env
 
@@ -194,13 +195,15 @@ class EnvCopy:
         return np.array(observation), None
 
 
-def step_copies(copies: list[EnvCopy], module: RLModule, *, explore: bool) -> list[tuple[int, EpisodeRecord]]:
+def step_copies(copies: list[EnvCopy], acting: AgentActing, *, explore: bool) -> list[tuple[int, EpisodeRecord]]:
     """Take one env step in every copy: one forward pass per module over all rows mapped to it.
 
     Args:
-        copies: The env copies; each must have waiting agents.
-        module: A ``MultiRLModule`` holding every module id the agents map to, or a single
-            ``RLModule`` when every agent maps to ``DEFAULT_MODULE_ID``.
+        copies: The env copies (all of ``acting``'s, or some of them); each must have waiting agents.
+        acting: How the agents act: its ``module`` is a ``MultiRLModule`` holding every module
+            id the agents map to, or a single ``RLModule`` when every agent maps to
+            ``DEFAULT_MODULE_ID``. A copy's agents start afresh when its episode is a new one;
+            each agent's reward (its agent episode's) goes back to it after the step.
         explore: Sample actions (``forward_exploration``) or take the most likely ones.
 
     Returns:
@@ -212,6 +215,7 @@ def step_copies(copies: list[EnvCopy], module: RLModule, *, explore: bool) -> li
     """
     groups: dict[ModuleID, list[tuple[int, AgentID]]] = {}
     for index, copy in enumerate(copies):
+        acting.follow_episode(copy, copy.episode.id_)
         for agent in copy.waiting:
             groups.setdefault(copy.episode.module_for(agent), []).append((index, agent))
     actions: list[dict[AgentID, Any]] = [{} for _ in copies]
@@ -219,7 +223,8 @@ def step_copies(copies: list[EnvCopy], module: RLModule, *, explore: bool) -> li
     extras: list[dict[AgentID, dict[str, Any]]] = [{} for _ in copies]
     for module_id, rows in groups.items():
         observations = [copies[index].waiting[agent] for index, agent in rows]
-        out, chosen = _act(_module_for(module, module_id), observations, explore=explore)
+        slots = [acting.row(copies[index], agent) for index, agent in rows]
+        out, chosen = _act(acting, module_id, slots, observations, explore=explore)
         for row, (index, agent) in enumerate(rows):
             actions[index][agent] = chosen[row]
             env_actions[index][agent] = _env_action(chosen[row], copies[index].action_spaces[agent])
@@ -229,7 +234,26 @@ def step_copies(copies: list[EnvCopy], module: RLModule, *, explore: bool) -> li
         record = copy.step(actions[index], env_actions[index], extras[index])
         if record is not None:
             ended.append((index, record))
+    if acting.stateful:
+        _observe_rewards(copies, acting)
     return ended
+
+
+def _observe_rewards(copies: list[EnvCopy], acting: AgentActing) -> None:
+    # Each agent that acts next gets the reward of its agent episode's latest step as its next
+    # prev_rewards, as the Learner sees it; one that has not acted yet in its episode keeps zero
+    # (a reward before an agent's first action is no step of its). One call per module.
+    groups: dict[ModuleID, tuple[list[int], list[float]]] = {}
+    for copy in copies:
+        for agent in copy.waiting:
+            agent_episode = copy.episode.agent_episodes.get(agent)
+            if agent_episode is None or len(agent_episode) == 0:
+                continue
+            rows, rewards = groups.setdefault(copy.episode.module_for(agent), ([], []))
+            rows.append(acting.row(copy, agent))
+            rewards.append(float(agent_episode.rewards[-1]))
+    for module_id, (rows, rewards) in groups.items():
+        acting.observe_rewards(module_id, rows, rewards)
 
 
 def _module_for(module: RLModule, module_id: ModuleID) -> RLModule:
@@ -247,13 +271,18 @@ def _module_for(module: RLModule, module_id: ModuleID) -> RLModule:
     return module
 
 
-def _act(module: RLModule, observations: list[AgentObservation], *, explore: bool) -> tuple[dict, np.ndarray]:
-    """One forward pass of ``module`` over the rows' observations; the actions and per-row outputs as numpy.
+def _act(
+    acting: AgentActing, module_id: ModuleID, slots: list[int], observations: list[AgentObservation], *, explore: bool
+) -> tuple[dict, np.ndarray]:
+    """One forward pass of module ``module_id`` over the rows' observations; the actions and per-row outputs as numpy.
+
+    ``slots`` are the rows' :meth:`AgentActing.row`, where a recurrent module keeps their state.
 
     Returns:
         ``({key: array[B, ...]}`` of every per-row tensor output (``action_mask`` included for
         masked rows), ``actions[B, ...]``).
     """
+    module = _module_for(acting.module, module_id)
     param = next(module.parameters(), None)
     device = param.device if param is not None else torch.device("cpu")
     obs = torch.from_numpy(np.stack([obs for obs, _ in observations])).to(device)
@@ -262,7 +291,7 @@ def _act(module: RLModule, observations: list[AgentObservation], *, explore: boo
         raise ValueError("the agents mapped to one module must all have action-masked observations, or none")
     mask = torch.from_numpy(np.stack([mask for _, mask in observations])).to(device) if all(has_mask) else None
     with torch.inference_mode():
-        out, actions = compute_actions(module, obs, explore=explore, action_mask=mask)
+        out, actions = acting.act(module_id, module, slots, obs, explore=explore, action_mask=mask)
     rows = obs.shape[0]
     arrays = {
         key: value.cpu().numpy()

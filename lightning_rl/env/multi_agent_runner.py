@@ -22,6 +22,7 @@ from lightning_rl.core.arguments import check_int, is_int
 from lightning_rl.core.rl_modules import MultiRLModule, RLModule
 from lightning_rl.env.closes_once import ClosesOnce
 from lightning_rl.env.multi_agent_episode import AgentID, ModuleID, MultiAgentEpisode
+from lightning_rl.env.agent_acting import AgentActing
 from lightning_rl.env.multi_agent_rollout import EnvCopy, EpisodeRecord, check_agent_spaces, step_copies
 from lightning_rl.env.pettingzoo_env import PettingZooEnvCreator, make_pettingzoo_env
 from lightning_rl.env.policy_mapping import PolicyMappingFn, module_spaces, resolve_policy_mapping_fn
@@ -94,6 +95,8 @@ class MultiAgentEnvRunner(ClosesOnce):
 
         self._needs_reset = True
         self._num_full_resets = 0
+        # How the agents act (a recurrent module's state per agent per copy); rebuilt for another module object.
+        self._acting: AgentActing | None = None
         self._num_env_steps_lifetime = 0
         self._num_agent_steps_lifetime = 0
         self._num_episodes_lifetime = 0
@@ -163,13 +166,16 @@ class MultiAgentEnvRunner(ClosesOnce):
             sampled in this call), then the chunk of each copy's running episode, which
             continues in the next call under the same ``id_``. Numpy episodes; each acting
             step's ``extra_model_outputs`` holds ``action_logp``, ``action_dist_inputs``, the
-            module's other per-row outputs, and ``action_mask`` for masked observations. A
+            module's other per-row outputs, and ``action_mask`` for masked observations; a
+            recurrent module's also ``state_in``, ``prev_actions`` and ``prev_rewards`` (its
+            state is kept per agent per copy, carried over between calls, and starts afresh
+            with each episode: see :mod:`lightning_rl.env.agent_acting`). A
             running chunk without any completed agent step is not returned yet: it goes on.
             An episode left running with a module that ``module`` no longer holds (a league
             removed it) is abandoned, and its copy starts a new one.
 
         Raises:
-            ValueError: If ``num_env_steps < 1``, the module is stateful, an agent maps to a
+            ValueError: If ``num_env_steps < 1``, an agent maps to a
                 module the given one lacks, or its forward pass returns neither ``actions`` nor
                 ``action_dist_inputs``.
         """
@@ -182,7 +188,7 @@ class MultiAgentEnvRunner(ClosesOnce):
                 self._full_reset()
             self._restart_episodes_of_removed_modules(module)
             for _ in range(num_env_steps):
-                for index, record in step_copies(self._copies, module, explore=explore):
+                for index, record in step_copies(self._copies, self._acting_for(module), explore=explore):
                     completed.append(self._copies[index].episode)
                     self._record(record)
                     self._copies[index].reset(seed=None)
@@ -247,7 +253,8 @@ class MultiAgentEnvRunner(ClosesOnce):
             active = list(range(min(self.num_envs, num_episodes)))
             started = len(active)
             while active:
-                ended = step_copies([self._copies[index] for index in active], module, explore=explore)
+                copies = [self._copies[index] for index in active]
+                ended = step_copies(copies, self._acting_for(module), explore=explore)
                 for position, _ in ended:
                     index = active[position]
                     finished.append(self._copies[index].episode.to_numpy())
@@ -285,10 +292,11 @@ class MultiAgentEnvRunner(ClosesOnce):
     def _check_module(self, module: RLModule) -> None:
         if not isinstance(module, RLModule):
             raise TypeError(f"module must be an RLModule or MultiRLModule, got {type(module).__name__}")
-        if module.is_stateful():
-            raise ValueError(
-                f"{type(module).__name__} is stateful; MultiAgentEnvRunner does not carry recurrent states"
-            )
+
+    def _acting_for(self, module: RLModule) -> AgentActing:
+        if self._acting is None or self._acting.module is not module:
+            self._acting = AgentActing(module, self._copies, self.possible_agents)
+        return self._acting
 
     def _record(self, record: EpisodeRecord) -> None:
         self._episodes.append(record)

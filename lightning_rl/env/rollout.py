@@ -6,6 +6,11 @@ returns the reset observation of the next one at once, and the true final observ
 step is spent on an ignored action, as in ``NEXT_STEP`` mode), and the episodes cut out of
 the buffers end with the final observation, not the reset one. No stored transition crosses
 an episode boundary.
+
+Acting goes through the runner's :class:`~lightning_rl.core.acting.Acting`, which keeps a
+recurrent module's state per env: the loop tells it each step's rewards (those the episodes
+store: normalized in a training rollout with reward normalization) and which envs start an
+episode (after an autoreset, a dropped episode, or every env rebuilt).
 """
 
 from __future__ import annotations
@@ -14,8 +19,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from lightning_rl.core.acting import compute_actions
-from lightning_rl.core.rl_modules import RLModule
+from lightning_rl.core.acting import Acting
 from lightning_rl.env.env_errors import SubEnvError
 from lightning_rl.env.guarded_vector_env import EnvsRebuilt, GuardedVectorEnv
 from lightning_rl.env.nonfinite import NonFiniteCheck
@@ -26,7 +30,7 @@ from lightning_rl.env.vector_infos import unbatch_infos
 
 def run_rollout(
     vector: GuardedVectorEnv,
-    module: RLModule,
+    acting: Acting,
     episodes: RunningEpisodes,
     num_steps: int,
     *,
@@ -36,13 +40,14 @@ def run_rollout(
     normalization: EnvNormalization | None = None,
     training: bool = True,
 ) -> tuple[RolloutBuffers, int]:
-    """Step ``vector`` up to ``num_steps`` times with ``module``, from where ``episodes`` stand.
+    """Step ``vector`` up to ``num_steps`` times with ``acting``'s module, from where ``episodes`` stand.
 
     Args:
         vector: The runner's vector env (``AutoresetMode.SAME_STEP``; observations come out of
             it in the stored layout, ``vector.layout``).
-        module: The policy; its forward pass runs on the module's device under
-            ``torch.inference_mode``.
+        acting: The policy, one row per env; its forward pass runs on the module's device
+            under ``torch.inference_mode``. Its rows' recurrent state must stand where
+            ``episodes`` do (a stateful module's state carries over between calls).
         episodes: The running episodes; their observation is the first step's input.
             Only ``record_infos`` changes here, and the ids of episodes dropped before
             their first step in this call (see :func:`cut_episodes` for the rest).
@@ -73,7 +78,7 @@ def run_rollout(
     normalizes_obs = normalization is not None and normalization.observations is not None
     obs_dtype = np.float32 if normalizes_obs else None
     buffers = RolloutBuffers.allocate(num_steps, observation_space, episodes, obs_dtype)
-    param = next(module.parameters(), None)
+    param = next(acting.module.parameters(), None)
     device = param.device if param is not None else torch.device("cpu")
     on_cpu = device.type == "cpu"
     episodes_ended = 0
@@ -84,7 +89,7 @@ def run_rollout(
             obs_t = torch.from_numpy(buffers.obs[t])
             if not on_cpu:
                 obs_t = obs_t.to(device)
-            out, actions = compute_actions(module, obs_t, explore=explore)
+            out, actions = acting.act(obs_t, explore=explore)
             action_np = buffers.write_outputs(t, out, actions, on_cpu)
             if clip is not None:
                 action_np = np.clip(action_np, *clip)
@@ -92,18 +97,30 @@ def run_rollout(
                 num_ended = _take_step(vector, buffers, t, action_np, episodes, nonfinite)
             except EnvsRebuilt as rebuilt:
                 _start_over(buffers, t, episodes, rebuilt, vector, nonfinite, again=rebuilt_at == t)
+                acting.start_episodes(None)
                 if normalization is not None:
                     buffers.obs[t] = normalization.on_reset(buffers.obs[t], training=training)
                 rebuilt_at = t
                 continue  # step t again, from the rebuilt envs' first observations
             if normalization is not None:
                 normalization.on_step(buffers, t, training=training)
+            if acting.stateful:
+                _observe_step(acting, buffers, t)
             t += 1
             if stop_after_episodes is not None and num_ended:
                 episodes_ended += num_ended
                 if episodes_ended >= stop_after_episodes:
                     return buffers, t
     return buffers, num_steps
+
+
+def _observe_step(acting: Acting, buffers: RolloutBuffers, t: int) -> None:
+    # The rewards the episodes store, then the envs whose next observation starts an episode:
+    # SAME_STEP autoreset put the new episode's reset observation in obs[t + 1] already.
+    acting.observe_rewards(buffers.rewards[t])
+    starts = np.flatnonzero(buffers.terminateds[t] | buffers.truncateds[t] | buffers.dropped[t])
+    if len(starts):
+        acting.start_episodes(starts)
 
 
 def _take_step(

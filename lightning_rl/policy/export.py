@@ -11,8 +11,21 @@ dtype (uint8 or float32, see :mod:`~lightning_rl.core.observation_layout`): each
 observation (keys in the Dict's order, Discrete parts one-hot), which the deployment must
 compute itself.
 
+A recurrent (stateful) policy's graph takes one step from a given state and returns the next:
+inputs ``obs``, ``state_in`` ``[batch, S]`` float32 (the module's state packed, names in sorted
+order, :func:`~lightning_rl.core.recurrent.pack_state`; zeros, ``get_initial_state()`` packed,
+at an episode's first step), then ``prev_actions`` ``[batch, *action_shape]`` (the previous
+step's actions, zeros at an episode's first step) only if the module was built with
+``lstm_use_prev_action``, and ``prev_rewards`` ``[batch]`` float32 (the reward after that
+step, zero at the first) only with ``lstm_use_prev_reward``; outputs ``actions`` and
+``state_out`` ``[batch, S]``, which the deployment feeds back as the next step's ``state_in``.
+A torch.export program takes ``prev_actions`` / ``prev_rewards`` by keyword:
+``program.module()(obs, state_in, prev_rewards=rewards)``.
+
 Before a file is written, the exported graph is run on 1,000 observations and must return
-``Policy.act``'s actions (Discrete: equal; Box: within ``EXPORT_ATOL``); the file is then
+``Policy.act``'s actions (Discrete: equal; Box: within ``EXPORT_ATOL``); a recurrent graph
+on :data:`NUM_CHECK_STEPS` consecutive steps of 200 rows, carrying its state as a deployment
+would, against ``Policy.act`` on the same steps. The file is then
 written atomically, so an existing output is replaced whole or not at all. ONNX needs the
 ``export`` extra (``pip install "lightning-rl[export]"``: onnx, onnxruntime, onnxscript).
 
@@ -30,7 +43,7 @@ import os
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import gymnasium as gym
 import numpy as np
@@ -38,15 +51,22 @@ import torch
 
 from lightning_rl.core.checkpoint import atomic_write
 from lightning_rl.core.observation_layout import ObservationLayout
+from lightning_rl.core.recurrent import batched_initial_state, pack_state
 from lightning_rl.policy.policy import Policy, PolicyNet
 
 ExportFormat = Literal["onnx", "torch"]
+#: An exported graph as the check runs it: ``obs -> actions``; a recurrent one's
+#: ``(obs, state_in=..., [prev_actions=...], [prev_rewards=...]) -> (actions, state_out)``.
+GraphRunner = Callable[..., Any]
 EXPORT_FORMATS: tuple[str, ...] = ("onnx", "torch")
 #: The largest difference allowed between an exported graph's Box actions and ``Policy.act``'s.
 EXPORT_ATOL = 1e-5
 #: How many observations an export is checked on before it is written.
 NUM_CHECK_OBSERVATIONS = 1_000
+#: Over how many consecutive steps a recurrent policy's export is checked (the observations split among them).
+NUM_CHECK_STEPS = 5
 _INPUT_NAME = "obs"
+_STATE_OUTPUT_NAME = "state_out"
 
 
 class ExportCheckError(RuntimeError):
@@ -84,12 +104,57 @@ def export_policy(policy: Policy, output: str | os.PathLike, format: ExportForma
     if output.is_dir():
         raise ValueError(f"cannot write {output}: it is a directory, expected a file name")
     net = _frozen_copy(policy.net)
-    example = torch.as_tensor(sample_observations(policy, 4, seed=seed))
+    example = _example_inputs(net, torch.as_tensor(sample_observations(policy, 4, seed=seed)))
     content = _onnx_bytes(net, example) if format == "onnx" else _torch_export_bytes(net, example)
     observations = sample_observations(policy, NUM_CHECK_OBSERVATIONS, seed=seed)
-    run = _onnx_runner(content) if format == "onnx" else _torch_export_runner(content)
-    check_same_actions(policy.act(observations), run(observations), f"the {format} export")
+    run = _onnx_runner(content, net.state_inputs) if format == "onnx" else _torch_export_runner(content)
+    if net.stateful:
+        _check_recurrent_steps(policy, net, observations, run, f"the {format} export", seed)
+    else:
+        check_same_actions(policy.act(observations), run(observations), f"the {format} export")
     return atomic_write(output, lambda file: file.write(content))
+
+
+def _example_inputs(net: PolicyNet, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The graph's inputs by name: ``obs``, and a recurrent module's initial state and previous step."""
+    inputs = {_INPUT_NAME: obs}
+    if net.stateful:
+        inputs.update(_first_step_inputs(net, len(obs)))
+    return inputs
+
+
+def _first_step_inputs(net: PolicyNet, count: int) -> dict[str, torch.Tensor]:
+    """``state_in`` (the initial state), and zero ``prev_actions`` / ``prev_rewards`` where the module reads them."""
+    inputs = {"state_in": pack_state(batched_initial_state(net.module, count)).float()}
+    if "prev_actions" in net.state_inputs:
+        space = net.action_space
+        dtype = torch.float32 if isinstance(space, gym.spaces.Box) else torch.int64
+        inputs["prev_actions"] = torch.zeros((count, *space.shape), dtype=dtype)
+    if "prev_rewards" in net.state_inputs:
+        inputs["prev_rewards"] = torch.zeros(count, dtype=torch.float32)
+    return inputs
+
+
+def _check_recurrent_steps(
+    policy: Policy, net: PolicyNet, observations: np.ndarray, run: GraphRunner, what: str, seed: int
+) -> None:
+    """Step the graph and a fresh ``Policy`` of the same module side by side, each carrying its own state."""
+    check = Policy(net.module, policy.observation_space, policy.action_space, net.observation_normalization)
+    steps = np.array_split(observations, NUM_CHECK_STEPS)
+    rows = min(len(step) for step in steps)
+    inputs = {name: value.numpy() for name, value in _first_step_inputs(net, rows).items()}
+    rewards = np.random.default_rng(seed).standard_normal((len(steps), rows)).astype(np.float32)
+    for step, obs in enumerate(steps):
+        obs = obs[:rows]
+        expected = check.act(obs)
+        actions, state_out = run(obs, **inputs)
+        check_same_actions(expected, actions, f"{what} at step {step} of {len(steps)} (carrying its state)")
+        check.observe_rewards(rewards[step])
+        inputs["state_in"] = state_out
+        if "prev_actions" in inputs:
+            inputs["prev_actions"] = actions
+        if "prev_rewards" in inputs:
+            inputs["prev_rewards"] = rewards[step]
 
 
 def sample_observations(policy: Policy, count: int, seed: int = 0) -> np.ndarray:
@@ -149,29 +214,46 @@ def _frozen_copy(net: PolicyNet) -> PolicyNet:
     return frozen
 
 
-def _dynamic_batch() -> tuple[dict[int, torch.export.Dim]]:
-    return ({0: torch.export.Dim("batch")},)
+def _dynamic_batch(inputs: dict[str, torch.Tensor]) -> dict[str, dict[int, torch.export.Dim]]:
+    batch = torch.export.Dim("batch")
+    return {name: {0: batch} for name in inputs}
 
 
-def _torch_export_bytes(net: PolicyNet, example: torch.Tensor) -> bytes:
-    program = torch.export.export(net, (example,), dynamic_shapes=_dynamic_batch())
+def _split_inputs(inputs: dict[str, torch.Tensor]) -> tuple[tuple[torch.Tensor, ...], dict[str, torch.Tensor]]:
+    # obs and state_in go by position; prev_actions / prev_rewards by keyword (either may be absent).
+    positional = tuple(inputs[name] for name in (_INPUT_NAME, "state_in") if name in inputs)
+    keywords = {name: value for name, value in inputs.items() if name not in (_INPUT_NAME, "state_in")}
+    return positional, keywords
+
+
+def _torch_export_bytes(net: PolicyNet, inputs: dict[str, torch.Tensor]) -> bytes:
+    args, kwargs = _split_inputs(inputs)
+    program = torch.export.export(net, args, kwargs=kwargs, dynamic_shapes=_dynamic_batch(inputs))
     buffer = io.BytesIO()
     torch.export.save(program, buffer)
     return buffer.getvalue()
 
 
-def _torch_export_runner(content: bytes) -> Callable[[np.ndarray], np.ndarray]:
+def _torch_export_runner(content: bytes) -> GraphRunner:
     module = torch.export.load(io.BytesIO(content)).module()
 
-    def run(observations: np.ndarray) -> np.ndarray:
+    def run(observations: np.ndarray, **state: np.ndarray) -> Any:
+        inputs = {_INPUT_NAME: torch.from_numpy(observations)}
+        inputs.update({name: torch.from_numpy(np.asarray(value)) for name, value in state.items()})
+        args, kwargs = _split_inputs(inputs)
         with torch.no_grad():
-            return module(torch.from_numpy(observations)).numpy()
+            result = module(*args, **kwargs)
+        if isinstance(result, tuple):
+            return result[0].numpy(), result[1].numpy()
+        return result.numpy()
 
     return run
 
 
-def _onnx_bytes(net: PolicyNet, example: torch.Tensor) -> bytes:
+def _onnx_bytes(net: PolicyNet, inputs: dict[str, torch.Tensor]) -> bytes:
     _require_onnx()
+    args, kwargs = _split_inputs(inputs)
+    output_names = [_OUTPUT_NAME, _STATE_OUTPUT_NAME] if net.stateful else [_OUTPUT_NAME]
     # The exporter logs that torchvision's operators are skipped when torchvision is not
     # installed; a policy never uses them.
     registration_log = logging.getLogger("torch.onnx._internal.exporter._registration")
@@ -183,25 +265,29 @@ def _onnx_bytes(net: PolicyNet, example: torch.Tensor) -> bytes:
         try:
             program = torch.onnx.export(
                 net,
-                (example,),
+                args,
+                kwargs=kwargs,
                 dynamo=True,
                 verbose=False,
-                input_names=[_INPUT_NAME],
-                output_names=[_OUTPUT_NAME],
-                dynamic_shapes=_dynamic_batch(),
+                input_names=list(inputs),
+                output_names=output_names,
+                dynamic_shapes=_dynamic_batch(inputs),
             )
         finally:
             registration_log.setLevel(level)
     return program.model_proto.SerializeToString()
 
 
-def _onnx_runner(content: bytes) -> Callable[[np.ndarray], np.ndarray]:
+def _onnx_runner(content: bytes, state_inputs: tuple[str, ...]) -> GraphRunner:
     import onnxruntime
 
     session = onnxruntime.InferenceSession(content, providers=["CPUExecutionProvider"])
+    outputs = [_OUTPUT_NAME, _STATE_OUTPUT_NAME] if state_inputs else [_OUTPUT_NAME]
 
-    def run(observations: np.ndarray) -> np.ndarray:
-        return session.run([_OUTPUT_NAME], {_INPUT_NAME: observations})[0]
+    def run(observations: np.ndarray, **state: np.ndarray) -> Any:
+        feed = {_INPUT_NAME: observations, **{name: np.asarray(value) for name, value in state.items()}}
+        result = session.run(outputs, feed)
+        return (result[0], result[1]) if state_inputs else result[0]
 
     return run
 

@@ -10,6 +10,19 @@ then :func:`~lightning_rl.core.acting.compute_actions` (what the env runner call
 and evaluation), then clipping Box actions to the space's bounds as the env runner does before
 stepping. Export traces the same module, so a deployed graph acts exactly as ``Policy.act``.
 
+A recurrent (stateful) module acts through :class:`~lightning_rl.core.acting.Acting`, as the
+env runners do: ``Policy.act`` keeps each row's recurrent state (and previous action and
+reward) between calls, for one episode or a batch of envs, and ``Policy.reset`` starts new
+episodes::
+
+    policy.reset()                      # new episodes in every row (the next act's batch sets how many)
+    actions = policy.act(batch_of_obs)  # row i's state moves on one step
+    policy.reset(rows=[2])              # env 2's episode ended: its row starts afresh
+
+:class:`PolicyNet`'s pass of a recurrent module is a pure function for export: it takes the
+packed state (and the previous actions and rewards when the module reads them) and returns
+the actions and the state after the step.
+
 A module on a Dict or Tuple observation space acts on the stored flat layout
 (:mod:`lightning_rl.core.observation_layout`): ``Policy.act`` flattens a raw observation (a
 dict, or a dict of batched arrays) as the env runner does, and also takes the flat rows
@@ -19,7 +32,7 @@ themselves, which is what :class:`PolicyNet` and an exported graph take.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -27,9 +40,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from lightning_rl.core.acting import clip_actions, compute_actions
+from lightning_rl.core.acting import Acting, clip_actions, compute_actions
+from lightning_rl.core.columns import Columns
 from lightning_rl.core.normalization import ObservationNormalization
 from lightning_rl.core.observation_layout import ObservationLayout
+from lightning_rl.core.recurrent import pack_state, unpack_state
 from lightning_rl.core.rl_module_specs import RLModuleSpec
 from lightning_rl.core.rl_modules import MultiRLModule, RLModule
 from lightning_rl.core.sharding import module_is_sharded, whole
@@ -47,6 +62,15 @@ class PolicyNet(nn.Module):
     The module ``Policy.act`` runs and export traces. Observations of a Dict or Tuple space come
     in their stored flat layout, ``[B, flatdim]``.
 
+    A recurrent module's pass takes one step from a given state, as a pure function:
+    ``forward(obs, state_in, prev_actions=..., prev_rewards=...)`` returns ``(actions,
+    state_out)``, the states packed ``[B, S]`` (:func:`~lightning_rl.core.recurrent.pack_state`,
+    names in sorted order; ``get_initial_state()`` packed is an episode's first state).
+    ``prev_actions`` (the previous step's actions, zeros at an episode's first step) and
+    ``prev_rewards`` ``[B]`` (the reward after it) are read only when the module's
+    ``lstm_use_prev_action`` / ``lstm_use_prev_reward`` are on (:attr:`state_inputs` names
+    the inputs it takes).
+
     Args:
         module: The RLModule that acts.
         action_space: Box actions are clipped to its bounds.
@@ -63,13 +87,58 @@ class PolicyNet(nn.Module):
         self.module = module
         self.action_space = action_space
         self.observation_normalization = observation_normalization
+        #: Whether the module carries a recurrent state.
+        self.stateful = module.is_stateful()
+        config = module.resolved_model_config() if self.stateful else {}
+        #: The inputs after ``obs`` a recurrent pass takes: ``state_in``, then ``prev_actions`` and
+        #: ``prev_rewards`` if the module reads them; empty for a feed-forward module.
+        self.state_inputs: tuple[str, ...] = ()
+        if self.stateful:
+            reads = (("prev_actions", "lstm_use_prev_action"), ("prev_rewards", "lstm_use_prev_reward"))
+            self.state_inputs = ("state_in", *(name for name, key in reads if config.get(key, False)))
 
-    def forward(self, obs: torch.Tensor, explore: bool = False) -> torch.Tensor:
-        """The actions for a batch of observations: greedy unless ``explore``."""
+    def forward(
+        self,
+        obs: torch.Tensor,
+        state_in: torch.Tensor | None = None,
+        prev_actions: torch.Tensor | None = None,
+        prev_rewards: torch.Tensor | None = None,
+        explore: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """The actions for a batch of observations: greedy unless ``explore``.
+
+        Args:
+            obs: ``[B, *obs_shape]``.
+            state_in: A recurrent module's packed state ``[B, S]`` before this step.
+            prev_actions: ``[B, *action_shape]``, for a module that reads them.
+            prev_rewards: ``[B]``, for a module that reads them.
+            explore: Sample actions instead of taking the most likely ones.
+
+        Returns:
+            The actions ``[B, ...]``; for a recurrent module ``(actions, state_out [B, S])``.
+
+        Raises:
+            ValueError: If a recurrent module gets no ``state_in``, or no previous actions
+                or rewards it reads.
+        """
         if self.observation_normalization is not None:
             obs = self.observation_normalization(obs)
-        _, actions = compute_actions(self.module, obs, explore=explore, with_logp=False)
-        return clip_actions(actions, self.action_space)
+        if not self.stateful:
+            _, actions = compute_actions(self.module, obs, explore=explore, with_logp=False)
+            return clip_actions(actions, self.action_space)
+        given = {"state_in": state_in, "prev_actions": prev_actions, "prev_rewards": prev_rewards}
+        missing = [name for name in self.state_inputs if given[name] is None]
+        if missing:
+            raise ValueError(f"{type(self.module).__name__} is recurrent: its policy takes {missing} besides obs")
+        columns: dict[str, Any] = {Columns.STATE_IN: unpack_state(state_in, self.module.get_initial_state())}
+        if prev_actions is not None and "prev_actions" in self.state_inputs:
+            columns[Columns.PREV_ACTIONS] = prev_actions.unsqueeze(1)
+        if prev_rewards is not None and "prev_rewards" in self.state_inputs:
+            columns[Columns.PREV_REWARDS] = prev_rewards.unsqueeze(1)
+        out, actions = compute_actions(
+            self.module, obs.unsqueeze(1), explore=explore, with_logp=False, extra_columns=columns
+        )
+        return clip_actions(actions.squeeze(1), self.action_space), pack_state(out[Columns.STATE_OUT])
 
 
 class Policy:
@@ -110,6 +179,9 @@ class Policy:
         self.net = PolicyNet(module, action_space, observation_normalization)
         if observation_normalization is not None:
             observation_normalization.to(self.device)
+        # A recurrent module's state per row of the batch it acts on; None until the first
+        # act after a reset, whose batch sets the number of rows.
+        self._acting: Acting | None = None
 
     @classmethod
     def from_checkpoint(
@@ -185,8 +257,19 @@ class Policy:
         param = next(self.module.parameters(), None)
         return param.device if param is not None else torch.device("cpu")
 
-    def act(self, obs: Any, deterministic: bool = True) -> Any:
+    @property
+    def is_stateful(self) -> bool:
+        """Whether the module is recurrent: :meth:`act` then carries a state per row between calls."""
+        return self.net.stateful
+
+    def act(self, obs: Any, deterministic: bool = True, rows: Sequence[int] | None = None) -> Any:
         """The action(s) for one observation or a batch of them.
+
+        A recurrent module keeps a state per row of the batch (one observation is a batch of
+        one): each call moves the rows' states on one step, so consecutive calls are
+        consecutive steps of the same episodes until :meth:`reset` starts new ones. The first
+        call after a reset sets the number of rows; a later call with another batch size
+        (without ``rows``) is an error. For a feed-forward module every call stands alone.
 
         Args:
             obs: One observation (the observation space's shape) or a batch ``[B, *shape]``;
@@ -197,6 +280,9 @@ class Policy:
                 each row ``gym.spaces.flatten(space, obs)``).
             deterministic: The greedy action (what evaluation plays); otherwise one sampled as
                 in training (PPO draws from its distribution, DQN explores with its epsilon).
+            rows: For a recurrent module, the rows (envs) ``obs`` belongs to, when only some
+                of the batch act (envs whose episodes are over); ``None`` for every row in
+                order. Ignored for a feed-forward module.
 
         Returns:
             A numpy array for numpy input (and for a dict), a tensor (on the input's device)
@@ -206,8 +292,9 @@ class Policy:
 
         Raises:
             ValueError: If the observation's shape is neither the space's nor a batch of it
-                (for a dict: naming the key whose shape or value does not fit), or the batch
-                is empty.
+                (for a dict: naming the key whose shape or value does not fit), the batch
+                is empty, or (recurrent module) its size differs from the rows' without a
+                :meth:`reset` in between, or ``rows`` do not fit.
         """
         is_tensor = isinstance(obs, torch.Tensor)
         batch, single = self._as_batch(obs)
@@ -215,12 +302,73 @@ class Policy:
             raise ValueError("Policy.act got an empty batch of observations (shape (0, ...)); pass at least one")
         # no_grad, not inference_mode: the tensors returned stay usable in the caller's autograd code.
         with torch.no_grad():
-            actions = self.net(batch, explore=not deterministic)
+            if self.is_stateful:
+                actions = self._act_with_state(batch, explore=not deterministic, rows=rows)
+            else:
+                actions = self.net(batch, explore=not deterministic)
         if single:
             actions = actions[0]
         if is_tensor:
             return actions.to(obs.device)
         return actions.cpu().numpy()
+
+    def reset(self, rows: Sequence[int] | None = None) -> None:
+        """Start new episodes: a recurrent module's rows go back to the initial state (no-op for a feed-forward one).
+
+        Args:
+            rows: The rows whose episode starts (envs that were reset); ``None`` for every
+                row, after which the next :meth:`act` may take a batch of another size.
+        """
+        if self._acting is None:
+            return
+        if rows is None:
+            self._acting = None
+        else:
+            self._acting.start_episodes(self._row_index(rows))
+
+    def observe_rewards(self, rewards: Any, rows: Sequence[int] | None = None) -> None:
+        """Tell a recurrent module the rewards of the step just taken (read with ``lstm_use_prev_reward`` only).
+
+        Args:
+            rewards: ``[B]`` rewards of ``rows``, after the actions of the latest :meth:`act`.
+            rows: As in :meth:`act`.
+        """
+        if self._acting is not None:
+            index = None if rows is None else self._row_index(rows)
+            self._acting.observe_rewards(np.asarray(rewards, dtype=np.float32).reshape(-1), index)
+
+    def _act_with_state(self, batch: torch.Tensor, *, explore: bool, rows: Sequence[int] | None) -> torch.Tensor:
+        """:meth:`act` of a recurrent module: ``rows`` step their states on through :class:`Acting`."""
+        if self._acting is None:
+            if rows is not None and list(rows) != list(range(len(batch))):
+                raise ValueError(
+                    f"Policy.act got rows={list(rows)} before its rows were set: the first act after reset() "
+                    "acts for the whole batch"
+                )
+            self._acting = Acting(self.module, len(batch))
+        index = None
+        if rows is None:
+            if len(batch) != self._acting.num_rows:
+                raise ValueError(
+                    f"Policy.act got a batch of {len(batch)} observations, but this recurrent policy acts for "
+                    f"{self._acting.num_rows} rows (the batch size of its first act since reset()); call "
+                    "policy.reset() to start new episodes with another batch size, or pass rows= for a subset"
+                )
+        else:
+            index = self._row_index(rows)
+            if len(index) != len(batch):
+                raise ValueError(f"Policy.act got {len(batch)} observations for {len(index)} rows")
+        if self.observation_normalization is not None:
+            batch = self.observation_normalization(batch)
+        _, actions = self._acting.act(batch, explore=explore, rows=index, with_logp=False)
+        return clip_actions(actions, self.action_space)
+
+    def _row_index(self, rows: Sequence[int]) -> torch.Tensor:
+        index = torch.as_tensor(list(rows), dtype=torch.long).reshape(-1)
+        num_rows = self._acting.num_rows if self._acting is not None else 0
+        if len(index) and (int(index.min()) < 0 or int(index.max()) >= num_rows):
+            raise ValueError(f"rows {index.tolist()} out of range: this recurrent policy acts for {num_rows} rows")
+        return index.to(self.device)
 
     def _as_batch(self, obs: Any) -> tuple[torch.Tensor, bool]:
         """``obs`` as a batch tensor on the module's device in the stored dtype, and whether it was one observation."""
