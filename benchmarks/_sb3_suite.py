@@ -43,6 +43,7 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecNormalize
 
 from lightning_rl.core.encoders import OBSERVATION_ENCODER_KEYS
+from lightning_rl.core.recurrent import RECURRENT_KEYS
 
 # Siblings: this directory is on sys.path when a benchmark runs as a script.
 from _handwritten_common import ACTIVATIONS
@@ -56,6 +57,9 @@ MAPPED_MODEL_CONFIG = {"fcnet_hiddens", "fcnet_activation", "vf_share_layers", "
 # The observation encoder's keys act on image observations alone: at their defaults they leave
 # the flat observations of the runs SB3's MlpPolicy takes here as they are.
 ENCODER_DEFAULTS = {key: spec.default for key, spec in OBSERVATION_ENCODER_KEYS.items()}
+# The recurrent keys at their defaults (use_lstm off) leave a feed-forward policy, which SB3's
+# MlpPolicy is; a recurrent one is refused (sb3-contrib's RecurrentPPO: benchmarks/memory_ppo.py).
+RECURRENT_DEFAULTS = {key: spec.default for key, spec in RECURRENT_KEYS.items()}
 
 
 def unsupported_ppo(model: dict[str, Any], data: dict[str, Any]) -> str | None:
@@ -70,8 +74,9 @@ def unsupported_ppo(model: dict[str, Any], data: dict[str, Any]) -> str | None:
         (isinstance(model["entropy_coeff"], (int, float)), f"entropy_coeff schedule {model['entropy_coeff']!r}"),
         (model["grad_clip"] is None or model["grad_clip_by"] == "global_norm", f"grad_clip_by={model['grad_clip_by']!r}"),
         (net["fcnet_activation"] in ACTIVATIONS, f"activation {net['fcnet_activation']!r}"),
-        (set(net) <= MAPPED_MODEL_CONFIG | ENCODER_DEFAULTS.keys(),
-         f"model_config keys {sorted(set(net) - MAPPED_MODEL_CONFIG - ENCODER_DEFAULTS.keys())}"),
+        (set(net) <= MAPPED_MODEL_CONFIG | ENCODER_DEFAULTS.keys() | RECURRENT_DEFAULTS.keys(),
+         f"model_config keys {sorted(set(net) - MAPPED_MODEL_CONFIG - ENCODER_DEFAULTS.keys() - RECURRENT_DEFAULTS.keys())}"),
+        (not net.get("use_lstm", False), "use_lstm (a recurrent policy: see benchmarks/memory_ppo.py)"),
         (all(net.get(key, value) == value for key, value in ENCODER_DEFAULTS.items()),
          "conv_filters, conv_activation or image_layout (the CNN of image observations)"),
         (isinstance(data["env"], str) and not (data["wrappers"] or data["evaluation_wrappers"]), "env callables or wrappers"),
