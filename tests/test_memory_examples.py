@@ -1,7 +1,6 @@
-"""The memory examples' envs: what their configs name resolves through the env factory and plays.
+"""The memory examples: their envs resolve through the env factory and play, and the CartPole one learns.
 
-The configs themselves train once recurrent PPO lands; until then this checks only the env
-half (POPGym's task skips without the optional ``popgym`` package).
+POPGym's task skips without the optional ``popgym`` package.
 """
 
 from __future__ import annotations
@@ -11,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from lightning_rl.env.env_factory import make_env, resolve_env
 
@@ -39,3 +39,22 @@ def test_the_popgym_example_env_is_a_51_step_card_game_with_discrete_spaces():
         total, steps, done = total + reward, steps + 1, terminated or truncated
     # One deck: 51 deals after the first card; 48 graded guesses of +-1/48 each.
     assert steps == 51 and terminated and -1.0 <= total <= 1.0
+
+
+@pytest.mark.slow
+def test_the_lstm_example_learns_cartpole_without_velocities_from_the_cli(tmp_path: Path):
+    """Memory is what the task needs: a policy without it stays below ~60 (benchmarks/memory_ppo.py)."""
+    from lightning_rl.cli import LightningRLCLI
+
+    LightningRLCLI(
+        args=[
+            "fit", "--config", str(EXAMPLES / "ppo_cartpole_novel_lstm.yaml"),
+            "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_progress_bar", "false",
+            "--data.init_args.max_env_steps", "15360",
+        ]
+    )  # fmt: skip
+    events = EventAccumulator(str(next(tmp_path.glob("lightning_logs/version_0"))))
+    events.Reload()
+    returns = [event.value for event in events.Scalars("eval/episode_return_mean")]
+    assert len(returns) == 3 and max(returns) >= 200, returns
+    assert (tmp_path / "lightning_logs/version_0/checkpoints/last.ckpt").is_file()
