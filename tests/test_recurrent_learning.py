@@ -149,7 +149,7 @@ def test_feed_forward_rows_pass_untouched_and_a_mix_of_module_kinds_is_refused()
 
     mixed = built(MultiRLModuleSpec(rl_module_specs={"lstm": lstm_spec(), "ff": ff_spec()}))
     with pytest.raises(ValueError, match=r"stateful .*\['lstm'\].* feed-forward .*\['ff'\].*not supported yet"):
-        mixed.step_runner.minibatch_rows(64)
+        mixed.step_runner.check_minibatch_size(64)
     batch = {"lstm": dict(kept), "ff": dict(kept)}
     with pytest.raises(ValueError, match="not supported yet"):
         AddTimeDimToBatchAndZeroPad()(rl_module=mixed.module, batch=batch, episodes=[], shared_data={}, metrics=MetricsLogger())
@@ -286,23 +286,28 @@ def test_a_ppo_update_on_recurrent_episodes_trains_on_whole_sequences(env_id):
     learner = built(lstm_spec(max_seq_len=4, env=gym.make(env_id)), num_epochs=2, minibatch_size=8)
     module = learner.module["default_policy"]
     episodes = two_rollouts(module, env_id=env_id)
-    num_sequences = sum(math.ceil(len(episode) / 4) for episode in episodes)
     shapes: list[tuple[int, ...]] = []
+    real_steps: list[int] = []
     compute_loss = learner.compute_loss_for_module
 
     def recording(**kwargs: Any) -> torch.Tensor:
         shapes.append(tuple(kwargs["batch"][Columns.LOSS_MASK].shape))
+        real_steps.append(int(kwargs["batch"][Columns.LOSS_MASK].sum()))
         return compute_loss(**kwargs)
 
     learner.compute_loss_for_module = recording
     before = {name: value.clone() for name, value in module.state_dict().items()}
     results = learner.update(episodes=episodes, num_epochs=2, minibatch_size=8)
 
-    # minibatch_size 8 env steps = 2 sequences of 4; a smaller last minibatch when the count is odd.
-    steps_per_epoch = math.ceil(num_sequences / 2)
-    assert len(shapes) == 2 * steps_per_epoch and shapes[0] == (2, 4)
-    assert results["default_policy"]["weights_seq_no"] == 2 * steps_per_epoch
+    # minibatch_size 8 counts real env steps: a minibatch is the whole sequences (of 4 steps, some
+    # shorter where an episode ended) that start in a stretch of 8 real steps of the pass's order.
     env_steps = sum(map(len, episodes))
+    steps_per_epoch = math.ceil(env_steps / 8)
+    assert len(shapes) == 2 * steps_per_epoch and all(shape[1] == 4 for shape in shapes)
+    for epoch in range(2):  # every sequence once per pass, and each minibatch about 8 real steps
+        assert sum(real_steps[epoch * steps_per_epoch : (epoch + 1) * steps_per_epoch]) == env_steps
+    assert all(5 <= count <= 11 for count in real_steps[: steps_per_epoch - 1])
+    assert results["default_policy"]["weights_seq_no"] == 2 * steps_per_epoch
     assert results[ALL_MODULES]["num_env_steps_trained"] == 2 * env_steps  # real steps, not padding
     assert math.isfinite(results["default_policy"]["total_loss"])
     assert math.isfinite(results["default_policy"]["vf_explained_var"])  # logged on rows, before the time axis
@@ -338,3 +343,23 @@ def test_ddp_ranks_with_unequal_episode_lengths_take_equal_sequence_minibatch_st
     assert rank0["seq_no"] == rank1["seq_no"] == 2 * math.ceil(rank0["num_sequences"] / 2)
     for name, value in rank0["weights"].items():
         np.testing.assert_array_equal(value, rank1["weights"][name], err_msg=name)
+
+
+def test_sequence_minibatches_group_whole_sequences_by_the_real_steps_they_start_in():
+    from lightning_rl.core.batch import iterate_minibatches
+
+    # Five sequences of T = 4 with 4, 1, 4, 2 and 3 real steps (14 in all), in order.
+    loss_mask = torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]], dtype=torch.bool)
+    batch = {"p": {Columns.LOSS_MASK: loss_mask, Columns.OBS: torch.arange(5.0)[:, None].expand(5, 4)}}
+    minibatches = list(iterate_minibatches(batch, num_epochs=1, minibatch_size=5, shuffle=False))
+    # ceil(14 / 5) = 3 steps. Starts at real steps 0, 4, 5, 9, 11: stretches [0, 5), [5, 10) and
+    # [10, 15) -> sequences {0, 1}, {2, 3} and {4}.
+    assert [mb["p"][Columns.OBS][:, 0].tolist() for mb in minibatches] == [[0.0, 1.0], [2.0, 3.0], [4.0]]
+    for _ in range(5):  # shuffled: every sequence exactly once per pass, in ceil(14 / 5) steps
+        passes = list(iterate_minibatches(batch, num_epochs=2, minibatch_size=5, shuffle=True))
+        assert len(passes) == 2 * 3
+        for first in (0, 3):
+            seen = sorted(v for mb in passes[first : first + 3] for v in mb["p"][Columns.OBS][:, 0].tolist())
+            assert seen == [0.0, 1.0, 2.0, 3.0, 4.0]
+    with pytest.raises(ValueError, match="max_seq_len"):
+        list(iterate_minibatches(batch, num_epochs=1, minibatch_size=3, shuffle=False))

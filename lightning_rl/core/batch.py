@@ -78,39 +78,85 @@ def iterate_minibatches(
 
     Every minibatch holds every module, so each step trains all modules together. A pass
     has ``ceil(B_max / minibatch_size)`` steps, where ``B_max`` is the largest module's
-    row count; the last step of a pass may be smaller. Modules with fewer rows cycle
-    through theirs (as RLlib's cyclic minibatch iterator does). Without a minibatch size,
-    each epoch is one step over the whole batch.
+    number of env steps; the last step of a pass may be smaller. Modules with fewer steps
+    cycle through theirs (as RLlib's cyclic minibatch iterator does). Without a minibatch
+    size, each epoch is one step over the whole batch.
+
+    A module batch of sequences (a stateful module's, with ``loss_mask [S, T]``) counts its
+    real (unpadded) steps and is cut between whole sequences: in each pass's order, a
+    sequence goes to the minibatch in whose stretch of ``minibatch_size`` real steps it starts,
+    as RLlib counts a recurrent minibatch's size in timesteps. ``minibatch_size`` must then be
+    at least ``T``, so that every stretch holds a sequence's start.
 
     Args:
         batch: The train batch, already tensors on the learner's device. May be empty (a
             data-parallel rank without rows still takes its steps, with empty minibatches).
         num_epochs: Passes over the batch.
-        minibatch_size: Rows per step of the largest module; ``None`` for the whole batch.
-        shuffle: Whether each pass visits rows in a fresh random order (torch's global RNG).
+        minibatch_size: Env steps per step of the largest module; ``None`` for the whole batch.
+        shuffle: Whether each pass visits rows (sequences) in a fresh random order (torch's global RNG).
         num_rows_per_pass: The ``B_max`` that sets the number of steps; ``None`` for the
             largest module of ``batch``. Data-parallel ranks pass the largest over all
             ranks, so that every rank takes the same number of steps.
+
+    Raises:
+        ValueError: For a sequence batch and a ``minibatch_size`` below its ``T``.
     """
-    rows = {module_id: num_rows(module_batch) for module_id, module_batch in batch.items()}
-    largest = max(rows.values(), default=0) if num_rows_per_pass is None else num_rows_per_pass
+    steps_of = {module_id: num_env_steps(module_batch) for module_id, module_batch in batch.items()}
+    largest = max(steps_of.values(), default=0) if num_rows_per_pass is None else num_rows_per_pass
     if minibatch_size is None or minibatch_size >= largest:
         for _ in range(num_epochs):
             yield batch
         return
 
+    for module_id, module_batch in batch.items():
+        _check_fits_a_sequence(module_id, module_batch, minibatch_size)
     num_steps = math.ceil(largest / minibatch_size)
     for _ in range(num_epochs):
         orders = {
-            module_id: torch.randperm(count, device=_device_of(batch[module_id])) if shuffle else None
-            for module_id, count in rows.items()
+            module_id: torch.randperm(num_rows(module_batch), device=_device_of(module_batch)) if shuffle else None
+            for module_id, module_batch in batch.items()
+        }
+        groups = {
+            module_id: _sequence_groups(module_batch, orders[module_id], minibatch_size)
+            for module_id, module_batch in batch.items()
+            if _is_sequence_batch(module_batch)
         }
         for step in range(num_steps):
             start, stop = step * minibatch_size, min((step + 1) * minibatch_size, largest)
             yield {
-                module_id: _take_rows(module_batch, start, stop, rows[module_id], orders[module_id])
+                module_id: (
+                    _index_rows(module_batch, groups[module_id][step % len(groups[module_id])])
+                    if module_id in groups
+                    else _take_rows(module_batch, start, stop, steps_of[module_id], orders[module_id])
+                )
                 for module_id, module_batch in batch.items()
             }
+
+
+def _is_sequence_batch(module_batch: Mapping[str, Any]) -> bool:
+    loss_mask = module_batch.get("loss_mask")
+    return loss_mask is not None and loss_mask.dim() == 2
+
+
+def _check_fits_a_sequence(module_id: str, module_batch: Mapping[str, Any], minibatch_size: int) -> None:
+    if _is_sequence_batch(module_batch) and minibatch_size < module_batch["loss_mask"].shape[1]:
+        raise ValueError(
+            f"module {module_id!r} trains on sequences of {module_batch['loss_mask'].shape[1]} steps (max_seq_len), "
+            f"more than minibatch_size={minibatch_size}: a minibatch holds whole sequences, so make minibatch_size "
+            "at least max_seq_len"
+        )
+
+
+def _sequence_groups(module_batch: Mapping[str, Any], order: torch.Tensor | None, minibatch_size: int) -> list[torch.Tensor]:
+    """The sequence indices of each minibatch of one pass: sequences by the stretch of real steps they start in."""
+    real_steps = module_batch["loss_mask"].sum(dim=1)
+    if order is None:
+        order = torch.arange(len(real_steps), device=real_steps.device)
+    lengths = real_steps[order]
+    starts = torch.cumsum(lengths, 0) - lengths
+    group_of = torch.div(starts, minibatch_size, rounding_mode="floor")
+    # Each sequence holds at most minibatch_size real steps, so no stretch is without a start.
+    return [order[group_of == group] for group in range(int(group_of.max()) + 1)]
 
 
 def _take_rows(

@@ -90,17 +90,3 @@ def to_sequences(column: Tensor, layout: SequenceLayout) -> Tensor:
 def from_sequences(sequences: Tensor, layout: SequenceLayout) -> Tensor:
     """Sequences ``[S, T, ...]`` back as the row column ``[N, ...]`` (padding dropped)."""
     return sequences[layout.sequence_of_row, layout.position_of_row]
-
-
-def sequences_per_minibatch(minibatch_size: int | None, max_seq_len: int) -> int | None:
-    """A minibatch size in env steps (as users set it) as whole sequences of ``max_seq_len`` steps.
-
-    Args:
-        minibatch_size: Env steps per minibatch; ``None`` for the whole batch.
-        max_seq_len: The sequences' length ``T``.
-
-    Returns:
-        ``max(1, minibatch_size // max_seq_len)`` (a minibatch is never less than one
-        sequence), or ``None`` for ``None``.
-    """
-    return None if minibatch_size is None else max(1, minibatch_size // max_seq_len)

@@ -48,7 +48,6 @@ from lightning_rl.core.columns import ALL_MODULES
 from lightning_rl.core.metrics import MetricsLogger
 from lightning_rl.core.recurrent import max_seq_len_of
 from lightning_rl.core.rl_modules import MultiRLModule
-from lightning_rl.core.sequences import sequences_per_minibatch
 from lightning_rl.learner._lightning_private import (
     attached_trainer,
     step_hooks_have_listeners,
@@ -259,9 +258,9 @@ class StepRunner:
             batch: The prepared batch of the modules to train; may be ``{}`` on a
                 data-parallel rank without rows, which still takes every step in step with the others.
             num_epochs: Passes over the batch.
-            minibatch_size: Rows (env steps) per step; ``None`` for the whole batch. Stateful
-                modules train on whole sequences: ``max(1, minibatch_size // max_seq_len)`` of them
-                per step (``minibatch_rows``).
+            minibatch_size: Env steps per step; ``None`` for the whole batch. Stateful modules
+                train on whole sequences holding about that many real steps
+                (``check_minibatch_size``; ``iterate_minibatches``).
             shuffle: Whether each pass visits the rows in a new random order.
             device: Where the ranks' agreement is reduced (the Learner's device).
 
@@ -277,9 +276,7 @@ class StepRunner:
                 "that sharded them (Trainer.fit, or a LearnerGroup), where the ranks keep in step"
             )
         self.modules_in_update, num_rows_per_pass = None, None
-        # In the batch's rows: sequences for stateful modules, so that the ranks agree on (and
-        # iterate over) numbers of sequences. Converted from the modules alike on every rank.
-        rows_per_minibatch = self.minibatch_rows(minibatch_size)
+        self.check_minibatch_size(minibatch_size)
         if self.is_data_parallel():
             self.modules_in_update, num_rows_per_pass = agree_with_other_ranks(
                 attached_trainer(self._learner).strategy,
@@ -292,7 +289,7 @@ class StepRunner:
         trained = StepsTrained()
         try:
             if batch or self.modules_in_update:
-                trained = self._minibatch_steps(batch, num_epochs, rows_per_minibatch, shuffle, num_rows_per_pass)
+                trained = self._minibatch_steps(batch, num_epochs, minibatch_size, shuffle, num_rows_per_pass)
         finally:
             self.modules_in_update = None
         # Only steps that changed the weights count: one whose optimizers all skipped for
@@ -300,23 +297,25 @@ class StepRunner:
         self.weights_seq_no += trained.num_steps_applied
         return trained
 
-    def minibatch_rows(self, minibatch_size: int | None) -> int | None:
-        """``minibatch_size`` (env steps) in the rows of this Learner's batches: sequences when its modules are stateful.
+    def check_minibatch_size(self, minibatch_size: int | None) -> None:
+        """Raise if this Learner's modules cannot take minibatches of ``minibatch_size`` env steps.
 
         Read from the Learner's modules, not from the batch, so that a data-parallel rank
-        without rows converts it as the others do.
+        without rows decides as the others do.
 
         Args:
             minibatch_size: Env steps per minibatch, as users set it; ``None`` for the whole batch.
 
         Raises:
             ValueError: For stateful and feed-forward modules in one Learner, or stateful
-                modules with different ``max_seq_len`` (not supported yet).
+                modules with different ``max_seq_len`` (not supported yet); for a
+                ``minibatch_size`` below the stateful modules' ``max_seq_len`` (a minibatch
+                holds whole sequences).
         """
         module = self._learner.module
         stateful = [module_id for module_id in module if module[module_id].is_stateful()]
         if not stateful:
-            return minibatch_size
+            return
         check_all_stateful_or_none(module, list(module))
         lengths = {module_id: max_seq_len_of(module[module_id]) for module_id in stateful}
         if len(set(lengths.values())) > 1:
@@ -324,7 +323,12 @@ class StepRunner:
                 f"this Learner's stateful modules have different max_seq_len {lengths}; minibatches of sequences "
                 "of different lengths are not supported yet: give them one max_seq_len"
             )
-        return sequences_per_minibatch(minibatch_size, next(iter(lengths.values())))
+        max_seq_len = next(iter(lengths.values()))
+        if minibatch_size is not None and minibatch_size < max_seq_len:
+            raise ValueError(
+                f"minibatch_size={minibatch_size} is below max_seq_len={max_seq_len}: a stateful module's minibatch "
+                "holds whole sequences, so make minibatch_size at least max_seq_len (or max_seq_len smaller)"
+            )
 
     def _minibatch_steps(
         self,
@@ -547,8 +551,9 @@ def agree_with_other_ranks(
 ) -> tuple[set[str], int]:
     """The modules trained on any rank and the largest module batch on any rank (a collective call).
 
-    Rows are a module batch's first axis: sequences for a stateful module, so ranks with
-    unequal episode lengths agree on numbers of sequence minibatches.
+    A module batch's size is its env steps: a stateful module's real (unpadded) steps, which
+    ``iterate_minibatches`` cuts into minibatches, so ranks with unequal episode lengths
+    agree on numbers of sequence minibatches.
 
     Every rank then takes the same number of minibatch steps, each with one backward pass
     that reaches every parameter (see ``unused_parameter_anchor``), even when its shard is
@@ -559,8 +564,7 @@ def agree_with_other_ranks(
         module_ids: All of the Learner's module ids (the same on every rank).
         batch: This rank's prepared batch.
         num_epochs: This rank's passes over its batch.
-        minibatch_size: This rank's ``minibatch_size`` setting (env steps; stateful modules'
-            batches take it in sequences, converted alike on every rank).
+        minibatch_size: This rank's ``minibatch_size`` setting (env steps).
         device: Where the all-reduced tensor lives (the Learner's device).
 
     Raises:
@@ -568,7 +572,7 @@ def agree_with_other_ranks(
             ``num_epochs`` or ``minibatch_size`` (their steps could not match).
     """
     module_ids = sorted(module_ids)
-    local = [num_rows(batch[m]) if m in batch else 0 for m in module_ids]
+    local = [num_env_steps(batch[m]) if m in batch else 0 for m in module_ids]
     settings = [num_epochs, minibatch_size or 0]
     # One all_reduce (max) of [rows per module, settings, -settings]: the largest rows,
     # and each setting's largest and smallest value over the ranks.
