@@ -77,11 +77,15 @@ def recurrent_module(observation_space: gym.Space, action_space: gym.Space, conf
     return PPOModule(observation_space, action_space, model_config=dict(config))
 
 
-def check_replays(module: PPOModule, episode: SingleAgentEpisode) -> None:
-    """An episode's stored state_in, prev_actions and prev_rewards are the module's, stepped from the initial state."""
+def check_replays(module: PPOModule, episode: SingleAgentEpisode, env_rewards: np.ndarray | None = None) -> None:
+    """An episode's stored state_in, prev_actions and prev_rewards are the module's, stepped from the initial state.
+
+    ``env_rewards``: the env's own rewards when the episode stores normalized ones (prev_rewards are the env's).
+    """
     assert episode.t_started == 0
     extra = episode.extra_model_outputs
-    actions, rewards = np.asarray(episode.actions), np.asarray(episode.rewards, dtype=np.float32)
+    actions = np.asarray(episode.actions)
+    rewards = np.asarray(episode.rewards if env_rewards is None else env_rewards, dtype=np.float32)
     np.testing.assert_array_equal(extra[Columns.PREV_ACTIONS], np.concatenate([[0], actions[:-1]]))
     np.testing.assert_array_equal(extra[Columns.PREV_REWARDS], np.concatenate([[0.0], rewards[:-1]]))
     template = module.get_initial_state()
@@ -125,7 +129,12 @@ def test_state_restarts_at_every_autoreset_and_carries_across_sample_calls(norma
     episodes = whole_episodes(chunks)
     assert len(episodes) >= 8 and any(len(episode) > 4 for episode in episodes)
     for episode in episodes:
-        check_replays(module, episode)  # prev_rewards are the stored (normalized, if so) rewards
+        # prev_rewards are the env's own rewards (UnevenEpisodes pays action + 0.5), also when
+        # the episodes store normalized ones: what evaluation and a deployed Policy feed too.
+        env_rewards = np.asarray(episode.actions, np.float32) + 0.5
+        if normalize_rewards:
+            assert not np.allclose(np.asarray(episode.rewards), env_rewards)
+        check_replays(module, episode, env_rewards)
     continued = [chunk for chunk in chunks if chunk.t_started > 0]
     assert continued and all(np.abs(chunk.extra_model_outputs[Columns.STATE_IN][0]).sum() > 0 for chunk in continued)
 

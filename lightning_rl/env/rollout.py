@@ -8,9 +8,10 @@ the buffers end with the final observation, not the reset one. No stored transit
 an episode boundary.
 
 Acting goes through the runner's :class:`~lightning_rl.core.acting.Acting`, which keeps a
-recurrent module's state per env: the loop tells it each step's rewards (those the episodes
-store: normalized in a training rollout with reward normalization) and which envs start an
-episode (after an autoreset, a dropped episode, or every env rebuilt).
+recurrent module's state per env: the loop tells it each step's rewards (the env's own, also
+when the episodes store normalized ones, so that a module reading ``prev_rewards`` sees in
+training what it sees in evaluation and deployment) and which envs start an episode (after an
+autoreset, a dropped episode, or every env rebuilt).
 """
 
 from __future__ import annotations
@@ -115,9 +116,11 @@ def run_rollout(
 
 
 def _observe_step(acting: Acting, buffers: RolloutBuffers, t: int) -> None:
-    # The rewards the episodes store, then the envs whose next observation starts an episode:
-    # SAME_STEP autoreset put the new episode's reset observation in obs[t + 1] already.
-    acting.observe_rewards(buffers.rewards[t])
+    # The env's own rewards (not normalized ones): what evaluation and a deployed Policy see
+    # too, so a module that reads prev_rewards gets the same inputs in training and after.
+    # Then the envs whose next observation starts an episode: SAME_STEP autoreset put the new
+    # episode's reset observation in obs[t + 1] already.
+    acting.observe_rewards(buffers.rewards[t] if buffers.raw_rewards is None else buffers.raw_rewards[t])
     starts = np.flatnonzero(buffers.terminateds[t] | buffers.truncateds[t] | buffers.dropped[t])
     if len(starts):
         acting.start_episodes(starts)
