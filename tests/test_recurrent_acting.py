@@ -367,3 +367,16 @@ def test_record_plays_a_recurrent_checkpoint_with_its_state_per_env(
     assert [len(episode.actions) for episode in stored] == [len(episode) for episode in episodes]
     for read, played in zip(stored, episodes):
         np.testing.assert_array_equal(read.actions, np.asarray(played.actions))
+
+
+def test_a_box_action_is_fed_back_as_the_env_executes_it_clipped_to_its_bounds() -> None:
+    from lightning_rl.core.acting import Acting
+
+    space = gym.spaces.Box(-0.1, 0.1, (1,), np.float32)
+    module = recurrent_module(gym.spaces.Box(-1, 1, (3,), np.float32), space, {**LSTM, "lstm_use_prev_action": True})
+    acting = Acting(module, num_rows=64)
+    with torch.no_grad():
+        _, actions = acting.act(torch.zeros(64, 3), explore=True)
+        out, _ = acting.act(torch.zeros(64, 3), explore=True)
+    assert (actions.abs() > 0.1).any()  # a unit Gaussian leaves these narrow bounds
+    torch.testing.assert_close(out[Columns.PREV_ACTIONS], actions.clamp(-0.1, 0.1))

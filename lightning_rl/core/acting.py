@@ -180,7 +180,9 @@ class Acting:
                 self._prev_actions = torch.zeros(
                     (self.num_rows, *actions.shape[1:]), dtype=actions.dtype, device=actions.device
                 )
-        self._prev_actions[index] = actions.detach()
+        # The action the env executes (a Box action clipped to its bounds), which is also what a
+        # deployed, exported policy's caller feeds back as the next prev_actions.
+        self._prev_actions[index] = clip_actions(actions.detach(), self.module.action_space)
         return out, actions
 
     def observe_rewards(self, rewards: Any, rows: torch.Tensor | None = None) -> None:
