@@ -96,3 +96,19 @@ def test_a_run_without_a_logger_writes_checkpoints_under_the_default_root_dir_th
     assert sorted(path.name for path in tmp_path.iterdir()) == ["root"]
     assert (root / "checkpoints" / "last.ckpt").is_file()
     assert not (root / "config.yaml").exists()  # a run without a logger has no log directory to save it in
+
+
+@pytest.mark.parametrize("path", [path for path in EXAMPLES if "EarlyStopping" in path.read_text()], ids=str)
+def test_every_example_early_stopping_waits_for_an_evaluation(path):
+    # Checked at the end of a training epoch, it would raise in a run that ends before its first
+    # evaluation (e.g. --trainer.max_steps 2): the monitored eval/ metric does not exist yet.
+    callbacks = (yaml.safe_load(path.read_text()).get("trainer") or {}).get("callbacks") or []
+    for callback in callbacks:
+        if callback["class_path"].endswith("EarlyStopping"):
+            assert callback["init_args"]["check_on_train_epoch_end"] is False, path.name
+
+
+def test_a_fit_that_ends_before_its_first_evaluation_ends_cleanly(tmp_path):
+    args = ["fit", "--config", str(PPO_CARTPOLE), "--trainer.default_root_dir", str(tmp_path)]
+    cli = LightningRLCLI(args=[*args, "--trainer.max_steps", "1", "--trainer.enable_progress_bar", "false"])
+    assert cli.trainer.global_step >= 1 and "eval/episode_return_mean" not in cli.trainer.callback_metrics
