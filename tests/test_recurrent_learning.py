@@ -363,3 +363,36 @@ def test_sequence_minibatches_group_whole_sequences_by_the_real_steps_they_start
             assert seen == [0.0, 1.0, 2.0, 3.0, 4.0]
     with pytest.raises(ValueError, match="max_seq_len"):
         list(iterate_minibatches(batch, num_epochs=1, minibatch_size=3, shuffle=False))
+
+
+@pytest.mark.parametrize(
+    "observation_space",
+    [
+        gym.spaces.Box(0, 255, (12, 12, 3), np.uint8),  # an image: the CNN runs per step, before the cell
+        gym.spaces.Dict({"image": gym.spaces.Box(0, 255, (12, 12, 3), np.uint8), "speed": gym.spaces.Box(-1, 1, (2,))}),
+    ],
+    ids=["image", "dict"],
+)
+def test_image_and_dict_encoders_sit_in_front_of_the_cell_and_acting_matches_learning(observation_space):
+    from lightning_rl.core.acting import Acting
+    from lightning_rl.core.observation_layout import ObservationLayout
+
+    torch.manual_seed(0)
+    config = {"use_lstm": True, "lstm_cell_size": 8, "fcnet_hiddens": [8], "conv_filters": [[4, 3, 2]]}
+    module = PPOModule(observation_space, gym.spaces.Discrete(3), model_config=config)
+    assert module.pi_obs_encoder is not None and any(isinstance(m, torch.nn.Conv2d) for m in module.modules())
+    layout = ObservationLayout(observation_space)
+    observation_space.seed(0)
+    obs = torch.as_tensor(np.stack([layout.flatten_one(observation_space.sample()) for _ in range(10)]))
+    acting = Acting(module, num_rows=2)
+    stepped_logits, states = [], []
+    with torch.no_grad():
+        for t in range(5):  # two rows, five steps
+            out, _ = acting.act(obs[2 * t : 2 * t + 2], explore=False)
+            stepped_logits.append(out[Columns.ACTION_DIST_INPUTS])
+            states.append(out[Columns.STATE_IN])
+        replayed = module.forward_train(
+            {Columns.OBS: obs.reshape(5, 2, *obs.shape[1:]).transpose(0, 1),
+             Columns.STATE_IN: unpack_state(states[0], module.get_initial_state())}
+        )  # fmt: skip
+    torch.testing.assert_close(replayed[Columns.ACTION_DIST_INPUTS], torch.stack(stepped_logits, dim=1), atol=1e-5, rtol=0)
