@@ -310,3 +310,19 @@ def test_two_ranks_train_on_disjoint_sequences_that_together_cover_a_pass(tmp_pa
     assert rank0["timesteps"] == rank1["timesteps"]  # both ranks count the real steps of all ranks' sequences
     for name, value in rank0["weights"].items():
         np.testing.assert_array_equal(value, rank1["weights"][name], err_msg=name)
+
+
+def test_a_recurrent_bc_fit_evaluates_in_the_datasets_env_with_its_state(tmp_path):
+    from test_offline_datamodule import make_cartpole_dataset
+
+    make_cartpole_dataset("test/cartpole-expert-v0", 4)
+    learner = BCLearner(model_config=recurrent_config(8))
+    data = OfflineDataModule(
+        "test/cartpole-expert-v0", batch_size=64, updates_per_epoch=20, seed=0,
+        evaluation_num_episodes=2, evaluation_num_envs=2,
+    )  # fmt: skip
+    trainer = offline_trainer(tmp_path)
+    trainer.fit(learner, datamodule=data)
+    # Greedy episodes in CartPole-v1 played by the recurrent module (through the env runner's Acting).
+    assert trainer.callback_metrics["eval/num_episodes"] == 2
+    assert trainer.callback_metrics["eval/episode_return_mean"] >= 8
