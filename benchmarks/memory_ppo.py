@@ -191,6 +191,8 @@ def run_sb3_child(args: argparse.Namespace) -> None:
             "ortho_init": False,
             "activation_fn": activations[config.get("fcnet_activation", "relu")],
             "lstm_hidden_size": int(config.get("lstm_cell_size", 64)),
+            # Ours with vf_share_layers: one LSTM for both heads, which is SB3's shared_lstm.
+            "shared_lstm": bool(config.get("vf_share_layers", False)),
             "enable_critic_lstm": not config.get("vf_share_layers", False),
             "net_arch": {"pi": hiddens, "vf": hiddens},
         },
