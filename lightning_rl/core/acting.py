@@ -114,7 +114,9 @@ class Acting:
     def __init__(self, module: RLModule, num_rows: int) -> None:
         self.module = module
         self.num_rows = int(num_rows)
-        self.stateful = module.is_stateful()
+        # Read once: start_episodes puts rows back to it after every episode end.
+        self._initial_state = module.get_initial_state()
+        self.stateful = bool(self._initial_state)
         self._state: dict[str, torch.Tensor] = {}
         self._prev_actions: torch.Tensor | None = None
         self._prev_rewards: torch.Tensor | None = None
@@ -123,6 +125,7 @@ class Acting:
             # start_episodes and observe_rewards update them in place outside that mode too.
             with torch.inference_mode(False):
                 self._state = batched_initial_state(module, self.num_rows)
+                self._prev_actions = self._zero_actions(self.num_rows)
                 self._prev_rewards = torch.zeros(self.num_rows, device=self._device())
 
     def act(
@@ -154,9 +157,7 @@ class Acting:
         # Copies, not views: the rows' state moves on below, and the outputs keep what the step started from.
         state_in = {name: value[index].clone() for name, value in self._state.items()}
         prev_rewards = self._prev_rewards[index].clone()
-        prev_actions = self._prev_actions[index].clone() if self._prev_actions is not None else None
-        if prev_actions is None:
-            prev_actions = self._zero_actions(len(obs))
+        prev_actions = self._prev_actions[index].clone()
         columns = {
             Columns.STATE_IN: state_in,
             Columns.PREV_ACTIONS: prev_actions.unsqueeze(1),
@@ -175,14 +176,9 @@ class Acting:
         for name, value in state_out.items():
             # Detached: acting outside no_grad must not chain one step's graph to the next.
             self._state[name][index] = value.detach().to(self._state[name].dtype)
-        if self._prev_actions is None:
-            with torch.inference_mode(False):
-                self._prev_actions = torch.zeros(
-                    (self.num_rows, *actions.shape[1:]), dtype=actions.dtype, device=actions.device
-                )
         # The action the env executes (a Box action clipped to its bounds), which is also what a
         # deployed, exported policy's caller feeds back as the next prev_actions.
-        self._prev_actions[index] = clip_actions(actions.detach(), self.module.action_space)
+        self._prev_actions[index] = clip_actions(actions.detach(), self.module.action_space).to(self._prev_actions.dtype)
         return out, actions
 
     def observe_rewards(self, rewards: Any, rows: torch.Tensor | None = None) -> None:
@@ -211,11 +207,10 @@ class Acting:
             if len(index) == 0:
                 return
             index = index.to(self._prev_rewards.device)
-        for name, initial in self.module.get_initial_state().items():
+        for name, initial in self._initial_state.items():
             self._state[name][index] = initial.to(self._state[name].device, self._state[name].dtype)
         self._prev_rewards[index] = 0.0
-        if self._prev_actions is not None:
-            self._prev_actions[index] = 0
+        self._prev_actions[index] = 0
 
     def _zero_actions(self, count: int) -> torch.Tensor:
         space = self.module.action_space
