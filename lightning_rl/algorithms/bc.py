@@ -8,21 +8,18 @@ import gymnasium as gym
 import torch
 from torch import Tensor
 
-from lightning_rl.core.action_masks import observation_part
 from lightning_rl.core.batch import masked_mean
 from lightning_rl.core.columns import Columns
 from lightning_rl.core.distributions import distribution_class_for_space
 from lightning_rl.core.encoders import OBSERVATION_ENCODER_KEYS, build_observation_encoder
 from lightning_rl.core.mlp import DEFAULT_FCNET_ACTIVATION, DEFAULT_FCNET_HIDDENS, build_mlp_from_config
 from lightning_rl.core.module_checks import ModelConfigKey
-from lightning_rl.core.observation_layout import stored_observation_space
 from lightning_rl.core.recurrent import (
     RECURRENT_KEYS,
     RecurrentCore,
     check_has_time_axis,
-    fold_time,
+    encode_steps,
     is_recurrent_config,
-    unfold_time,
 )
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.rl_modules import RLModule
@@ -94,13 +91,9 @@ class BCModule(RLModule):
             ``action_dist_inputs [B, T, ...]`` and ``state_out {name: [B, cell_size]}``.
         """
         obs = batch[Columns.OBS]
-        check_has_time_axis(obs, len(self._stored_obs_shape()), type(self).__name__)
-        features = unfold_time(self.pi_obs_encoder(fold_time(obs)), obs.shape[0])
-        core_out, state_out = self.pi_core(features, batch)
+        check_has_time_axis(obs, self.observation_space, type(self).__name__)
+        core_out, state_out = self.pi_core(encode_steps(self.pi_obs_encoder, obs), batch)
         return {Columns.ACTION_DIST_INPUTS: self.pi(core_out), Columns.STATE_OUT: state_out}
-
-    def _stored_obs_shape(self) -> tuple[int, ...]:
-        return tuple(stored_observation_space(observation_part(self.observation_space)).shape)
 
 
 class BCLearner(Learner):

@@ -33,7 +33,7 @@ from lightning_rl.core.batch import masked_mean
 from lightning_rl.core.columns import Columns
 from lightning_rl.core.encoders import build_observation_encoder
 from lightning_rl.core.mlp import build_mlp_from_config
-from lightning_rl.core.recurrent import RecurrentCore, fold_time, unfold_time
+from lightning_rl.core.recurrent import RecurrentCore, encode_steps
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.learner_config import LearnerConfig
 from lightning_rl.learner.learner import Learner, algorithm_module_spec
@@ -130,9 +130,7 @@ class MARWILModule(BCModule):
             if with_values:
                 raise ValueError("this MARWILModule was built with inference_only=True and has no value network")
             return out
-        obs = batch[Columns.OBS]
-        features = unfold_time(self.vf_obs_encoder(fold_time(obs)), obs.shape[0])
-        vf_out, vf_state_out = self.vf_core(features, batch)
+        vf_out, vf_state_out = self.vf_core(encode_steps(self.vf_obs_encoder, batch[Columns.OBS]), batch)
         out[Columns.STATE_OUT] = {**out[Columns.STATE_OUT], **vf_state_out}
         if with_values:
             out[Columns.VF_PREDS] = self.vf(vf_out).squeeze(-1)

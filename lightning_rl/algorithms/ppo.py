@@ -32,16 +32,13 @@ from lightning_rl.core.distributions import distribution_class_for_space
 from lightning_rl.core.metrics import MetricsLogger
 from lightning_rl.core.encoders import OBSERVATION_ENCODER_KEYS, build_observation_encoder
 from lightning_rl.core.mlp import DEFAULT_FCNET_ACTIVATION, DEFAULT_FCNET_HIDDENS, build_mlp
-from lightning_rl.core.action_masks import observation_part
 from lightning_rl.core.module_checks import ModelConfigKey
-from lightning_rl.core.observation_layout import stored_observation_space
 from lightning_rl.core.recurrent import (
     RECURRENT_KEYS,
     RecurrentCore,
     check_has_time_axis,
-    fold_time,
+    encode_steps,
     is_recurrent_config,
-    unfold_time,
 )
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.rl_modules import MultiRLModule, RLModule
@@ -222,20 +219,18 @@ class PPOModule(RLModule):
         every step holds the value network's part (what training and GAE start from).
         """
         obs = batch[Columns.OBS]
-        check_has_time_axis(obs, len(self._stored_obs_shape()), type(self).__name__)
-        size = obs.shape[0]
-        steps = fold_time(obs)
+        check_has_time_axis(obs, self.observation_space, type(self).__name__)
         if self.vf_share_layers:
-            core_out, state_out = self.core(unfold_time(self.obs_encoder(steps), size), batch)
+            core_out, state_out = self.core(encode_steps(self.obs_encoder, obs), batch)
             features = self.encoder(core_out)
             out = {Columns.ACTION_DIST_INPUTS: self._action_dist_inputs(features), Columns.STATE_OUT: state_out}
             if with_values:
                 out[Columns.VF_PREDS] = self.vf(features).squeeze(-1)
             return out
-        pi_out, state_out = self.pi_core(unfold_time(self.pi_obs_encoder(steps), size), batch)
+        pi_out, state_out = self.pi_core(encode_steps(self.pi_obs_encoder, obs), batch)
         out = {Columns.ACTION_DIST_INPUTS: self._action_dist_inputs(pi_out)}
         if self.vf_core is not None:
-            vf_out, vf_state_out = self.vf_core(unfold_time(self.vf_obs_encoder(steps), size), batch)
+            vf_out, vf_state_out = self.vf_core(encode_steps(self.vf_obs_encoder, obs), batch)
             state_out = {**state_out, **vf_state_out}
             if with_values:
                 out[Columns.VF_PREDS] = self.vf(vf_out).squeeze(-1)
@@ -243,9 +238,6 @@ class PPOModule(RLModule):
             raise ValueError("this PPOModule was built with inference_only=True and has no value network")
         out[Columns.STATE_OUT] = state_out
         return out
-
-    def _stored_obs_shape(self) -> tuple[int, ...]:
-        return tuple(stored_observation_space(observation_part(self.observation_space)).shape)
 
 
 class PPOLearner(Learner):

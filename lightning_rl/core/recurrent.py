@@ -31,7 +31,9 @@ import gymnasium as gym
 import torch
 from torch import Tensor, nn
 
+from lightning_rl.core.action_masks import observation_part
 from lightning_rl.core.module_checks import ModelConfigKey
+from lightning_rl.core.observation_layout import stored_observation_space
 
 RECURRENT_CELLS: tuple[str, ...] = ("lstm", "gru")
 """The values of ``recurrent_cell``."""
@@ -238,24 +240,25 @@ def batched_initial_state(module: nn.Module, batch_size: int) -> dict[str, Tenso
     }
 
 
-def fold_time(x: Tensor) -> Tensor:
-    """``[B, T, ...]`` as ``[B * T, ...]``, for the layers that act per step (encoders, MLPs)."""
-    return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+def encode_steps(encoder: nn.Module, obs: Tensor) -> Tensor:
+    """Run a per-step observation encoder over ``obs [B, T, ...]``: features ``[B, T, out_dim]``.
+
+    The encoder (a CNN, a Dict encoder, ...) sees ``[B * T, ...]``, one row per step, as a
+    feed-forward module's encoder does; the recurrent core then runs over the time axis.
+    """
+    steps = obs.reshape(obs.shape[0] * obs.shape[1], *obs.shape[2:])
+    return encoder(steps).reshape(obs.shape[0], obs.shape[1], -1)
 
 
-def unfold_time(x: Tensor, batch_size: int) -> Tensor:
-    """``[B * T, ...]`` back to ``[B, T, ...]``."""
-    return x.reshape(batch_size, -1, *x.shape[1:])
-
-
-def check_has_time_axis(obs: Tensor, observation_ndim: int, owner: str) -> None:
+def check_has_time_axis(obs: Tensor, observation_space: gym.Space, owner: str) -> None:
     """Raise if a stateful module's ``obs`` lacks the time axis.
 
     Args:
         obs: The pass's ``obs`` column.
-        observation_ndim: Dims of one stored observation.
+        observation_space: The module's observation space (its stored layout sets the dims of one observation).
         owner: Names the module in the message.
     """
+    observation_ndim = len(stored_observation_space(observation_part(observation_space)).shape)
     if obs.dim() != observation_ndim + 2:
         raise ValueError(
             f"{owner} is recurrent: its passes take obs [B, T, ...] (a time axis; T = 1 to act one step), "
