@@ -149,12 +149,7 @@ def values_along_chunks(
     Raises:
         ValueError: Without the ``state_in`` column.
     """
-    if Columns.STATE_IN not in batch:
-        raise ValueError(
-            f"a stateful module's values start from the recurrent state stored in its episodes "
-            f"(extra_model_outputs[{Columns.STATE_IN!r}], which lightning_rl.core.acting.Acting records); the rows "
-            f"have {sorted(batch)}"
-        )
+    check_stored_states(batch, "a stateful module")
     obs, device = batch[Columns.OBS], batch[Columns.OBS].device
     lengths = torch.tensor([len(episode) for episode in episodes], device=device)
     starts = torch.cumsum(lengths, 0) - lengths
@@ -182,6 +177,24 @@ def values_along_chunks(
     with torch.no_grad():
         all_values = from_sequences(compute_values(sequences), layout).float()
     return all_values[row_position], all_values[last_position]
+
+
+def check_stored_states(columns: Mapping[str, Any], owner: str) -> None:
+    """Raise unless a stateful module's rows carry the state the actor had at every step.
+
+    Its values and its training sequences start from that state (``state_in``, stored packed
+    per step by :class:`~lightning_rl.core.acting.Acting`).
+
+    Args:
+        columns: The module's rows, ``{column: Tensor[N, ...]}``.
+        owner: Names the module in the message (``"module 'default_policy'"``).
+    """
+    if Columns.STATE_IN not in columns:
+        raise ValueError(
+            f"{owner} is stateful, so its episodes must carry the recurrent state the actor had at every step "
+            f"(extra_model_outputs[{Columns.STATE_IN!r}], which lightning_rl.core.acting.Acting records), which its "
+            f"values and training sequences start from; its rows have {sorted(columns)}"
+        )
 
 
 def generalized_advantages(

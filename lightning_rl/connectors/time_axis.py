@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from lightning_rl.connectors.add_columns import MODULE_EPISODES
+from lightning_rl.connectors.episodes import check_stored_states
 from lightning_rl.connectors.pipeline import ConnectorPiece, TrainBatch
 from lightning_rl.core.columns import Columns
 from lightning_rl.core.recurrent import max_seq_len_of, unpack_state
@@ -81,12 +82,7 @@ def rows_to_sequences(columns: Mapping[str, Tensor], lengths: Sequence[int], mod
     Raises:
         ValueError: Without a ``state_in`` column.
     """
-    if Columns.STATE_IN not in columns:
-        raise ValueError(
-            f"module {module_id!r} is stateful, so its episodes must carry the recurrent state the actor had at "
-            f"every step (extra_model_outputs[{Columns.STATE_IN!r}], which lightning_rl.core.acting.Acting "
-            f"records); its rows have {sorted(columns)}"
-        )
+    check_stored_states(columns, f"module {module_id!r}")
     device = columns[Columns.STATE_IN].device
     layout = sequence_layout(torch.tensor(lengths, dtype=torch.long, device=device), max_seq_len_of(module))
     sequences: dict[str, Any] = {
