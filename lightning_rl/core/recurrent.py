@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import torch
@@ -34,6 +34,9 @@ from torch import Tensor, nn
 from lightning_rl.core.action_masks import observation_part
 from lightning_rl.core.module_checks import ModelConfigKey
 from lightning_rl.core.observation_layout import stored_observation_space
+
+if TYPE_CHECKING:
+    from lightning_rl.core.rl_modules import RLModule
 
 RECURRENT_CELLS: tuple[str, ...] = ("lstm", "gru")
 """The values of ``recurrent_cell``."""
@@ -74,14 +77,13 @@ def is_recurrent_config(model_config: Mapping[str, Any]) -> bool:
     return bool(model_config.get("use_lstm", False))
 
 
-def max_seq_len_of(module: nn.Module) -> int:
+def max_seq_len_of(module: RLModule) -> int:
     """The sequence length a stateful module trains on: its ``max_seq_len`` key, or the default.
 
     Args:
         module: An RLModule; a class that does not declare ``max_seq_len`` gets :data:`DEFAULT_MAX_SEQ_LEN`.
     """
-    config = module.resolved_model_config() if hasattr(module, "resolved_model_config") else {}
-    return int(config.get("max_seq_len", DEFAULT_MAX_SEQ_LEN))
+    return int(module.resolved_model_config().get("max_seq_len", DEFAULT_MAX_SEQ_LEN))
 
 
 class RecurrentCore(nn.Module):
@@ -232,7 +234,7 @@ def unpack_state(packed: Tensor, template: Mapping[str, Tensor]) -> dict[str, Te
     }
 
 
-def batched_initial_state(module: nn.Module, batch_size: int) -> dict[str, Tensor]:
+def batched_initial_state(module: RLModule, batch_size: int) -> dict[str, Tensor]:
     """``module.get_initial_state()`` repeated for ``batch_size`` rows, ``{name: [batch_size, ...]}``."""
     return {
         name: value.unsqueeze(0).expand(batch_size, *value.shape).clone()
