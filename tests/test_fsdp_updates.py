@@ -44,6 +44,33 @@ NUM_ITEMS = 3
 PPO_GRAD_CLIP = 0.05  # below the gradients' global norm: every step clips
 
 
+# ---- FSDP2's input handling on a GPU, replayed on CPU ranks --------------------------------
+
+
+def _index_root_inputs_as_on_a_gpu() -> None:
+    """Make FSDP2 treat the root module's inputs on CPU ranks as it does on a GPU.
+
+    On CUDA, FSDP2 (torch 2.11) moves the inputs of the first pass of each iteration to the
+    device and reads the first of them (``_to_kwargs(...)[0]`` in ``_root_pre_forward``), so a
+    pass called without inputs raises ``IndexError``; on CPU ranks it leaves them alone, and
+    such a pass went unnoticed here. This replays that step on the CPU ranks of these tests.
+    """
+    from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
+    from torch.distributed.utils import _to_kwargs
+
+    original = FSDPState._root_pre_forward
+
+    def root_pre_forward(self, module, args, kwargs):
+        is_first_pass = self._state_ctx.iter_forward_root is None
+        args, kwargs = original(self, module, args, kwargs)
+        if is_first_pass:
+            args_tuple, kwargs_tuple = _to_kwargs(args, kwargs, self._device, False)
+            args, kwargs = args_tuple[0], kwargs_tuple[0]
+        return args, kwargs
+
+    FSDPState._root_pre_forward = root_pre_forward
+
+
 # ---- Learners with plain SGD: one step on a mean loss is linear in the rows ---------------
 
 
@@ -249,6 +276,7 @@ def _updates_on_rank(rank: int, world_size: int, root: str) -> dict[str, Any]:
     from lightning.pytorch.strategies import ModelParallelStrategy
 
     sac_algorithm._gaussian_sample = _row_noise
+    _index_root_inputs_as_on_a_gpu()
     ppo_items = _one_step_items([ppo_batch(seed) for seed in range(NUM_ITEMS)], rank)
     sac_items = _one_step_items([sac_batch(seed) for seed in range(NUM_ITEMS)], rank)
     # Rank 1's rewards of the second SAC item hold a NaN: the critics' step is skipped on both ranks.
@@ -420,6 +448,8 @@ def _fits_on_rank(rank: int, world_size: int, root: str) -> dict[str, Any]:
 
     from lightning_rl.core.sharding import module_state
     from lightning_rl.data import OffPolicyDataModule, OnPolicyDataModule
+
+    _index_root_inputs_as_on_a_gpu()
 
     class AtStart(Callback):
         weights: dict[str, np.ndarray] = {}

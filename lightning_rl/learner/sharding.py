@@ -207,15 +207,20 @@ def reduce_replicated_gradients(params: list[nn.Parameter], mesh: DeviceMesh) ->
         offset += grad.numel()
 
 
-def _zero_pass(module: nn.Module) -> torch.Tensor:
-    """The FSDP unit's zero pass: zero times every trainable parameter, the weights gathered.
+def _zero_pass(module: nn.Module, zero: torch.Tensor) -> torch.Tensor:
+    """The FSDP unit's zero pass: ``zero`` times every trainable parameter, the weights gathered.
 
     Run in every minibatch step after the train pass (see ``StepRunner.minibatch_step``):
     added to the loss, every parameter gets a gradient, so every rank reduce-scatters the same
     ones; being an output of the unit, it leads the backward pass to that reduction also on a
     rank without rows (for which it is the step's only pass, and gathers the weights).
+
+    Args:
+        zero: A 0-d zero tensor. The pass needs an input: on a GPU, FSDP2 moves the root
+            module's inputs to the device and reads the first of them, and a pass without
+            any fails there (``IndexError`` in ``_root_pre_forward``).
     """
-    return torch.stack([param.sum() for param in module.parameters() if param.requires_grad]).sum() * 0.0
+    return torch.stack([param.sum() for param in module.parameters() if param.requires_grad]).sum() * zero
 
 
 class FSDP2Strategy(ModelParallelStrategy):

@@ -376,7 +376,7 @@ class StepRunner:
             # an output of the unit it starts FSDP's reduction on every rank.
             has_rows = any(num_rows(batch) > 0 for batch in minibatch.values())
             fwd_out = self._forward_train_fn(minibatch) if has_rows else {}
-            self._step_anchor = learner.module.zero_pass()
+            self._step_anchor = learner.module.zero_pass(torch.zeros((), device=learner.device))
         else:
             # A data-parallel rank without rows in this step still backpropagates (zeros), in step with the others.
             fwd_out = self._forward_train_fn(minibatch) if minibatch else {}
