@@ -10,7 +10,9 @@ gradient clipping (0.5) per minibatch) and the throughput in samples/s
   (c) trainer       the same Learner under ``lightning.Trainer.fit``, one update per
                     dataloader item; timed from ``on_train_batch_start`` to
                     ``on_train_batch_end`` (``training_step`` with Lightning's manual
-                    optimization and logging around it; data loading is excluded).
+                    optimization and logging around it; data loading is excluded);
+  (d) graphs        with ``--cuda-graphs`` (GPU only): (b) with ``BCLearner(cuda_graphs=True)``,
+                    each minibatch step replayed from a CUDA graph (captured in the warm-up).
 
 The model is BCModule's for the observations ``--observations`` picks, with Discrete actions:
 
@@ -38,6 +40,7 @@ Run::
     python benchmarks/learner_update.py                      # defaults: 20 rounds, 1 thread
     python benchmarks/learner_update.py --repeats 3 --threads 2
     python benchmarks/learner_update.py --device cuda         # if a GPU is available
+    python benchmarks/learner_update.py --device cuda --cuda-graphs   # adds (d)
     python benchmarks/learner_update.py --observations atari --batch-size 1024 --minibatch-size 256 \
         --epochs 4 --hiddens 512 --device cuda                # CNN on uint8 frames
 """
@@ -78,6 +81,7 @@ OBSERVATIONS: dict[str, tuple[gym.spaces.Box, int, list[list[int]], bool]] = {
 LR = 3e-4
 GRAD_CLIP = 0.5
 TARGET_RATIO = 0.95  # issue 18: the Learner, standalone and under Trainer.fit, at >= 0.95x the hand-written loop
+GRAPHS_TARGET_RATIO = 2.0  # issue 31: with CUDA graphs, >= 2x the hand-written eager loop (MLP [256, 256])
 
 
 # ----------------------------------------------------------------------------------------
@@ -96,6 +100,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--observations", choices=list(OBSERVATIONS), default="vector", help="see above")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cuda-graphs", action="store_true", help="add (d): the Learner with cuda_graphs=True")
     return parser.parse_args()
 
 
@@ -177,9 +182,7 @@ class HandWritten:
                 obs = obs.permute(0, 3, 1, 2)
         return self.model(obs)
 
-    def update(
-        self, batch: dict[str, torch.Tensor], *, num_epochs: int, minibatch_size: int
-    ) -> tuple[list[int], int]:
+    def update(self, batch: dict[str, torch.Tensor], *, num_epochs: int, minibatch_size: int) -> tuple[list[int], int]:
         """One update; returns (rows of each minibatch of the last epoch, total rows)."""
         obs, actions = batch[Columns.OBS], batch[Columns.ACTIONS]
         rows = len(obs)
@@ -207,7 +210,9 @@ class HandWritten:
 # ----------------------------------------------------------------------------------------
 
 
-def make_learner(hiddens: list[int], device: torch.device, seed: int, args: argparse.Namespace) -> BCLearner:
+def make_learner(
+    hiddens: list[int], device: torch.device, seed: int, args: argparse.Namespace, cuda_graphs: bool = False
+) -> BCLearner:
     torch.manual_seed(seed)
     learner = BCLearner(
         module_spec=module_spec(hiddens, args.observations),
@@ -217,6 +222,7 @@ def make_learner(hiddens: list[int], device: torch.device, seed: int, args: argp
         num_epochs=args.epochs,
         minibatch_size=args.minibatch_size,
         shuffle_batch_per_epoch=True,
+        cuda_graphs=cuda_graphs,
     )
     return learner.to(device)
 
@@ -234,19 +240,19 @@ class RepeatBatch(IterableDataset):
 
 
 class InterleavedTimer(lightning.Callback):
-    """Times (a), (b) and (c) in turn, one update each per training batch of one ``Trainer.fit``.
+    """Times (a), (b), (c) (and (d)) in turn, one update each per training batch of one ``Trainer.fit``.
 
     Around each of the Trainer's updates (timed from ``on_train_batch_start`` to
-    ``on_train_batch_end``) it runs one update of the hand-written loop and one of the
-    standalone Learner. Interleaving update by update keeps the three under the same machine
+    ``on_train_batch_end``) it runs one update of the hand-written loop and one of each
+    standalone Learner. Interleaving update by update keeps them under the same machine
     conditions; the first round is a warm-up and not recorded.
     """
 
-    def __init__(self, hand_update: Callable[[], Any], learner_update: Callable[[], Any], device: torch.device, samples: int) -> None:
-        self.runs = {"hand-written": hand_update, "learner": learner_update}
+    def __init__(self, runs: dict[str, Callable[[], Any]], device: torch.device, samples: int) -> None:
+        self.runs = runs
         self.device = device
         self.samples = samples
-        self.seconds: dict[str, list[float]] = {"hand-written": [], "learner": [], "trainer": []}
+        self.seconds: dict[str, list[float]] = {name: [] for name in [*runs, "trainer"]}
         self._start = 0.0
 
     def on_train_batch_start(self, trainer: lightning.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
@@ -255,7 +261,9 @@ class InterleavedTimer(lightning.Callback):
         synchronize(self.device)
         self._start = time.perf_counter()
 
-    def on_train_batch_end(self, trainer: lightning.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: lightning.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         synchronize(self.device)
         seconds = time.perf_counter() - self._start
         trained = float(trainer.callback_metrics[f"{ALL_MODULES}/{NUM_ENV_STEPS_TRAINED}"])
@@ -317,12 +325,20 @@ def main() -> None:
     assert results[ALL_MODULES][NUM_ENV_STEPS_TRAINED] == samples, results[ALL_MODULES]
     assert results[ALL_MODULES]["weights_seq_no"] == args.epochs * per_epoch  # one optimizer step per minibatch
 
-    timer = InterleavedTimer(
-        hand_update=lambda: hand.update(batch, **update_kwargs),
-        learner_update=lambda: learner.update_from_batch(batch, **update_kwargs, shuffle_batch_per_epoch=True),
-        device=device,
-        samples=samples,
-    )
+    runs = {
+        "hand-written": lambda: hand.update(batch, **update_kwargs),
+        "learner": lambda: learner.update_from_batch(batch, **update_kwargs, shuffle_batch_per_epoch=True),
+    }
+    if args.cuda_graphs:
+        if device.type != "cuda":
+            raise SystemExit("--cuda-graphs needs --device cuda (and a GPU)")
+        graphed = make_learner(args.hiddens, device, args.seed, args, cuda_graphs=True)
+        graphed.build()
+        for _ in range(2):  # warm-up eager steps and the captures of both minibatch shapes
+            results = graphed.update_from_batch(batch, **update_kwargs, shuffle_batch_per_epoch=True)
+        assert results[ALL_MODULES][NUM_ENV_STEPS_TRAINED] == samples, results[ALL_MODULES]
+        runs["graphs"] = lambda: graphed.update_from_batch(batch, **update_kwargs, shuffle_batch_per_epoch=True)
+    timer = InterleavedTimer(runs, device=device, samples=samples)
     trainer = lightning.Trainer(
         max_epochs=1,  # bounded by the dataloader: in manual optimization global_step counts optimizer steps
         logger=False,
@@ -341,7 +357,9 @@ def main() -> None:
         "hand-written": "(a) hand-written loop",
         "learner": "(b) Learner.update_from_batch",
         "trainer": "(c) Learner under Trainer.fit",
+        "graphs": "(d) Learner, cuda_graphs=True",
     }
+    labels = {name: label for name, label in labels.items() if name in timer.seconds}
     print("each round times one update of (a), (b) and (c) in a rotating order, inside one Trainer.fit")
     print("paired = median over rounds of (a)'s time / the variant's time in the same round [10th-90th percentile]")
     paired = print_paired_table(timer.seconds, labels, baseline="hand-written", work=samples, unit="samples/s")
@@ -350,6 +368,11 @@ def main() -> None:
         f"verdict: {verdict} (target: paired >= {TARGET_RATIO:.2f}x of hand-written): "
         + ", ".join(f"{name} {paired[name]:.2f}x" for name in ("learner", "trainer"))
     )
+    if "graphs" in paired:
+        verdict = "PASS" if paired["graphs"] >= GRAPHS_TARGET_RATIO else "FAIL"
+        print(
+            f"graphs verdict: {verdict} (target: >= {GRAPHS_TARGET_RATIO:.1f}x of hand-written): {paired['graphs']:.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any
 
 import gymnasium as gym
@@ -123,6 +124,10 @@ class BCLearner(Learner):
 
     def required_batch_columns(self, module_id: str) -> list[str]:
         return [Columns.OBS, Columns.ACTIONS]
+
+    def cuda_graph_key(self) -> Hashable:
+        """The loss reads no Python number but constant hyperparameters: CUDA graphs last across updates."""
+        return ()
 
     def compute_loss_for_module(
         self, *, module_id: str, config: LearnerConfig, batch: dict[str, torch.Tensor], fwd_out: dict[str, Any]

@@ -20,7 +20,7 @@ in the module as a buffer, so ``get_state`` and checkpoints carry it.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from functools import partial
 from typing import Any, ClassVar
 
@@ -212,6 +212,10 @@ class MARWILLearner(Learner):
             )
         getattr(module, MOVING_AVG_BUFFER).fill_(config.moving_average_sqd_adv_norm_start)
         super().configure_optimizers_for_module(module_id, config)
+
+    def cuda_graph_key(self) -> Hashable:
+        """The loss reads no Python number but constant hyperparameters: CUDA graphs last across updates."""
+        return ()
 
     def compute_loss_for_module(
         self, *, module_id: str, config: LearnerConfig, batch: dict[str, Tensor], fwd_out: dict[str, Any]

@@ -64,6 +64,7 @@ class OffPolicyLearner(Learner):
         "minibatch_size": check_int,  # a replay minibatch has a size: no None, as the Learner allows
         "tau": partial(check_number, low=0, high=1, low_open=True),
         "target_network_update_freq": check_int,
+        "cuda_graphs": lambda name, value, *, where="": _refuse_cuda_graphs(value, where),
     }
 
     def __init__(
@@ -158,6 +159,14 @@ class OffPolicyLearner(Learner):
             if td_errors is not None and _uses_priorities(replay):
                 replay.update_priorities(batch_indexes, td_errors.float().cpu().numpy())
         return self.metrics.reduce()
+
+
+def _refuse_cuda_graphs(cuda_graphs: bool, where: str) -> None:
+    if cuda_graphs:
+        raise ValueError(
+            f"{where}: cuda_graphs=True is not supported by off-policy Learners yet: their loss hands each step's TD "
+            "errors to the replay buffer (record_td_errors), which a replayed CUDA graph would not do again"
+        )
 
 
 def _uses_priorities(replay: Any) -> bool:

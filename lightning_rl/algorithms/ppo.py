@@ -15,7 +15,7 @@ minibatch. Names follow RLlib's PPO config (``clip_param``, ``vf_clip_param``,
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from functools import partial
 from typing import Any, ClassVar
 
@@ -374,6 +374,10 @@ class PPOLearner(Learner):
     def set_curr_kl_coeff(self, module_id: str, value: float) -> None:
         """Set ``module_id``'s KL coefficient (what ``KLCoeffAdaptation`` calls)."""
         self._curr_kl_coeffs[module_id] = float(value)
+
+    def cuda_graph_key(self) -> Hashable:
+        """This update's clip range and entropy and KL coefficients per module, the numbers the loss reads."""
+        return tuple(sorted((module_id, tuple(sorted(current.items()))) for module_id, current in self._current.items()))
 
     def compute_loss_for_module(
         self, *, module_id: str, config: LearnerConfig, batch: dict[str, Tensor], fwd_out: dict[str, Any]

@@ -37,9 +37,10 @@ NaNs propagate instead of being skipped (RLlib skips them): a non-finite loss mu
 from __future__ import annotations
 
 import abc
+import contextlib
 import math
 from collections import defaultdict, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal, NamedTuple, Union
 
 import torch
@@ -75,6 +76,20 @@ class _Settings(NamedTuple):
     def adds_over_ranks(self) -> bool:
         """Whether ranks' values add up (a sum, a pooled mean): a restored total goes to one rank."""
         return self.reduce == "sum" or (self.reduce == "mean" and self.ema_coeff is None)
+
+
+class RecordedValues:
+    """Values logged inside ``MetricsLogger.recording``: their keys, and their tensors stacked into one.
+
+    Attributes:
+        entries: ``(path, value)`` in the order logged; a tensor value is a placeholder for its
+            row of ``values``.
+        values: The tensors' values as one float tensor, or ``None`` if none was a tensor.
+    """
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[Path, Any]] = []
+        self.values: torch.Tensor | None = None
 
 
 class MetricsLogger:
@@ -148,6 +163,40 @@ class MetricsLogger:
                 f"cannot log it with {settings.describe()}"
             )
         self._logged_as[path] = (reduce, window, ema_coeff, clear_on_reduce)
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[RecordedValues]:
+        """Take the values logged inside the block out of the pending ones, into the yielded record.
+
+        For code that runs once to be replayed many times (a CUDA graph's capture): the values
+        logged at capture are placeholders whose memory the replays overwrite, so they are not
+        kept; ``log_recorded`` logs, after each replay, what the replay computed. Tensors are
+        gathered into one ``values`` tensor when the block ends (inside the capture, so a replay
+        refreshes it too), and numbers are kept as they are.
+        """
+        before = {path: len(values) for path, values in self._pending.items()}
+        record = RecordedValues()
+        try:
+            yield record
+        finally:
+            for path in list(self._pending):
+                values = self._pending[path]
+                taken = values[before.get(path, 0) :]
+                del values[before.get(path, 0) :]
+                if not values:
+                    del self._pending[path]
+                record.entries.extend((path, value) for value in taken)
+            tensors = [value.float() for _, value in record.entries if isinstance(value, torch.Tensor)]
+            record.values = torch.stack(tensors) if tensors else None
+
+    def log_recorded(self, record: RecordedValues) -> None:
+        """Log again the values of ``record`` (``recording``), tensors read from ``record.values`` now.
+
+        One copy of ``record.values`` per call, so later replays cannot change what was logged.
+        """
+        copies = iter(record.values.clone().unbind() if record.values is not None else ())
+        for path, value in record.entries:
+            self._pending.setdefault(path, []).append(next(copies) if isinstance(value, torch.Tensor) else value)
 
     def log_dict(self, values: Mapping[str, Any], *, key: MetricKey = (), **kwargs: Any) -> None:
         """Log every entry of a (nested) dict under the prefix ``key``; ``kwargs`` as in ``log_value``."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from argparse import Namespace
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -193,7 +193,7 @@ def step_hooks_have_listeners(trainer: Trainer, module: LightningModule) -> bool
 _MISSING = object()  # a hook the base class lacks matches nothing: the dispatch is kept
 
 
-def step_without_dispatch(wrapper: LightningOptimizer) -> None:
+def step_without_dispatch(wrapper: LightningOptimizer, step: Callable[[], Any] | None = None) -> None:
     """Step ``wrapper``'s optimizer as ``wrapper.step()`` does when nothing listens to its hooks.
 
     ``LightningOptimizer.step`` brackets the step with ``_on_before_step`` / ``_on_after_step``,
@@ -201,12 +201,22 @@ def step_without_dispatch(wrapper: LightningOptimizer) -> None:
     to time it in the profiler; these still run. What is left out is the strategy's and
     precision plugin's ``optimizer_step``, which, with the default strategy and plugin, call
     ``optimizer.step`` with a closure that only dispatches ``on_before_optimizer_step``.
-    Should Lightning rename the two brackets, this steps through ``wrapper.step()``.
+    Should Lightning rename the two brackets, this steps through ``wrapper.step()`` (and
+    raises if ``step`` replaces the optimizer's own, which would then go uncounted).
+
+    Args:
+        wrapper: The Trainer's wrapper of the optimizer.
+        step: What takes the step instead of ``optimizer.step()`` (a CUDA graph's replay).
     """
     before, after = getattr(wrapper, "_on_before_step", None), getattr(wrapper, "_on_after_step", None)
     if before is None or after is None:
+        if step is not None:
+            raise RuntimeError(
+                "this Lightning version's LightningOptimizer has no _on_before_step/_on_after_step: a replayed "
+                "optimizer step could not be counted in trainer.global_step; run with cuda_graphs=False"
+            )
         wrapper.step()
         return
     before()
-    wrapper.optimizer.step()
+    (step or wrapper.optimizer.step)()
     after()

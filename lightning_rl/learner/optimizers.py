@@ -172,8 +172,18 @@ class OptimizerRegistry:
             if isinstance(schedule, LRScheduler):
                 schedule.step()
 
-    def clear_grads(self) -> None:
-        """Reset the gradient of every registered parameter to ``None``."""
+    def clear_grads(self, *, in_place: bool = False) -> None:
+        """Reset the gradient of every registered parameter to ``None``, or zero it where it is kept.
+
+        Args:
+            in_place: Zero the gradient tensors that exist instead (a CUDA graph's step
+                backpropagates into the same tensors at every replay).
+        """
+        if in_place:
+            grads = [param.grad for param in self.params.values() if param.grad is not None]
+            if grads:
+                torch._foreach_zero_(grads)
+            return
         for param in self.params.values():
             param.grad = None
 

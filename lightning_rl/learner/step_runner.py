@@ -23,10 +23,11 @@ forever. ``agree_with_other_ranks`` (one all-reduce before the steps) and
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -54,6 +55,7 @@ from lightning_rl.learner._lightning_private import (
     step_without_dispatch,
     wrap_model_for_strategy,
 )
+from lightning_rl.learner.cuda_graphs import GradientPass, GraphedSteps
 from lightning_rl.learner.optimizers import OptimizerRegistry
 from lightning_rl.learner.result_keys import (
     MODULE_TRAIN_BATCH_SIZE_MEAN,
@@ -92,6 +94,10 @@ class StepHooks(Protocol):
     def apply_gradients(self, gradients_dict: Mapping[Any, torch.Tensor]) -> None: ...
 
     def get_optimizers_for_module(self, module_id: str) -> list[tuple[str, Optimizer]]: ...
+
+    def cuda_graph_key(self) -> Hashable | None: ...
+
+    def should_module_be_updated(self, module_id: str, batch: MultiModuleBatch | None = None) -> bool: ...
 
 
 @dataclasses.dataclass
@@ -149,6 +155,7 @@ class StepRunner:
         torch_compile: Whether to compile with ``torch.compile``.
         what_to_compile: ``"forward_train"`` (the modules' train pass) or ``"complete_update"``
             (the whole minibatch step).
+        cuda_graphs: Whether to replay the minibatch steps from CUDA graphs (``cuda_graphs.py``).
 
     Attributes:
         sharding_mesh: Under a sharding strategy (FSDP2), the mesh the modules are sharded
@@ -159,7 +166,14 @@ class StepRunner:
         weights_seq_no: Minibatch steps that changed the weights, over the Learner's life.
     """
 
-    def __init__(self, learner: Any, *, torch_compile: bool = False, what_to_compile: str = "forward_train") -> None:
+    def __init__(
+        self,
+        learner: Any,
+        *,
+        torch_compile: bool = False,
+        what_to_compile: str = "forward_train",
+        cuda_graphs: bool = False,
+    ) -> None:
         self._learner = learner
         self._torch_compile = torch_compile
         self._what_to_compile = what_to_compile
@@ -170,6 +184,9 @@ class StepRunner:
         # set with the wrappers at each update, and True until then: dispatching is never wrong.
         self._dispatch_step_hooks = True
         self._step_anchor: torch.Tensor | None = None
+        self._graphs = GraphedSteps(self) if cuda_graphs else None
+        # While a CUDA graph captures a step: where ``apply`` leaves the gradients' norms instead of stepping.
+        self._gradient_pass: GradientPass | None = None
         self.sharding_mesh: Any = None
         self.modules_in_update: set[str] | None = None
         self.non_finite = NonFiniteSteps()
@@ -186,11 +203,23 @@ class StepRunner:
         """
         self._forward_train_fn = module.forward_train
         self._minibatch_step_fn = self.minibatch_step
+        if self._graphs is not None:
+            self._graphs.reset()
         if self._torch_compile:
             if self._what_to_compile == "forward_train":
                 self._forward_train_fn = torch.compile(module.forward_train, dynamic=True)
             else:
                 self._minibatch_step_fn = torch.compile(self.minibatch_step, dynamic=True)
+
+    @property
+    def cuda_graphs(self) -> GraphedSteps | None:
+        """The CUDA graphs of the minibatch steps (``cuda_graphs=True``); ``None`` for eager steps."""
+        return self._graphs
+
+    @property
+    def learner(self) -> Any:
+        """The Learner whose steps these are."""
+        return self._learner
 
     def running_trainer(self) -> Trainer | None:
         """The attached Trainer while it runs (fit, validate, ...); ``None`` otherwise."""
@@ -341,6 +370,12 @@ class StepRunner:
         """Call the minibatch step on every minibatch of ``num_epochs`` passes; count rows and steps."""
         module_rows: dict[str, int] = defaultdict(int)
         num_steps = num_steps_applied = env_steps = 0
+        step = self._minibatch_step_fn
+        listeners = self._dispatch_step_hooks and self.running_trainer() is not None
+        if self._graphs is not None and self._graphs.start_update(
+            self._cuda_graph_key(), listeners, self._learner.device
+        ):
+            step = self._graphs.step
         for minibatch in iterate_minibatches(
             batch,
             num_epochs=num_epochs,
@@ -348,13 +383,21 @@ class StepRunner:
             shuffle=shuffle,
             num_rows_per_pass=num_rows_per_pass,
         ):
-            num_steps_applied += bool(self._minibatch_step_fn(minibatch))
+            num_steps_applied += bool(step(minibatch))
             rows = {module_id: num_env_steps(module_batch) for module_id, module_batch in minibatch.items()}
             for module_id, count in rows.items():
                 module_rows[module_id] += count
             env_steps += max(rows.values(), default=0)
             num_steps += 1
         return StepsTrained(dict(module_rows), num_steps, env_steps, num_steps_applied)
+
+    def _cuda_graph_key(self) -> Hashable | None:
+        """The Learner's ``cuda_graph_key`` and which modules it trains (the graphs step those optimizers)."""
+        key = self._learner.cuda_graph_key()
+        if key is None:
+            return None
+        trained = tuple(self._learner.should_module_be_updated(module_id) for module_id in sorted(self._learner.module))
+        return key, trained
 
     def minibatch_step(self, minibatch: MultiModuleBatch) -> bool:
         """One gradient step: forward, losses, backward, clip, optimizer steps, loss logging.
@@ -366,6 +409,16 @@ class StepRunner:
         Raises:
             FloatingPointError: When an optimizer has now skipped its module's
                 ``max_consecutive_non_finite_steps`` steps in a row.
+        """
+        loss_per_module = self.compute_and_apply(minibatch)
+        self.raise_if_too_many_non_finite_steps(loss_per_module)
+        return not self.non_finite.all_skipped
+
+    def compute_and_apply(self, minibatch: MultiModuleBatch) -> dict[str, torch.Tensor]:
+        """A minibatch step but its last check: forward, losses, gradients, their application, loss logging.
+
+        Returns:
+            The losses per module (and ``ALL_MODULES``' total).
         """
         learner = self._learner
         if self.sharding_mesh is not None:
@@ -390,9 +443,25 @@ class StepRunner:
         learner.apply_gradients(gradients)
         for module_id, loss in loss_per_module.items():
             learner.metrics.log_value((module_id, TOTAL_LOSS_KEY), loss, window=math.inf, clear_on_reduce=True)
+        return loss_per_module
+
+    def raise_if_too_many_non_finite_steps(self, loss_per_module: Mapping[str, torch.Tensor]) -> None:
+        """Raise if an optimizer has now skipped its module's ``max_consecutive_non_finite_steps`` steps in a row.
+
+        Raises:
+            FloatingPointError: Naming each such optimizer and whether its loss was finite.
+        """
         if self.non_finite.over_limit:
             raise FloatingPointError(self._too_many_non_finite_steps_message(loss_per_module))
-        return not self.non_finite.all_skipped
+
+    @contextlib.contextmanager
+    def capturing(self, gradient_pass: GradientPass) -> Iterator[None]:
+        """While a CUDA graph captures a step: ``apply`` leaves the norms in ``gradient_pass`` and steps nothing."""
+        self._gradient_pass = gradient_pass
+        try:
+            yield
+        finally:
+            self._gradient_pass = None
 
     # ------------------------------------------------------------------------------------
     # What the Learner's default gradient hooks call
@@ -409,7 +478,8 @@ class StepRunner:
         averages the gradients of the parameters FSDP left whole.
         """
         registry = self._learner.optimizer_registry
-        registry.clear_grads()
+        # A CUDA graph's capture backpropagates into the gradient tensors its optimizer steps read.
+        registry.clear_grads(in_place=self._gradient_pass is not None)
         total = loss_per_module.get(ALL_MODULES)
         if total is None and loss_per_module:
             total = sum_losses(loss_per_module.values())
@@ -439,31 +509,44 @@ class StepRunner:
         """
         registry = self._learner.optimizer_registry
         to_step, norms = registry.attach_gradients(gradients_dict, module_ids)
+        if self._gradient_pass is not None:  # a CUDA graph's capture: the graphs step the optimizers
+            self._gradient_pass.to_step = to_step
+            self._gradient_pass.norms = torch.stack(norms) if norms else None
+            return
         if not to_step:
             return
-        under_trainer = self.running_trainer() is not None
         any_stepped = False
         # One device sync for all optimizers; the check itself is cheaper on Python floats.
         for (module_id, optimizer), norm in zip(to_step, torch.stack(norms).tolist()):
             if math.isfinite(norm):
-                self._step(optimizer, under_trainer)
+                self.step_optimizer(optimizer)
                 self.non_finite.in_a_row.pop(optimizer, None)
                 any_stepped = True
             else:
-                self._skip_non_finite_step(module_id, optimizer)
+                self.skip_non_finite_step(module_id, optimizer)
         self.non_finite.all_skipped = not any_stepped
 
-    def _step(self, optimizer: Optimizer, under_trainer: bool) -> None:
-        if under_trainer:
-            # Lightning's wrapper runs the strategy's and precision plugin's step logic and counts the step.
-            if optimizer not in self._optimizer_wrappers:  # apply_gradients called outside an update
-                self.attach_trainer()
-            wrapper = self._optimizer_wrappers[optimizer]
-            wrapper.step() if self._dispatch_step_hooks else step_without_dispatch(wrapper)
-        else:
-            optimizer.step()
+    def step_optimizer(self, optimizer: Optimizer, replay: Callable[[], Any] | None = None) -> None:
+        """Step ``optimizer``, through the running Trainer's wrapper if there is one (which counts the step).
 
-    def _skip_non_finite_step(self, module_id: str, optimizer: Optimizer) -> None:
+        Args:
+            optimizer: One of the Learner's optimizers.
+            replay: What takes the step instead of ``optimizer.step()``: a CUDA graph's replay
+                (only where nothing listens to Lightning's per-step hooks).
+        """
+        if self.running_trainer() is None:
+            (replay or optimizer.step)()
+            return
+        # Lightning's wrapper runs the strategy's and precision plugin's step logic and counts the step.
+        if optimizer not in self._optimizer_wrappers:  # apply_gradients called outside an update
+            self.attach_trainer()
+        wrapper = self._optimizer_wrappers[optimizer]
+        if self._dispatch_step_hooks and replay is None:
+            wrapper.step()
+        else:
+            step_without_dispatch(wrapper, replay)
+
+    def skip_non_finite_step(self, module_id: str, optimizer: Optimizer) -> None:
         """Count a skipped step of ``optimizer``; note it if its module's limit of skips in a row is reached."""
         self._learner.metrics.log_value(
             (module_id, NUM_NON_FINITE_UPDATES_SKIPPED), 1, reduce="sum", clear_on_reduce=True
