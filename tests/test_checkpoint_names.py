@@ -12,7 +12,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning_rl.algorithms.bc import BCLearner
 from lightning_rl.callbacks.progress_bar import EnvStepProgressBar
 from lightning_rl.core.data_contract import DATASET_ROWS, ENV_STEPS, DataOffer
-from lightning_rl.data import OfflineDataModule, OnPolicyDataModule
+from lightning_rl.data import MultiAgentDataModule, OfflineDataModule, OffPolicyDataModule, OnPolicyDataModule
 from lightning_rl.learner.checkpoint_names import checkpoint_filename, name_checkpoint_files
 
 minari = pytest.importorskip("minari")
@@ -89,6 +89,18 @@ def test_a_filename_of_the_users_own_and_a_source_that_names_no_count_keep_their
     # A later fit on data that counts something else renames what this module named.
     name_checkpoint_files([renamed], DATASET_ROWS)
     assert renamed.filename == "epoch={epoch}-dataset_rows={step}"
+
+
+def test_every_data_module_that_samples_envs_counts_env_steps_and_an_offline_one_dataset_rows():
+    pytest.importorskip("pettingzoo")
+    sampling = [
+        OnPolicyDataModule("CartPole-v1"),
+        OffPolicyDataModule("CartPole-v1"),
+        MultiAgentDataModule("pettingzoo.classic.connect_four_v3", policy_mapping_fn="per_agent"),
+    ]
+    assert [data.data_offer().step_name for data in sampling] == [ENV_STEPS] * 3
+    make_hand_dataset("test/any-v0", [3])
+    assert OfflineDataModule("test/any-v0").data_offer().step_name == DATASET_ROWS
 
 
 def test_a_step_name_must_be_a_name():
