@@ -330,7 +330,9 @@ def report(cycles_run: int, verdict: Verdict, wall_s: float) -> int:
     for line in verdict.backwards + verdict.failures:
         print(f"FAIL {line}")
     monotone = not verdict.backwards
-    print("\n| cycles run | checkpoint files checked | bad | temp files seen (removed later) | orphans | monotone | wall s |")
+    print(
+        "\n| cycles run | checkpoint files checked | bad | temp files seen (removed later) | orphans | monotone | wall s |"
+    )
     print("|---|---|---|---|---|---|---|")
     print(f"| {cycles_run} | {len(verdict.checked)} | {len(verdict.bad)} | {len(verdict.temporary)} ({removed}) | "
           f"{len(orphans)} | {'yes' if monotone else 'NO'} | {wall_s:.0f} |")  # fmt: skip
