@@ -3,7 +3,7 @@
 The fit is ``lightning-rl fit --config examples/ppo_cartpole.yaml`` (run as ``python -m
 lightning_rl``, with ``OMP_NUM_THREADS=1``, so torch uses one thread) with a second config
 layered over it: a ``ModelCheckpoint(every_n_train_steps=1, save_last=True)`` instead of the
-config's callbacks, so a checkpoint (``epoch=..-step=...ckpt``, the previous one removed) and
+config's callbacks, so a checkpoint (``epoch=..-env_steps=...ckpt``, the previous one removed) and
 ``last.ckpt`` are written after every train item; 4 train items per epoch with 2 evaluation
 episodes (``--no-evaluate``: none, ``limit_val_batches: 0``); no env-step limit.
 ``--trainer.default_root_dir`` is on another filesystem than
@@ -330,7 +330,9 @@ def report(cycles_run: int, verdict: Verdict, wall_s: float) -> int:
     for line in verdict.backwards + verdict.failures:
         print(f"FAIL {line}")
     monotone = not verdict.backwards
-    print("\n| cycles run | checkpoint files checked | bad | temp files seen (removed later) | orphans | monotone | wall s |")
+    print(
+        "\n| cycles run | checkpoint files checked | bad | temp files seen (removed later) | orphans | monotone | wall s |"
+    )
     print("|---|---|---|---|---|---|---|")
     print(f"| {cycles_run} | {len(verdict.checked)} | {len(verdict.bad)} | {len(verdict.temporary)} ({removed}) | "
           f"{len(orphans)} | {'yes' if monotone else 'NO'} | {wall_s:.0f} |")  # fmt: skip

@@ -137,7 +137,9 @@ def test_resume_from_a_mismatched_checkpoint_names_the_file_and_keys(tmp_path: P
     trainer.save_checkpoint(tmp_path / "wide.ckpt")
     narrow = _learner()
     with pytest.raises(ValueError, match=r"wide\.ckpt.*pi\.0\.weight': module has \(8, 4\), state has \(32, 4\)"):
-        make_trainer(tmp_path, max_epochs=2).fit(narrow, loader_of(random_train_items(1)), ckpt_path=tmp_path / "wide.ckpt")
+        make_trainer(tmp_path, max_epochs=2).fit(
+            narrow, loader_of(random_train_items(1)), ckpt_path=tmp_path / "wide.ckpt"
+        )
 
 
 def test_fp16_gradient_scaling_is_refused_with_a_clear_error():
@@ -217,7 +219,11 @@ def _evaluating_fit(
     # One optimizer step per train item: the save after the 2nd item is the epoch's last item, before its evaluation.
     saves = ModelCheckpoint(dirpath=tmp_path / "checkpoints", every_n_train_steps=every_n_train_steps, save_top_k=-1)
     trainer = make_trainer(
-        tmp_path, max_epochs=max_epochs, callbacks=[saves, evaluations], num_sanity_val_steps=0, enable_checkpointing=True
+        tmp_path,
+        max_epochs=max_epochs,
+        callbacks=[saves, evaluations],
+        num_sanity_val_steps=0,
+        enable_checkpointing=True,
     )
     trainer.fit(learner, datamodule=data, ckpt_path=ckpt_path)
     return trainer
@@ -226,8 +232,8 @@ def _evaluating_fit(
 def test_a_resumed_fit_first_runs_the_evaluation_its_checkpoint_still_owed(tmp_path: Path):
     with pytest.raises(_Interrupted):
         _evaluating_fit(tmp_path / "first", _Evaluations(crash=True))
-    # Checkpoint names carry the env-step count the Learner logs as "step": 2 items of 32 env steps.
-    (checkpoint,) = (tmp_path / "first" / "checkpoints").glob("*step=64.ckpt")
+    # Checkpoint names carry the env-step count the Learner logs as "step" (env_steps=): 2 items of 32 env steps.
+    (checkpoint,) = (tmp_path / "first" / "checkpoints").glob("*-env_steps=64.ckpt")
     resumed = _Evaluations()
     _evaluating_fit(tmp_path / "resumed", resumed, ckpt_path=str(checkpoint))
     # The interrupted epoch's evaluation at step 2, then the one of the only other epoch.
@@ -238,7 +244,7 @@ def test_only_a_checkpoint_between_an_epochs_last_item_and_its_evaluation_owes_o
     finished = _Evaluations()
     trainer = _evaluating_fit(tmp_path, finished)
     assert finished.steps == [2, 4]
-    (before_evaluation,) = (tmp_path / "checkpoints").glob("*step=64.ckpt")
+    (before_evaluation,) = (tmp_path / "checkpoints").glob("*-env_steps=64.ckpt")
     trainer.save_checkpoint(tmp_path / "after.ckpt")
     assert torch.load(before_evaluation, weights_only=True)["lightning_rl"]["evaluation_owed"] is True
     assert torch.load(tmp_path / "after.ckpt", weights_only=True)["lightning_rl"]["evaluation_owed"] is False
@@ -251,7 +257,7 @@ def test_a_fit_resumed_where_lightning_repeats_the_epochs_last_item_trains_on_an
     # run from on_train_start there, it left every later epoch without a train item.
     with pytest.raises(_Interrupted):
         _evaluating_fit(tmp_path / "first", _Evaluations(crash=True))
-    (checkpoint,) = (tmp_path / "first" / "checkpoints").glob("*step=64.ckpt")
+    (checkpoint,) = (tmp_path / "first" / "checkpoints").glob("*-env_steps=64.ckpt")
     content = torch.load(checkpoint, weights_only=True)
     content["loops"]["fit_loop"]["epoch_loop.batch_progress"]["total"]["completed"] -= 1
     add_learner_checksum(content)

@@ -68,3 +68,27 @@ def test_a_config_naming_the_offline_data_module_takes_none_of_the_default_data_
     assert {name: value for name, value in printed.items() if name not in given} == {
         name: value for name, value in defaults.items() if name not in given
     }
+
+
+def test_an_offline_example_configs_checkpoint_is_named_by_the_dataset_rows_trained_on(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "datasets"))
+    dataset_id, env = CONFIGS["bc_cartpole.yaml"]
+    record_command.main(["--env", env, "--random_fraction", "1", "--num_episodes", "4", "--dataset_id", dataset_id])
+    LightningRLCLI(
+        args=[
+            "fit",
+            "--config",
+            str(EXAMPLES / "bc_cartpole.yaml"),
+            "--trainer.max_epochs=1",
+            "--trainer.logger=false",
+            "--trainer.enable_progress_bar=false",
+            f"--trainer.default_root_dir={tmp_path}",
+            "--model.model_config.fcnet_hiddens=[8]",
+            "--data.batch_size=16",
+            "--data.updates_per_epoch=3",
+            "--data.evaluation_num_episodes=1",
+        ]
+    )
+    # 3 gradient steps of 16 rows: Lightning would have named it step=48.
+    names = sorted(path.name for path in (tmp_path / "checkpoints").glob("*.ckpt"))
+    assert names == ["epoch=0-dataset_rows=48.ckpt", "last.ckpt"]

@@ -4,8 +4,9 @@ A Learner and a data module meet under ``Trainer.fit`` and never import each oth
 ``learner | data``). They talk through the two declarations here, and nothing else:
 
 - ``DataOffer``: what a data source offers the Learner: the spaces of the modules it samples
-  for (one pair for any module, or a pair per module id), the rows of one train item, and the
-  ``TrainingData`` sources its train items hold.
+  for (one pair for any module, or a pair per module id), the rows of one train item, the
+  ``TrainingData`` sources its train items hold, and what its step count counts (the name
+  checkpoint files carry it under).
 - ``DataRequirements``: what a Learner requires of its data: the sources it trains from, the
   rows of its minibatches, the columns of each module's batch, the discount ``gamma``
   and ``n_step`` that rows carrying returns must be computed with, and which modules are
@@ -33,6 +34,12 @@ from lightning_rl.core.train_item import TrainingData
 #: ``(observation_space, action_space)`` of one module.
 SpacePair = tuple[gym.Space, gym.Space]
 
+#: ``DataOffer.step_name`` of data sampled from envs: the count is env steps sampled (RLlib's
+#: ``num_env_steps_sampled_lifetime``).
+ENV_STEPS = "env_steps"
+#: ``DataOffer.step_name`` of an offline dataset: the count is dataset rows (recorded env steps) trained on.
+DATASET_ROWS = "dataset_rows"
+
 #: The names of the sources a train item's ``TrainingData`` may hold.
 TRAINING_DATA_SOURCES: tuple[str, ...] = tuple(field.name for field in dataclasses.fields(TrainingData))
 
@@ -43,7 +50,9 @@ def _check_sources(sources: frozenset[str], owner: str) -> None:
         raise ValueError(f"{owner}.sources must be a frozenset of {list(TRAINING_DATA_SOURCES)}, got {sources!r}")
     unknown = sorted(sources - set(TRAINING_DATA_SOURCES))
     if unknown:
-        raise ValueError(f"{owner}.sources names {unknown}, which are not TrainingData sources {list(TRAINING_DATA_SOURCES)}")
+        raise ValueError(
+            f"{owner}.sources names {unknown}, which are not TrainingData sources {list(TRAINING_DATA_SOURCES)}"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,19 +76,29 @@ class DataOffer:
             ``learner.lightning_hooks.specs_for_module_spaces`` for how a spec takes them).
             At most one of ``spaces`` and ``module_spaces``; neither when the source knows no
             spaces.
+        step_name: What the ``num_env_steps_sampled_lifetime`` of its train items' ``timesteps``
+            counts, as a name (a Python identifier): ``ENV_STEPS`` (``"env_steps"``) for data
+            sampled from envs, ``DATASET_ROWS`` (``"dataset_rows"``) for an offline dataset. That
+            count is the loggers' step (the x-axis), and ``ModelCheckpoint`` files without a
+            ``filename`` of their own are named ``epoch={epoch}-{step_name}={count}.ckpt``
+            (``learner.checkpoint_names``). ``None`` (a source that does not say): Lightning's
+            names, ``epoch=...-step=....ckpt``.
 
     Raises:
         ValueError: For sources that are not ``TrainingData`` fields, a ``train_batch_size``
-            that is not an int >= 1, or both kinds of spaces.
+            that is not an int >= 1, both kinds of spaces, or a ``step_name`` that is not an identifier.
     """
 
     sources: frozenset[str]
     train_batch_size: int | None = None
     spaces: Callable[[], SpacePair] | None = None
     module_spaces: Callable[[], Mapping[str, SpacePair]] | None = None
+    step_name: str | None = None
 
     def __post_init__(self) -> None:
         _check_sources(self.sources, "DataOffer")
+        if self.step_name is not None and not (isinstance(self.step_name, str) and self.step_name.isidentifier()):
+            raise ValueError(f"DataOffer.step_name must be a name such as {ENV_STEPS!r}, got {self.step_name!r}")
         size = self.train_batch_size
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
             raise ValueError(f"DataOffer.train_batch_size must be an int >= 1 or None, got {size!r}")

@@ -27,7 +27,7 @@ import torch
 
 from lightning_rl.core.arguments import check_int
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME
-from lightning_rl.core.data_contract import DataOffer, SpacePair
+from lightning_rl.core.data_contract import ENV_STEPS, DataOffer, SpacePair
 from lightning_rl.core.rl_modules import MultiRLModule
 from lightning_rl.core.train_item import TrainingData, TrainItem
 from lightning_rl.data.acting_module import learner_acting_modules
@@ -419,9 +419,9 @@ class MultiAgentDataModule(RankedDataModule):
         """Multi-agent episodes, and a space pair per module the policy mapping uses (``module_spaces``).
 
         No train batch: a module's rows per rollout depend on how many agents map to it and how
-        many steps they take (see ``env_steps_per_rollout``).
+        many steps they take (see ``env_steps_per_rollout``). Its step count is env steps.
         """
-        return DataOffer(frozenset({"episodes"}), module_spaces=self._offered_module_spaces)
+        return DataOffer(frozenset({"episodes"}), module_spaces=self._offered_module_spaces, step_name=ENV_STEPS)
 
     def _offered_module_spaces(self) -> dict[str, SpacePair]:
         return self.module_spaces

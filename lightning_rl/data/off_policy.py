@@ -20,7 +20,7 @@ import torch
 
 from lightning_rl.core.arguments import check_int
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
-from lightning_rl.core.data_contract import DataOffer
+from lightning_rl.core.data_contract import ENV_STEPS, DataOffer
 from lightning_rl.core.rl_modules import RLModule
 from lightning_rl.core.schedules import Schedule, ScheduleSetting
 from lightning_rl.core.train_item import TrainingData, TrainItem
@@ -202,9 +202,9 @@ class OffPolicyDataModule(EnvDataModule):
         """The replay buffer, and the env's spaces (``DataSource``).
 
         No train batch: the Learner samples its minibatches from the buffer, so an item's
-        ``train_freq`` new env steps are no batch it cuts into minibatches.
+        ``train_freq`` new env steps are no batch it cuts into minibatches. Its step count is env steps.
         """
-        return DataOffer(frozenset({"replay"}), spaces=self._offered_spaces)
+        return DataOffer(frozenset({"replay"}), spaces=self._offered_spaces, step_name=ENV_STEPS)
 
 
 class _UniformRandomModule(RLModule):

@@ -45,7 +45,7 @@ import torch
 
 from lightning_rl.core.arguments import check_int
 from lightning_rl.core.columns import DEFAULT_MODULE_ID, NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
-from lightning_rl.core.data_contract import DataOffer, DataRequirements, SpacePair
+from lightning_rl.core.data_contract import DATASET_ROWS, DataOffer, DataRequirements, SpacePair
 from lightning_rl.core.train_item import TrainingData, TrainItem
 from lightning_rl.data.acting_module import check_learner_has_module, learner_acting_module
 from lightning_rl.data.dataset_rows import (
@@ -235,7 +235,9 @@ class OfflineDataModule(RankedDataModule):
             RuntimeError: Before the Learner was checked, or for a feed-forward module.
         """
         if self._max_seq_len is None:
-            raise RuntimeError("only a stateful module, once the Learner was checked (train_dataloader), trains on sequences")
+            raise RuntimeError(
+                "only a stateful module, once the Learner was checked (train_dataloader), trains on sequences"
+            )
         return max(1, self.hparams.batch_size // self._max_seq_len)
 
     @property
@@ -568,8 +570,13 @@ class OfflineDataModule(RankedDataModule):
     # ------------------------------------------------------------------------------------
 
     def data_offer(self) -> DataOffer:
-        """Iterators of ready minibatches (no train batch to cut), and the dataset's spaces."""
-        return DataOffer(frozenset({"data_iterators"}), spaces=self._offered_spaces)
+        """Iterators of ready minibatches (no train batch to cut), and the dataset's spaces; it counts dataset rows.
+
+        Its step count (``num_env_steps_sampled_lifetime``, the x-axis and checkpoint names) is
+        the dataset rows (recorded env steps) trained on over all ranks: ``batch_size x ranks``
+        per gradient step on rows; a stateful module's sequences count their real (unpadded) steps.
+        """
+        return DataOffer(frozenset({"data_iterators"}), spaces=self._offered_spaces, step_name=DATASET_ROWS)
 
     def accept_requirements(self, requirements: DataRequirements) -> None:
         """Keep the Learner's requirements: ``check_learner`` settles the columns, ``gamma`` and ``n_step`` from them.

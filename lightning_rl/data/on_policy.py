@@ -17,7 +17,7 @@ import gymnasium as gym
 
 from lightning_rl.core.arguments import check_int
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME
-from lightning_rl.core.data_contract import DataOffer
+from lightning_rl.core.data_contract import ENV_STEPS, DataOffer
 from lightning_rl.core.train_item import TrainingData, TrainItem
 from lightning_rl.data.env_datamodule import OFF_POLICY_ARGUMENTS, EnvDataModule, refuse_arguments_of
 
@@ -85,5 +85,10 @@ class OnPolicyDataModule(EnvDataModule):
         return TrainItem(TrainingData(episodes=episodes), timesteps=timesteps, env_runners=metrics)
 
     def data_offer(self) -> DataOffer:
-        """Episodes of ``train_batch_size`` env steps per item, and the env's spaces (``DataSource``)."""
-        return DataOffer(frozenset({"episodes"}), train_batch_size=self.train_batch_size, spaces=self._offered_spaces)
+        """Episodes of ``train_batch_size`` env steps per item, and the env's spaces (``DataSource``); it counts env steps."""
+        return DataOffer(
+            frozenset({"episodes"}),
+            train_batch_size=self.train_batch_size,
+            spaces=self._offered_spaces,
+            step_name=ENV_STEPS,
+        )

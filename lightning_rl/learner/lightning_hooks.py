@@ -57,6 +57,7 @@ from lightning_rl.learner._lightning_private import (
     trainer_writes_logs_now,
 )
 from lightning_rl.learner.batches import as_train_item
+from lightning_rl.learner.checkpoint_names import name_checkpoint_files
 from lightning_rl.learner.result_keys import TOTAL_LOSS_KEY, TRAIN_RETURN_KEY
 from lightning_rl.learner.sharding import (
     check_writes_whole_checkpoints,
@@ -143,7 +144,9 @@ class LightningHooksMixin:
         ``specs_for_module_spaces``). Under ``fit`` the offer is checked against
         ``data_requirements()`` (``check_fits_data``); once built, the Learner hands its
         requirements to the data module (``accept_requirements``). A data module that is not a
-        ``DataSource`` offers nothing and is not checked.
+        ``DataSource`` offers nothing and is not checked. Under ``fit`` the files of each
+        ``ModelCheckpoint`` without a ``filename`` are named after what the offer's step count
+        counts (``DataOffer.step_name``: ``epoch=0-env_steps=5120.ckpt``; ``checkpoint_names``).
 
         Raises:
             ValueError: under ``strategy="fsdp"`` (FSDP1: use ``"fsdp2"``); under
@@ -172,6 +175,9 @@ class LightningHooksMixin:
         datamodule = getattr(self.trainer, "datamodule", None)
         if stage == "fit":
             self.check_fits_data(datamodule)
+            # ModelCheckpoint files say what the step count counts: epoch=0-env_steps=5120.ckpt.
+            offer = data_offer_of(datamodule)
+            name_checkpoint_files(getattr(self.trainer, "checkpoint_callbacks", ()), offer and offer.step_name)
         if self.module is None and self.spec_to_build is not None:
             self.module_spec = _with_spaces_from(self.spec_to_build, data_offer_of(datamodule))
         self.build()
