@@ -179,6 +179,28 @@ def test_a_listener_to_the_per_step_hooks_keeps_the_steps_eager_and_says_why(tmp
     assert learner.step_runner.cuda_graphs.num_captured == 0
 
 
+class _SyncingBCLearner(BCLearner):
+    """A loss that reads a tensor on the host, which no CUDA graph can hold."""
+
+    def compute_loss_for_module(self, *, module_id: str, config: Any, batch: Any, fwd_out: Any) -> torch.Tensor:
+        loss = super().compute_loss_for_module(module_id=module_id, config=config, batch=batch, fwd_out=fwd_out)
+        self.metrics.log_value((module_id, "loss_on_the_host"), float(loss), window=1)
+        return loss
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_loss_that_syncs_with_the_host_cannot_be_captured_and_trains_eagerly_with_a_warning():
+    eager, graphed = _pair(lambda graphs: _SyncingBCLearner(module_spec=bc_spec((32,)), cuda_graphs=graphs))
+    batches = [random_batch(64, seed) for seed in range(3)]
+    kwargs = {"num_epochs": 2, "minibatch_size": 32}
+    eager_results = _updates(eager, batches, [0.0] * 3, **kwargs)
+    with pytest.warns(UserWarning, match="could not be captured in a CUDA graph"):
+        graphed_results = _updates(graphed, batches, [0.0] * 3, **kwargs)
+    _assert_same_training(eager, graphed, eager_results, graphed_results)
+    assert graphed.step_runner.cuda_graphs.num_captured == 0
+
+
 # ---- Decided before any graph (CPU) --------------------------------------------------------
 
 

@@ -252,9 +252,11 @@ class MARWILLearner(Learner):
         # A copy: the next minibatch changes the buffer in place before the values are reduced.
         log((module_id, MOVING_AVG_SQD_ADV_NORM_KEY), moving_avg.clone(), window=1, clear_on_reduce=True)
         with torch.no_grad():
+            # Over the real steps, by masked means rather than indexing by the mask (no device sync).
             targets = batch[Columns.VALUE_TARGETS].float()
-            if mask is not None:  # the real steps, as rows
-                targets, values = targets[mask], values[mask]
-            explained = 1 - (targets - values).var(unbiased=False) / targets.var(unbiased=False).clamp(min=1e-8)
+            errors = targets - values
+            error_var = masked_mean((errors - masked_mean(errors, mask)).pow(2), mask)
+            target_var = masked_mean((targets - masked_mean(targets, mask)).pow(2), mask)
+            explained = 1 - error_var / target_var.clamp(min=1e-8)
         log((module_id, VF_EXPLAINED_VAR_KEY), explained, window=math.inf, clear_on_reduce=True)
         return policy_loss + config.vf_coeff * value_loss

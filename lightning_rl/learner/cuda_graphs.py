@@ -119,6 +119,8 @@ class GraphedSteps:
         self._optimizer_steps: dict[Optimizer, _CapturedOptimizerStep] = {}
         self._grads: dict[nn.Parameter, torch.Tensor] = {}
         self._eager_steps: dict[_Signature, int] = {}
+        # Shapes whose capture failed (an operation a graph cannot hold: a device sync in the loss).
+        self._uncapturable: set[_Signature] = set()
         self._key: Hashable | None = None
         self._fingerprint: tuple[int, ...] = ()
         self._side_stream: torch.cuda.Stream | None = None
@@ -135,6 +137,7 @@ class GraphedSteps:
         self._optimizer_steps.clear()
         self._grads.clear()
         self._eager_steps.clear()
+        self._uncapturable.clear()
         self._fingerprint = ()
 
     def start_update(self, key: Hashable | None, dispatch_step_hooks: bool, device: torch.device) -> bool:
@@ -188,6 +191,8 @@ class GraphedSteps:
         if leaves is None:  # a column that is not a tensor on the device: no graph can read it
             return self._runner.minibatch_step(minibatch)
         signature = tuple((path, tuple(tensor.shape), tensor.dtype) for path, tensor in leaves)
+        if signature in self._uncapturable:
+            return self._runner.minibatch_step(minibatch)
         if self._fingerprint and _fingerprint(self._runner) != self._fingerprint:
             self.reset()  # weights or optimizer states were replaced since the capture
         captured = self._gradient_graphs.get(signature)
@@ -196,7 +201,19 @@ class GraphedSteps:
             if seen < WARMUP_STEPS or len(self._gradient_graphs) >= MAX_GRAPHS or not self._optimizers_ready():
                 self._eager_steps[signature] = seen + 1
                 return self._eager_step_on_side_stream(minibatch)
-            captured = self._capture(minibatch, leaves)
+            try:
+                captured = self._capture(minibatch, leaves)
+            except RuntimeError as error:
+                # A genuine error of the step raises again from the eager step; an operation a
+                # graph cannot hold (e.g. a device sync in the loss) leaves this shape eager.
+                self._uncapturable.add(signature)
+                warnings.warn(
+                    f"cuda_graphs=True: a minibatch step could not be captured in a CUDA graph ({error}); steps of "
+                    "this minibatch shape run eagerly. A loss that reads a tensor's value on the host (.item(), "
+                    "bool(tensor), indexing by a boolean mask) cannot be captured.",
+                    stacklevel=2,
+                )
+                return self._runner.minibatch_step(minibatch)
             self._gradient_graphs[signature] = captured
             self._fingerprint = _fingerprint(self._runner)
         else:
@@ -298,8 +315,11 @@ def _capturing_into(graph: torch.cuda.CUDAGraph) -> Iterator[None]:
         graph.capture_begin()
         try:
             yield
-        finally:
-            graph.capture_end()
+        except BaseException:
+            with contextlib.suppress(RuntimeError):  # the capture is invalid already: the first error tells why
+                graph.capture_end()
+            raise
+        graph.capture_end()
     torch.cuda.current_stream().wait_stream(stream)
 
 
