@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import gymnasium as gym
@@ -96,6 +97,20 @@ def make_trainer(tmp_path: Any, **kwargs: Any) -> Trainer:
 def loader_of(items: list[Any]) -> DataLoader:
     """A DataLoader that yields each item as it is (one train item per step)."""
     return DataLoader(items, batch_size=None)
+
+
+# The GPU lane (tests marked ``gpu``, run by benchmarks/gpu_check.sh) skips without CUDA. With
+# LIGHTNING_RL_GPU_LANE=cpu it runs on the CPU instead, so the lane itself can be checked without a GPU.
+GPU_LANE_ON_CPU = os.environ.get("LIGHTNING_RL_GPU_LANE") == "cpu"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if torch.cuda.is_available() or GPU_LANE_ON_CPU:
+        return
+    skip = pytest.mark.skip(reason="runs on CUDA; no CUDA device here (LIGHTNING_RL_GPU_LANE=cpu runs it on the CPU)")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)

@@ -152,9 +152,14 @@ def test_conv_filters_set_the_layers_with_rectangular_kernels_padding_and_the_ac
     assert encoder(torch.zeros(2, 10, 10, 4, dtype=torch.bool)).shape == (2, encoder.out_dim)
 
 
+# The CUDA case belongs to the GPU lane (marker gpu, benchmarks/gpu_check.sh); it needs CUDA even when
+# the lane is run on the CPU (LIGHTNING_RL_GPU_LANE=cpu).
 DEVICES = [
     "cpu",
-    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")),
+    pytest.param(
+        "cuda",
+        marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")],
+    ),
 ]
 
 
@@ -178,13 +183,15 @@ def test_uint8_images_reach_the_first_convolution_divided_by_255_once_on_the_mod
     assert torch.equal(conv_input, torch.ones_like(conv_input))
 
 
-def test_bool_images_become_zeros_and_ones():
-    module = DQNModule(MINATAR, DISCRETE, {})
+@pytest.mark.parametrize("device", DEVICES)
+def test_bool_images_become_zeros_and_ones(device):
+    module = DQNModule(MINATAR, DISCRETE, {}).to(device)
     seen = first_conv_inputs(module.q_net.obs_encoder)
-    obs = torch.zeros(3, 10, 10, 4, dtype=torch.bool)
+    obs = torch.zeros(3, 10, 10, 4, dtype=torch.bool, device=device)
     obs[:, 2, 5, 1] = True
     module.forward_inference({Columns.OBS: obs})
-    assert seen[0].dtype == torch.float32 and seen[0].sum() == 3 and seen[0][:, 1, 2, 5].eq(1).all()
+    assert seen[0].dtype == torch.float32 and seen[0].device.type == device
+    assert seen[0].sum() == 3 and seen[0][:, 1, 2, 5].eq(1).all()
 
 
 def test_float_images_are_not_rescaled():
@@ -290,8 +297,9 @@ def test_modules_on_flat_observations_keep_their_layer_names():
 # ---- Dict observations -----------------------------------------------------------------
 
 
-def test_a_dict_observation_gets_a_cnn_per_image_key_and_the_other_keys_as_they_are():
-    module = PPOModule(DICT, DISCRETE, {"vf_share_layers": True})
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_dict_observation_gets_a_cnn_per_image_key_and_the_other_keys_as_they_are(device):
+    module = PPOModule(DICT, DISCRETE, {"vf_share_layers": True}).to(device)
     encoder = module.obs_encoder
     assert isinstance(encoder, StructuredEncoder)
     assert [(leaf.path, leaf.start, leaf.stop) for leaf in encoder.leaves] == [
@@ -302,27 +310,31 @@ def test_a_dict_observation_gets_a_cnn_per_image_key_and_the_other_keys_as_they_
     image_part = encoder.parts[0]
     assert isinstance(image_part, ImageEncoder) and image_part.out_dim == 16 * 8 * 8
     assert encoder.out_dim == 16 * 8 * 8 + 3 + 4
-    rows = torch.as_tensor(dict_rows(4))  # the stored row is float32: the image key's pixels too
+    rows = torch.as_tensor(dict_rows(4), device=device)  # the stored row is float32: the image key's pixels too
     rows[:, :300] = 255.0
     seen = first_conv_inputs(image_part)
     features = encoder(rows)
-    assert torch.equal(seen[0], torch.ones(4, 3, 10, 10))  # uint8 key divided by 255, whatever the row's dtype
+    # uint8 key divided by 255, whatever the row's dtype
+    assert torch.equal(seen[0], torch.ones(4, 3, 10, 10, device=device))
     torch.testing.assert_close(features[:, :1024], image_part(rows[:, :300]))
     torch.testing.assert_close(features[:, 1024:], rows[:, 300:])  # position, then room's one-hot
     assert module.forward_train({Columns.OBS: rows})[Columns.VF_PREDS].shape == (4,)
 
 
-def test_a_tuple_of_bytes_keeps_its_uint8_rows_and_scales_only_the_image():
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_tuple_of_bytes_keeps_its_uint8_rows_and_scales_only_the_image(device):
     space = gym.spaces.Tuple([gym.spaces.Discrete(3), gym.spaces.Box(0, 255, (10, 10, 1), np.uint8)])
     layout = ObservationLayout(space)
     assert layout.stored_space.dtype == np.uint8
-    rows = torch.as_tensor(layout.flatten_batch((np.array([2, 0]), np.full((2, 10, 10, 1), 255, np.uint8))))
-    encoder = build_observation_encoder(space, {})
+    rows = layout.flatten_batch((np.array([2, 0]), np.full((2, 10, 10, 1), 255, np.uint8)))
+    rows = torch.as_tensor(rows, device=device)
+    encoder = build_observation_encoder(space, {}).to(device)
     assert isinstance(encoder, StructuredEncoder)
     seen = first_conv_inputs(encoder)
     features = encoder(rows)
-    assert torch.equal(features[:, :3], torch.tensor([[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]))  # one-hots as they are
-    assert torch.equal(seen[0], torch.ones(2, 1, 10, 10))
+    one_hots = torch.tensor([[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]], device=device)
+    assert torch.equal(features[:, :3], one_hots)  # one-hots as they are
+    assert torch.equal(seen[0], torch.ones(2, 1, 10, 10, device=device))
 
 
 def test_a_dict_without_images_is_flat():
