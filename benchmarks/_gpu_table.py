@@ -12,6 +12,7 @@ read is ``n/a`` with the log to look at; this script never fails on a bad or mis
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -143,6 +144,8 @@ def main(out: Path) -> None:
         rows.append((f"off_policy {check} (ours)", status_of(section), result,
                      section["seconds"] if section else "", "" if gpu is not None and cpu is not None else str(log)))  # fmt: skip
 
+    if os.environ.get("GPU_CHECK_DEVICE") == "cpu":
+        print("dry run on the CPU (GPU_CHECK_DEVICE=cpu): tiny sizes, and 'GPU' below is the CPU\n")
     print("| check | status | result | s | log |")
     print("|---|---|---|---:|---|")
     for check, status, result, seconds, log in rows:
