@@ -118,6 +118,8 @@ def fit(config: str, root: Path, *flags: str, env: dict[str, str] | None = None)
         **os.environ,
         "OMP_NUM_THREADS": "2",
         "MKL_NUM_THREADS": "2",
+        # torch.compile's kernels compiled in this process: no pool of compile workers per test (-n 8).
+        "TORCHINDUCTOR_COMPILE_THREADS": "1",
         "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS), os.environ.get("PYTHONPATH", "")]),
         "LIGHTNING_RL_GPU_PROBE": str(probe),
         **(env or {}),
