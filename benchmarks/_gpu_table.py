@@ -28,7 +28,7 @@ OFF_POLICY = {"dqn": "DQN CartPole-v1", "sac": "SAC Pendulum-v1"}
 # A row of learner_update.py's paired table: "(a) hand-written loop   0.0063   0.0018   40,917   1.00x [..]".
 ROW = re.compile(r"^\((?P<tag>[a-z])\)\s+(?P<label>.+?)\s{2,}(?P<median>[\d.]+)\s+(?P<best>[\d.]+)\s+"
                  r"(?P<rate>[\d,]+)\s+(?P<paired>-?[\d.]+)x")  # fmt: skip
-SHORT = {"b": "Learner", "c": "Trainer.fit"}
+SHORT = {"b": "Learner", "c": "Trainer.fit", "d": "cuda_graphs"}
 PYTEST_COUNTS = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed)")
 
 

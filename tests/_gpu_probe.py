@@ -3,8 +3,8 @@
 Added with ``--trainer.callbacks+=_gpu_probe.DeviceProbe`` (tests/ on ``PYTHONPATH``), it writes
 to the JSON file ``$LIGHTNING_RL_GPU_PROBE``, at the first train batch's end (weights in place,
 one update done) and again at the end of fit: the devices and dtypes of the Learner's parameters
-during fit, the strategy and precision, the graphs ``torch.compile`` made, and the scalar
-metrics at the end.
+during fit, the strategy and precision, the graphs ``torch.compile`` made, the minibatch shapes
+``cuda_graphs=True`` captured, and the scalar metrics at the end.
 """
 
 from __future__ import annotations
@@ -48,10 +48,12 @@ class DeviceProbe(Callback):
             if isinstance(value, (int, float)):
                 metrics[key] = value if math.isfinite(value) else str(value)  # JSON has no nan/inf
         dynamo = sys.modules.get("torch._dynamo.utils")
+        graphs = getattr(getattr(pl_module, "step_runner", None), "cuda_graphs", None)  # Learner(cuda_graphs=True)
         self.record.update(
             metrics=metrics,
             global_step=trainer.global_step,
             compiled_graphs=int(dynamo.counters["stats"]["unique_graphs"]) if dynamo is not None else 0,
+            cuda_graphs_captured=graphs.num_captured if graphs is not None else None,
         )
         self._write()
 

@@ -1,4 +1,4 @@
-"""The GPU lane: every example config, the strategies and precisions, and a GPU checkpoint used on the CPU.
+"""The GPU lane: every example config, strategies, precision, compile and CUDA graphs, a GPU checkpoint on the CPU.
 
 Every test here is marked ``gpu``: it skips without CUDA (tests/conftest.py), so CI stays green,
 and ``bash benchmarks/gpu_check.sh`` runs them on a GPU machine with ``pytest -m gpu -n 8``.
@@ -189,18 +189,29 @@ _STRATEGIES = {
     "ddp": ["--trainer.strategy", "ddp"],
     "bf16-mixed": ["--trainer.precision", "bf16-mixed"],
     "torch_compile": ["--model.init_args.torch_compile", "true"],
+    # Several minibatch steps per update, so that steps get past the warm-up and are captured.
+    "cuda_graphs": ["--model.init_args.cuda_graphs", "true"],
+}
+_CUDA_GRAPHS_SIZES = {
+    "ppo_cartpole.yaml": ["--model.init_args.num_epochs", "4", "--model.init_args.minibatch_size", "64"],
+    "sac_pendulum.yaml": ["--model.init_args.gradient_steps", "8"],
+    "dqn_cartpole.yaml": [],  # 128 gradient steps per train item
 }
 _CASES = [
     ("fsdp2", "ppo_cartpole.yaml"), ("fsdp2", "sac_pendulum.yaml"), ("fsdp2", "dqn_cartpole.yaml"),
     ("ddp", "ppo_cartpole.yaml"), ("ddp", "dqn_cartpole.yaml"),
     ("bf16-mixed", "ppo_cartpole.yaml"), ("bf16-mixed", "sac_pendulum.yaml"),
     ("torch_compile", "ppo_cartpole.yaml"), ("torch_compile", "dqn_cartpole.yaml"),
+    ("cuda_graphs", "ppo_cartpole.yaml"), ("cuda_graphs", "sac_pendulum.yaml"), ("cuda_graphs", "dqn_cartpole.yaml"),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize(("variant", "config"), _CASES, ids=[f"{v}-{c.removesuffix('.yaml')}" for v, c in _CASES])
 def test_the_strategy_precision_or_compile_trains_on_one_gpu(variant: str, config: str, tmp_path: Path):
-    record = fit(config, tmp_path / "run", *_STRATEGIES[variant])
+    if variant == "cuda_graphs" and DEVICE != "cuda":
+        pytest.skip("cuda_graphs=True needs a CUDA device (it refuses the CPU)")
+    flags = _STRATEGIES[variant] + (_CUDA_GRAPHS_SIZES[config] if variant == "cuda_graphs" else [])
+    record = fit(config, tmp_path / "run", *flags)
     assert_trained_on_the_device(record)
     if variant == "fsdp2":
         assert record["strategy"] == "FSDP2Strategy"
@@ -209,8 +220,10 @@ def test_the_strategy_precision_or_compile_trains_on_one_gpu(variant: str, confi
     elif variant == "bf16-mixed":
         assert record["precision"] == "bf16-mixed"
         assert record["param_dtypes"] == ["torch.float32"]  # autocast: the weights stay float32
-    else:
+    elif variant == "torch_compile":
         assert record["compiled_graphs"] > 0
+    else:
+        assert record["cuda_graphs_captured"] is not None and record["cuda_graphs_captured"] >= 1, record
 
 
 # ---- A GPU checkpoint on the CPU: Policy, evaluate, export -----------------------------
