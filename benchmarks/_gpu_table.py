@@ -121,6 +121,10 @@ def main(out: Path) -> None:
         shown_log = "" if result != "n/a" and section and section["rc"] == "0" else str(log)
         rows.append((check, status_of(section), result, seconds, shown_log))
 
+    if "install" in sections:
+        install_log = Path(sections["install"]["log"])
+        row("install", "wheels from .whl/ into /tmp/site", "installed" if sections["install"]["rc"] == "0" else "n/a",
+            install_log)  # fmt: skip
     lane_log = out / "lane.log"
     counts, failed = lane_counts(out, lane_log)
     row("test lane", "test lane (pytest -m gpu)", counts + (f"; failed: {failed}" if failed else ""), lane_log)
@@ -141,6 +145,8 @@ def main(out: Path) -> None:
             result = "n/a (" + ", ".join(parts) + ")"
         log = out / f"off_policy_{algo}_{'gpu' if gpu is None else 'cpu'}.log"
         section = sections.get("off_policy")
+        if not log.exists() and section is not None:
+            log = Path(section["log"])  # the runs never started: the section's log says why
         rows.append((f"off_policy {check} (ours)", status_of(section), result,
                      section["seconds"] if section else "", "" if gpu is not None and cpu is not None else str(log)))  # fmt: skip
 
