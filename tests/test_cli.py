@@ -102,6 +102,16 @@ def test_the_examples_are_valid_configs(capsys):
         assert "class_path" in capsys.readouterr().out, path
 
 
+def test_the_gpu_lane_runs_every_example_config():
+    # tests/test_gpu.py shrinks each example for its GPU run: a new example needs its entry there.
+    from test_gpu import CONFIGS
+
+    examples = {
+        path.name for path in Path(CARTPOLE).parent.glob("*.yaml") if "model" in yaml.safe_load(path.read_text())
+    }
+    assert examples == set(CONFIGS)
+
+
 @pytest.mark.parametrize(
     "example,data_class,message",
     [

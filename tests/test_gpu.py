@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-import yaml
 from conftest import GPU_LANE_ON_CPU
 
 pytestmark = pytest.mark.gpu
@@ -323,8 +322,3 @@ def test_each_rank_samples_from_its_own_cuda_stream_also_after_a_resume():
     torch.cuda.manual_seed(5)
     draws(resumed_1)
     assert torch.equal(torch.rand(2, device=cuda), expected)
-
-
-def test_the_lane_covers_every_example_config():
-    configs = {path.name for path in EXAMPLES.glob("*.yaml") if "model" in (yaml.safe_load(path.read_text()) or {})}
-    assert configs == set(CONFIGS)
