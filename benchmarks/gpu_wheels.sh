@@ -18,7 +18,7 @@ WHEELS=(
   minari==0.5.4                                                               # offline examples
   pettingzoo==1.27.0 mpe2==1.1.1 pygame-ce==2.5.8                             # multi-agent examples
   Box2D==2.3.10                                                               # LunarLander
-  mujoco==4.0.0 mujoco-core==4.0.0 glfw==2.11.0                               # Hopper, HalfCheetah
+  mujoco==4.0.0 mujoco-core==4.0.0 glfw==2.11.0 imageio==2.38.1              # Hopper, HalfCheetah
   MinAtar==1.0.15 popgym==1.0.7                                               # MinAtar Breakout, POPGym
 )
 for spec in "${WHEELS[@]}"; do
