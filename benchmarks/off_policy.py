@@ -68,6 +68,14 @@ Run::
     python benchmarks/off_policy.py --algo dqn --seeds 0 1 2 3 4
     python benchmarks/off_policy.py --algo sac --variants ours handwritten --max-env-steps 3000
     python benchmarks/off_policy.py --algo dqn --print-hparams        # what the children get
+    python benchmarks/off_policy.py --algo dqn --device cuda          # every variant on the GPU
+
+``--device`` (``cpu``, the default, or ``cuda``) puts every variant's networks and gradient
+steps on that device: ours through the Trainer (``--trainer.accelerator gpu|cpu
+--trainer.devices 1``), the hand-written loops by moving their networks and each replay
+minibatch there, SB3 through its ``device=``. Envs, replay buffers and acting's env-side
+work stay on the CPU in all three. ``--device cuda`` exits with one line where CUDA is
+absent. The clocks wait for queued CUDA work before reading the time.
 """
 
 from __future__ import annotations
@@ -91,12 +99,16 @@ import numpy as np
 
 # Siblings: this directory is on sys.path when a benchmark runs as a script.
 from _children import (
+    add_device_argument,
     available_variants,
+    check_device,
     fmt,
     follow_child,
     parse_fields,
     print_versions,
     rotated,
+    synchronize_device,
+    trainer_device_args,
     write_json,
 )
 
@@ -136,6 +148,7 @@ def child_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-env-steps", type=int, required=True, help="train until this many env steps")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    add_device_argument(parser)
     return parser
 
 
@@ -152,10 +165,12 @@ class ChildClock:
         self._eval_started: float | None = None
 
     def training_start(self) -> None:
+        synchronize_device()
         self.start = time.perf_counter()
         print(f"TRAINING_START time={time.time():.6f}", flush=True)
 
     def evaluation_started(self) -> None:
+        synchronize_device()
         self._eval_started = time.perf_counter()
 
     def evaluation_finished(self, env_steps: int, returns: list[float]) -> float:
@@ -170,6 +185,7 @@ class ChildClock:
 
     def train_seconds(self) -> float:
         """Seconds since ``training_start``, evaluations left out."""
+        synchronize_device()
         return time.perf_counter() - self.start - self.eval_seconds
 
     def training_end(self, env_steps: int, threads: int) -> None:
@@ -356,7 +372,7 @@ def run_ours_child(args: argparse.Namespace) -> None:
         unavailable(f"no config {config}")
         return
     try:
-        cli = build_cli(config, args.seed, args.max_env_steps)
+        cli = build_cli(config, args.seed, args.max_env_steps, trainer_device_args(args.device))
     except ImportError as error:
         unavailable(f"cannot build our run: {error}")
         return
@@ -377,9 +393,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     parser.add_argument("--threads", type=int, default=1, help="OMP/MKL threads and torch.set_num_threads of every run")
-    parser.add_argument(
-        "--max-env-steps", type=int, help="env steps per run (default: 50000 for DQN, 15000 for SAC)"
-    )
+    add_device_argument(parser)
+    parser.add_argument("--max-env-steps", type=int, help="env steps per run (default: 50000 for DQN, 15000 for SAC)")
     parser.add_argument("--dqn-config", default=ALGOS["dqn"]["config"], help="our DQN config (relative to the repo)")
     parser.add_argument("--sac-config", default=ALGOS["sac"]["config"], help="our SAC config (relative to the repo)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before a run is killed")
@@ -392,11 +407,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.child is None and args.print_hparams and args.algo == "both":
         parser.error("--print-hparams needs --algo dqn or --algo sac")
+    check_device(args.device)
     return args
 
 
-def child_command(algo: str, variant: str, seed: int, budget: int, config: str, hparams: str, threads: int) -> list[str]:
-    common = ["--seed", str(seed), "--max-env-steps", str(budget), "--threads", str(threads)]
+def child_command(
+    algo: str, variant: str, seed: int, budget: int, config: str, hparams: str, threads: int, device: str = "cpu"
+) -> list[str]:
+    common = ["--seed", str(seed), "--max-env-steps", str(budget), "--threads", str(threads), "--device", device]
     if variant == "ours":
         return [sys.executable, str(Path(__file__).resolve()), "--child", "ours", "--config", config, *common]
     if variant == "handwritten":
@@ -474,7 +492,9 @@ def median_or_none(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def summarize(records: list[dict[str, Any]], variants: list[str], thresholds: list[tuple[float, int]]) -> dict[str, Any]:
+def summarize(
+    records: list[dict[str, Any]], variants: list[str], thresholds: list[tuple[float, int]]
+) -> dict[str, Any]:
     """Per variant medians over seeds, the throughput ratios of ours to the others, the learning targets.
 
     A run that never reached a threshold counts as +inf steps in that median.
@@ -519,7 +539,9 @@ def summarize(records: list[dict[str, Any]], variants: list[str], thresholds: li
 
 def print_summary(algo: str, summary: dict[str, Any], seeds: list[int], budget: int, threads: int) -> None:
     thresholds = next(iter(summary["variants"].values()))["thresholds"] if summary["variants"] else []
-    heads = "".join(f"{'med. to >=' + format(t['threshold'], 'g'):>16}{'<=' + str(t['within']):>10}" for t in thresholds)
+    heads = "".join(
+        f"{'med. to >=' + format(t['threshold'], 'g'):>16}{'<=' + str(t['within']):>10}" for t in thresholds
+    )
     print(f"\n{algo} summary over seeds {seeds} ({budget} env steps per run, {threads} thread(s) per run)")
     print(f"  {'variant':<12}{'done':>6}{'med. steps/s':>14}{'med. ms/step':>14}{'med. setup s':>14}{heads}"
           f"{'med. final':>12}{'max RSS MB':>12}")  # fmt: skip
@@ -537,7 +559,9 @@ def print_summary(algo: str, summary: dict[str, Any], seeds: list[int], budget: 
         )
     short = [t["within"] for t in thresholds if t["within"] > budget]
     if short:
-        print(f"  (runs stop at {budget} env steps, before {short}: a run that did not get there is unjudged, not failed)")
+        print(
+            f"  (runs stop at {budget} env steps, before {short}: a run that did not get there is unjudged, not failed)"
+        )
     if not summary["ratios"]:
         print(f"{algo} throughput verdict: n/a (needs `ours` and at least one of handwritten / sb3)")
         return
@@ -574,7 +598,7 @@ def run_algo(algo: str, args: argparse.Namespace, variants: list[str]) -> dict[s
         for variant in rotated(variants, index):
             if variant not in variants:  # became unavailable at an earlier seed
                 continue
-            command = child_command(algo, variant, seed, budget, config, hparams_json, args.threads)
+            command = child_command(algo, variant, seed, budget, config, hparams_json, args.threads, args.device)
             record = run_child(command, variant, seed, args)
             if record["status"] == "UNAVAILABLE":
                 print(f"{algo} {variant}: unavailable ({record.get('reason', '')}); going on without it")
@@ -609,7 +633,7 @@ def main() -> None:
     info = print_versions()
     print(
         f"algos {algos}, variants {variants}, seeds {args.seeds}; threads: OMP_NUM_THREADS=MKL_NUM_THREADS="
-        f"{args.threads}, torch.set_num_threads({args.threads}) in every run"
+        f"{args.threads}, torch.set_num_threads({args.threads}) in every run; device {args.device}"
     )
     results = {algo: run_algo(algo, args, variants) for algo in algos}
     if args.json:
