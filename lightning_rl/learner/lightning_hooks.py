@@ -260,14 +260,26 @@ class LightningHooksMixin:
         ``{column: tensor}`` dicts) is trained on as it is. The results are logged
         (``"{module_id}/{key}"``) to the Trainer's logger.
 
+        An item of several sampling cycles (``TrainItem.next_cycle``, from
+        ``OffPolicyDataModule(cycles_per_item=k)``) takes one update per cycle, each cycle
+        sampled after the previous update; the last cycle's results and statistics are logged
+        and returned (its lifetime counters and moving averages cover the earlier cycles).
+
         Returns:
-            ``{"results": ...}``, the update's results as ``update_from_batch`` returns them;
+            ``{"results": ...}``, the (last) update's results as ``update_from_batch`` returns them;
             Lightning hands this to ``Callback.on_train_batch_end`` as ``outputs``.
         """
         item = as_train_item(train_item)
         results = self.update(
             training_data=item.data, timesteps=dict(item.timesteps), **self._update_settings_for(item)
         )
+        # An item of several sampling cycles: one update per cycle, each cycle sampled after the
+        # previous update, so it acts with the weights that update left (TrainItem.next_cycle).
+        while item.next_cycle is not None and (following := item.next_cycle()) is not None:
+            item = following
+            results = self.update(
+                training_data=item.data, timesteps=dict(item.timesteps), **self._update_settings_for(item)
+            )
         metrics = {f"{mid}/{key}": value for mid, values in results.items() for key, value in values.items()}
         # A NaN sampling statistic is a placeholder, not a measurement: the return and length
         # statistics before the first episode ended, a speed with no sampling time. Logged, it
