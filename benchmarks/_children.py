@@ -25,6 +25,45 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parent.parent  # the children run from here
 
 
+# ``--device`` of the drivers and their children: where the networks live and the gradient steps run.
+DEVICES = ("cpu", "cuda")
+
+
+def add_device_argument(parser: Any) -> None:
+    """Add ``--device cpu|cuda`` (default ``cpu``) to an ``argparse`` parser."""
+    parser.add_argument(
+        "--device",
+        choices=DEVICES,
+        default="cpu",
+        help="where every variant's networks live and train: ours through the Trainer's accelerator, the "
+        "hand-written loop and SB3 on that torch device (default: cpu)",
+    )
+
+
+def check_device(device: str) -> None:
+    """Exit with one line on stderr if ``device`` is ``"cuda"`` and this machine has no CUDA."""
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            sys.exit("--device cuda: CUDA is not available here (torch.cuda.is_available() is False); use --device cpu")
+
+
+def trainer_device_args(device: str) -> list[str]:
+    """``LightningRLCLI`` flags that put our Trainer on ``device``: one GPU for ``cuda``, the CPU otherwise.
+
+    Explicit for the CPU too: the Trainer's default accelerator ("auto") would take a GPU where there is one.
+    """
+    return ["--trainer.accelerator", "gpu" if device == "cuda" else "cpu", "--trainer.devices", "1"]
+
+
+def synchronize_device() -> None:
+    """Wait for queued CUDA work (if this process started any), so a wall-clock reading covers it."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def parse_fields(line: str) -> dict[str, str]:
     """'EVAL env_steps=1 return_mean=2.5' -> {'env_steps': '1', 'return_mean': '2.5'}; 'reason=' takes the rest."""
     rest = line.split(" ", 1)[1] if " " in line else ""

@@ -64,10 +64,16 @@ def unsupported_reason(own_checks: list[tuple[bool, str]], model: dict[str, Any]
     checks = [
         *own_checks,
         (not data["prioritized_replay"], "prioritized_replay"),
-        (isinstance(data["env"], str) and not (data["wrappers"] or data["evaluation_wrappers"]), "env callables or wrappers"),
+        (
+            isinstance(data["env"], str) and not (data["wrappers"] or data["evaluation_wrappers"]),
+            "env callables or wrappers",
+        ),
         (data["random_actions_before_learning_starts"], "random_actions_before_learning_starts=False"),
         (not data["evaluation_explore"], "evaluation_explore"),
-        (model["model_config"]["fcnet_activation"] in ACTIVATIONS, f"activation {model['model_config']['fcnet_activation']!r}"),
+        (
+            model["model_config"]["fcnet_activation"] in ACTIVATIONS,
+            f"activation {model['model_config']['fcnet_activation']!r}",
+        ),
         (not model.get("config_overrides_per_module"), "config_overrides_per_module"),
     ]
     missing = [what for ok, what in checks if not ok]
@@ -91,6 +97,7 @@ class ReplayBuffer:
     Uniform replay with replacement over the stored env steps, as our ``ReplayBuffer``. One
     row per vector step keeps each env's steps in order, so an n-step return walks down its
     env's column. DQN stores integer actions, SAC float ones (``action_shape``, ``action_dtype``).
+    The rows live in numpy on the CPU; ``sample`` hands its minibatch over on ``device``.
     """
 
     def __init__(
@@ -102,7 +109,9 @@ class ReplayBuffer:
         seed: int,
         action_shape: tuple[int, ...] = (),
         action_dtype: type = np.int64,
+        device: torch.device | str = "cpu",
     ) -> None:
+        self.device = torch.device(device)
         self.rows, self.num_envs = capacity // num_envs, num_envs
         self.obs = np.zeros((self.rows, num_envs, *obs_shape), dtype=np.float32)
         self.next_obs = np.zeros_like(self.obs)
@@ -141,13 +150,16 @@ class ReplayBuffer:
             returns[walking] += gamma**k * self.rewards[last[walking], envs[walking]]
             steps[walking] += 1
         discounts = gamma**steps * ~self.terminated[last, envs]
-        return {
+        batch = {
             "obs": torch.from_numpy(self.obs[rows, envs]),
             "actions": torch.from_numpy(self.actions[rows, envs]),
             "returns": torch.from_numpy(returns.astype(np.float32)),
             "next_obs": torch.from_numpy(self.next_obs[last, envs]),
             "discounts": torch.from_numpy(discounts.astype(np.float32)),
         }
+        if self.device.type == "cpu":
+            return batch
+        return {key: value.to(self.device) for key, value in batch.items()}
 
 
 @torch.no_grad()
@@ -158,7 +170,6 @@ def update_target(target: nn.Module, online: nn.Module, tau: float) -> None:
             target_param.copy_(online_param)
         else:
             target_param.lerp_(online_param, tau)
-
 
 
 def make_train_envs(data: dict[str, Any]) -> gym.vector.SyncVectorEnv:

@@ -76,9 +76,15 @@ def unsupported(algo: str, model: dict[str, Any], data: dict[str, Any]) -> str |
     checks = [
         (all(isinstance(lr, (int, float)) for lr in lrs), f"learning-rate schedules {lrs!r}"),
         (not data["prioritized_replay"], "prioritized_replay"),
-        (isinstance(data["env"], str) and not (data["wrappers"] or data["evaluation_wrappers"]), "env callables or wrappers"),
+        (
+            isinstance(data["env"], str) and not (data["wrappers"] or data["evaluation_wrappers"]),
+            "env callables or wrappers",
+        ),
         (data["random_actions_before_learning_starts"], "random_actions_before_learning_starts=False"),
-        (model["model_config"]["fcnet_activation"] in ACTIVATIONS, f"activation {model['model_config']['fcnet_activation']!r}"),
+        (
+            model["model_config"]["fcnet_activation"] in ACTIVATIONS,
+            f"activation {model['model_config']['fcnet_activation']!r}",
+        ),
         (data["train_freq"] % data["num_envs"] == 0, "train_freq not a multiple of num_envs"),
     ]
     if algo == "dqn":
@@ -94,7 +100,9 @@ def unsupported(algo: str, model: dict[str, Any], data: dict[str, Any]) -> str |
 
 def per_optimizer(model: dict[str, Any], name: str) -> dict[str, Any]:
     """SAC's ``actor_<name>``, ``critic_<name>``, ``alpha_<name>``, each defaulting to the Learner's ``<name>``."""
-    return {w: model[name] if model[f"{w}_{name}"] is None else model[f"{w}_{name}"] for w in ("actor", "critic", "alpha")}
+    return {
+        w: model[name] if model[f"{w}_{name}"] is None else model[f"{w}_{name}"] for w in ("actor", "critic", "alpha")
+    }
 
 
 def first_update(train_freq: int, learning_starts: int, strictly_more: bool) -> int:
@@ -137,7 +145,9 @@ def dqn_sync_note(model: dict[str, Any], data: dict[str, Any], interval: int, bu
     return f"{head}: NOT after the same updates ((update, syncs) pairs): ours {ours_j[:4]}..., SB3 {sb3_j[:4]}..."
 
 
-def dqn(model: dict[str, Any], data: dict[str, Any], env: Any, budget: int, seed: int) -> tuple[DQN, list[str]]:
+def dqn(
+    model: dict[str, Any], data: dict[str, Any], env: Any, budget: int, seed: int, device: str = "cpu"
+) -> tuple[DQN, list[str]]:
     notes = []
     net = model["model_config"]
     if model["double_q"]:
@@ -172,13 +182,13 @@ def dqn(model: dict[str, Any], data: dict[str, Any], env: Any, budget: int, seed
         exploration_fraction=eps_end_step / budget if eps_end_step > 0 else 1.0,
         max_grad_norm=math.inf if model["grad_clip"] is None else model["grad_clip"],
         policy_kwargs={"net_arch": list(net["fcnet_hiddens"]), "activation_fn": ACTIVATIONS[net["fcnet_activation"]]},
-        device="cpu",
+        device=device,
         seed=seed,
     )
     return agent, notes
 
 
-def sac(model: dict[str, Any], data: dict[str, Any], env: Any, seed: int) -> tuple[SAC, list[str]]:
+def sac(model: dict[str, Any], data: dict[str, Any], env: Any, seed: int, device: str = "cpu") -> tuple[SAC, list[str]]:
     notes = []
     net = model["model_config"]
     lrs = per_optimizer(model, "lr")
@@ -208,7 +218,7 @@ def sac(model: dict[str, Any], data: dict[str, Any], env: Any, seed: int) -> tup
         target_entropy=model["target_entropy"],
         target_update_interval=model["target_network_update_freq"],
         policy_kwargs={"net_arch": list(net["fcnet_hiddens"]), "activation_fn": ACTIVATIONS[net["fcnet_activation"]]},
-        device="cpu",
+        device=device,
         seed=seed,
     )
     return agent, notes
@@ -273,9 +283,9 @@ def main() -> None:
                        env_kwargs=data["env_kwargs"])  # fmt: skip
     agent: BaseAlgorithm
     if algo == "dqn":
-        agent, notes = dqn(model, data, env, args.max_env_steps, args.seed)
+        agent, notes = dqn(model, data, env, args.max_env_steps, args.seed, args.device)
     else:
-        agent, notes = sac(model, data, env, args.seed)
+        agent, notes = sac(model, data, env, args.seed, args.device)
     tf, ls = data["train_freq"], data["learning_starts"]
     ours_first, sb3_first = first_update(tf, ls, strictly_more=False), first_update(tf, ls, strictly_more=True)
     if ours_first != sb3_first:

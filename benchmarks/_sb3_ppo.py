@@ -46,8 +46,6 @@ from handwritten_ppo import parse_args
 ANNEAL_STEPS = 100_000
 
 
-
-
 def linear_schedule(initial: float) -> Callable[[float], float]:
     """rl-zoo's ``lin_<initial>``: SB3 calls it with progress_remaining = 1 - steps / total."""
 
@@ -113,7 +111,7 @@ def main() -> None:
         ent_coef=0.0,
         vf_coef=0.5,
         max_grad_norm=0.5,
-        device="cpu",
+        device=args.device,
         seed=args.seed,
     )
     callback = StopAtTrainingReturn(args.threshold, args.max_env_steps, args.verbose)

@@ -16,6 +16,8 @@ from ``examples/dqn_cartpole.yaml``), in the fewest lines that do it right:
   sample time, cut at episode ends. The loss is the Huber (delta 1) or squared TD error
   against ``r_n + gamma^n (1 - terminated) Q_target(s', a*)``, ``a*`` the online network's
   argmax (double Q) or the target's; gradients clipped by global norm (``grad_clip``).
+- ``--device cuda`` puts the networks and each replay minibatch on the GPU (envs, replay and
+  the epsilon coins stay on the CPU; greedy actions come back to numpy).
 - The target network moves by ``tau`` (1: a copy) after every ``target_network_update_freq``-th
   gradient step; the Q network is an MLP (``fcnet_hiddens``, ``fcnet_activation``, torch's
   default init), dueling (``V + A - mean A``, each stream with its own last hidden layer) if
@@ -57,7 +59,10 @@ def unsupported(model: dict[str, Any], data: dict[str, Any]) -> str | None:
     return unsupported_reason(
         [
             (isinstance(model["lr"], (int, float)), f"lr schedule {model['lr']!r}"),
-            (model["grad_clip"] is None or model["grad_clip_by"] == "global_norm", f"grad_clip_by={model['grad_clip_by']!r}"),
+            (
+                model["grad_clip"] is None or model["grad_clip_by"] == "global_norm",
+                f"grad_clip_by={model['grad_clip_by']!r}",
+            ),
         ],
         model,
         data,
@@ -94,21 +99,22 @@ def main() -> None:
     gamma, n_step, num_envs = model["gamma"], model["n_step"], data["num_envs"]
     np_rng = np.random.default_rng(args.seed)
     torch.manual_seed(args.seed)
+    device = torch.device(args.device)
 
     envs = make_train_envs(data)
     obs_shape = envs.single_observation_space.shape
     num_actions = int(envs.single_action_space.n)
     q_net = QNetwork(int(np.prod(obs_shape)), num_actions, list(net_config["fcnet_hiddens"]),
-                     net_config["fcnet_activation"], bool(net_config["dueling"]))  # fmt: skip
+                     net_config["fcnet_activation"], bool(net_config["dueling"])).to(device)  # fmt: skip
     target_net = copy.deepcopy(q_net).requires_grad_(False)
     optimizer = torch.optim.Adam(q_net.parameters(), lr=model["lr"])
-    buffer = ReplayBuffer(data["replay_buffer_capacity"], num_envs, obs_shape, seed=args.seed + 1)
+    buffer = ReplayBuffer(data["replay_buffer_capacity"], num_envs, obs_shape, seed=args.seed + 1, device=device)
     evaluation = GreedyEvaluation(data, args.seed)
     eps_steps, eps_values = zip(*model["epsilon"]) if isinstance(model["epsilon"], list) else ([0], [model["epsilon"]])
 
     def greedy(obs: np.ndarray) -> np.ndarray:
         with torch.no_grad():
-            return q_net(torch.as_tensor(obs, dtype=torch.float32)).argmax(-1).numpy()
+            return q_net(torch.as_tensor(obs, dtype=torch.float32, device=device)).argmax(-1).cpu().numpy()
 
     def gradient_step() -> None:
         batch = buffer.sample(model["minibatch_size"], n_step, gamma)

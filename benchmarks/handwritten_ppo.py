@@ -46,6 +46,9 @@ import torch
 from torch import nn
 from torch.distributions import Categorical
 
+# Siblings: this directory is on sys.path when a benchmark runs as a script.
+from _children import add_device_argument, check_device
+
 ENV_ID = "CartPole-v1"
 NUM_ENVS = 8
 NUM_STEPS = 32  # per env and rollout
@@ -71,7 +74,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-env-steps", type=int, default=100_000, help="give up after this many env steps")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     parser.add_argument("--verbose", action="store_true", help="print the training return after every rollout")
-    return parser.parse_args()
+    add_device_argument(parser)
+    args = parser.parse_args()
+    check_device(args.device)
+    return args
 
 
 def linear(in_dim: int, out_dim: int, gain: float) -> nn.Linear:
@@ -141,7 +147,7 @@ def ppo_update(
         group["lr"] = lr
     batch_size = len(batch["obs"])
     for _ in range(NUM_EPOCHS):
-        order = torch.randperm(batch_size)
+        order = torch.randperm(batch_size, device=batch["obs"].device)
         for start in range(0, batch_size, MINIBATCH_SIZE):
             idx = order[start : start + MINIBATCH_SIZE]
             obs = batch["obs"][idx]
@@ -174,25 +180,26 @@ def main() -> None:
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
+    device = torch.device(args.device)  # the agent, rollout buffers and update; the envs stay on the CPU
 
     envs = gym.vector.SyncVectorEnv(
         [lambda: gym.make(ENV_ID) for _ in range(NUM_ENVS)],
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
     obs_dim = envs.single_observation_space.shape[0]
-    agent = Agent(obs_dim, int(envs.single_action_space.n))
+    agent = Agent(obs_dim, int(envs.single_action_space.n)).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=LR, eps=ADAM_EPS)
 
-    obs_buf = torch.zeros((NUM_STEPS, NUM_ENVS, obs_dim))
-    actions_buf = torch.zeros((NUM_STEPS, NUM_ENVS), dtype=torch.long)
-    logp_buf = torch.zeros((NUM_STEPS, NUM_ENVS))
-    rewards_buf = torch.zeros((NUM_STEPS, NUM_ENVS))
-    starts_buf = torch.zeros((NUM_STEPS, NUM_ENVS))  # 1.0 where the row's obs begins an episode
-    values_buf = torch.zeros((NUM_STEPS, NUM_ENVS))
+    obs_buf = torch.zeros((NUM_STEPS, NUM_ENVS, obs_dim), device=device)
+    actions_buf = torch.zeros((NUM_STEPS, NUM_ENVS), dtype=torch.long, device=device)
+    logp_buf = torch.zeros((NUM_STEPS, NUM_ENVS), device=device)
+    rewards_buf = torch.zeros((NUM_STEPS, NUM_ENVS), device=device)
+    starts_buf = torch.zeros((NUM_STEPS, NUM_ENVS), device=device)  # 1.0 where the row's obs begins an episode
+    values_buf = torch.zeros((NUM_STEPS, NUM_ENVS), device=device)
 
     obs_np, _ = envs.reset(seed=args.seed)  # env i is seeded with seed + i
-    next_obs = torch.as_tensor(obs_np, dtype=torch.float32)
-    next_start = torch.ones(NUM_ENVS)
+    next_obs = torch.as_tensor(obs_np, dtype=torch.float32, device=device)
+    next_start = torch.ones(NUM_ENVS, device=device)
     next_done = np.zeros(NUM_ENVS, dtype=bool)
     episode_returns = np.zeros(NUM_ENVS)
     completed: collections.deque[float] = collections.deque(maxlen=RETURN_WINDOW)
@@ -208,7 +215,7 @@ def main() -> None:
                 action = dist.sample()
                 logp = dist.log_prob(action)
                 value = agent.get_value(next_obs)
-            obs_np, reward, terminated, truncated, info = envs.step(action.numpy())
+            obs_np, reward, terminated, truncated, info = envs.step(action.cpu().numpy())
             env_steps += NUM_ENVS
             reward = reward.astype(np.float32)  # a copy: the bootstrap below must not touch returns
 
@@ -220,18 +227,18 @@ def main() -> None:
             # A time-limit end is not a real terminal: bootstrap it from the value of its final obs.
             cut = np.flatnonzero(truncated & ~terminated)
             if cut.size:
-                final_obs = torch.as_tensor(np.stack(info["final_obs"][cut]), dtype=torch.float32)
+                final_obs = torch.as_tensor(np.stack(info["final_obs"][cut]), dtype=torch.float32, device=device)
                 with torch.no_grad():
-                    reward[cut] += GAMMA * agent.get_value(final_obs).numpy()
+                    reward[cut] += GAMMA * agent.get_value(final_obs).cpu().numpy()
 
             obs_buf[step] = next_obs
             actions_buf[step] = action
             logp_buf[step] = logp
-            rewards_buf[step] = torch.as_tensor(reward)
+            rewards_buf[step] = torch.as_tensor(reward, device=device)
             starts_buf[step] = next_start
             values_buf[step] = value
-            next_obs = torch.as_tensor(obs_np, dtype=torch.float32)  # already reset where next_done
-            next_start = torch.as_tensor(next_done, dtype=torch.float32)
+            next_obs = torch.as_tensor(obs_np, dtype=torch.float32, device=device)  # already reset where next_done
+            next_start = torch.as_tensor(next_done, dtype=torch.float32, device=device)
 
         # ---- training return: SB3's ep_info_buffer mean, checked after each rollout ----
         if completed:
@@ -252,7 +259,7 @@ def main() -> None:
         # ---- update: GAE, then NUM_EPOCHS passes of shuffled minibatches ----
         with torch.no_grad():
             last_value = agent.get_value(next_obs)
-        last_done = torch.as_tensor(next_done, dtype=torch.float32)
+        last_done = torch.as_tensor(next_done, dtype=torch.float32, device=device)
         advantages = compute_gae(rewards_buf, values_buf, starts_buf, last_value, last_done)
         batch = {
             "obs": obs_buf.reshape(-1, obs_dim),

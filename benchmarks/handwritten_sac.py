@@ -115,16 +115,17 @@ def main() -> None:
     gamma, n_step, num_envs = model["gamma"], model["n_step"], data["num_envs"]
     np_rng = np.random.default_rng(args.seed)
     torch.manual_seed(args.seed)
+    device = torch.device(args.device)  # networks and minibatches; envs and replay stay on the CPU
 
     envs = make_train_envs(data)
     space = envs.single_action_space
     obs_dim, action_dim = int(np.prod(envs.single_observation_space.shape)), int(np.prod(space.shape))
     center, scale = (space.high + space.low) / 2, (space.high - space.low) / 2
 
-    actor = Actor(obs_dim, action_dim, hiddens, activation)
-    critics = nn.ModuleList([Critic(obs_dim, action_dim, hiddens, activation) for _ in range(2)])
+    actor = Actor(obs_dim, action_dim, hiddens, activation).to(device)
+    critics = nn.ModuleList([Critic(obs_dim, action_dim, hiddens, activation) for _ in range(2)]).to(device)
     target_critics = copy.deepcopy(critics).requires_grad_(False)
-    log_alpha = nn.Parameter(torch.tensor(math.log(model["initial_alpha"])))
+    log_alpha = nn.Parameter(torch.tensor(math.log(model["initial_alpha"]), device=device))
     target_entropy = -float(action_dim) if model["target_entropy"] == "auto" else float(model["target_entropy"])
 
     def optimizer(params: list[nn.Parameter], which: str) -> tuple[torch.optim.Adam, list[nn.Parameter], float | None]:
@@ -138,13 +139,14 @@ def main() -> None:
         optimizer([log_alpha], "alpha"),
     ]
     buffer = ReplayBuffer(data["replay_buffer_capacity"], num_envs, (obs_dim,), seed=args.seed + 1,
-                          action_shape=(action_dim,), action_dtype=np.float32)  # fmt: skip
+                          action_shape=(action_dim,), action_dtype=np.float32, device=device)  # fmt: skip
     evaluation = GreedyEvaluation(data, args.seed)
 
     def greedy(obs: np.ndarray) -> np.ndarray:
         with torch.no_grad():
-            mean, _ = actor.mean_log_std(torch.as_tensor(obs, dtype=torch.float32).reshape(len(obs), -1))
-        return (center + scale * torch.tanh(mean).numpy()).reshape(len(obs), *space.shape)
+            obs_tensor = torch.as_tensor(obs, dtype=torch.float32, device=device)
+            mean, _ = actor.mean_log_std(obs_tensor.reshape(len(obs), -1))
+        return (center + scale * torch.tanh(mean).cpu().numpy()).reshape(len(obs), *space.shape)
 
     def gradient_step() -> None:
         batch = buffer.sample(model["minibatch_size"], n_step, gamma)
@@ -179,7 +181,7 @@ def main() -> None:
                 actions = np_rng.uniform(-1.0, 1.0, size=(num_envs, action_dim)).astype(np.float32)
             else:
                 with torch.no_grad():
-                    actions = actor.sample(torch.from_numpy(obs))[0].numpy()
+                    actions = actor.sample(torch.from_numpy(obs).to(device))[0].cpu().numpy()
             return actions, (center + scale * actions).reshape(num_envs, *space.shape)
 
         return act

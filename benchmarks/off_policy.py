@@ -8,6 +8,10 @@ evaluation on the same schedule in every variant; per run
                 where train s is the loop's wall time *without* evaluation and set-up
                 (sampling, replay, gradient steps, target updates, the framework's own work);
   ms/step       1000 / env steps/s;
+  cpu st/s      env steps per second of the loop's CPU time (the child process's
+                ``time.process_time``, evaluation taken out): time-slicing on a shared
+                machine stretches wall time but not this, so its paired ratios (printed
+                beside the verdict, which stays on wall time) are the steadier reading there;
   setup s       from launching the process to the first env step (interpreter, imports,
                 envs, networks, a Trainer's set-up);
   eval s        the time spent in evaluation, taken out of train s;
@@ -49,7 +53,7 @@ per seed, with the same thread settings (``OMP_NUM_THREADS``/``MKL_NUM_THREADS``
 ``torch.set_num_threads`` = ``--threads``). A child prints ``TRAINING_START time=<unix
 time>`` before its first env step, ``EVAL env_steps=<int> return_mean=<float>
 seconds=<float>`` after each evaluation, ``TRAINING_END env_steps=<int> train_s=<float>
-eval_s=<float> threads=<int>`` when its loop ends, ``PEAK_RSS_MB=<float>`` at exit, and
+eval_s=<float> threads=<int> cpu_s=<float>`` when its loop ends, ``PEAK_RSS_MB=<float>`` at exit, and
 ``UNAVAILABLE reason=...`` when it cannot run the config (then the variant is left out).
 
 How to read the output: per algorithm one table per seed, then per variant the medians over
@@ -68,6 +72,14 @@ Run::
     python benchmarks/off_policy.py --algo dqn --seeds 0 1 2 3 4
     python benchmarks/off_policy.py --algo sac --variants ours handwritten --max-env-steps 3000
     python benchmarks/off_policy.py --algo dqn --print-hparams        # what the children get
+    python benchmarks/off_policy.py --algo dqn --device cuda          # every variant on the GPU
+
+``--device`` (``cpu``, the default, or ``cuda``) puts every variant's networks and gradient
+steps on that device: ours through the Trainer (``--trainer.accelerator gpu|cpu
+--trainer.devices 1``), the hand-written loops by moving their networks and each replay
+minibatch there, SB3 through its ``device=``. Envs, replay buffers and acting's env-side
+work stay on the CPU in all three. ``--device cuda`` exits with one line where CUDA is
+absent. The clocks wait for queued CUDA work before reading the time.
 """
 
 from __future__ import annotations
@@ -91,12 +103,16 @@ import numpy as np
 
 # Siblings: this directory is on sys.path when a benchmark runs as a script.
 from _children import (
+    add_device_argument,
     available_variants,
+    check_device,
     fmt,
     follow_child,
     parse_fields,
     print_versions,
     rotated,
+    synchronize_device,
+    trainer_device_args,
     write_json,
 )
 
@@ -136,6 +152,7 @@ def child_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-env-steps", type=int, required=True, help="train until this many env steps")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    add_device_argument(parser)
     return parser
 
 
@@ -143,20 +160,25 @@ class ChildClock:
     """A child's timing and protocol lines: set-up, training loop, evaluation time apart.
 
     ``train_s`` is the wall time from ``training_start`` to ``training_end`` minus the time
-    between each ``evaluation_started`` / ``evaluation_finished`` pair.
+    between each ``evaluation_started`` / ``evaluation_finished`` pair; ``cpu_s`` the same
+    span in this process's CPU time (``time.process_time``, all its threads), which time-slicing
+    on a shared machine does not stretch as it stretches wall time.
     """
 
     def __init__(self) -> None:
-        self.start = math.nan
-        self.eval_seconds = 0.0
+        self.start = self.cpu_start = math.nan
+        self.eval_seconds = self.eval_cpu_seconds = 0.0
         self._eval_started: float | None = None
+        self._eval_cpu_started = math.nan
 
     def training_start(self) -> None:
-        self.start = time.perf_counter()
+        synchronize_device()
+        self.start, self.cpu_start = time.perf_counter(), time.process_time()
         print(f"TRAINING_START time={time.time():.6f}", flush=True)
 
     def evaluation_started(self) -> None:
-        self._eval_started = time.perf_counter()
+        synchronize_device()
+        self._eval_started, self._eval_cpu_started = time.perf_counter(), time.process_time()
 
     def evaluation_finished(self, env_steps: int, returns: list[float]) -> float:
         """Print the evaluation's line; return its seconds."""
@@ -165,17 +187,21 @@ class ChildClock:
         seconds = time.perf_counter() - self._eval_started
         self._eval_started = None
         self.eval_seconds += seconds
+        self.eval_cpu_seconds += time.process_time() - self._eval_cpu_started
         print(f"EVAL env_steps={env_steps} return_mean={float(np.mean(returns)):.3f} seconds={seconds:.3f}", flush=True)
         return seconds
 
     def train_seconds(self) -> float:
         """Seconds since ``training_start``, evaluations left out."""
+        synchronize_device()
         return time.perf_counter() - self.start - self.eval_seconds
 
     def training_end(self, env_steps: int, threads: int) -> None:
+        train_s = self.train_seconds()
+        cpu_s = time.process_time() - self.cpu_start - self.eval_cpu_seconds
         print(
-            f"TRAINING_END env_steps={env_steps} train_s={self.train_seconds():.3f} eval_s={self.eval_seconds:.3f} "
-            f"threads={threads}",
+            f"TRAINING_END env_steps={env_steps} train_s={train_s:.3f} eval_s={self.eval_seconds:.3f} "
+            f"threads={threads} cpu_s={cpu_s:.3f}",
             flush=True,
         )
 
@@ -356,7 +382,7 @@ def run_ours_child(args: argparse.Namespace) -> None:
         unavailable(f"no config {config}")
         return
     try:
-        cli = build_cli(config, args.seed, args.max_env_steps)
+        cli = build_cli(config, args.seed, args.max_env_steps, trainer_device_args(args.device))
     except ImportError as error:
         unavailable(f"cannot build our run: {error}")
         return
@@ -377,9 +403,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     parser.add_argument("--threads", type=int, default=1, help="OMP/MKL threads and torch.set_num_threads of every run")
-    parser.add_argument(
-        "--max-env-steps", type=int, help="env steps per run (default: 50000 for DQN, 15000 for SAC)"
-    )
+    add_device_argument(parser)
+    parser.add_argument("--max-env-steps", type=int, help="env steps per run (default: 50000 for DQN, 15000 for SAC)")
     parser.add_argument("--dqn-config", default=ALGOS["dqn"]["config"], help="our DQN config (relative to the repo)")
     parser.add_argument("--sac-config", default=ALGOS["sac"]["config"], help="our SAC config (relative to the repo)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before a run is killed")
@@ -392,11 +417,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.child is None and args.print_hparams and args.algo == "both":
         parser.error("--print-hparams needs --algo dqn or --algo sac")
+    check_device(args.device)
     return args
 
 
-def child_command(algo: str, variant: str, seed: int, budget: int, config: str, hparams: str, threads: int) -> list[str]:
-    common = ["--seed", str(seed), "--max-env-steps", str(budget), "--threads", str(threads)]
+def child_command(
+    algo: str, variant: str, seed: int, budget: int, config: str, hparams: str, threads: int, device: str = "cpu"
+) -> list[str]:
+    common = ["--seed", str(seed), "--max-env-steps", str(budget), "--threads", str(threads), "--device", device]
     if variant == "ours":
         return [sys.executable, str(Path(__file__).resolve()), "--child", "ours", "--config", config, *common]
     if variant == "handwritten":
@@ -407,7 +435,8 @@ def child_command(algo: str, variant: str, seed: int, budget: int, config: str, 
 def run_child(command: list[str], variant: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     """Launch one run, follow its protocol lines, and return its record."""
     record: dict[str, Any] = {"variant": variant, "seed": seed, "status": "ERROR", "env_steps": None, "setup_s": None,
-                              "train_s": None, "eval_s": None, "threads": None, "peak_rss_mb": None, "evals": [],
+                              "train_s": None, "eval_s": None, "cpu_s": None, "threads": None, "peak_rss_mb": None,
+                              "evals": [],
                               "notes": []}  # fmt: skip
 
     def handle(head: str, line: str, launch: float) -> bool:
@@ -417,7 +446,8 @@ def run_child(command: list[str], variant: str, seed: int, args: argparse.Namesp
         elif head == "TRAINING_END":
             fields = parse_fields(line)
             record.update(status="DONE", env_steps=int(fields["env_steps"]), train_s=float(fields["train_s"]),
-                          eval_s=float(fields["eval_s"]), threads=int(fields["threads"]))  # fmt: skip
+                          eval_s=float(fields["eval_s"]), threads=int(fields["threads"]),
+                          cpu_s=float(fields["cpu_s"]) if "cpu_s" in fields else None)  # fmt: skip
         elif head == "UNAVAILABLE":
             record.update(status="UNAVAILABLE", reason=parse_fields(line)["reason"])
         elif head == "NOTE":
@@ -447,12 +477,19 @@ def steps_per_second(record: dict[str, Any]) -> float | None:
     return record["env_steps"] / record["train_s"]
 
 
+def cpu_steps_per_second(record: dict[str, Any]) -> float | None:
+    """Env steps per second of the loop's CPU time (``cpu_s``): steadier than wall time on a shared machine."""
+    if record["status"] != "DONE" or not record.get("cpu_s"):
+        return None
+    return record["env_steps"] / record["cpu_s"]
+
+
 def print_seed_table(algo: str, seed: int, records: list[dict[str, Any]], thresholds: list[tuple[float, int]]) -> None:
     print(f"\n{algo} seed {seed}")
     heads = "".join(f"{f'to >={threshold:g}':>11}" for threshold, _ in thresholds)
     print(
         f"  {'variant':<12}{'result':<8}{'env steps':>10}{'steps/s':>9}{'ms/step':>9}{'setup s':>9}{'train s':>9}"
-        f"{'eval s':>8}{heads}{'final eval':>12}{'RSS MB':>8}{'threads':>8}"
+        f"{'eval s':>8}{heads}{'final eval':>12}{'RSS MB':>8}{'threads':>8}{'cpu st/s':>9}"
     )
     for r in records:
         rate = steps_per_second(r)
@@ -462,7 +499,7 @@ def print_seed_table(algo: str, seed: int, records: list[dict[str, Any]], thresh
             f"  {r['variant']:<12}{r['status']:<8}{fmt(r['env_steps'], 'd'):>10}{fmt(rate, '.0f'):>9}"
             f"{fmt(None if rate is None else 1000 / rate, '.3f'):>9}{fmt(r['setup_s'], '.2f'):>9}"
             f"{fmt(r['train_s'], '.2f'):>9}{fmt(r['eval_s'], '.2f'):>8}{reached}{fmt(final, '.1f'):>12}"
-            f"{fmt(r['peak_rss_mb'], '.0f'):>8}{fmt(r['threads'], 'd'):>8}"
+            f"{fmt(r['peak_rss_mb'], '.0f'):>8}{fmt(r['threads'], 'd'):>8}{fmt(cpu_steps_per_second(r), '.0f'):>9}"
         )
         if r["status"] == "ERROR":
             print(f"    exit code {r['returncode']}; last output:")
@@ -474,7 +511,9 @@ def median_or_none(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def summarize(records: list[dict[str, Any]], variants: list[str], thresholds: list[tuple[float, int]]) -> dict[str, Any]:
+def summarize(
+    records: list[dict[str, Any]], variants: list[str], thresholds: list[tuple[float, int]]
+) -> dict[str, Any]:
     """Per variant medians over seeds, the throughput ratios of ours to the others, the learning targets.
 
     A run that never reached a threshold counts as +inf steps in that median.
@@ -490,6 +529,7 @@ def summarize(records: list[dict[str, Any]], variants: list[str], thresholds: li
             "runs": len(runs),
             "done": len(done),
             "median_steps_per_s": median_or_none(rates),
+            "median_cpu_steps_per_s": median_or_none([c for r in done if (c := cpu_steps_per_second(r)) is not None]),
             "median_setup_s": median_or_none([r["setup_s"] for r in runs if r["setup_s"] is not None]),
             "median_final_eval": median_or_none([r["evals"][-1][1] for r in done if r["evals"]]),
             "max_peak_rss_mb": max((r["peak_rss_mb"] for r in runs if r["peak_rss_mb"] is not None), default=None),
@@ -511,15 +551,21 @@ def summarize(records: list[dict[str, Any]], variants: list[str], thresholds: li
         ours_by_seed = {r["seed"]: steps_per_second(r) for r in runs_of["ours"] if steps_per_second(r)}
         paired = [ours_by_seed[r["seed"]] / rate for r in runs_of[other]
                   if (rate := steps_per_second(r)) and r["seed"] in ours_by_seed]  # fmt: skip
+        ours_cpu = {r["seed"]: cpu_steps_per_second(r) for r in runs_of["ours"] if cpu_steps_per_second(r)}
+        paired_cpu = [ours_cpu[r["seed"]] / rate for r in runs_of[other]
+                      if (rate := cpu_steps_per_second(r)) and r["seed"] in ours_cpu]  # fmt: skip
         summary["ratios"][f"ours/{other}"] = {
             "ratio": ratio, "target": target, "pass": bool(ratio >= target), "paired_median": median_or_none(paired),
+            "paired_cpu_median": median_or_none(paired_cpu),
         }  # fmt: skip
     return summary
 
 
 def print_summary(algo: str, summary: dict[str, Any], seeds: list[int], budget: int, threads: int) -> None:
     thresholds = next(iter(summary["variants"].values()))["thresholds"] if summary["variants"] else []
-    heads = "".join(f"{'med. to >=' + format(t['threshold'], 'g'):>16}{'<=' + str(t['within']):>10}" for t in thresholds)
+    heads = "".join(
+        f"{'med. to >=' + format(t['threshold'], 'g'):>16}{'<=' + str(t['within']):>10}" for t in thresholds
+    )
     print(f"\n{algo} summary over seeds {seeds} ({budget} env steps per run, {threads} thread(s) per run)")
     print(f"  {'variant':<12}{'done':>6}{'med. steps/s':>14}{'med. ms/step':>14}{'med. setup s':>14}{heads}"
           f"{'med. final':>12}{'max RSS MB':>12}")  # fmt: skip
@@ -537,13 +583,16 @@ def print_summary(algo: str, summary: dict[str, Any], seeds: list[int], budget: 
         )
     short = [t["within"] for t in thresholds if t["within"] > budget]
     if short:
-        print(f"  (runs stop at {budget} env steps, before {short}: a run that did not get there is unjudged, not failed)")
+        print(
+            f"  (runs stop at {budget} env steps, before {short}: a run that did not get there is unjudged, not failed)"
+        )
     if not summary["ratios"]:
         print(f"{algo} throughput verdict: n/a (needs `ours` and at least one of handwritten / sb3)")
         return
     parts = [
         f"{name} {r['ratio']:.2f}x (target >= {r['target']:.2f}x) {'PASS' if r['pass'] else 'FAIL'}"
         + ("" if r["paired_median"] is None else f" [paired per seed: {r['paired_median']:.2f}x]")
+        + ("" if r.get("paired_cpu_median") is None else f" [CPU time, paired: {r['paired_cpu_median']:.2f}x]")
         for name, r in summary["ratios"].items()
     ]
     verdict = "PASS" if all(r["pass"] for r in summary["ratios"].values()) else "FAIL"
@@ -574,7 +623,7 @@ def run_algo(algo: str, args: argparse.Namespace, variants: list[str]) -> dict[s
         for variant in rotated(variants, index):
             if variant not in variants:  # became unavailable at an earlier seed
                 continue
-            command = child_command(algo, variant, seed, budget, config, hparams_json, args.threads)
+            command = child_command(algo, variant, seed, budget, config, hparams_json, args.threads, args.device)
             record = run_child(command, variant, seed, args)
             if record["status"] == "UNAVAILABLE":
                 print(f"{algo} {variant}: unavailable ({record.get('reason', '')}); going on without it")
@@ -609,7 +658,7 @@ def main() -> None:
     info = print_versions()
     print(
         f"algos {algos}, variants {variants}, seeds {args.seeds}; threads: OMP_NUM_THREADS=MKL_NUM_THREADS="
-        f"{args.threads}, torch.set_num_threads({args.threads}) in every run"
+        f"{args.threads}, torch.set_num_threads({args.threads}) in every run; device {args.device}"
     )
     results = {algo: run_algo(algo, args, variants) for algo in algos}
     if args.json:

@@ -59,6 +59,13 @@ Run::
     python benchmarks/ppo_cartpole.py --seeds 0 1 2 3 4 5 6 7 8 9     # the verdict (~15 min)
     python benchmarks/ppo_cartpole.py --variants handwritten sb3 --seeds 0 1 2 3 4
     python benchmarks/ppo_cartpole.py --threads 2 --json ppo_cartpole.json
+    python benchmarks/ppo_cartpole.py --device cuda                   # every variant's networks on the GPU
+
+``--device`` (``cpu``, the default, or ``cuda``) puts every variant's networks, rollout
+tensors and updates on that device: ours through the Trainer (``--trainer.accelerator
+gpu|cpu --trainer.devices 1``), the hand-written PPO by moving its agent and buffers there,
+SB3 through its ``device=``. The envs stay on the CPU. ``--device cuda`` exits with one line
+where CUDA is absent.
 """
 
 from __future__ import annotations
@@ -77,12 +84,15 @@ from typing import Any
 
 # Siblings: this directory is on sys.path when a benchmark runs as a script.
 from _children import (
+    add_device_argument,
     available_variants,
+    check_device,
     fmt,
     follow_child,
     parse_fields,
     print_versions,
     rotated,
+    trainer_device_args,
     write_json,
 )
 
@@ -110,7 +120,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--show-output", action="store_true", help="echo the children's other output lines")
     parser.add_argument("--child", choices=["ours"], help=argparse.SUPPRESS)  # internal: run one variant here
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)  # the --child's seed
-    return parser.parse_args(argv)
+    add_device_argument(parser)
+    args = parser.parse_args(argv)
+    check_device(args.device)
+    return args
 
 
 # ----------------------------------------------------------------------------------------
@@ -222,6 +235,7 @@ def run_ours_child(args: argparse.Namespace) -> None:
             "--trainer.limit_val_batches", "0",     # time training only, like the other variants
             "--trainer.callbacks", "[]",            # drop the config's EarlyStopping/ModelCheckpoint on eval
             "--data.init_args.max_env_steps", str(args.max_env_steps),
+            *trainer_device_args(args.device),
         ],
         run=False,
         save_config_callback=None,                  # no config.yaml written into the repo
@@ -241,7 +255,8 @@ def run_ours_child(args: argparse.Namespace) -> None:
 
 def child_command(variant: str, seed: int, args: argparse.Namespace) -> list[str]:
     common = ["--seed", str(seed), "--threshold", str(args.threshold),
-              "--max-env-steps", str(args.max_env_steps), "--threads", str(args.threads)]  # fmt: skip
+              "--max-env-steps", str(args.max_env_steps), "--threads", str(args.threads),
+              "--device", args.device]  # fmt: skip
     if variant == "ours":
         return [sys.executable, str(Path(__file__).resolve()), "--child", "ours", "--config", args.config, *common]
     script = {"handwritten": "handwritten_ppo.py", "sb3": "_sb3_ppo.py"}[variant]
@@ -394,7 +409,8 @@ def main() -> None:
     info = print_versions()
     print(
         f"variants {variants}, seeds {args.seeds}, threshold {args.threshold:g}, max env steps {args.max_env_steps}; "
-        f"threads: OMP_NUM_THREADS=MKL_NUM_THREADS={args.threads}, torch.set_num_threads({args.threads}) in every run"
+        f"threads: OMP_NUM_THREADS=MKL_NUM_THREADS={args.threads}, torch.set_num_threads({args.threads}) in every run; "
+        f"device {args.device}"
     )
 
     records: list[dict[str, Any]] = []

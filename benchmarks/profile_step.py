@@ -33,6 +33,14 @@ Run::
 
     python benchmarks/profile_step.py                      # dqn and ppo, 12 items each
     python benchmarks/profile_step.py --algo dqn --items 30
+    python benchmarks/profile_step.py --device cuda         # both on the GPU
+
+``--device`` (``cpu``, the default, or ``cuda``): ours trains on a Trainer with that
+accelerator (``"gpu"`` or ``"cpu"``, one device), the hand-written step's networks and
+minibatches are on that device. On CUDA every timer waits for the device at the edges of
+its part (``torch.cuda.synchronize``), so each part's time is its own kernels' and not the
+next part's wait; the waits themselves cost a little and are counted. ``--device cuda``
+exits with one line where CUDA is absent.
 """
 
 from __future__ import annotations
@@ -54,14 +62,14 @@ import lightning
 import numpy as np
 import torch
 import yaml
-from torch import nn
-from torch.nn import functional as F
-
 from lightning_rl.algorithms.dqn import DQNLearner
 from lightning_rl.algorithms.ppo import PPOLearner
 from lightning_rl.data import OffPolicyDataModule, OnPolicyDataModule
+from torch import nn
+from torch.nn import functional as F
 
 # Siblings: this directory is on sys.path when a benchmark runs as a script.
+from _children import add_device_argument, check_device
 from _handwritten_common import ReplayBuffer, mlp
 from handwritten_ppo import Agent
 
@@ -71,10 +79,11 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 class PartTimer:
     """Own time per named part: a part's time minus the time of the parts called inside it."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
         self.recording = False
         self._stack: list[list[float]] = []  # per open part: [its start, its children's time]
+        self._sync = device.type == "cuda"  # wait for the part's kernels at its edges
 
     def wrap(self, owner: Any, attribute: str, part: str) -> None:
         """Replace ``owner.attribute`` (a callable) by a timed one, on this instance only."""
@@ -82,11 +91,15 @@ class PartTimer:
 
         @functools.wraps(original)
         def timed(*args: Any, **kwargs: Any) -> Any:
+            if self._sync:
+                torch.cuda.synchronize()
             frame = [time.perf_counter(), 0.0]
             self._stack.append(frame)
             try:
                 return original(*args, **kwargs)
             finally:
+                if self._sync:
+                    torch.cuda.synchronize()
                 elapsed = time.perf_counter() - frame[0]
                 self._stack.pop()
                 if self._stack:
@@ -94,21 +107,28 @@ class PartTimer:
                 if self.recording:
                     self.seconds[part] += elapsed - frame[1]
 
-        object.__setattr__(owner, attribute, timed) if isinstance(owner, nn.Module) else setattr(owner, attribute, timed)
+        object.__setattr__(owner, attribute, timed) if isinstance(owner, nn.Module) else setattr(
+            owner, attribute, timed
+        )
 
 
 class Inline:
     """Times the hand-written step's parts one after the other: ``mark(part)`` ends the part that ran since the last mark."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
         self.recording = False
+        self._sync = device.type == "cuda"
         self._last = time.perf_counter()
 
     def start(self) -> None:
+        if self._sync:
+            torch.cuda.synchronize()
         self._last = time.perf_counter()
 
     def mark(self, part: str) -> None:
+        if self._sync:
+            torch.cuda.synchronize()
         now = time.perf_counter()
         if self.recording:
             self.seconds[part] += now - self._last
@@ -153,41 +173,52 @@ class Interleave(lightning.Callback):
 
 def install_learner_timers(timer: PartTimer, learner: Any) -> None:
     """Wrap every part of our step on the real objects of the running fit."""
+    from lightning_rl.learner import update_api
+
     for attribute, part in (
         ("training_step", "per item: Learner.training_step (the update, logging)"),
         ("_log_train_metrics", "per item: logging the results (self.log)"),
         ("_prepare_batch", "batch checks and conversion"),
         ("before_gradient_based_update", "before-update hooks (schedules, callbacks)"),
         ("after_gradient_based_update", "after-update hooks (target network, schedulers)"),
-        ("_forward_train_fn", "forward_train"),
         ("compute_losses", "losses"),
         ("compute_gradients", "backward: Lightning's dispatch, zeroing grads"),
         ("postprocess_gradients", "gradient clipping"),
         ("apply_gradients", "optimizer step: Lightning's dispatch, finite check"),
-        ("_log_steps_trained", "step counters"),
     ):
         timer.wrap(learner, attribute, part)
+    timer.wrap(learner.step_runner, "_forward_train_fn", "forward_train")
+    timer.wrap(update_api, "log_steps_trained", "step counters")
     timer.wrap(learner.metrics, "log_value", "metrics logging (log_value)")
     timer.wrap(learner.metrics, "reduce", "per item: reducing the metrics")
-    for optimizer in learner._optimizer_registry.named.values():
+    for optimizer in learner.optimizer_registry.named.values():
         timer.wrap(optimizer, "step", "optimizer step: torch")
     timer.wrap(torch.autograd, "backward", "backward: autograd")
 
 
 def profile_dqn(args: argparse.Namespace) -> tuple[PartTimer, Inline, int, int]:
     model, data, trainer_config = read_config("dqn_cartpole.yaml")
-    hand = Inline()
+    device = torch.device(args.device)
+    hand = Inline(device)
     env = gym.make(data["env"])
     obs_dim, num_actions = env.observation_space.shape[0], int(env.action_space.n)
-    q_net = mlp(obs_dim, model["model_config"]["fcnet_hiddens"], model["model_config"]["fcnet_activation"], num_actions)
+    config = model["model_config"]
+    q_net = mlp(obs_dim, config["fcnet_hiddens"], config["fcnet_activation"], num_actions).to(device)
     target_net = copy.deepcopy(q_net).requires_grad_(False)
     optimizer = torch.optim.Adam(q_net.parameters(), lr=model["lr"])
-    buffer = ReplayBuffer(data["replay_buffer_capacity"], 1, (obs_dim,), seed=0)
+    buffer = ReplayBuffer(data["replay_buffer_capacity"], 1, (obs_dim,), seed=0, device=device)
     obs, _ = env.reset(seed=0)
     for _ in range(5_000):
         action = env.action_space.sample()
         next_obs, reward, terminated, truncated, _ = env.step(action)
-        buffer.add(obs[None], next_obs[None], np.array([action]), np.array([reward]), np.array([terminated]), np.array([truncated]))
+        buffer.add(
+            obs[None],
+            next_obs[None],
+            np.array([action]),
+            np.array([reward]),
+            np.array([terminated]),
+            np.array([truncated]),
+        )
         obs = env.reset()[0] if terminated or truncated else next_obs
     gamma, n_step, grad_clip = model["gamma"], model["n_step"], model["grad_clip"]
 
@@ -219,20 +250,21 @@ def profile_dqn(args: argparse.Namespace) -> tuple[PartTimer, Inline, int, int]:
                 hand.mark("after-update hooks (target network, schedulers)")
         return model["gradient_steps"]
 
-    ours = PartTimer()
+    ours = PartTimer(device)
     max_env_steps = data["learning_starts"] + (args.items + args.warmup + 1) * data["train_freq"]
     data.update(max_env_steps=max_env_steps, rollouts_per_epoch=10_000, seed=0)
     learner = DQNLearner(**model)
     datamodule = OffPolicyDataModule(**data)
     interleave = Interleave(ours, hand, hand_item, args.warmup)
-    run_fit(learner, datamodule, interleave, trainer_config)
+    run_fit(learner, datamodule, interleave, trainer_config, device)
     return ours, hand, interleave.items - args.warmup, interleave.hand_steps
 
 
 def profile_ppo(args: argparse.Namespace) -> tuple[PartTimer, Inline, int, int]:
     model, data, trainer_config = read_config("ppo_cartpole.yaml")
-    hand = Inline()
-    agent = Agent(4, 2)
+    device = torch.device(args.device)
+    hand = Inline(device)
+    agent = Agent(4, 2).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=1e-3)
     rows = data["num_envs"] * data["rollout_fragment_length"]
     generator = torch.Generator().manual_seed(0)
@@ -243,6 +275,7 @@ def profile_ppo(args: argparse.Namespace) -> tuple[PartTimer, Inline, int, int]:
         "advantages": torch.randn(rows, generator=generator),
         "returns": torch.randn(rows, generator=generator),
     }
+    batch = {key: value.to(device) for key, value in batch.items()}
     minibatch_size, clip = model["minibatch_size"], 0.2
 
     def hand_item() -> int:
@@ -250,7 +283,7 @@ def profile_ppo(args: argparse.Namespace) -> tuple[PartTimer, Inline, int, int]:
         steps = 0
         for _ in range(model["num_epochs"]):
             hand.start()
-            order = torch.randperm(rows)
+            order = torch.randperm(rows, device=device)
             for start in range(0, rows, minibatch_size):
                 idx = order[start : start + minibatch_size]
                 obs, actions, logp = batch["obs"][idx], batch["actions"][idx], batch["logp"][idx]
@@ -275,18 +308,22 @@ def profile_ppo(args: argparse.Namespace) -> tuple[PartTimer, Inline, int, int]:
                 steps += 1
         return steps
 
-    ours = PartTimer()
+    ours = PartTimer(device)
     data.update(max_env_steps=(args.items + args.warmup + 1) * rows, rollouts_per_epoch=10_000, seed=0)
     learner = PPOLearner(**model)
     datamodule = OnPolicyDataModule(**data)
     interleave = Interleave(ours, hand, hand_item, args.warmup)
-    run_fit(learner, datamodule, interleave, trainer_config)
+    run_fit(learner, datamodule, interleave, trainer_config, device)
     return ours, hand, interleave.items - args.warmup, interleave.hand_steps
 
 
-def run_fit(learner: Any, datamodule: Any, callback: lightning.Callback, trainer_config: dict[str, Any]) -> None:
-    """``Trainer.fit`` as the example config sets it up, less logger, checkpoints, progress bar and evaluation."""
+def run_fit(
+    learner: Any, datamodule: Any, callback: lightning.Callback, trainer_config: dict[str, Any], device: torch.device
+) -> None:
+    """``Trainer.fit`` as the example config sets it up on ``device``, less logger, checkpoints, progress bar and evaluation."""
     trainer = lightning.Trainer(
+        accelerator="gpu" if device.type == "cuda" else "cpu",
+        devices=1,
         max_epochs=-1,
         log_every_n_steps=trainer_config.get("log_every_n_steps", 50),
         num_sanity_val_steps=0,
@@ -328,12 +365,17 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=12, help="train items measured per algorithm")
     parser.add_argument("--warmup", type=int, default=2, help="train items run first and not counted")
     parser.add_argument("--threads", type=int, default=1)
+    add_device_argument(parser)
     args = parser.parse_args()
+    check_device(args.device)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    print(f"torch {torch.__version__}, lightning {lightning.__version__}; torch.set_num_threads({args.threads})")
+    print(
+        f"torch {torch.__version__}, lightning {lightning.__version__}; torch.set_num_threads({args.threads}); "
+        f"device {args.device}"
+    )
     for algo in ("dqn", "ppo") if args.algo == "both" else (args.algo,):
         gc.collect()  # the garbage of the previous algorithm's fit is not collected within the next one's
         ours, hand, items, hand_steps = profile_dqn(args) if algo == "dqn" else profile_ppo(args)

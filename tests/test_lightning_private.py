@@ -14,7 +14,7 @@ import torch.distributed as dist
 from conftest import bc_spec, loader_of, make_trainer, random_batch
 from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch import Callback, LightningModule
-from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.strategies import DDPStrategy
 from torch.nn.parallel import DistributedDataParallel
 
@@ -27,6 +27,7 @@ from lightning_rl.learner._lightning_private import (
     trainer_writes_logs_now,
     wrap_model_for_strategy,
     write_hparams_summary,
+    write_step_metrics,
 )
 
 
@@ -59,6 +60,19 @@ def test_trainer_writes_logs_now_follows_log_every_n_steps(tmp_path):
     # fallback would answer True every time.
     assert record.seen == [False, True, False, True]
     assert isinstance(type(trainer._logger_connector).should_update_logs, property)
+
+
+def test_write_step_metrics_writes_one_row_at_the_step_and_fills_callback_and_logged_metrics(tmp_path):
+    table = CSVLogger(tmp_path)
+    record = _Record(lambda trainer, module: write_step_metrics(trainer, {"a": 1.5, "b": -2.0}, 2**24 + 1))
+    trainer = make_trainer(tmp_path, callbacks=[record], logger=table, log_every_n_steps=100)
+    trainer.fit(BCLearner(module_spec=bc_spec()), loader_of([random_batch()]))
+    assert record.seen == [True]  # False would mean the connector moved: the Learner then falls back to self.log
+    rows = (tmp_path / "lightning_logs" / "version_0" / "metrics.csv").read_text().splitlines()
+    assert rows[0].split(",")[:3] == ["a", "b", "step"] and rows[1].startswith(f"1.5,-2.0,{2**24 + 1}")
+    for metrics in (trainer.callback_metrics, trainer.logged_metrics):
+        assert metrics["a"].dtype == torch.float32 and metrics["a"].item() == 1.5 and metrics["b"].item() == -2.0
+        assert metrics["step"].item() == 2**24 + 1
 
 
 def test_step_hooks_have_listeners_reads_hooks_every_dispatching_class_still_defines(tmp_path):

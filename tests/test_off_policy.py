@@ -10,13 +10,15 @@ import numpy as np
 import pytest
 import torch
 from conftest import make_trainer
-from lightning.pytorch import Callback, Trainer
+from lightning.pytorch import Callback, Trainer, seed_everything
 from torch import nn
 
 from lightning_rl import Columns, RLModuleSpec
+from lightning_rl.algorithms.dqn import DQNLearner
 from lightning_rl.algorithms.off_policy import BATCH_INDEXES, N_STEP, WEIGHTS, OffPolicyLearner, bootstrap_discounts
 from lightning_rl.algorithms.ppo import PPOLearner, PPOModule
 from lightning_rl.callbacks import TargetNetworkUpdate
+from lightning_rl.core.learner_config import LearnerConfig
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec
 from lightning_rl.core.rl_modules import RLModule
 from lightning_rl.core.target_network import (
@@ -28,7 +30,6 @@ from lightning_rl.core.target_network import (
 from lightning_rl.core.train_item import TrainingData, TrainItem
 from lightning_rl.data import EpisodeDataModule, OffPolicyDataModule
 from lightning_rl.data.prioritized_replay import PrioritizedReplayBuffer
-from lightning_rl.core.learner_config import LearnerConfig
 
 OBS_SPACE = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
 ACT_SPACE = gym.spaces.Discrete(2)
@@ -75,7 +76,9 @@ class TinyQLearner(OffPolicyLearner):
         return (batch[WEIGHTS] * td_errors.pow(2)).mean()
 
 
-def tiny_spec(observation_space: gym.Space | None = OBS_SPACE, action_space: gym.Space | None = ACT_SPACE) -> RLModuleSpec:
+def tiny_spec(
+    observation_space: gym.Space | None = OBS_SPACE, action_space: gym.Space | None = ACT_SPACE
+) -> RLModuleSpec:
     return RLModuleSpec(module_class=TinyQModule, observation_space=observation_space, action_space=action_space)
 
 
@@ -294,7 +297,11 @@ def off_policy_datamodule(**kwargs: Any) -> OffPolicyDataModule:
 
 
 def fit(
-    learner: OffPolicyLearner, datamodule: OffPolicyDataModule, tmp_path: Path, ckpt_path: str | None = None, **trainer_kwargs: Any
+    learner: OffPolicyLearner,
+    datamodule: OffPolicyDataModule,
+    tmp_path: Path,
+    ckpt_path: str | None = None,
+    **trainer_kwargs: Any,
 ) -> Trainer:
     trainer = make_trainer(tmp_path, **{"num_sanity_val_steps": 0, "limit_val_batches": 0, **trainer_kwargs})
     trainer.fit(learner, datamodule=datamodule, ckpt_path=ckpt_path)
@@ -392,11 +399,57 @@ def test_resumed_run_without_the_buffer_refills_it_before_learning_again(tmp_pat
         ({"replay_buffer_capacity": 0}, "replay_buffer_capacity"),
         ({"prioritized_replay": True, "prioritized_replay_alpha": -1.0}, "alpha"),
         ({"prioritized_replay_beta": [[0, -1.0]]}, "prioritized_replay_beta"),
+        ({"cycles_per_item": 0}, "cycles_per_item"),
+        ({"cycles_per_item": 1.5}, "cycles_per_item"),
     ],
 )
 def test_off_policy_settings_of_the_datamodule_are_validated(kwargs: dict[str, Any], match: str):
     with pytest.raises(ValueError, match=match):
         off_policy_datamodule(**kwargs)
+
+
+def _dqn_fit(tmp_path: Path, cycles_per_item: int, **data_kwargs: Any) -> tuple[DQNLearner, Trainer, RecordItems]:
+    """A seeded DQN fit whose schedules, target syncs and learning start fall inside items of several cycles."""
+    seed_everything(0)
+    learner = DQNLearner(
+        model_config={"fcnet_hiddens": [16]}, minibatch_size=8, gradient_steps=2, epsilon=[[0, 1.0], [60, 0.1]],
+        target_network_update_freq=3,
+    )  # fmt: skip
+    settings = {"learning_starts": 10, "max_env_steps": 90, "rollouts_per_epoch": 5, "cycles_per_item": cycles_per_item}
+    datamodule = off_policy_datamodule(**{**settings, **data_kwargs})
+    record = RecordItems()
+    trainer = fit(learner, datamodule, tmp_path / str(cycles_per_item), callbacks=[record], max_epochs=-1)
+    return learner, trainer, record
+
+
+@pytest.mark.parametrize("random_warm_up", [True, False])
+def test_items_of_several_cycles_train_the_same_weights_as_one_cycle_per_item(tmp_path: Path, random_warm_up: bool):
+    """cycles_per_item=3: each cycle acts with the weights after the previous cycle's gradient steps.
+
+    90 env steps in cycles of 4: 23 cycles; items of 3 cycles end early at the budget (8 items).
+    Learning starts in the middle of the first item, epsilon anneals and the target syncs every
+    3 gradient steps, so a cycle sampled with stale weights or timesteps would change the weights.
+    """
+    options = {"random_actions_before_learning_starts": random_warm_up}
+    one, one_trainer, one_record = _dqn_fit(tmp_path, 1, **options)
+    three, three_trainer, three_record = _dqn_fit(tmp_path, 3, **options)
+    assert len(one_record.items) == 23 and len(three_record.items) == 8
+    assert [item.timesteps["num_env_steps_sampled_lifetime"] for item in three_record.items] == list(range(4, 93, 12))
+    assert (
+        three_trainer.datamodule.num_env_steps_sampled_lifetime == one_trainer.datamodule.num_env_steps_sampled_lifetime
+    )
+    assert three.weights_seq_no == one.weights_seq_no == 2 * 21  # learning starts at the third cycle
+    assert three_trainer.global_step == one_trainer.global_step
+    for name, value in one.state_dict().items():
+        assert torch.equal(value, three.state_dict()[name]), name
+    assert len(three_trainer.datamodule.replay_buffer) == len(one_trainer.datamodule.replay_buffer) == 92
+
+
+def test_an_item_of_several_cycles_logs_its_last_cycle(tmp_path: Path):
+    _, trainer, record = _dqn_fit(tmp_path, 3, max_env_steps=48)
+    assert [item.next_cycle is not None for item in record.items] == [True] * 4
+    assert trainer.callback_metrics["env_runners/num_env_steps_sampled_lifetime"].item() == 48
+    assert trainer.callback_metrics["step"].item() == 48
 
 
 def test_an_on_policy_datamodule_has_no_replay_buffer():

@@ -8,7 +8,7 @@ lifetime counters that drive schedules and the sampling statistics to log.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 # The update settings an item may set for its own update (``LearnerGroup`` does).
@@ -113,12 +113,19 @@ class TrainItem:
         env_runners: Sampling statistics, logged as ``env_runners/{key}``.
         update_settings: ``num_epochs``, ``minibatch_size`` or ``shuffle_batch_per_epoch`` for
             this update alone, instead of the Learner's own.
+        next_cycle: For an item of several sampling cycles (``OffPolicyDataModule(cycles_per_item=k)``):
+            called after the update on this item's data, it samples the next cycle with the
+            weights that update left and returns it as an item of its own (with its own
+            ``next_cycle``), or ``None`` when the item has no more cycles. ``training_step``
+            takes one update per cycle, in order, so Lightning's loop, logging and callbacks
+            are paid once per item. ``None`` (the default): the item is one cycle.
     """
 
     data: TrainingData = dataclasses.field(default_factory=TrainingData)
     timesteps: Mapping[str, float] = dataclasses.field(default_factory=dict)
     env_runners: Mapping[str, float] = dataclasses.field(default_factory=dict)
     update_settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    next_cycle: Callable[[], TrainItem | None] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.data, TrainingData):

@@ -52,6 +52,7 @@ OFF_POLICY_ARGUMENTS = (
     "prioritized_replay_beta",
     "prioritized_replay_eps",
     "train_freq",
+    "cycles_per_item",
     "learning_starts",
     "random_actions_before_learning_starts",
     "checkpoint_replay_buffer",

@@ -1,7 +1,9 @@
 """``OffPolicyDataModule``: env steps added to a replay buffer that off-policy Learners sample.
 
 Each train item adds ``train_freq`` new env steps (per rank) to this rank's replay buffer and
-hands the buffer to the Learner, which samples its minibatches from it:
+hands the buffer to the Learner, which samples its minibatches from it (with
+``cycles_per_item=k``, an item holds k such cycles, each sampled after the Learner trained on
+the one before):
 ``TrainItem(TrainingData(replay=buffer), timesteps={...}, env_runners={...})``, with
 ``replay=None`` until the buffers hold ``learning_starts`` env steps (the Learner then takes
 no gradient step, but its schedules still move). Sampling, evaluation, counters and
@@ -11,7 +13,9 @@ only with ``checkpoint_replay_buffer``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import gymnasium as gym
@@ -46,8 +50,18 @@ class OffPolicyDataModule(EnvDataModule):
         prioritized_replay_beta: The importance-weight exponent: a number or a schedule over
             env steps (usually annealed to 1).
         prioritized_replay_eps: Added to each ``|td_error|`` so no row's priority is zero.
-        train_freq: Env steps added to the buffer per train item (per rank; a multiple of
-            ``num_envs``).
+        train_freq: Env steps added to the buffer per cycle (per rank; a multiple of
+            ``num_envs``); a train item is one cycle unless ``cycles_per_item`` says more.
+        cycles_per_item: ``train_freq`` cycles per train item (opt-in; default 1). Each cycle
+            adds ``train_freq`` env steps and the Learner then takes its ``gradient_steps``,
+            so the env steps of a cycle act with the weights after the previous cycle's
+            gradient steps, exactly as with one cycle per item (and as Stable-Baselines3
+            does): a seeded run trains the same weights. What changes is the bookkeeping
+            per item: Lightning's loop, logging, progress bar and callbacks run once per k
+            cycles (worth it when a cycle is cheap, e.g. SAC's 1 env step + 1 gradient step);
+            ``rollouts_per_epoch``, ``log_every_n_steps``, ``max_steps`` and checkpoint
+            intervals in train steps count items of k cycles; an item logs its last cycle's
+            results. The last item ends early at ``max_env_steps``.
         learning_starts: Env steps (over all ranks) in the buffers before the Learner gets
             replay; until then items carry ``replay=None``.
         random_actions_before_learning_starts: Act uniformly at random until learning starts
@@ -74,6 +88,7 @@ class OffPolicyDataModule(EnvDataModule):
         prioritized_replay_beta: ScheduleSetting = 0.4,
         prioritized_replay_eps: float = 1e-6,
         train_freq: int = 1,
+        cycles_per_item: int = 1,
         learning_starts: int = 1000,
         random_actions_before_learning_starts: bool = True,
         checkpoint_replay_buffer: bool = False,
@@ -82,6 +97,7 @@ class OffPolicyDataModule(EnvDataModule):
         refuse_arguments_of("OnPolicyDataModule", ON_POLICY_ARGUMENTS, kwargs)
         check_int("replay_buffer_capacity", replay_buffer_capacity)
         check_int("train_freq", train_freq)
+        check_int("cycles_per_item", cycles_per_item)
         check_int("learning_starts", learning_starts, minimum=0)
         beta_schedule = Schedule(prioritized_replay_beta, name="prioritized_replay_beta")
         # The buffer checks alpha and eps; build one now so bad values fail at construction.
@@ -139,10 +155,20 @@ class OffPolicyDataModule(EnvDataModule):
         Returns:
             A ``TrainItem``: the replay buffer once learning started (``None`` before),
             ``{"num_env_steps_sampled_lifetime": sum over ranks}`` as timesteps, and
-            statistics over all ranks as ``env_runners``.
+            statistics over all ranks as ``env_runners``. With ``cycles_per_item > 1`` its
+            ``next_cycle`` samples the item's next cycle (see ``TrainItem.next_cycle``).
 
         Raises:
             RuntimeError: If the Trainer runs several processes without ``torch.distributed``.
+        """
+        return self._sample_cycle(cycles_left=self.hparams.cycles_per_item - 1)
+
+    def _sample_cycle(self, *, cycles_left: int) -> TrainItem:
+        """One cycle's item; its ``next_cycle`` samples the next while ``cycles_left`` and the budget last.
+
+        Every rank decides alike (the budget and the counter are global), so all ranks sample
+        the same cycles. A cycle that uses up ``max_env_steps`` stops the fit after this item,
+        as ``Rollouts`` does for an item's first cycle.
         """
         with self.acting_module() as acting:  # checked even while random actions stand in for it
             if self.hparams.random_actions_before_learning_starts and not self._learning_started():
@@ -154,7 +180,26 @@ class OffPolicyDataModule(EnvDataModule):
             buffer.beta = self._beta_schedule.value(self.num_env_steps_sampled_lifetime)
         replay = buffer if self._learning_started() else None
         timesteps = {NUM_ENV_STEPS_SAMPLED_LIFETIME: metrics[NUM_ENV_STEPS_SAMPLED_LIFETIME]}
-        return TrainItem(TrainingData(replay=replay), timesteps=timesteps, env_runners=metrics)
+        budget = self.hparams.max_env_steps
+        out_of_budget = budget is not None and self.num_env_steps_sampled_lifetime >= budget
+        next_cycle = None
+        if cycles_left > 0 and not out_of_budget:
+            next_cycle = partial(self._sample_cycle, cycles_left=cycles_left - 1)
+        elif out_of_budget and self.trainer is not None:
+            self.trainer.should_stop = True  # the update on this cycle still runs; then the fit ends (as Rollouts)
+        return TrainItem(TrainingData(replay=replay), timesteps=timesteps, env_runners=metrics, next_cycle=next_cycle)
+
+    def _rollouts_left(self) -> int:
+        """Train items in the next epoch: ``rollouts_per_epoch``, fewer when ``max_env_steps`` nears.
+
+        An item samples up to ``cycles_per_item * train_freq`` env steps per rank.
+        """
+        cycles = self.hparams.cycles_per_item
+        if self.hparams.max_env_steps is None or cycles == 1:
+            return super()._rollouts_left()
+        remaining = self.hparams.max_env_steps - self.num_env_steps_sampled_lifetime
+        per_item = cycles * self.env_steps_per_rollout * self.placement()[1]
+        return max(0, min(self.hparams.rollouts_per_epoch, math.ceil(remaining / per_item)))
 
     def state_dict(self) -> dict[str, Any]:
         """The sampling state (see ``EnvDataModule.state_dict``), plus ``"replay_buffer"``.
