@@ -373,17 +373,19 @@ class LightningHooksMixin:
         as the loggers' step, rather than through ``self.log`` one key at a time, which costs
         Lightning ~0.2 ms per key (~7 ms per item of ~35 keys: as much as a DQN item's 256 env
         steps). The progress bar's ``return`` and ``loss`` still go through ``self.log``. An
-        item without ``env_steps`` is logged through ``self.log`` at Lightning's own step.
+        item without ``env_steps`` (a plain batch) is written at Lightning's own step.
         """
         trainer = attached_trainer(self)
         last_item = trainer is not None and (batch_idx + 1 >= trainer.num_training_batches or trainer.should_stop)
         if not (last_item or trainer_writes_logs_now(trainer)):
             return
-        if env_steps is None or trainer is None or not write_step_metrics(trainer, metrics, env_steps):
+        if trainer is None or not write_step_metrics(trainer, metrics, env_steps):
             # The values are already reduced over ranks by the metrics logger.
             self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1, sync_dist=False)
             if env_steps is not None:
                 log_env_step(self, env_steps, on_step=True)
+        if trainer is not None and trainer.progress_bar_callback is None:
+            return  # the two values below are for the progress bar alone
         for name, key in (("return", TRAIN_RETURN_KEY), ("loss", f"{ALL_MODULES}/{TOTAL_LOSS_KEY}")):
             if key in metrics:
                 self.log(name, metrics[key], prog_bar=True, logger=False, on_step=True, batch_size=1)
