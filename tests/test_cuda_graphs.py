@@ -17,11 +17,16 @@ import pytest
 import torch
 from conftest import bc_spec, loader_of, random_batch
 from lightning.pytorch import Callback, Trainer
+from test_dqn import dqn_spec
 from test_ppo import ppo_batch, ppo_spec
+from test_sac import sac_spec
 
 from lightning_rl import ALL_MODULES, Columns
 from lightning_rl.algorithms.bc import BCLearner
-from lightning_rl.algorithms.dqn import DQNLearner
+from lightning_rl.algorithms.dqn import DQNLearner, DQNModule
+from lightning_rl.algorithms.sac import SACLearner, SACModule
+from lightning_rl.data import PrioritizedReplayBuffer, ReplayBuffer
+from lightning_rl.env.env_runner import EnvRunner
 from lightning_rl.algorithms.ppo import PPOLearner
 from lightning_rl.core.metrics import MetricsLogger
 from lightning_rl.core.train_item import TrainingData, TrainItem
@@ -180,6 +185,61 @@ def test_a_listener_to_the_per_step_hooks_keeps_the_steps_eager_and_says_why(tmp
     assert learner.step_runner.cuda_graphs.num_captured == 0
 
 
+def _replay_updates(learner: Any, buffer: Any, num_updates: int) -> None:
+    for update in range(num_updates):
+        learner.update_from_replay(buffer, timesteps={"num_env_steps_sampled_lifetime": 1000 + update})
+
+
+def _episodes(env_id: str, module: Any) -> list:
+    return EnvRunner(env_id, num_envs=2, rollout_fragment_length=150, seed=0).sample(module)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_dqn_steps_from_graphs_hand_their_td_errors_to_a_prioritized_replay_as_eager_steps_do():
+    probe = EnvRunner("CartPole-v1", num_envs=1, seed=0)
+    spaces = (probe.observation_space, probe.action_space)
+    episodes = _episodes("CartPole-v1", DQNModule(*spaces, {"fcnet_hiddens": [8]}))
+    eager, graphed = _pair(
+        lambda graphs: DQNLearner(
+            dqn_spec(*spaces, fcnet_hiddens=[32]), lr=1e-3, minibatch_size=32, gradient_steps=2,
+            target_network_update_freq=3, cuda_graphs=graphs,
+        )  # fmt: skip
+    )
+    buffers = []
+    for learner in (eager, graphed):
+        buffer = PrioritizedReplayBuffer(1000, seed=0)
+        buffer.add_episodes(episodes)
+        _replay_updates(learner, buffer, num_updates=8)
+        buffers.append(buffer)
+    for name, value in eager.module.state_dict().items():  # the target network too
+        torch.testing.assert_close(graphed.module.state_dict()[name], value, rtol=1e-4, atol=1e-5, msg=name)
+    np.testing.assert_allclose(buffers[1]._priorities, buffers[0]._priorities, rtol=1e-4, atol=1e-6)
+    assert graphed.step_runner.cuda_graphs.num_captured == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_sac_steps_from_graphs_with_three_optimizers_and_sampled_actions_equal_eager_steps():
+    probe = EnvRunner("Pendulum-v1", num_envs=1, seed=0)
+    spaces = (probe.observation_space, probe.action_space)
+    episodes = _episodes("Pendulum-v1", SACModule(*spaces, {"fcnet_hiddens": [8]}))
+    eager, graphed = _pair(
+        lambda graphs: SACLearner(
+            sac_spec(spaces[1], fcnet_hiddens=[32]), minibatch_size=32, gradient_steps=2, tau=0.05,
+            cuda_graphs=graphs,
+        )  # fmt: skip
+    )
+    for learner in (eager, graphed):
+        buffer = ReplayBuffer(1000, seed=0)
+        buffer.add_episodes(episodes)
+        torch.manual_seed(7)  # the actions SAC samples in its loss: the same draws for both
+        _replay_updates(learner, buffer, num_updates=6)
+    for name, value in eager.module.state_dict().items():
+        torch.testing.assert_close(graphed.module.state_dict()[name], value, rtol=1e-4, atol=1e-5, msg=name)
+    assert graphed.step_runner.cuda_graphs.num_captured == 1
+
+
 class _SyncingBCLearner(BCLearner):
     """A loss that reads a tensor on the host, which no CUDA graph can hold."""
 
@@ -212,9 +272,7 @@ def test_cuda_graphs_on_the_cpu_is_refused_naming_the_device():
         learner.update_from_batch(random_batch(32), minibatch_size=16)
 
 
-def test_off_policy_learners_and_torch_compile_refuse_cuda_graphs_at_construction():
-    with pytest.raises(ValueError, match="not supported by off-policy Learners yet.*record_td_errors"):
-        DQNLearner(cuda_graphs=True)
+def test_torch_compile_and_cuda_graphs_together_or_a_non_bool_are_refused_at_construction():
     with pytest.raises(ValueError, match="torch_compile and cuda_graphs together are not supported"):
         BCLearner(module_spec=bc_spec(), cuda_graphs=True, torch_compile=True)
     with pytest.raises(ValueError, match="cuda_graphs must be True or False"):

@@ -191,17 +191,17 @@ _STRATEGIES = {
     # Several minibatch steps per update, so that steps get past the warm-up and are captured.
     "cuda_graphs": ["--model.init_args.cuda_graphs", "true"],
 }
-# The off-policy Learners refuse cuda_graphs (their loss reports TD errors to the replay buffer;
-# tests/test_cuda_graphs.py checks the refusal on the CPU).
 _CUDA_GRAPHS_SIZES = {
     "ppo_cartpole.yaml": ["--model.init_args.num_epochs", "4", "--model.init_args.minibatch_size", "64"],
+    "sac_pendulum.yaml": ["--model.init_args.gradient_steps", "8"],
+    "dqn_cartpole.yaml": [],  # 128 gradient steps per train item
 }
 _CASES = [
     ("fsdp2", "ppo_cartpole.yaml"), ("fsdp2", "sac_pendulum.yaml"), ("fsdp2", "dqn_cartpole.yaml"),
     ("ddp", "ppo_cartpole.yaml"), ("ddp", "dqn_cartpole.yaml"),
     ("bf16-mixed", "ppo_cartpole.yaml"), ("bf16-mixed", "sac_pendulum.yaml"),
     ("torch_compile", "ppo_cartpole.yaml"), ("torch_compile", "dqn_cartpole.yaml"),
-    ("cuda_graphs", "ppo_cartpole.yaml"),
+    ("cuda_graphs", "ppo_cartpole.yaml"), ("cuda_graphs", "sac_pendulum.yaml"), ("cuda_graphs", "dqn_cartpole.yaml"),
 ]  # fmt: skip
 
 

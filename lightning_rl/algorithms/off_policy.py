@@ -16,7 +16,7 @@ Learner then takes an update without gradient steps, so its hooks still see the 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from functools import partial
 from typing import Any, ClassVar
 
@@ -33,6 +33,9 @@ from lightning_rl.data.prioritized_replay import PrioritizedReplayBuffer
 from lightning_rl.data.replay_n_step import BATCH_INDEXES, N_STEP, WEIGHTS
 from lightning_rl.data.uniform_replay import ReplayBuffer
 from lightning_rl.learner.learner import Learner
+
+# The key of a step's TD errors in ``StepRunner.step_outputs``: ``(TD_ERRORS, module_id)``.
+TD_ERRORS = "td_errors"
 
 __all__ = ["BATCH_INDEXES", "N_STEP", "WEIGHTS", "OffPolicyLearner", "bootstrap_discounts", "row_weights"]
 
@@ -64,7 +67,6 @@ class OffPolicyLearner(Learner):
         "minibatch_size": check_int,  # a replay minibatch has a size: no None, as the Learner allows
         "tau": partial(check_number, low=0, high=1, low_open=True),
         "target_network_update_freq": check_int,
-        "cuda_graphs": lambda name, value, *, where="": _refuse_cuda_graphs(value, where),
     }
 
     def __init__(
@@ -80,7 +82,10 @@ class OffPolicyLearner(Learner):
         **kwargs: Any,
     ) -> None:
         super().__init__(module_spec, minibatch_size=minibatch_size, **kwargs)
-        self._td_errors: dict[str, Tensor] = {}
+
+    def cuda_graph_key(self) -> Hashable:
+        """The off-policy losses read no Python number but constant hyperparameters: CUDA graphs last across updates."""
+        return ()
 
     def configure_callbacks(self) -> list[Callback]:
         """Adds ``TargetNetworkUpdate`` with this Learner's ``tau`` and update frequency."""
@@ -120,7 +125,11 @@ class OffPolicyLearner(Learner):
             module_id: The module whose minibatch the errors belong to.
             td_errors: ``[B]``, one per row, in the minibatch's order.
         """
-        self._td_errors[module_id] = td_errors.detach()
+        self.step_runner.step_outputs[(TD_ERRORS, module_id)] = td_errors.detach()
+
+    def _recorded_td_errors(self) -> dict[str, Tensor]:
+        """The TD errors the last gradient step recorded, by module."""
+        return {key[1]: value for key, value in self.step_runner.step_outputs.items() if key[0] == TD_ERRORS}
 
     def update_from_replay(self, replay: Any, *, timesteps: Mapping[str, float] | None = None) -> dict[str, dict[str, float]]:
         """Take ``gradient_steps`` gradient steps, each on a minibatch sampled from ``replay``.
@@ -153,20 +162,11 @@ class OffPolicyLearner(Learner):
         for _ in range(config.gradient_steps):
             sample = dict(replay.sample(config.minibatch_size, n_step=config.n_step, gamma=config.gamma))
             batch_indexes = sample.pop(BATCH_INDEXES)
-            self._td_errors.clear()
             self._update(self._prepare_batch({module_id: sample}), **update)
-            td_errors = self._td_errors.pop(module_id, None)
+            td_errors = self._recorded_td_errors().get(module_id)
             if td_errors is not None and _uses_priorities(replay):
                 replay.update_priorities(batch_indexes, td_errors.float().cpu().numpy())
         return self.metrics.reduce()
-
-
-def _refuse_cuda_graphs(cuda_graphs: bool, where: str) -> None:
-    if cuda_graphs:
-        raise ValueError(
-            f"{where}: cuda_graphs=True is not supported by off-policy Learners yet: their loss hands each step's TD "
-            "errors to the replay buffer (record_td_errors), which a replayed CUDA graph would not do again"
-        )
 
 
 def _uses_priorities(replay: Any) -> bool:

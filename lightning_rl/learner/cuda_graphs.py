@@ -21,8 +21,9 @@ for ``StepRunner`` and keeps the step's meaning:
   norms (forward, loss, backward, ``postprocess_gradients``), and one per optimizer for its
   step. The norms are read between them (one device sync per step, as the eager step has),
   and an optimizer whose gradients hold a NaN or infinity does not step.
-- **Metrics.** Values logged during the step are recorded at capture and logged again from
-  each replay's results (``MetricsLogger.recording``).
+- **Metrics and outputs.** Values logged during the step are recorded at capture and logged
+  again from each replay's results (``MetricsLogger.recording``); tensors the step hands back
+  (``StepRunner.step_outputs``: an off-policy loss's TD errors) are handed back from each replay.
 - **Learning rates.** Optimizers are made capturable, and Adam's and AdamW's learning rates
   become device tensors that schedules fill in place, so a schedule reaches the replays.
   Their checkpoints hold plain numbers, as an eager Learner's do.
@@ -34,7 +35,8 @@ for ``StepRunner`` and keeps the step's meaning:
   replaced (a checkpoint loaded, a module added), the graphs are dropped and captured again.
 
 Refused with an error naming the reason: a Learner not on a CUDA device, and several ranks
-(DDP, FSDP2), whose collective calls a graph does not capture here.
+(DDP, FSDP2), whose collective calls a graph does not capture here. A step that cannot be
+captured (a loss that reads a tensor on the host) stays eager for its shape, with a warning.
 """
 
 from __future__ import annotations
@@ -92,6 +94,7 @@ class _CapturedGradients:
     norms: torch.Tensor | None
     logged: RecordedValues
     losses: dict[str, torch.Tensor]
+    step_outputs: dict[Hashable, torch.Tensor]
 
 
 @dataclasses.dataclass
@@ -278,7 +281,9 @@ class GraphedSteps:
                 with _capturing_into(step_graph):
                     optimizer.step()
                 self._optimizer_steps[optimizer] = _CapturedOptimizerStep(step_graph, pointers)
-        return _CapturedGradients(inputs, graph, gradient_pass.to_step, gradient_pass.norms, logged, losses)
+        return _CapturedGradients(
+            inputs, graph, gradient_pass.to_step, gradient_pass.norms, logged, losses, dict(runner.step_outputs)
+        )
 
     def _replay(self, captured: _CapturedGradients) -> bool:
         runner = self._runner
@@ -286,6 +291,8 @@ class GraphedSteps:
         for param, grad in self._grads.items():
             param.grad = grad  # what an eager step leaves for code that reads the gradients afterwards
         runner.learner.metrics.log_recorded(captured.logged)
+        # Copies: the next replay overwrites the captured tensors before the Learner may be done with them.
+        runner.step_outputs = {key: value.clone() for key, value in captured.step_outputs.items()}
         any_stepped = False
         norms = captured.norms.tolist() if captured.norms is not None else []
         for (module_id, optimizer), norm in zip(captured.to_step, norms):

@@ -164,6 +164,9 @@ class StepRunner:
             ``None`` outside updates and on a single rank.
         non_finite: Optimizer steps skipped for non-finite gradients.
         weights_seq_no: Minibatch steps that changed the weights, over the Learner's life.
+        step_outputs: Tensors the last minibatch step handed back to the Learner (e.g. an
+            off-policy loss's TD errors, for prioritized replay), by key; emptied when a step
+            starts. Through this dict, a step replayed from a CUDA graph hands them back too.
     """
 
     def __init__(
@@ -191,6 +194,7 @@ class StepRunner:
         self.modules_in_update: set[str] | None = None
         self.non_finite = NonFiniteSteps()
         self.weights_seq_no = 0
+        self.step_outputs: dict[Hashable, torch.Tensor] = {}
 
     # ------------------------------------------------------------------------------------
     # Set-up: what is compiled, and how the running Trainer takes a step
@@ -421,6 +425,7 @@ class StepRunner:
             The losses per module (and ``ALL_MODULES``' total).
         """
         learner = self._learner
+        self.step_outputs = {}
         if self.sharding_mesh is not None:
             # All modules are one FSDP unit, so any pass of it gathers the same weights: the
             # modules this rank has rows of run (none, on a rank without rows). Then the unit's
