@@ -404,3 +404,54 @@ def test_env_kwargs_and_string_wrappers() -> None:
         episodes = runner.sample(module_for(runner))
     assert all(len(episode) <= 5 for episode in episodes)
     assert any(episode.is_truncated for episode in episodes)
+
+
+class CoinLengthEnv(gym.Env):
+    """Episodes of 1 or 40 steps, a fair coin of the env's seeded RNG at each reset; reward 1 a step."""
+
+    def __init__(self) -> None:
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.length = self.t = 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self.length, self.t = (1, 40)[int(self.np_random.integers(2))], 0
+        return np.array([self.length, 0], np.float32), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        self.t += 1
+        return np.array([self.length, self.t], np.float32), 1.0, self.t >= self.length, False, {}
+
+
+@pytest.mark.parametrize("num_envs", [1, 4, 32])
+def test_sample_episodes_mean_is_sequential_plays_whatever_the_number_of_envs(num_envs: int) -> None:
+    # Keeping the first episodes to *end* favoured short ones: 32 envs read ~10 where sequential
+    # play reads ~20.5. Each evaluation now plays the first num_episodes to *start*, whole.
+    with EnvRunner(CoinLengthEnv, num_envs=num_envs, rollout_fragment_length=16, seed=3) as runner:
+        module = module_for(runner)
+        lengths = [len(episode) for _ in range(10) for episode in runner.sample_episodes(module, 32)]
+    assert len(lengths) == 320 and set(lengths) == {1, 40}
+    assert abs(np.mean(lengths) - 20.5) < 3.5, np.mean(lengths)  # the mean of 1 and 40; sd of the mean ~1.1
+
+
+def test_sample_episodes_keeps_the_first_episodes_to_start() -> None:
+    # Each copy's episodes are numbered (obs[1]) and their lengths known: the episodes kept are
+    # exactly the first 8 to start (ties by env index), not the first 8 to end.
+    with counting_runner(num_envs=3, rollout_fragment_length=4) as runner:
+        module = module_for(runner)
+        episodes = runner.sample_episodes(module, 8)
+    tags = sorted({int(episode.observations[0, 0]) for episode in episodes})
+    starts = []
+    for tag in tags:
+        start = 0
+        first = int(min(episode.observations[0, 1] for episode in episodes if episode.observations[0, 0] == tag))
+        for number in range(first, first + 8):
+            starts.append((start, tag, number))
+            start += min(CountingEnv.terminal_step(tag, number), MAX_STEPS)
+    assert len(episodes) == 8
+    for episode in episodes:
+        check_chunk(episode)
+        assert episode.is_done and episode.t_started == 0
+    kept = {(int(episode.observations[0, 0]), int(episode.observations[0, 1])) for episode in episodes}
+    assert kept == {(tag, number) for _, tag, number in sorted(starts)[:8]}

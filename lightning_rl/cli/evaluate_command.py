@@ -43,6 +43,7 @@ from lightning_rl.core.spaces import space_to_dict
 from lightning_rl.data.evaluation_video import encode_gif
 from lightning_rl.env.env_factory import make_env, resolve_env, resolve_wrappers
 from lightning_rl.env.episode import SingleAgentEpisode
+from lightning_rl.env.episode_quota import EpisodeQuota
 from lightning_rl.env.frame_recorder import EpisodeFrameRecorder, env_kwargs_for_video
 from lightning_rl.policy.loading import read_policy_checkpoint
 from lightning_rl.policy.policy import Policy
@@ -360,8 +361,8 @@ def run_episodes(
         obs = stored(env.reset(seed=first_seed + episode)[0])
         episodes[episode].add_env_reset(obs)
         observations.append(obs)
-    next_episode = len(envs)
-    playing = list(range(len(envs)))
+    quota = EpisodeQuota(num_episodes, len(envs))
+    playing = quota.envs
     actor.start_episodes(playing)
     while playing:
         actions = actor.act(np.stack([observations[index] for index in playing]), playing)
@@ -376,9 +377,9 @@ def run_episodes(
             if terminated or truncated:
                 kept[episode_of[index]] = keep(episodes[episode_of[index]])
                 episodes[episode_of[index]] = None
-                if next_episode == num_episodes:
+                if not quota.end(index):
                     continue
-                episode_of[index], next_episode = next_episode, next_episode + 1
+                episode_of[index] = quota.started - 1
                 obs = stored(envs[index].reset(seed=first_seed + episode_of[index])[0])
                 episodes[episode_of[index]].add_env_reset(obs)
                 restarted.append(index)

@@ -20,9 +20,10 @@ import numpy as np
 
 from lightning_rl.core.arguments import check_int, is_int
 from lightning_rl.core.rl_modules import MultiRLModule, RLModule
-from lightning_rl.env.closes_once import ClosesOnce
-from lightning_rl.env.multi_agent_episode import AgentID, ModuleID, MultiAgentEpisode
 from lightning_rl.env.agent_acting import AgentActing
+from lightning_rl.env.closes_once import ClosesOnce
+from lightning_rl.env.episode_quota import EpisodeQuota
+from lightning_rl.env.multi_agent_episode import AgentID, ModuleID, MultiAgentEpisode
 from lightning_rl.env.multi_agent_rollout import EnvCopy, EpisodeRecord, check_agent_spaces, step_copies
 from lightning_rl.env.pettingzoo_env import PettingZooEnvCreator, make_pettingzoo_env
 from lightning_rl.env.policy_mapping import PolicyMappingFn, module_spaces, resolve_policy_mapping_fn
@@ -250,20 +251,16 @@ class MultiAgentEnvRunner(ClosesOnce):
             self._full_reset()
             # Exactly num_episodes games are started and every one is played to its end: keeping
             # the first ones to finish instead would over-weight short games (quick blunders).
-            active = list(range(min(self.num_envs, num_episodes)))
-            started = len(active)
-            while active:
+            quota = EpisodeQuota(num_episodes, self.num_envs)
+            while not quota.done:
+                active = quota.envs
                 copies = [self._copies[index] for index in active]
                 ended = step_copies(copies, self._acting_for(module), explore=explore)
                 for position, _ in ended:
                     index = active[position]
                     finished.append(self._copies[index].episode.to_numpy())
-                    if started < num_episodes:
+                    if quota.end(index):
                         self._copies[index].reset(seed=None)
-                        started += 1
-                for position in sorted((position for position, _ in ended), reverse=True):
-                    if self._copies[active[position]].episode.is_done:
-                        del active[position]
         finally:
             for copy in self._copies:
                 copy.mapping_fn = self.policy_mapping_fn
