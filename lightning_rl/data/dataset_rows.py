@@ -39,7 +39,7 @@ from lightning_rl.connectors.episodes import segmented_discounted_sum
 from lightning_rl.core.columns import Columns
 from lightning_rl.core.observation_layout import ARRAY_SPACES
 from lightning_rl.core.sequences import sequence_layout
-from lightning_rl.data.minari_io import datasets_root, require_minari
+from lightning_rl.data.minari_io import datasets_root, recover_interrupted_writes, require_minari
 
 #: The columns a dataset row can have (``value_targets`` only when a discount is given).
 DATASET_COLUMNS = (
@@ -69,6 +69,7 @@ def open_dataset(dataset_id: str) -> Any:
             ids and how to make one), or if its metadata or data file cannot be read.
     """
     minari = require_minari()
+    recover_interrupted_writes(datasets_root())  # a replacement killed between its renames
     _check_spaces_are_stored(dataset_id)
     try:
         return minari.load_dataset(dataset_id, download=False)
