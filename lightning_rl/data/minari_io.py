@@ -60,7 +60,10 @@ def recover_interrupted_writes(root: Path) -> list[str]:
     done = []
     for entry in sorted(os.scandir(root), key=lambda entry: entry.name):
         if entry.name.startswith(SWAP_PREFIX) and writer_is_gone(entry.name, SWAP_PREFIX):
-            done.append(_finish_swap(Path(entry.path)))
+            try:
+                done.append(_finish_swap(Path(entry.path)))
+            except OSError as error:  # another process finishing the same swap got there first
+                done.append(f"left {entry.path}: {error}")
     for entry in os.scandir(root):
         if any(writer_is_gone(entry.name, prefix) for prefix in (WRITING_PREFIX, REPLACED_PREFIX)):
             shutil.rmtree(entry.path, ignore_errors=True)
