@@ -170,7 +170,9 @@ def test_extra_model_outputs_match_the_policy() -> None:
             logits = module.forward_exploration({Columns.OBS: torch.as_tensor(episode.observations[:-1])})[
                 Columns.ACTION_DIST_INPUTS
             ]
-        np.testing.assert_allclose(episode.extra_model_outputs[Columns.ACTION_DIST_INPUTS], logits.numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            episode.extra_model_outputs[Columns.ACTION_DIST_INPUTS], logits.numpy(), rtol=1e-5, atol=1e-6
+        )
         logp = torch.log_softmax(logits, -1).gather(1, torch.as_tensor(episode.actions)[:, None])[:, 0]
         np.testing.assert_allclose(episode.extra_model_outputs[Columns.ACTION_LOGP], logp.numpy(), rtol=1e-5, atol=1e-6)
         assert episode.actions.dtype == np.int64
@@ -180,7 +182,9 @@ def test_greedy_sampling_takes_the_most_likely_action() -> None:
     with counting_runner() as runner:
         episodes = runner.sample(module_for(runner), explore=False)
     for episode in episodes:
-        np.testing.assert_array_equal(episode.actions, episode.extra_model_outputs[Columns.ACTION_DIST_INPUTS].argmax(-1))
+        np.testing.assert_array_equal(
+            episode.actions, episode.extra_model_outputs[Columns.ACTION_DIST_INPUTS].argmax(-1)
+        )
 
 
 class FixedActionModule(BCModule):
@@ -194,7 +198,9 @@ class FixedActionModule(BCModule):
 
 def test_module_actions_and_other_outputs_are_used_and_recorded() -> None:
     with counting_runner() as runner:
-        module = RLModuleSpec(FixedActionModule, runner.observation_space, runner.action_space, {"fcnet_hiddens": [4]}).build()
+        module = RLModuleSpec(
+            FixedActionModule, runner.observation_space, runner.action_space, {"fcnet_hiddens": [4]}
+        ).build()
         episodes = runner.sample(module)
     for episode in episodes:
         assert (episode.actions == 1).all()
@@ -216,7 +222,9 @@ class FailingModule(BCModule):
 
 def test_an_error_mid_rollout_changes_no_counters_and_restarts_the_episodes() -> None:
     with counting_runner(rollout_fragment_length=4) as runner:
-        module = RLModuleSpec(FailingModule, runner.observation_space, runner.action_space, {"fcnet_hiddens": [4]}).build()
+        module = RLModuleSpec(
+            FailingModule, runner.observation_space, runner.action_space, {"fcnet_hiddens": [4]}
+        ).build()
         with pytest.raises(RuntimeError, match="boom"):
             runner.sample(module)
         assert runner.get_state()["num_env_steps_sampled_lifetime"] == 0
@@ -252,8 +260,11 @@ def test_infos_are_recorded_per_step_when_the_env_returns_some(vectorize_mode: s
 def test_infos_of_a_string_wrapper_arrive_at_the_end_of_episodes() -> None:
     # RecordEpisodeStatistics puts {"episode": {...}} only into the info of the final step.
     with EnvRunner(
-        "CartPole-v1", wrappers=["gymnasium.wrappers.RecordEpisodeStatistics"], num_envs=2,
-        rollout_fragment_length=60, seed=0,
+        "CartPole-v1",
+        wrappers=["gymnasium.wrappers.RecordEpisodeStatistics"],
+        num_envs=2,
+        rollout_fragment_length=60,
+        seed=0,
     ) as runner:
         episodes = runner.sample(module_for(runner))
     done = [episode for episode in episodes if episode.is_done]
@@ -398,8 +409,12 @@ def test_bad_arguments_are_named(kwargs: dict[str, Any], match: str) -> None:
 
 def test_env_kwargs_and_string_wrappers() -> None:
     with EnvRunner(
-        "CartPole-v1", env_kwargs={"max_episode_steps": 5}, wrappers=["gymnasium.wrappers.FlattenObservation"],
-        num_envs=1, rollout_fragment_length=12, seed=0,
+        "CartPole-v1",
+        env_kwargs={"max_episode_steps": 5},
+        wrappers=["gymnasium.wrappers.FlattenObservation"],
+        num_envs=1,
+        rollout_fragment_length=12,
+        seed=0,
     ) as runner:
         episodes = runner.sample(module_for(runner))
     assert all(len(episode) <= 5 for episode in episodes)

@@ -51,6 +51,7 @@ from lightning_rl.policy.policy import Policy
 #: The first episode's video, in ``--video_dir``.
 VIDEO_FILE_NAME = "evaluation-episode-0.gif"
 
+
 class Actor(Protocol):
     """What plays :func:`run_episodes`' envs: a policy (:class:`PolicyActor`) or random actions.
 

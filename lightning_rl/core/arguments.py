@@ -35,7 +35,9 @@ def is_int(value: Any) -> bool:
     return not isinstance(value, bool) and isinstance(value, (int, np.integer))
 
 
-def check_int(name: str, value: Any, *, minimum: int = 1, optional: bool = False, where: str = "", hint: str = "") -> None:
+def check_int(
+    name: str, value: Any, *, minimum: int = 1, optional: bool = False, where: str = "", hint: str = ""
+) -> None:
     """Raise unless ``value`` is an int ``>= minimum`` (or ``None``, when ``optional``).
 
     Args:

@@ -499,7 +499,10 @@ class SequenceStream:
         rows = torch.where(real, self._first_row[ids, None] + offsets, 0).reshape(-1)
         episode_rows = self._episode_rows()
         taken = episode_rows.take(rows, self.columns)
-        out = {column: _zero_where_not(values.reshape(count, steps, *values.shape[1:]), real) for column, values in taken.items()}
+        out = {
+            column: _zero_where_not(values.reshape(count, steps, *values.shape[1:]), real)
+            for column, values in taken.items()
+        }
         has_previous = real & ~self._starts_episode[rows].reshape(count, steps)
         previous = episode_rows.take((rows - 1).clamp(min=0), [Columns.ACTIONS, Columns.REWARDS])
         for column, source in ((Columns.PREV_ACTIONS, Columns.ACTIONS), (Columns.PREV_REWARDS, Columns.REWARDS)):

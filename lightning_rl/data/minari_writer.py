@@ -59,7 +59,9 @@ from lightning_rl.data.minari_io import (
 from lightning_rl.env.episode import SingleAgentEpisode
 
 # Minari warns about every optional metadata field left out; these say nothing about the data.
-_METADATA_WARNINGS = r"^`(code_permalink|author|author_email|eval_env|algorithm_name|description)` is set to None|^env_spec is None"
+_METADATA_WARNINGS = (
+    r"^`(code_permalink|author|author_email|eval_env|algorithm_name|description)` is set to None|^env_spec is None"
+)
 # Keyword arguments of ``gym.make`` that are fields of an ``EnvSpec``, not arguments of the env.
 _MAKE_SETTINGS = ("max_episode_steps", "disable_env_checker")
 

@@ -193,8 +193,13 @@ class EnvRunner(ClosesOnce):
             env_kwargs, wrappers = env_kwargs_for_video(env, env_kwargs), [*wrappers, EpisodeFrameRecorder]
         restart = settings.restart_failed_sub_environments
         build = functools.partial(
-            make_vector_env, env, env_kwargs, wrappers, self.num_envs,
-            self.vectorize_mode, restart_failed_sub_environments=restart,
+            make_vector_env,
+            env,
+            env_kwargs,
+            wrappers,
+            self.num_envs,
+            self.vectorize_mode,
+            restart_failed_sub_environments=restart,
             # EnvPool seeds its envs when the pool is made: with the first reset's seed, that
             # reset needs no second pool.
             seed=self.seed if self.vectorize_mode == "envpool" else None,
@@ -460,8 +465,15 @@ class EnvRunner(ClosesOnce):
         if self._acting is None or self._acting.module is not module:
             self._acting = Acting(module, self.num_envs)
         buffers, steps_done = run_rollout(
-            self._vector, self._acting, self._episodes, num_steps, explore=explore, nonfinite=self._nonfinite,
-            stop_after_episodes=stop_after_episodes, normalization=self.normalization, training=training,
+            self._vector,
+            self._acting,
+            self._episodes,
+            num_steps,
+            explore=explore,
+            nonfinite=self._nonfinite,
+            stop_after_episodes=stop_after_episodes,
+            normalization=self.normalization,
+            training=training,
         )
         return cut_episodes(buffers, steps_done, self._episodes)
 
@@ -591,4 +603,3 @@ class EnvRunner(ClosesOnce):
             f"EnvRunner(num_envs={self.num_envs}, vectorize_mode={self.vectorize_mode!r}, "
             f"rollout_fragment_length={self.rollout_fragment_length}, seed={self.seed})"
         )
-

@@ -55,7 +55,6 @@ class EpisodeRecord:
     agent_modules: dict[AgentID, ModuleID]
 
 
-
 def check_agent_spaces(agent: AgentID, observation_space: gym.Space, action_space: gym.Space) -> None:
     """Refuse spaces the runner cannot stack into batches.
 

@@ -189,7 +189,9 @@ def _make_trainer(
     # One banner per process would be noise; the driver reports what matters.
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", message=".*(validation_step|val_dataloader|does not have many workers|LeafSpec).*")
+    warnings.filterwarnings(
+        "ignore", message=".*(validation_step|val_dataloader|does not have many workers|LeafSpec).*"
+    )
     return Trainer(
         accelerator=accelerator,
         devices=world_size,
