@@ -38,3 +38,14 @@ def test_evaluation_envs_are_capped_at_the_episodes_a_rank_plays():
         assert data.sampling.eval_runner.num_envs == 3
     finally:
         data.teardown("fit")
+
+
+@pytest.mark.parametrize("command", ["evaluate", "record"])
+def test_the_commands_refuse_an_env_count_past_the_ceiling_in_one_line(command, capsys):
+    from lightning_rl.cli import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main([command, "--num_envs", "1000000000", "--ckpt_path", ".", "--dataset_id", "x/y-v0"])
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and f"expected an int at most MAX_NUM_ENVS = {MAX_NUM_ENVS}" in error, error

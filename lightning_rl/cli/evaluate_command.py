@@ -354,8 +354,9 @@ def run_episodes(
     """
     # Copies: some envs return one array object at every step.
     stored = ObservationLayout(envs[0].observation_space).flatten_one
-    kept: list[Any] = [None] * num_episodes
-    episodes: list[SingleAgentEpisode | None] = [SingleAgentEpisode() for _ in range(num_episodes)]
+    kept: list[Any] = []
+    # Only the episodes being played are held: one per env, made as each starts.
+    episodes: dict[int, SingleAgentEpisode] = {index: SingleAgentEpisode() for index in range(len(envs))}
     episode_of = list(range(len(envs)))  # the episode each env plays
     observations = []
     for env, episode in zip(envs, episode_of):
@@ -376,11 +377,11 @@ def run_episodes(
                 obs, np.array(action), float(reward), terminated=terminated, truncated=truncated
             )
             if terminated or truncated:
-                kept[episode_of[index]] = keep(episodes[episode_of[index]])
-                episodes[episode_of[index]] = None
+                kept.append((episode_of[index], keep(episodes.pop(episode_of[index]))))
                 if not quota.end(index):
                     continue
                 episode_of[index] = quota.started - 1
+                episodes[episode_of[index]] = SingleAgentEpisode()
                 obs = stored(envs[index].reset(seed=first_seed + episode_of[index])[0])
                 episodes[episode_of[index]].add_env_reset(obs)
                 restarted.append(index)
@@ -391,7 +392,7 @@ def run_episodes(
         if restarted:
             actor.start_episodes(restarted)
         playing = still_playing
-    return kept
+    return [value for _, value in sorted(kept, key=lambda pair: pair[0])]
 
 
 def _return_and_length(episode: SingleAgentEpisode) -> tuple[float, int]:
