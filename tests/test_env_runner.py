@@ -470,3 +470,20 @@ def test_sample_episodes_keeps_the_first_episodes_to_start() -> None:
         assert episode.is_done and episode.t_started == 0
     kept = {(int(episode.observations[0, 0]), int(episode.observations[0, 1])) for episode in episodes}
     assert kept == {(tag, number) for _, tag, number in sorted(starts)[:8]}
+
+
+def test_a_data_modules_evaluation_mean_is_sequential_plays() -> None:
+    # What eval/episode_return_mean (EarlyStopping, the "best" ModelCheckpoint) is computed from.
+    from lightning_rl.data import OnPolicyDataModule
+
+    lengths = {}
+    for num_envs in (1, 32):
+        data = OnPolicyDataModule(CoinLengthEnv, num_envs=num_envs, evaluation_num_episodes=32, seed=3)
+        try:
+            module = module_for(data.sampling.eval_runner)
+            lengths[num_envs] = [len(episode) for _ in range(8) for episode in data.sampling.evaluate(module)]
+        finally:
+            data.teardown("fit")
+    assert len(lengths[1]) == len(lengths[32]) == 256
+    assert abs(np.mean(lengths[32]) - np.mean(lengths[1])) < 5, (np.mean(lengths[1]), np.mean(lengths[32]))
+    assert abs(np.mean(lengths[32]) - 20.5) < 4
