@@ -38,6 +38,7 @@ class Faulty(JoinLeave):
                 raise RuntimeError("boom")
         observations, rewards, terminations, truncations, infos = super().step(actions)
         if self.faulty and self.t == 3:
+            self.faulty = self.fault != "nan_reward"  # once per full reset
             if self.fault == "nan_reward":
                 rewards["b"] = float("nan")
             if self.fault == "inf_obs":
@@ -88,3 +89,27 @@ def test_sample_timeout_s_is_checked_and_reaches_the_runners():
         assert data.train_runner.sample_timeout_s == 5.0
     finally:
         data.teardown("fit")
+
+
+def test_drop_episode_throws_a_nonfinite_episode_away_and_goes_on():
+    with MultiAgentEnvRunner(faulty("nan_reward"), num_envs=2, seed=0, on_nonfinite="drop_episode") as runner:
+        with pytest.warns(UserWarning, match=r"env copy 1, agent 'b', step 2 of its episode: the reward is nan"):
+            episodes = runner.sample(MODULE, num_env_steps=10, explore=False)
+        assert runner.num_nonfinite_env_steps >= 1
+        for episode in episodes:  # nothing NaN reaches the Learner
+            for agent_episode in episode.agent_episodes.values():
+                assert np.isfinite(agent_episode.rewards).all()
+        assert np.isfinite(runner.get_metrics()["episode_return_mean"])
+        with pytest.warns(UserWarning, match="dropped"):
+            evaluated = runner.sample_episodes(MODULE, num_episodes=4)
+        assert len(evaluated) == 4  # others played in the dropped ones' place
+        assert all(episode.is_done for episode in evaluated)
+    with pytest.raises(ValueError, match="on_nonfinite must be one of"):
+        MultiAgentEnvRunner(JoinLeave, on_nonfinite="ignore")
+
+
+def test_an_evaluation_that_drops_more_episodes_than_it_plays_is_an_error():
+    runner = MultiAgentEnvRunner(faulty("inf_obs"), num_envs=2, seed=0, on_nonfinite="drop_episode")
+    # Copy 1 returns inf in every episode: its games are dropped one after another.
+    with runner, pytest.warns(UserWarning), pytest.raises(NonFiniteEnvError, match=r"evaluation dropped 5 episodes"):
+        runner.sample_episodes(MODULE, num_episodes=4)

@@ -237,7 +237,13 @@ class EnvCopy:
         return np.array(observation), None
 
 
-def step_copies(copies: list[EnvCopy], acting: AgentActing, *, explore: bool) -> list[tuple[int, EpisodeRecord]]:
+def step_copies(
+    copies: list[EnvCopy],
+    acting: AgentActing,
+    *,
+    explore: bool,
+    dropped: list[tuple[int, NonFiniteEnvError]] | None = None,
+) -> list[tuple[int, EpisodeRecord]]:
     """Take one env step in every copy: one forward pass per module over all rows mapped to it.
 
     Args:
@@ -247,6 +253,9 @@ def step_copies(copies: list[EnvCopy], acting: AgentActing, *, explore: bool) ->
             ``DEFAULT_MODULE_ID``. A copy's agents start afresh when its episode is a new one;
             each agent's reward (its agent episode's) goes back to it after the step.
         explore: Sample actions (``forward_exploration``) or take the most likely ones.
+        dropped: ``None`` to raise a copy's ``NonFiniteEnvError``; a list to drop the episode
+            instead (``on_nonfinite="drop_episode"``): the copy starts a new one, and ``(copy
+            index, error)`` is appended.
 
     Returns:
         ``(copy index, record)`` of each copy whose episode ended in this step.
@@ -273,7 +282,14 @@ def step_copies(copies: list[EnvCopy], acting: AgentActing, *, explore: bool) ->
             extras[index][agent] = {key: value[row] for key, value in out.items()}
     ended = []
     for index, copy in enumerate(copies):
-        record = copy.step(actions[index], env_actions[index], extras[index])
+        try:
+            record = copy.step(actions[index], env_actions[index], extras[index])
+        except NonFiniteEnvError as error:
+            if dropped is None:
+                raise
+            dropped.append((index, error))
+            copy.reset(seed=None)  # the episode is thrown away; a NaN in the reset itself raises
+            continue
         if record is not None:
             ended.append((index, record))
     if acting.stateful:

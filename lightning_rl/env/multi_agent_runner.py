@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 from collections import deque
 from collections.abc import Mapping
 from typing import Any
@@ -23,10 +24,12 @@ from lightning_rl.core.arguments import check_int, check_num_envs, check_number,
 from lightning_rl.core.rl_modules import MultiRLModule, RLModule
 from lightning_rl.env.agent_acting import AgentActing
 from lightning_rl.env.closes_once import ClosesOnce
+from lightning_rl.env.env_errors import NonFiniteEnvError
 from lightning_rl.env.episode_quota import EpisodeQuota
 from lightning_rl.env.guarded_vector_env import rollout_alarm
 from lightning_rl.env.multi_agent_episode import AgentID, ModuleID, MultiAgentEpisode
 from lightning_rl.env.multi_agent_rollout import EnvCopy, EpisodeRecord, check_agent_spaces, step_copies
+from lightning_rl.env.nonfinite import ON_NONFINITE_CHOICES, OnNonFinite
 from lightning_rl.env.pettingzoo_env import PettingZooEnvCreator, make_pettingzoo_env
 from lightning_rl.env.policy_mapping import PolicyMappingFn, module_spaces, resolve_policy_mapping_fn
 
@@ -62,8 +65,14 @@ class MultiAgentEnvRunner(ClosesOnce):
         sample_timeout_s: The most seconds one :meth:`sample` or :meth:`sample_episodes` call
             may take (a ``SampleTimeoutError`` naming the copy that did not return; the envs
             step in this process, so it is enforced in the main thread only); ``None`` waits
-            forever. An env that raises is a ``SubEnvError``, a NaN or infinite reward or
-            observation a ``NonFiniteEnvError``, each naming the copy, the agent and the step.
+            forever. An env that raises is a ``SubEnvError``, each naming the copy, the agent
+            and the step.
+        on_nonfinite: A NaN or infinite reward or observation of a step: ``"raise"`` a
+            ``NonFiniteEnvError`` naming the copy, the agent and the step, or ``"drop_episode"``:
+            throw that episode away (its chunks of this call are not returned nor counted, an
+            evaluation plays another in its place), warn naming it, count it in
+            :attr:`num_nonfinite_env_steps`, and start a new one in that copy. A non-finite
+            reset observation always raises.
 
     Raises:
         ValueError: Naming the argument, for ``num_envs`` or ``episode_stats_window`` below 1, a
@@ -83,8 +92,13 @@ class MultiAgentEnvRunner(ClosesOnce):
         seed: int | None = None,
         episode_stats_window: int = 100,
         sample_timeout_s: float | None = 60.0,
+        on_nonfinite: OnNonFinite = "raise",
     ) -> None:
         check_num_envs("num_envs", num_envs)
+        if on_nonfinite not in ON_NONFINITE_CHOICES:
+            raise ValueError(f"on_nonfinite must be one of {list(ON_NONFINITE_CHOICES)}, got {on_nonfinite!r}")
+        self.on_nonfinite = on_nonfinite
+        self.num_nonfinite_env_steps = 0
         check_number("sample_timeout_s", sample_timeout_s, low=0, low_open=True, finite=True, optional=True)
         self.sample_timeout_s = None if sample_timeout_s is None else float(sample_timeout_s)
         check_int("episode_stats_window", episode_stats_window)
@@ -221,10 +235,20 @@ class MultiAgentEnvRunner(ClosesOnce):
             self._full_reset()
         self._restart_episodes_of_removed_modules(module)
         for _ in range(num_env_steps):
-            for index, record in step_copies(self._copies, self._acting_for(module), explore=explore):
+            dropped = self._dropped()
+            for index, record in step_copies(self._copies, self._acting_for(module), explore=explore, dropped=dropped):
                 completed.append(self._copies[index].episode)
                 self._record(record)
                 self._copies[index].reset(seed=None)
+            self._count_dropped(dropped)
+
+    def _dropped(self) -> list[tuple[int, NonFiniteEnvError]] | None:
+        return [] if self.on_nonfinite == "drop_episode" else None
+
+    def _count_dropped(self, dropped: list[tuple[int, NonFiniteEnvError]] | None) -> None:
+        for _, error in dropped or ():
+            self.num_nonfinite_env_steps += 1
+            warnings.warn(f"{error}; the episode is dropped (on_nonfinite='drop_episode')", stacklevel=3)
 
     def _timeout(self) -> contextlib.AbstractContextManager:
         if self.sample_timeout_s is None:
@@ -275,12 +299,22 @@ class MultiAgentEnvRunner(ClosesOnce):
                 while not quota.done:
                     active = quota.envs
                     copies = [self._copies[index] for index in active]
-                    ended = step_copies(copies, self._acting_for(module), explore=explore)
+                    dropped = self._dropped()
+                    ended = step_copies(copies, self._acting_for(module), explore=explore, dropped=dropped)
                     for position, _ in ended:
                         index = active[position]
                         finished.append(self._copies[index].episode.to_numpy())
                         if quota.end(index):
                             self._copies[index].reset(seed=None)
+                    # A dropped episode's copy started a new one: it counts in its place, or idles.
+                    for position, error in dropped or ():
+                        quota.end(active[position], kept=False)
+                        if quota.num_episodes > 2 * num_episodes:  # more dropped than asked for
+                            raise NonFiniteEnvError(
+                                f"{error}; evaluation dropped {quota.num_episodes - num_episodes} episodes for NaN or "
+                                f"infinite values, more than the {num_episodes} it plays: the env returns them too often"
+                            )
+                    self._count_dropped(dropped)
         finally:
             for copy in self._copies:
                 copy.mapping_fn = self.policy_mapping_fn
