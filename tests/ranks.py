@@ -3,14 +3,17 @@
 Each rank is a fresh (spawned) process with the environment variables Lightning reads for
 processes it did not launch itself (``MASTER_ADDR``, ``MASTER_PORT``, ``WORLD_SIZE``,
 ``NODE_RANK``, ``LOCAL_RANK``), one intra-op thread, and a bounded wait: a rank that hangs
-fails the test instead of hanging CI.
+fails the test instead of hanging CI, while ranks that are only slow (a busy machine) finish.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import queue
+import signal
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +22,9 @@ import torch.multiprocessing as mp
 
 from lightning_rl.learner.group.learner_group import free_local_port
 
+#: How far past ``timeout`` ranks that keep working may run: a loaded machine slows them, a hang makes no progress.
+SLOW_MACHINE_FACTOR = 10
+
 
 def run_on_ranks(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout: float = 180.0) -> list[Any]:
     """Call ``fn(rank, world_size, *args)`` on ``world_size`` ranks; return the results by rank.
@@ -26,48 +32,123 @@ def run_on_ranks(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeou
     ``fn`` must be a module-level function, and its result picklable (numpy, not tensors:
     a tensor's shared memory dies with the process that made it).
 
+    The deadline holds on a loaded machine and still catches a hang: ranks fail the test when
+    none of them (nor their children) used any CPU for ``timeout`` seconds (a hang: a collective
+    no one joins, a lock, a dead peer), or once they ran ``SLOW_MACHINE_FACTOR * timeout``
+    seconds in all (a loop that never ends). On a machine with a load average of 12 on 2 cores
+    a rank still gets about a sixth of a core, so slow work is never mistaken for a hang. Where
+    ``/proc`` is missing (not Linux), ``timeout`` is a plain wall-clock limit.
+
     Raises:
-        AssertionError: naming the rank, if a rank raised, died, or did not finish within ``timeout`` seconds.
+        AssertionError: naming the rank, if a rank raised, died, or made no progress as above;
+            the ranks still running print their Python stacks first.
     """
     context = mp.get_context("spawn")
     results = context.Queue()
     port = free_local_port()
     processes = [
-        context.Process(target=_rank_main, args=(fn, rank, world_size, port, args, results, timeout), daemon=True)
+        context.Process(target=_rank_main, args=(fn, rank, world_size, port, args, results), daemon=True)
         for rank in range(world_size)
     ]
     for process in processes:
         process.start()
     by_rank: dict[int, Any] = {}
+    watch = _Progress(processes, timeout)
     try:
         while len(by_rank) < world_size:
             try:
-                rank, ok, payload = results.get(timeout=timeout)
+                rank, ok, payload = results.get(timeout=1.0)
             except queue.Empty:
+                stuck = watch.stuck([rank for rank in range(world_size) if rank not in by_rank])
+                dead = [r for r, p in enumerate(processes) if r not in by_rank and not p.is_alive()]
+                # A rank that died put nothing more on the queue: fail once the queue had a second to deliver.
+                stuck = stuck or (f"died without a result: {dead}" if watch.dead_twice(dead) else None)
+                if stuck is None:
+                    continue
                 dead = [(r, p.exitcode) for r, p in enumerate(processes) if r not in by_rank and not p.is_alive()]
-                raise AssertionError(
-                    f"ranks did not finish within {timeout} s (exited without a result: {dead})"
-                ) from None
+                _dump_stacks([p for r, p in enumerate(processes) if r not in by_rank and p.is_alive()])
+                raise AssertionError(f"ranks {stuck} (exited without a result: {dead})") from None
             if not ok:
                 raise AssertionError(f"rank {rank} failed:\n{payload}")
             by_rank[rank] = pickle.loads(payload)
     finally:
+        finished = len(by_rank) == world_size
         for process in processes:
-            process.join(timeout=10)
+            process.join(timeout=10 if finished else 0)  # a failed test's ranks are not waited for
             if process.is_alive():
                 process.kill()
+                process.join(timeout=10)
     return [by_rank[rank] for rank in range(world_size)]
 
 
-def _rank_main(
-    fn: Callable[..., Any], rank: int, world_size: int, port: int, args: tuple, results: Any, timeout: float
-) -> None:
+class _Progress:
+    """Whether ranks still make progress: CPU time used, read from ``/proc``."""
+
+    def __init__(self, processes: list[Any], timeout: float) -> None:
+        self.processes = processes
+        self.timeout = timeout
+        self.started = self.last_progress = time.monotonic()
+        self.cpu = -1.0
+        self.dead: set[int] = set()
+        self.measured = os.path.exists(f"/proc/{os.getpid()}/stat")
+
+    def dead_twice(self, dead: list[int]) -> bool:
+        """Whether ranks ``dead`` were dead without a result at the previous poll too."""
+        twice = bool(dead) and set(dead) <= self.dead
+        self.dead = set(dead)
+        return twice
+
+    def stuck(self, running: list[int]) -> str | None:
+        """Why the ``running`` ranks count as hung, or ``None`` while they make progress."""
+        now = time.monotonic()
+        if not self.measured:
+            return None if now - self.started < self.timeout else f"did not finish within {self.timeout} s"
+        if now - self.started > SLOW_MACHINE_FACTOR * self.timeout:
+            return f"did not finish within {SLOW_MACHINE_FACTOR} x {self.timeout} s"
+        cpu = sum(_cpu_seconds(self.processes[rank].pid) for rank in running)
+        if cpu > self.cpu:
+            self.cpu, self.last_progress = cpu, now
+        if now - self.last_progress > self.timeout:
+            return f"made no progress (used no CPU) for {self.timeout} s: a hang"
+        return None
+
+
+def _cpu_seconds(pid: int | None) -> float:
+    """CPU seconds of process ``pid`` and of its children, living (``/proc/.../children``) or waited for."""
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        # utime, stime, cutime, cstime: fields 14-17 of stat(5), 12-15 after the name.
+        total = sum(int(value) for value in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+        children: list[str] = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as listing:
+                children += listing.read().split()
+    except (OSError, ValueError):
+        return 0.0  # exited: its results (or its exit code) tell the rest
+    return total + sum(_cpu_seconds(int(child)) for child in children)
+
+
+def _dump_stacks(processes: list[Any]) -> None:
+    """Have the ranks still running print their Python stacks (``faulthandler`` on SIGUSR1) before they are killed."""
+    if not hasattr(signal, "SIGUSR1"):
+        return
+    for process in processes:
+        with contextlib.suppress(OSError):
+            os.kill(process.pid, signal.SIGUSR1)
+    time.sleep(1.0)
+
+
+def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int, args: tuple, results: Any) -> None:
     import faulthandler
 
     import torch
 
-    # A rank still running shortly before the test gives up prints where it is stuck.
-    faulthandler.dump_traceback_later(max(timeout - 5, 1), exit=False)
+    # A rank still running when the test gives up prints where it is stuck (run_on_ranks sends SIGUSR1).
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     torch.set_num_threads(1)
     from lightning_rl.learner.group.learner_group import local_rank_environment
 

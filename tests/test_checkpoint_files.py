@@ -427,3 +427,16 @@ def test_load_from_checkpoint_gives_the_learner_the_file_holds(tmp_path: Path):
     assert_same_tensors(weights(loaded), weights(fitted))
     with pytest.raises(ValueError, match=r"does not support \['hparams_file', 'weights_only=False'\]"):
         BCLearner.load_from_checkpoint(file, hparams_file="h.yaml", weights_only=False)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_files_are_written_with_the_users_umask(umask: int, tmp_path: Path):
+    # mkstemp's 0600 made every checkpoint and export private whatever the umask said.
+    before = os.umask(umask)
+    try:
+        path = atomic_write(tmp_path / "file.bin", lambda file: file.write(b"x"))
+        save_checkpoint_file({"a": torch.zeros(1)}, tmp_path / "last.ckpt")
+    finally:
+        os.umask(before)
+    for written in (path, tmp_path / "last.ckpt"):
+        assert written.stat().st_mode & 0o777 == 0o666 & ~umask, oct(written.stat().st_mode)

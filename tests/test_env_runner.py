@@ -170,7 +170,9 @@ def test_extra_model_outputs_match_the_policy() -> None:
             logits = module.forward_exploration({Columns.OBS: torch.as_tensor(episode.observations[:-1])})[
                 Columns.ACTION_DIST_INPUTS
             ]
-        np.testing.assert_allclose(episode.extra_model_outputs[Columns.ACTION_DIST_INPUTS], logits.numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            episode.extra_model_outputs[Columns.ACTION_DIST_INPUTS], logits.numpy(), rtol=1e-5, atol=1e-6
+        )
         logp = torch.log_softmax(logits, -1).gather(1, torch.as_tensor(episode.actions)[:, None])[:, 0]
         np.testing.assert_allclose(episode.extra_model_outputs[Columns.ACTION_LOGP], logp.numpy(), rtol=1e-5, atol=1e-6)
         assert episode.actions.dtype == np.int64
@@ -180,7 +182,9 @@ def test_greedy_sampling_takes_the_most_likely_action() -> None:
     with counting_runner() as runner:
         episodes = runner.sample(module_for(runner), explore=False)
     for episode in episodes:
-        np.testing.assert_array_equal(episode.actions, episode.extra_model_outputs[Columns.ACTION_DIST_INPUTS].argmax(-1))
+        np.testing.assert_array_equal(
+            episode.actions, episode.extra_model_outputs[Columns.ACTION_DIST_INPUTS].argmax(-1)
+        )
 
 
 class FixedActionModule(BCModule):
@@ -194,7 +198,9 @@ class FixedActionModule(BCModule):
 
 def test_module_actions_and_other_outputs_are_used_and_recorded() -> None:
     with counting_runner() as runner:
-        module = RLModuleSpec(FixedActionModule, runner.observation_space, runner.action_space, {"fcnet_hiddens": [4]}).build()
+        module = RLModuleSpec(
+            FixedActionModule, runner.observation_space, runner.action_space, {"fcnet_hiddens": [4]}
+        ).build()
         episodes = runner.sample(module)
     for episode in episodes:
         assert (episode.actions == 1).all()
@@ -216,7 +222,9 @@ class FailingModule(BCModule):
 
 def test_an_error_mid_rollout_changes_no_counters_and_restarts_the_episodes() -> None:
     with counting_runner(rollout_fragment_length=4) as runner:
-        module = RLModuleSpec(FailingModule, runner.observation_space, runner.action_space, {"fcnet_hiddens": [4]}).build()
+        module = RLModuleSpec(
+            FailingModule, runner.observation_space, runner.action_space, {"fcnet_hiddens": [4]}
+        ).build()
         with pytest.raises(RuntimeError, match="boom"):
             runner.sample(module)
         assert runner.get_state()["num_env_steps_sampled_lifetime"] == 0
@@ -252,8 +260,11 @@ def test_infos_are_recorded_per_step_when_the_env_returns_some(vectorize_mode: s
 def test_infos_of_a_string_wrapper_arrive_at_the_end_of_episodes() -> None:
     # RecordEpisodeStatistics puts {"episode": {...}} only into the info of the final step.
     with EnvRunner(
-        "CartPole-v1", wrappers=["gymnasium.wrappers.RecordEpisodeStatistics"], num_envs=2,
-        rollout_fragment_length=60, seed=0,
+        "CartPole-v1",
+        wrappers=["gymnasium.wrappers.RecordEpisodeStatistics"],
+        num_envs=2,
+        rollout_fragment_length=60,
+        seed=0,
     ) as runner:
         episodes = runner.sample(module_for(runner))
     done = [episode for episode in episodes if episode.is_done]
@@ -398,9 +409,81 @@ def test_bad_arguments_are_named(kwargs: dict[str, Any], match: str) -> None:
 
 def test_env_kwargs_and_string_wrappers() -> None:
     with EnvRunner(
-        "CartPole-v1", env_kwargs={"max_episode_steps": 5}, wrappers=["gymnasium.wrappers.FlattenObservation"],
-        num_envs=1, rollout_fragment_length=12, seed=0,
+        "CartPole-v1",
+        env_kwargs={"max_episode_steps": 5},
+        wrappers=["gymnasium.wrappers.FlattenObservation"],
+        num_envs=1,
+        rollout_fragment_length=12,
+        seed=0,
     ) as runner:
         episodes = runner.sample(module_for(runner))
     assert all(len(episode) <= 5 for episode in episodes)
     assert any(episode.is_truncated for episode in episodes)
+
+
+class CoinLengthEnv(gym.Env):
+    """Episodes of 1 or 40 steps, a fair coin of the env's seeded RNG at each reset; reward 1 a step."""
+
+    def __init__(self) -> None:
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.length = self.t = 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self.length, self.t = (1, 40)[int(self.np_random.integers(2))], 0
+        return np.array([self.length, 0], np.float32), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        self.t += 1
+        return np.array([self.length, self.t], np.float32), 1.0, self.t >= self.length, False, {}
+
+
+@pytest.mark.parametrize("num_envs", [1, 4, 32])
+def test_sample_episodes_mean_is_sequential_plays_whatever_the_number_of_envs(num_envs: int) -> None:
+    # Keeping the first episodes to *end* favoured short ones: 32 envs read ~10 where sequential
+    # play reads ~20.5. Each evaluation now plays the first num_episodes to *start*, whole.
+    with EnvRunner(CoinLengthEnv, num_envs=num_envs, rollout_fragment_length=16, seed=3) as runner:
+        module = module_for(runner)
+        lengths = [len(episode) for _ in range(10) for episode in runner.sample_episodes(module, 32)]
+    assert len(lengths) == 320 and set(lengths) == {1, 40}
+    assert abs(np.mean(lengths) - 20.5) < 3.5, np.mean(lengths)  # the mean of 1 and 40; sd of the mean ~1.1
+
+
+def test_sample_episodes_keeps_the_first_episodes_to_start() -> None:
+    # Each copy's episodes are numbered (obs[1]) and their lengths known: the episodes kept are
+    # exactly the first 8 to start (ties by env index), not the first 8 to end.
+    with counting_runner(num_envs=3, rollout_fragment_length=4) as runner:
+        module = module_for(runner)
+        episodes = runner.sample_episodes(module, 8)
+    tags = sorted({int(episode.observations[0, 0]) for episode in episodes})
+    starts = []
+    for tag in tags:
+        start = 0
+        first = int(min(episode.observations[0, 1] for episode in episodes if episode.observations[0, 0] == tag))
+        for number in range(first, first + 8):
+            starts.append((start, tag, number))
+            start += min(CountingEnv.terminal_step(tag, number), MAX_STEPS)
+    assert len(episodes) == 8
+    for episode in episodes:
+        check_chunk(episode)
+        assert episode.is_done and episode.t_started == 0
+    kept = {(int(episode.observations[0, 0]), int(episode.observations[0, 1])) for episode in episodes}
+    assert kept == {(tag, number) for _, tag, number in sorted(starts)[:8]}
+
+
+def test_a_data_modules_evaluation_mean_is_sequential_plays() -> None:
+    # What eval/episode_return_mean (EarlyStopping, the "best" ModelCheckpoint) is computed from.
+    from lightning_rl.data import OnPolicyDataModule
+
+    lengths = {}
+    for num_envs in (1, 32):
+        data = OnPolicyDataModule(CoinLengthEnv, num_envs=num_envs, evaluation_num_episodes=32, seed=3)
+        try:
+            module = module_for(data.sampling.eval_runner)
+            lengths[num_envs] = [len(episode) for _ in range(8) for episode in data.sampling.evaluate(module)]
+        finally:
+            data.teardown("fit")
+    assert len(lengths[1]) == len(lengths[32]) == 256
+    assert abs(np.mean(lengths[32]) - np.mean(lengths[1])) < 5, (np.mean(lengths[1]), np.mean(lengths[32]))
+    assert abs(np.mean(lengths[32]) - 20.5) < 4

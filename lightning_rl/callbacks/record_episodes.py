@@ -23,6 +23,7 @@ import gymnasium as gym
 import numpy as np
 from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lightning_rl.data.env_datamodule import EnvDataModule
 from lightning_rl.data.env_sampling import EnvSampling
@@ -32,6 +33,10 @@ from lightning_rl.env.episode import SingleAgentEpisode
 
 class RecordEpisodes(Callback):
     """Record the complete training episodes of ``fit`` and write them as a Minari dataset when it ends.
+
+    The dataset is written when the fit ends normally, and also when SIGTERM (a scheduler's stop)
+    or SIGINT (Ctrl-C) stops it: the episodes that ended until then. A ``kill -9`` writes nothing
+    and leaves nothing behind for good (see ``write_minari_dataset``).
 
     Works with the environment data modules (``OnPolicyDataModule``, ``OffPolicyDataModule``):
     it listens to their sampling (``EnvSampling.episode_listeners``), joins the chunks of each
@@ -71,6 +76,7 @@ class RecordEpisodes(Callback):
         self._spaces: tuple[gym.Space, gym.Space] | None = None
         self._running: dict[str, SingleAgentEpisode] = {}
         self._episodes: list[SingleAgentEpisode] = []
+        self._written = False
 
     @property
     def episodes(self) -> list[SingleAgentEpisode]:
@@ -102,15 +108,29 @@ class RecordEpisodes(Callback):
                 "checkpoint with 'lightning-rl record' instead, which plays the env's own values"
             )
         check_dataset_id(self.dataset_id, overwrite=self.overwrite)
-        self._running, self._episodes, self._spaces = {}, [], None
+        self._running, self._episodes, self._spaces, self._written = {}, [], None, False
         if trainer.global_rank == 0:
             self._sampling = sampling
             sampling.episode_listeners.append(self._on_rollout)
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """When ``fit`` ended normally: write the recorded episodes (rank 0), and report them."""
-        if trainer.global_rank != 0:
+        self._write(trainer, pl_module)
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        """When ``fit`` is stopped by SIGTERM (a scheduler) or SIGINT (Ctrl-C): write what was recorded so far.
+
+        Lightning turns SIGTERM into ``SIGTERMException`` at the end of the step it arrived in;
+        the episodes that ended until then are written as on a normal end. A fit that failed
+        with an error writes nothing (its episodes may be what the error is about).
+        """
+        if isinstance(exception, (KeyboardInterrupt, SIGTERMException)):
+            self._write(trainer, pl_module, stopped_by=type(exception).__name__)
+
+    def _write(self, trainer: Trainer, pl_module: LightningModule, stopped_by: str | None = None) -> None:
+        if trainer.global_rank != 0 or self._written:
             return
+        self._written = True
         if not self._episodes or self._spaces is None:
             rank_zero_warn(
                 f"RecordEpisodes: no episode ended during the fit; the dataset {self.dataset_id!r} is not written"
@@ -134,9 +154,10 @@ class RecordEpisodes(Callback):
             description=description,
             overwrite=self.overwrite,
         )
+        stopped = "" if stopped_by is None else f", the episodes that ended before the fit was stopped ({stopped_by})"
         rank_zero_info(
             f"RecordEpisodes: wrote {self.dataset_id} ({len(self._episodes)} episodes, {steps} steps, return "
-            f"mean {returns.mean():.3f} std {returns.std():.3f}) to {path}"
+            f"mean {returns.mean():.3f} std {returns.std():.3f}{stopped}) to {path}"
         )
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
+from lightning_rl.core.arguments import check_num_envs
+
 
 class CommandError(Exception):
     """A problem with the user's input, reported as one line (``lightning-rl <command>: error: ...``)."""
@@ -75,6 +77,16 @@ def _int_at_least(minimum: int) -> Callable[[str], int]:
 nonnegative_int = _int_at_least(0)
 #: An int >= 1; an argparse type.
 positive_int = _int_at_least(1)
+
+
+def num_envs_int(text: str) -> int:
+    """An env count in ``[1, MAX_NUM_ENVS]``; an argparse type, whose error names the ceiling."""
+    value = positive_int(text)
+    try:
+        check_num_envs("--num_envs", value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error).replace("--num_envs must be", "expected an int")) from None
+    return value
 
 
 def tell(line: str) -> None:

@@ -16,6 +16,7 @@ from lightning_rl.cli._command_line import (
     OneLineArgumentParser,
     existing_checkpoint,
     nonnegative_int,
+    num_envs_int,
     output_file,
     positive_int,
 )
@@ -48,7 +49,9 @@ def build_evaluate_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--config", type=Path, default=None, help="a training config whose data section names the env")
     parser.add_argument("--module_id", default=None, help="the module that acts, for checkpoints with several")
-    parser.add_argument("--num_envs", type=positive_int, default=8, help="envs stepped together (default 8)")
+    parser.add_argument(
+        "--num_envs", type=num_envs_int, default=8, help="envs stepped together (default 8, at most MAX_NUM_ENVS)"
+    )
     parser.add_argument("--json", type=output_file, default=None, help="also write the statistics to this JSON file")
     parser.add_argument("--threads", type=nonnegative_int, default=None, help=THREADS_HELP)
     return parser
@@ -109,7 +112,9 @@ def build_record_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--config", type=Path, default=None, help="a training config whose data section names the env")
     parser.add_argument("--module_id", default=None, help="the module that acts, for checkpoints with several")
-    parser.add_argument("--num_envs", type=positive_int, default=8, help="envs stepped together (default 8)")
+    parser.add_argument(
+        "--num_envs", type=num_envs_int, default=8, help="envs stepped together (default 8, at most MAX_NUM_ENVS)"
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset of that id")
     parser.add_argument("--description", default=None, help="the dataset's description (Minari metadata)")
     parser.add_argument("--threads", type=nonnegative_int, default=None, help=THREADS_HELP)

@@ -43,12 +43,14 @@ from lightning_rl.core.spaces import space_to_dict
 from lightning_rl.data.evaluation_video import encode_gif
 from lightning_rl.env.env_factory import make_env, resolve_env, resolve_wrappers
 from lightning_rl.env.episode import SingleAgentEpisode
+from lightning_rl.env.episode_quota import EpisodeQuota
 from lightning_rl.env.frame_recorder import EpisodeFrameRecorder, env_kwargs_for_video
 from lightning_rl.policy.loading import read_policy_checkpoint
 from lightning_rl.policy.policy import Policy
 
 #: The first episode's video, in ``--video_dir``.
 VIDEO_FILE_NAME = "evaluation-episode-0.gif"
+
 
 class Actor(Protocol):
     """What plays :func:`run_episodes`' envs: a policy (:class:`PolicyActor`) or random actions.
@@ -352,16 +354,17 @@ def run_episodes(
     """
     # Copies: some envs return one array object at every step.
     stored = ObservationLayout(envs[0].observation_space).flatten_one
-    kept: list[Any] = [None] * num_episodes
-    episodes: list[SingleAgentEpisode | None] = [SingleAgentEpisode() for _ in range(num_episodes)]
+    kept: list[Any] = []
+    # Only the episodes being played are held: one per env, made as each starts.
+    episodes: dict[int, SingleAgentEpisode] = {index: SingleAgentEpisode() for index in range(len(envs))}
     episode_of = list(range(len(envs)))  # the episode each env plays
     observations = []
     for env, episode in zip(envs, episode_of):
         obs = stored(env.reset(seed=first_seed + episode)[0])
         episodes[episode].add_env_reset(obs)
         observations.append(obs)
-    next_episode = len(envs)
-    playing = list(range(len(envs)))
+    quota = EpisodeQuota(num_episodes, len(envs))
+    playing = quota.envs
     actor.start_episodes(playing)
     while playing:
         actions = actor.act(np.stack([observations[index] for index in playing]), playing)
@@ -374,11 +377,11 @@ def run_episodes(
                 obs, np.array(action), float(reward), terminated=terminated, truncated=truncated
             )
             if terminated or truncated:
-                kept[episode_of[index]] = keep(episodes[episode_of[index]])
-                episodes[episode_of[index]] = None
-                if next_episode == num_episodes:
+                kept.append((episode_of[index], keep(episodes.pop(episode_of[index]))))
+                if not quota.end(index):
                     continue
-                episode_of[index], next_episode = next_episode, next_episode + 1
+                episode_of[index] = quota.started - 1
+                episodes[episode_of[index]] = SingleAgentEpisode()
                 obs = stored(envs[index].reset(seed=first_seed + episode_of[index])[0])
                 episodes[episode_of[index]].add_env_reset(obs)
                 restarted.append(index)
@@ -389,7 +392,7 @@ def run_episodes(
         if restarted:
             actor.start_episodes(restarted)
         playing = still_playing
-    return kept
+    return [value for _, value in sorted(kept, key=lambda pair: pair[0])]
 
 
 def _return_and_length(episode: SingleAgentEpisode) -> tuple[float, int]:

@@ -21,8 +21,12 @@ own observations and rewards. The dataset goes to ``$MINARI_DATASETS_PATH`` (def
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
-from collections.abc import Sequence
+import signal
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -105,8 +109,49 @@ def _record(args: argparse.Namespace) -> None:
     # Sampled actions (--explore) come from torch's generator: seeded, a recording is repeatable.
     torch.manual_seed(first_seed)
     sources = _episode_sources(policies, args, num_random, num_policy, spaces[1], first_seed)
-    played = _play(sources, source, first_seed, args.num_envs)
+    played: list[list[SingleAgentEpisode]] = [[] for _ in sources]
+    try:
+        with _stop_on_sigterm():
+            _play(sources, source, first_seed, args.num_envs, played)
+    except (KeyboardInterrupt, _Stopped) as stop:
+        # A scheduler's SIGTERM or Ctrl-C: write the episodes that ended (a second signal now
+        # ends the process at once; what it was writing is swept by the next write).
+        signum = stop.signum if isinstance(stop, _Stopped) else signal.SIGINT
+        name = signal.Signals(signum).name
+        done = sum(len(episodes) for episodes in played)
+        if not done:
+            tell(f"stopped by {name} before any episode ended: nothing written")
+        else:
+            tell(f"stopped by {name} after {done} of {args.num_episodes} episodes: writing them")
+            _write_and_report(source, spaces, sources, played, first_seed, args)
+        raise SystemExit(128 + signum) from None
     _write_and_report(source, spaces, sources, played, first_seed, args)
+
+
+class _Stopped(Exception):
+    """SIGTERM arrived while the episodes were played."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by signal {signum}")
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _stop_on_sigterm() -> Iterator[None]:
+    """SIGTERM raises ``_Stopped`` in the main thread for the block (Ctrl-C raises KeyboardInterrupt already)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second one ends the process
+        raise _Stopped(signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _env_source(args: argparse.Namespace, contents: Sequence[dict]) -> EnvSource:
@@ -149,22 +194,37 @@ def _episode_sources(
 
 
 def _play(
-    sources: Sequence[EpisodeSource], source: EnvSource, first_seed: int, num_envs: int
-) -> list[list[SingleAgentEpisode]]:
-    """Each source's episodes: source ``k`` plays the next ``num_episodes`` seeds after source ``k - 1``'s."""
+    sources: Sequence[EpisodeSource],
+    source: EnvSource,
+    first_seed: int,
+    num_envs: int,
+    played: list[list[SingleAgentEpisode]],
+) -> None:
+    """Each source's episodes into ``played``: source ``k`` plays the next ``num_episodes`` seeds after source ``k - 1``'s.
+
+    ``played[k]`` gets source ``k``'s episodes as each ends (so a stop keeps the ones that ended),
+    then in the order of their seeds once all of them did.
+    """
     envs: list[gym.Env] = []
-    played = []
     try:
         for _ in range(min(num_envs, max(share.num_episodes for share in sources))):
             envs.append(source.make_env())
         seed = first_seed
-        for share in sources:
-            played.append(run_episodes(envs[: share.num_episodes], share.actor, seed, share.num_episodes))
+        for share, episodes in zip(sources, played):
+            keep = _keeper(episodes)
+            episodes[:] = run_episodes(envs[: share.num_episodes], share.actor, seed, share.num_episodes, keep=keep)
             seed += share.num_episodes
     finally:
         for env in envs:
             env.close()
-    return played
+
+
+def _keeper(episodes: list[SingleAgentEpisode]) -> Callable[[SingleAgentEpisode], SingleAgentEpisode]:
+    def keep(episode: SingleAgentEpisode) -> SingleAgentEpisode:
+        episodes.append(episode)
+        return episode
+
+    return keep
 
 
 def _write_and_report(
@@ -183,7 +243,8 @@ def _write_and_report(
     for share, episodes in zip(sources, played):
         tell(f"  {share.label}: {_summary(episodes)}")
     episodes = [episode.to_numpy() for group in played for episode in group]
-    labels = ", ".join(f"{share.label} x{share.num_episodes}" for share in sources)
+    # Fewer than asked for when a signal stopped the recording.
+    labels = ", ".join(f"{share.label} x{len(group)}" for share, group in zip(sources, played) if group)
     path = write_minari_dataset(
         args.dataset_id,
         episodes,
@@ -191,7 +252,7 @@ def _write_and_report(
         action_space=spaces[1],
         env_spec=registered_env_spec(source.env, source.env_kwargs, source.wrappers),
         algorithm_name=f"lightning-rl record: {labels}",
-        description=args.description or f"{args.num_episodes} episodes of {source.env}: {labels}",
+        description=args.description or f"{len(episodes)} episodes of {source.env}: {labels}",
         overwrite=args.overwrite,
     )
     tell(f"wrote {args.dataset_id}: {_summary(episodes)} ({path})")

@@ -35,7 +35,9 @@ def is_int(value: Any) -> bool:
     return not isinstance(value, bool) and isinstance(value, (int, np.integer))
 
 
-def check_int(name: str, value: Any, *, minimum: int = 1, optional: bool = False, where: str = "", hint: str = "") -> None:
+def check_int(
+    name: str, value: Any, *, minimum: int = 1, optional: bool = False, where: str = "", hint: str = ""
+) -> None:
     """Raise unless ``value`` is an int ``>= minimum`` (or ``None``, when ``optional``).
 
     Args:
@@ -51,6 +53,22 @@ def check_int(name: str, value: Any, *, minimum: int = 1, optional: bool = False
     if not is_int(value) or value < minimum:
         allowed = f"an int >= {minimum}{hint}" + (" or None" if optional else "")
         raise ValueError(f"{_prefix(where)}{name} must be {allowed}, got {value!r}")
+
+
+#: The most env copies one runner may step (per rank): a documented ceiling, checked before anything
+#: is built, so that a typo (``num_envs 1e12``) is one error rather than memory growing until the
+#: kernel's OOM killer ends the run. 4,096 CartPole copies take ~6 MB; Atari frames ~1.2 GB.
+MAX_NUM_ENVS = 4096
+
+
+def check_num_envs(name: str, value: Any, *, optional: bool = False, where: str = "") -> None:
+    """Raise unless ``value`` is an env count in ``[1, MAX_NUM_ENVS]`` (or ``None``, when ``optional``)."""
+    check_int(name, value, optional=optional, where=where)
+    if value is not None and value > MAX_NUM_ENVS:
+        raise ValueError(
+            f"{_prefix(where)}{name} must be at most MAX_NUM_ENVS = {MAX_NUM_ENVS} (env copies on one rank; "
+            f"use more ranks for more), got {value!r}"
+        )
 
 
 def check_number(

@@ -281,6 +281,9 @@ def _check(stored: Any, content: Any, where: str) -> None:
 def atomic_write(target: str | os.PathLike, write: Callable[[IO[bytes]], None]) -> Path:
     """Write ``target`` so that it always holds either its old content or the complete new one.
 
+    The file gets the permissions ``open()`` would give it (``0o666`` less the umask), not the
+    ``0o600`` of a temporary file.
+
     ``write`` fills a temporary file in ``target``'s own directory, so that the final rename
     never crosses filesystems (where it would be a copy that a kill can cut short); the file
     is fsynced, renamed over ``target`` with ``os.replace``, and the directory is fsynced, so
@@ -298,9 +301,12 @@ def atomic_write(target: str | os.PathLike, write: Callable[[IO[bytes]], None]) 
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporary_files(target.parent)
-    prefix = f"{TEMPORARY_PREFIX}{_host()}.{os.getpid()}.{target.name}."
+    prefix = f"{writer_tag(TEMPORARY_PREFIX)}{target.name}."
     handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=prefix, suffix=".tmp")
     try:
+        if hasattr(os, "fchmod"):
+            # mkstemp makes the file 0600; a file written with open() would get 0666 less the umask.
+            os.fchmod(handle, 0o666 & ~current_umask())
         with os.fdopen(handle, "wb") as file:
             write(file)
             file.flush()
@@ -311,6 +317,20 @@ def atomic_write(target: str | os.PathLike, write: Callable[[IO[bytes]], None]) 
         raise
     _fsync_directory(target.parent)
     return target
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux reports it (``/proc/self/status``)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    umask = os.umask(0o022)  # elsewhere: set and put back at once
+    os.umask(umask)
+    return umask
 
 
 def remove_stale_temporary_files(directory: str | os.PathLike) -> list[Path]:
@@ -326,11 +346,29 @@ def remove_stale_temporary_files(directory: str | os.PathLike) -> list[Path]:
     """
     removed = []
     for entry in os.scandir(directory):
-        writer = _writer_of(entry.name)
-        if writer is not None and writer[0] == _host() and not _is_running(writer[1]):
+        if writer_is_gone(entry.name):
             Path(entry.path).unlink(missing_ok=True)
             removed.append(Path(entry.path))
     return removed
+
+
+def writer_tag(prefix: str) -> str:
+    """``<prefix><host>.<pid>.``: how the names of this process's temporary files and directories start.
+
+    :func:`writer_is_gone` reads the host and the process id back, so that a later run can
+    sweep what a killed writer left behind (``atomic_write``'s files, the Minari writer's
+    directories), and only that.
+    """
+    return f"{prefix}{_host()}.{os.getpid()}."
+
+
+def writer_is_gone(name: str, prefix: str = TEMPORARY_PREFIX) -> bool:
+    """Whether ``name`` starts with :func:`writer_tag` of a process of this host that no longer runs.
+
+    Names without ``prefix``, of other hosts, or of running processes are never gone.
+    """
+    writer = _writer_of(name, prefix)
+    return writer is not None and writer[0] == _host() and not _is_running(writer[1])
 
 
 def _host() -> str:
@@ -338,11 +376,11 @@ def _host() -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname()) or "host"
 
 
-def _writer_of(name: str) -> tuple[str, int] | None:
+def _writer_of(name: str, prefix: str = TEMPORARY_PREFIX) -> tuple[str, int] | None:
     """The (host, pid) a temporary file's name holds; ``None`` for any other name."""
-    if not name.startswith(TEMPORARY_PREFIX):
+    if not name.startswith(prefix):
         return None
-    fields = name[len(TEMPORARY_PREFIX) :].split(".", 2)
+    fields = name[len(prefix) :].split(".", 2)
     if len(fields) < 3 or not fields[1].isdigit():
         return None
     return fields[0], int(fields[1])

@@ -39,7 +39,7 @@ from lightning_rl.connectors.episodes import segmented_discounted_sum
 from lightning_rl.core.columns import Columns
 from lightning_rl.core.observation_layout import ARRAY_SPACES
 from lightning_rl.core.sequences import sequence_layout
-from lightning_rl.data.minari_io import datasets_root, require_minari
+from lightning_rl.data.minari_io import datasets_root, recover_interrupted_writes, require_minari
 
 #: The columns a dataset row can have (``value_targets`` only when a discount is given).
 DATASET_COLUMNS = (
@@ -69,6 +69,7 @@ def open_dataset(dataset_id: str) -> Any:
             ids and how to make one), or if its metadata or data file cannot be read.
     """
     minari = require_minari()
+    recover_interrupted_writes(datasets_root())  # a replacement killed between its renames
     _check_spaces_are_stored(dataset_id)
     try:
         return minari.load_dataset(dataset_id, download=False)
@@ -145,6 +146,63 @@ def check_row_space(space: gym.Space, what: str, dataset_id: str) -> None:
         )
 
 
+def check_episode_values(episode: Any, observation_space: gym.Space, action_space: gym.Space, dataset_id: str) -> None:
+    """Raise unless every action of ``episode`` lies in ``action_space`` and its rewards and observations are finite.
+
+    Runs on every episode as it is read (a small dataset when it is opened, a large one window by
+    window as it is streamed), so a value a Learner cannot train on stops the fit at once, naming
+    the episode and the step, instead of an index error steps later or NaN spreading through
+    value targets. Discrete, MultiDiscrete and MultiBinary actions must be in range; Box actions
+    must be finite (values past the bounds are kept: training episodes store the actions the
+    policy chose, before they were clipped to the bounds for the env).
+
+    Raises:
+        ValueError: Naming the dataset, the episode, the step and the value.
+    """
+    where = f"the Minari dataset {dataset_id!r}, episode {episode.id}"
+    rewards = np.asarray(episode.rewards, dtype=np.float64)
+    step = _first_step_where(~np.isfinite(rewards))
+    if step is not None:
+        raise ValueError(f"{where}, step {step}: the reward is {rewards[step]}; rewards must be finite")
+    observations = np.asarray(episode.observations)
+    if np.issubdtype(observations.dtype, np.floating):
+        step = _first_step_where(~np.isfinite(observations))
+        if step is not None:
+            which = "its final observation" if step == len(rewards) else "the observation"
+            raise ValueError(
+                f"{where}, step {step}: {which} holds {_bad_values(observations[step])}; observations must be finite"
+            )
+    actions = np.asarray(episode.actions)
+    if isinstance(action_space, gym.spaces.Box):
+        outside = ~np.isfinite(actions) if np.issubdtype(actions.dtype, np.floating) else np.zeros(actions.shape, bool)
+        what = "actions must be finite"
+    else:
+        if isinstance(action_space, gym.spaces.Discrete):
+            low, high = int(action_space.start), int(action_space.start + action_space.n - 1)
+        elif isinstance(action_space, gym.spaces.MultiDiscrete):
+            low, high = action_space.start, action_space.start + action_space.nvec - 1
+        else:  # MultiBinary
+            low, high = 0, 1
+        with np.errstate(invalid="ignore"):
+            outside = (actions < low) | (actions > high) | (actions != np.round(actions))
+        what = f"the action space is {action_space}"
+    step = _first_step_where(outside)
+    if step is not None:
+        raise ValueError(f"{where}, step {step}: action {actions[step].tolist()} is outside the action space ({what})")
+
+
+def _first_step_where(bad: np.ndarray) -> int | None:
+    """The first step (leading axis) where ``bad`` holds anywhere; ``None`` if nowhere."""
+    per_step = bad.reshape(len(bad), -1).any(axis=1) if bad.ndim > 1 else bad
+    return int(np.argmax(per_step)) if per_step.any() else None
+
+
+def _bad_values(observation: np.ndarray) -> str:
+    flat = observation.reshape(-1)
+    index = int(np.argmax(~np.isfinite(flat)))
+    return f"{flat[index]} at flat index {index}"
+
+
 class EpisodeRows:
     """Rows of some episodes, as tensors, with observations stored once per step.
 
@@ -183,6 +241,7 @@ class EpisodeRows:
                         "than steps and one of each other per step"
                     ),
                 )
+            check_episode_values(episode, observation_space, action_space, dataset_id)
             observations.append(np.asarray(episode.observations))
             actions.append(np.asarray(episode.actions))
             rewards.append(np.asarray(episode.rewards, dtype=np.float32))
@@ -440,7 +499,10 @@ class SequenceStream:
         rows = torch.where(real, self._first_row[ids, None] + offsets, 0).reshape(-1)
         episode_rows = self._episode_rows()
         taken = episode_rows.take(rows, self.columns)
-        out = {column: _zero_where_not(values.reshape(count, steps, *values.shape[1:]), real) for column, values in taken.items()}
+        out = {
+            column: _zero_where_not(values.reshape(count, steps, *values.shape[1:]), real)
+            for column, values in taken.items()
+        }
         has_previous = real & ~self._starts_episode[rows].reshape(count, steps)
         previous = episode_rows.take((rows - 1).clamp(min=0), [Columns.ACTIONS, Columns.REWARDS])
         for column, source in ((Columns.PREV_ACTIONS, Columns.ACTIONS), (Columns.PREV_REWARDS, Columns.REWARDS)):

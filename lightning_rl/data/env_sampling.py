@@ -56,7 +56,7 @@ class EnvSampling:
             ``evaluate(..., record_video=True)``, kept on rank 0 only); its ``num_envs`` and
             ``seed`` are replaced by this rank's. It takes the training runner's normalization
             statistics before each evaluation and never updates them.
-        evaluation_num_envs: Evaluation envs; ``None`` for ``min(num_envs, this rank's episodes)``.
+        evaluation_num_envs: Evaluation envs, at most this rank's episodes; ``None`` for ``min(num_envs, this rank's episodes)``.
         evaluation_explore: Whether evaluation samples actions instead of acting greedily.
         ranks: The data module: its placement (asked whenever a runner is built, since the
             Trainer may attach late), this rank's seeds and its share of the evaluation episodes.
@@ -113,7 +113,8 @@ class EnvSampling:
         """This rank's evaluation ``EnvRunner`` (built on first use; its own envs and seeds)."""
         if self._eval_runner is None:
             placement = self.ranks.placement()
-            num_envs = self.evaluation_num_envs or min(self.settings.num_envs, self.ranks.evaluation_episodes_per_rank)
+            # No more envs than the episodes this rank plays: the others would only be stepped.
+            num_envs = min(self.evaluation_num_envs or self.settings.num_envs, self.ranks.evaluation_episodes_per_rank)
             settings = self.evaluation.replace(
                 num_envs=num_envs,
                 seed=self.ranks.rank_seed(EVALUATION_SEED_OFFSET),

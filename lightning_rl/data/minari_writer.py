@@ -18,12 +18,22 @@ very env the episodes came from; otherwise it stores the spaces alone.
 A dataset is written whole or not at all: into a directory of its own inside the datasets
 root first, then moved into place; an existing dataset id is refused unless ``overwrite``, and
 even then the old dataset is removed only once the new one is complete.
+
+A writer killed at any point (``kill -9``, a machine that stops) leaves nothing behind for
+good: its directories are named after its host and process id
+(``.lightning_rl-writing-<host>.<pid>.<random>``, as ``atomic_write``'s temporary files are),
+and the next write or check of any id in that datasets root removes those of writers that no
+longer run. Replacing a dataset (``overwrite``) first writes a journal
+(``.lightning_rl-swap-<host>.<pid>.<random>.json``) naming the new dataset, the old one's
+temporary name and the id; the next write or check finishes a swap its writer did not (moves
+the complete new dataset into place, removes the old one), so the id is never left missing.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import shutil
 import uuid
@@ -35,15 +45,23 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from lightning_rl.core.checkpoint import atomic_write, writer_tag
 from lightning_rl.core.observation_layout import ObservationLayout
-from lightning_rl.data.minari_io import DATASETS_PATH_VARIABLE, datasets_root, require_minari
+from lightning_rl.data.minari_io import (
+    DATASETS_PATH_VARIABLE,
+    REPLACED_PREFIX,
+    SWAP_PREFIX,
+    WRITING_PREFIX,
+    datasets_root,
+    recover_interrupted_writes,
+    require_minari,
+)
 from lightning_rl.env.episode import SingleAgentEpisode
 
 # Minari warns about every optional metadata field left out; these say nothing about the data.
-_METADATA_WARNINGS = r"^`(code_permalink|author|author_email|eval_env|algorithm_name|description)` is set to None|^env_spec is None"
-# Directories beside the datasets, for a dataset being written or replaced; dot names are not dataset ids.
-_WRITING_PREFIX = ".lightning_rl-writing-"
-_REPLACED_PREFIX = ".lightning_rl-replaced-"
+_METADATA_WARNINGS = (
+    r"^`(code_permalink|author|author_email|eval_env|algorithm_name|description)` is set to None|^env_spec is None"
+)
 # Keyword arguments of ``gym.make`` that are fields of an ``EnvSpec``, not arguments of the env.
 _MAKE_SETTINGS = ("max_episode_steps", "disable_env_checker")
 
@@ -65,6 +83,7 @@ def check_dataset_id(dataset_id: str, *, overwrite: bool = False) -> Path:
     require_minari()
     from minari.dataset.minari_dataset import parse_dataset_id
 
+    recover_interrupted_writes(datasets_root())
     try:
         parse_dataset_id(dataset_id)
     except (ValueError, TypeError):  # Minari 0.5.4 raises TypeError for an id without a version
@@ -154,7 +173,7 @@ def write_minari_dataset(
         EpisodeBuffer(id=index, **_episode_columns(episode, index, layout)) for index, episode in enumerate(episodes)
     ]
     root = datasets_root()
-    writing_root = root / f"{_WRITING_PREFIX}{uuid.uuid4().hex}"
+    writing_root = root / f"{writer_tag(WRITING_PREFIX)}{uuid.uuid4().hex}"
     try:
         with _datasets_root(writing_root), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=_METADATA_WARNINGS, category=UserWarning)
@@ -227,17 +246,23 @@ def _move_into_place(written: Path, target: Path, dataset_id: str, overwrite: bo
         # Minari lists datasets of a namespace only where its metadata file is.
         create_namespace(namespace)
     target.parent.mkdir(parents=True, exist_ok=True)
-    replaced = None
-    if target.exists():
-        if not overwrite:  # written by someone else while this one was being written
-            check_dataset_id(dataset_id, overwrite=False)
-        replaced = target.parent / f"{_REPLACED_PREFIX}{uuid.uuid4().hex}"
-        target.rename(replaced)
+    if not target.exists():
+        written.rename(target)
+        return
+    if not overwrite:  # written by someone else while this one was being written
+        check_dataset_id(dataset_id, overwrite=False)
+    random = uuid.uuid4().hex
+    replaced = target.parent / f"{writer_tag(REPLACED_PREFIX)}{random}"
+    # The journal comes first: whichever rename a kill stops before, the next run finishes the swap.
+    journal = datasets_root() / f"{writer_tag(SWAP_PREFIX)}{random}.json"
+    swap = {"target": str(target), "replaced": str(replaced), "written": str(written)}
+    atomic_write(journal, lambda file: file.write(json.dumps(swap).encode()))
+    target.rename(replaced)
     try:
         written.rename(target)
     except OSError:
-        if replaced is not None:
-            replaced.rename(target)
+        replaced.rename(target)
+        journal.unlink(missing_ok=True)
         raise
-    if replaced is not None:
-        shutil.rmtree(replaced, ignore_errors=True)
+    shutil.rmtree(replaced, ignore_errors=True)
+    journal.unlink(missing_ok=True)

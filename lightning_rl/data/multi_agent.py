@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lightning_rl.core.arguments import check_int
+from lightning_rl.core.arguments import check_int, check_num_envs, check_number
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME
 from lightning_rl.core.data_contract import ENV_STEPS, DataOffer, SpacePair
 from lightning_rl.core.rl_modules import MultiRLModule
@@ -35,6 +35,7 @@ from lightning_rl.data.ranked_datamodule import EVALUATION_SEED_OFFSET, RankedDa
 from lightning_rl.env.matches import seat_mapping, win_rate
 from lightning_rl.env.multi_agent_episode import MultiAgentEpisode
 from lightning_rl.env.multi_agent_runner import MultiAgentEnvRunner
+from lightning_rl.env.nonfinite import ON_NONFINITE_CHOICES, OnNonFinite
 from lightning_rl.env.opponents import OPPONENTS
 from lightning_rl.env.pettingzoo_env import check_pettingzoo_env_name
 from lightning_rl.env.policy_mapping import PolicyMappingFn, resolve_policy_mapping_fn
@@ -92,6 +93,12 @@ class MultiAgentDataModule(RankedDataModule):
         evaluation_module_id: The Learner's module that plays the opponents; needed with
             ``evaluation_opponents``.
         episode_stats_window: Completed episodes per rank behind the ``env_runners`` returns.
+        sample_timeout_s: The most seconds one rollout (or evaluation) may take on a rank: a
+            ``SampleTimeoutError`` naming the env copy that did not return ends the fit, where a
+            hanging env would hang it for good; ``None`` waits forever. Env exceptions and NaN or
+            infinite rewards and observations are errors naming the copy, the agent and the step.
+        on_nonfinite: ``"raise"`` (default) for a NaN or infinite reward or observation, or
+            ``"drop_episode"`` to throw that episode away and go on (see ``MultiAgentEnvRunner``).
 
     Raises:
         ValueError: Naming the argument, for an env path that names nothing, an unknown mapping
@@ -115,6 +122,8 @@ class MultiAgentDataModule(RankedDataModule):
         evaluation_opponents: Sequence[str] = (),
         evaluation_module_id: str | None = None,
         episode_stats_window: int = 100,
+        sample_timeout_s: float | None = 60.0,
+        on_nonfinite: OnNonFinite = "raise",
     ) -> None:
         super().__init__(
             seed=seed, evaluation_num_episodes=evaluation_num_episodes, evaluation_num_envs=evaluation_num_envs
@@ -124,8 +133,11 @@ class MultiAgentDataModule(RankedDataModule):
         elif not callable(env):
             raise ValueError(f"env must be a PettingZoo env import path or a callable that makes one, got {env!r}")
         self.policy_mapping_fn = resolve_policy_mapping_fn(policy_mapping_fn)
+        check_num_envs("num_envs", num_envs)
+        check_number("sample_timeout_s", sample_timeout_s, low=0, low_open=True, finite=True, optional=True)
+        if on_nonfinite not in ON_NONFINITE_CHOICES:
+            raise ValueError(f"on_nonfinite must be one of {list(ON_NONFINITE_CHOICES)}, got {on_nonfinite!r}")
         for name, value in (
-            ("num_envs", num_envs),
             ("rollout_fragment_length", rollout_fragment_length),
             ("rollouts_per_epoch", rollouts_per_epoch),
             ("episode_stats_window", episode_stats_window),
@@ -324,6 +336,8 @@ class MultiAgentDataModule(RankedDataModule):
             policy_mapping_fn=self.policy_mapping_fn,
             seed=seed,
             episode_stats_window=self.hparams.episode_stats_window,
+            sample_timeout_s=self.hparams.sample_timeout_s,
+            on_nonfinite=self.hparams.on_nonfinite,
         )
 
     @contextlib.contextmanager

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from lightning.pytorch import LightningDataModule
 
-from lightning_rl.core.arguments import check_int
+from lightning_rl.core.arguments import check_int, check_num_envs
 from lightning_rl.core.data_contract import DataOffer, DataRequirements
 from lightning_rl.core.train_item import TrainItem
 from lightning_rl.data.rank_stats import all_gather_rows, trainer_placement
@@ -68,7 +68,7 @@ class RankedDataModule(LightningDataModule, abc.ABC):
         super().__init__()
         check_int("seed", seed, minimum=0, optional=True)
         check_int("evaluation_num_episodes", evaluation_num_episodes)
-        check_int("evaluation_num_envs", evaluation_num_envs, optional=True)
+        check_num_envs("evaluation_num_envs", evaluation_num_envs, optional=True)
         self._base_seed = seed
 
     # ------------------------------------------------------------------------------------

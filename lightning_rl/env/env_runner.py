@@ -31,8 +31,8 @@ import gymnasium as gym
 import numpy as np
 
 from lightning_rl.core.acting import Acting
-from lightning_rl.core.rl_modules import RLModule
 from lightning_rl.core.arguments import check_int
+from lightning_rl.core.rl_modules import RLModule
 from lightning_rl.env.closes_once import ClosesOnce
 from lightning_rl.env.env_factory import (
     EnvCreator,
@@ -44,6 +44,7 @@ from lightning_rl.env.env_factory import (
 )
 from lightning_rl.env.env_settings import EnvSettings
 from lightning_rl.env.episode import SingleAgentEpisode
+from lightning_rl.env.episode_quota import EpisodeQuota
 from lightning_rl.env.frame_recorder import EpisodeFrameRecorder, env_kwargs_for_video
 from lightning_rl.env.guarded_vector_env import GuardedVectorEnv
 from lightning_rl.env.nonfinite import NonFiniteCheck, OnNonFinite
@@ -192,8 +193,13 @@ class EnvRunner(ClosesOnce):
             env_kwargs, wrappers = env_kwargs_for_video(env, env_kwargs), [*wrappers, EpisodeFrameRecorder]
         restart = settings.restart_failed_sub_environments
         build = functools.partial(
-            make_vector_env, env, env_kwargs, wrappers, self.num_envs,
-            self.vectorize_mode, restart_failed_sub_environments=restart,
+            make_vector_env,
+            env,
+            env_kwargs,
+            wrappers,
+            self.num_envs,
+            self.vectorize_mode,
+            restart_failed_sub_environments=restart,
             # EnvPool seeds its envs when the pool is made: with the first reset's seed, that
             # reset needs no second pool.
             seed=self.seed if self.vectorize_mode == "envpool" else None,
@@ -324,8 +330,11 @@ class EnvRunner(ClosesOnce):
                 ended, even past ``num_episodes``. :meth:`take_recorded_frames` returns them.
 
         Returns:
-            The first ``num_episodes`` episodes to end, whole (``t_started == 0``), in the
-            order they ended; episodes still running then are dropped.
+            ``num_episodes`` whole episodes (``t_started == 0``), in the order they ended: the
+            first ``num_episodes`` to start, each played to its end, whatever ``num_envs`` is, so
+            long episodes count as much as short ones (the mean return is the one sequential
+            play gives). Episodes an env starts beyond those are thrown away; a dropped episode
+            (a NaN value with ``on_nonfinite="drop"``, a rebuilt env) is replaced by another.
 
         Raises:
             ValueError: If ``num_episodes < 1``, for ``record_first_episode`` without
@@ -336,24 +345,45 @@ class EnvRunner(ClosesOnce):
             raise ValueError("record_first_episode needs an EnvRunner built with record_video=True")
         finished: list[SingleAgentEpisode] = []
         unfinished: dict[str, SingleAgentEpisode] = {}
+        quota = EpisodeQuota(num_episodes, self.num_envs)
         try:
             with self._vector.rollout():
                 self._reset(training=False, record_env_0=record_first_episode)
+            # The first num_episodes episodes to start are kept, each played to its end: keeping
+            # the first ones to end would favour short episodes (see episode_quota).
+            counted = {self._episodes.ids[index] for index in quota.envs}
             recorded_id = self._episodes.ids[0] if record_first_episode else None
+            self._episodes.ended = []
             # Env 0's id changes when its recorded episode ends (or is dropped).
-            while len(finished) < num_episodes or self._episodes.ids[0] == recorded_id:
+            while not quota.done or self._episodes.ids[0] == recorded_id:
                 with self._vector.rollout():
                     completed, running, _ = self._run(
-                        module, self.rollout_fragment_length, explore=explore, training=False,
-                        stop_after_episodes=max(num_episodes - len(finished), 1),
+                        module,
+                        self.rollout_fragment_length,
+                        explore=explore,
+                        training=False,
+                        # No fewer episodes can end before the counted ones all have.
+                        stop_after_episodes=max(quota.num_episodes - len(finished), 1),
                     )
-                for episode in completed:
-                    earlier = unfinished.pop(episode.id_, None)
+                completed_by_id = {episode.id_: episode for episode in completed}
+                for env, ended_id, next_id in self._episodes.ended:
+                    if ended_id not in counted:
+                        continue
+                    counted.discard(ended_id)
+                    episode = completed_by_id.get(ended_id)
+                    if quota.end(env, kept=episode is not None):
+                        counted.add(next_id)
+                    earlier = unfinished.pop(ended_id, None)
+                    if episode is None:
+                        continue  # dropped (a NaN value, a rebuilt env): another one started in its place
                     if earlier is not None:
                         earlier.concat_episode(episode)
                         episode = earlier
                     finished.append(episode)
+                self._episodes.ended.clear()
                 for episode in running:
+                    if episode.id_ not in counted:
+                        continue
                     if episode.id_ in unfinished:
                         unfinished[episode.id_].concat_episode(episode)
                     else:
@@ -362,9 +392,10 @@ class EnvRunner(ClosesOnce):
             self._after_failure()
             raise
         finally:
+            self._episodes.ended = None
             # The envs are mid-way through evaluation episodes: training restarts afresh.
             self._needs_reset = True
-        return finished[:num_episodes]
+        return finished
 
     def take_recorded_frames(self) -> np.ndarray | None:
         """The frames ``sample_episodes(..., record_first_episode=True)`` recorded, and forget them.
@@ -434,8 +465,15 @@ class EnvRunner(ClosesOnce):
         if self._acting is None or self._acting.module is not module:
             self._acting = Acting(module, self.num_envs)
         buffers, steps_done = run_rollout(
-            self._vector, self._acting, self._episodes, num_steps, explore=explore, nonfinite=self._nonfinite,
-            stop_after_episodes=stop_after_episodes, normalization=self.normalization, training=training,
+            self._vector,
+            self._acting,
+            self._episodes,
+            num_steps,
+            explore=explore,
+            nonfinite=self._nonfinite,
+            stop_after_episodes=stop_after_episodes,
+            normalization=self.normalization,
+            training=training,
         )
         return cut_episodes(buffers, steps_done, self._episodes)
 
@@ -565,4 +603,3 @@ class EnvRunner(ClosesOnce):
             f"EnvRunner(num_envs={self.num_envs}, vectorize_mode={self.vectorize_mode!r}, "
             f"rollout_fragment_length={self.rollout_fragment_length}, seed={self.seed})"
         )
-

@@ -15,7 +15,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from lightning_rl.core.arguments import check_int, is_int, is_real
+from lightning_rl.core.arguments import check_int, check_num_envs, is_int, is_real
 from lightning_rl.env.env_factory import EnvCreator, VectorizeMode, WrapperSpec, check_vectorize_mode, resolve_env
 from lightning_rl.env.envpool_vector_env import check_envpool_arguments
 from lightning_rl.env.nonfinite import ON_NONFINITE_CHOICES, OnNonFinite
@@ -87,7 +87,8 @@ class EnvSettings:
         else:
             raise ValueError(f"env must be a gymnasium id or a callable that makes an env, got {self.env!r}")
         object.__setattr__(self, "env_creator", creator)
-        for name in ("num_envs", "rollout_fragment_length", "episode_stats_window"):
+        check_num_envs("num_envs", self.num_envs)
+        for name in ("rollout_fragment_length", "episode_stats_window"):
             check_int(name, getattr(self, name))
         if self.seed is not None and not is_int(self.seed):
             raise ValueError(f"seed must be an int or None, got {self.seed!r}")

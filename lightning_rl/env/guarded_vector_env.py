@@ -116,7 +116,7 @@ class GuardedVectorEnv:
             if self.is_async:
                 yield
             else:
-                with _alarm(self.sample_timeout_s):
+                with rollout_alarm(self.sample_timeout_s):
                     yield
         finally:
             self._deadline = None
@@ -279,15 +279,21 @@ _warned_no_alarm = False
 
 
 @contextlib.contextmanager
-def _alarm(seconds: float) -> Iterator[None]:
-    """Raise :class:`SampleTimeoutError` in this thread after ``seconds``; then restore any earlier alarm."""
+def rollout_alarm(
+    seconds: float, unenforced: str = "use vectorize_mode='async' to bound a rollout here"
+) -> Iterator[None]:
+    """Raise :class:`SampleTimeoutError` in this thread after ``seconds``; then restore any earlier alarm.
+
+    Outside the main thread (or without ``signal.setitimer``) nothing is enforced: a warning,
+    once, ends with ``unenforced``.
+    """
     global _warned_no_alarm
     if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
         if not _warned_no_alarm:
             _warned_no_alarm = True
             warnings.warn(
-                "sample_timeout_s is not enforced for vectorize_mode='sync' outside the main thread (or "
-                "without signal.setitimer); use vectorize_mode='async' to bound a rollout here",
+                "sample_timeout_s is not enforced in-process outside the main thread (or without "
+                f"signal.setitimer); {unenforced}",
                 stacklevel=3,
             )
         yield

@@ -16,7 +16,9 @@ the mask of each step it acted at in ``extra_model_outputs["action_mask"]``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +37,7 @@ from lightning_rl.core.columns import DEFAULT_MODULE_ID, Columns
 from lightning_rl.core.observation_layout import ARRAY_SPACES
 from lightning_rl.core.rl_modules import MultiRLModule, RLModule
 from lightning_rl.env.agent_acting import AgentActing
+from lightning_rl.env.env_errors import EnvFaultError, NonFiniteEnvError, SampleTimeoutError, SubEnvError
 from lightning_rl.env.multi_agent_episode import ALL_AGENTS, AgentID, ModuleID, MultiAgentEpisode
 from lightning_rl.env.pettingzoo_env import is_parallel_env
 
@@ -50,7 +53,6 @@ class EpisodeRecord:
     env_steps: int
     agent_returns: dict[AgentID, float]
     agent_modules: dict[AgentID, ModuleID]
-
 
 
 def check_agent_spaces(agent: AgentID, observation_space: gym.Space, action_space: gym.Space) -> None:
@@ -81,13 +83,20 @@ def check_agent_spaces(agent: AgentID, observation_space: gym.Space, action_spac
 class EnvCopy:
     """One PettingZoo env and the episode running in it.
 
+    Faults are errors that name the copy, the agents and the step: an exception of the env a
+    ``SubEnvError``, a NaN or infinite reward or observation a ``NonFiniteEnvError`` (as the
+    single-agent runner's ``on_nonfinite="raise"``), a ``SampleTimeoutError`` raised inside the
+    env (the runner's ``sample_timeout_s``) says which copy did not return.
+
     Args:
         env: The ``ParallelEnv`` or ``AECEnv``.
         mapping_fn: The policy mapping function new episodes get.
+        index: The copy's index in its runner, for errors.
     """
 
-    def __init__(self, env: Any, mapping_fn: Callable[[AgentID, MultiAgentEpisode], ModuleID]) -> None:
+    def __init__(self, env: Any, mapping_fn: Callable[[AgentID, MultiAgentEpisode], ModuleID], index: int = 0) -> None:
         self.env = env
+        self.index = index
         self.is_parallel = is_parallel_env(env)
         # Reading `agents` / `agent_selection` through an AEC env's wrappers walks a chain of
         # __getattr__ calls, several times per step; the unwrapped env holds the same attributes.
@@ -107,11 +116,13 @@ class EnvCopy:
         """Start a new episode (the running one is abandoned) with ``env.reset(seed=seed)``."""
         self.episode = MultiAgentEpisode(agent_to_module_mapping_fn=self.mapping_fn)
         self._returns, self._ended_terminated, self._env_steps = {}, {}, 0
-        if self.is_parallel:
-            observations, _ = self.env.reset(seed=seed)
-        else:
-            self.env.reset(seed=seed)
-            observations = self._aec_observe()[0]
+        with self._faults("reset", list(self.env.possible_agents)):
+            if self.is_parallel:
+                observations, _ = self.env.reset(seed=seed)
+            else:
+                self.env.reset(seed=seed)
+                observations = self._aec_observe()[0]
+        self._check_finite(observations, {}, "reset")
         split = {agent: self._split(agent, observation) for agent, observation in observations.items()}
         self.episode.add_env_reset({agent: obs for agent, (obs, _) in split.items()})
         self.waiting = split
@@ -131,12 +142,14 @@ class EnvCopy:
             The completed episode's record when this step ended it (``self.episode`` is then
             the done episode; call :meth:`reset` next), else ``None``.
         """
-        if self.is_parallel:
-            observations, rewards, terminateds, truncateds, _ = self.env.step(env_actions)
-        else:
-            (agent,) = env_actions
-            self.env.step(env_actions[agent])
-            observations, rewards, terminateds, truncateds = self._aec_observe()
+        with self._faults(f"step {self._env_steps} of its episode", list(env_actions)):
+            if self.is_parallel:
+                observations, rewards, terminateds, truncateds, _ = self.env.step(env_actions)
+            else:
+                (agent,) = env_actions
+                self.env.step(env_actions[agent])
+                observations, rewards, terminateds, truncateds = self._aec_observe()
+        self._check_finite(observations, rewards, f"step {self._env_steps} of its episode")
         done = not self._raw.agents
         split = {agent: self._split(agent, observation) for agent, observation in observations.items()}
         for agent in observations:
@@ -162,6 +175,35 @@ class EnvCopy:
             agent_returns=dict(self._returns),
             agent_modules={agent: self.episode.module_for(agent) for agent in self._returns},
         )
+
+    @contextlib.contextmanager
+    def _faults(self, where: str, agents: list[AgentID]) -> Iterator[None]:
+        """Turn what the env raises at ``where`` into an error naming this copy, ``agents`` and the step."""
+        try:
+            yield
+        except SampleTimeoutError as error:
+            raise SampleTimeoutError(
+                f"{error}: env copy {self.index} did not return from {where} (agents {agents})"
+            ) from None
+        except EnvFaultError:
+            raise
+        except Exception as error:
+            raise SubEnvError(
+                f"env copy {self.index} raised at {where} (agents {agents}): {type(error).__name__}: {error}"
+            ) from error
+
+    def _check_finite(self, observations: dict[AgentID, Any], rewards: dict[AgentID, Any], where: str) -> None:
+        """Raise ``NonFiniteEnvError`` naming the copy, the agent and the step for a NaN or infinite value."""
+        for agent, reward in rewards.items():
+            if not math.isfinite(float(reward)):
+                raise NonFiniteEnvError(f"env copy {self.index}, agent {agent!r}, {where}: the reward is {reward}")
+        for agent, observation in observations.items():
+            values = observation.get("observation") if isinstance(observation, dict) else observation
+            values = np.asarray(values)
+            if np.issubdtype(values.dtype, np.floating) and not np.isfinite(values).all():
+                raise NonFiniteEnvError(
+                    f"env copy {self.index}, agent {agent!r}, {where}: the observation holds {values[~np.isfinite(values)][0]}"
+                )
 
     def add_chunk_returns(self) -> None:
         """Add the running chunk's per-agent returns to the episode's; call once per chunk, before it is cut."""
@@ -195,7 +237,13 @@ class EnvCopy:
         return np.array(observation), None
 
 
-def step_copies(copies: list[EnvCopy], acting: AgentActing, *, explore: bool) -> list[tuple[int, EpisodeRecord]]:
+def step_copies(
+    copies: list[EnvCopy],
+    acting: AgentActing,
+    *,
+    explore: bool,
+    dropped: list[tuple[int, NonFiniteEnvError]] | None = None,
+) -> list[tuple[int, EpisodeRecord]]:
     """Take one env step in every copy: one forward pass per module over all rows mapped to it.
 
     Args:
@@ -205,6 +253,9 @@ def step_copies(copies: list[EnvCopy], acting: AgentActing, *, explore: bool) ->
             ``DEFAULT_MODULE_ID``. A copy's agents start afresh when its episode is a new one;
             each agent's reward (its agent episode's) goes back to it after the step.
         explore: Sample actions (``forward_exploration``) or take the most likely ones.
+        dropped: ``None`` to raise a copy's ``NonFiniteEnvError``; a list to drop the episode
+            instead (``on_nonfinite="drop_episode"``): the copy starts a new one, and ``(copy
+            index, error)`` is appended.
 
     Returns:
         ``(copy index, record)`` of each copy whose episode ended in this step.
@@ -231,7 +282,14 @@ def step_copies(copies: list[EnvCopy], acting: AgentActing, *, explore: bool) ->
             extras[index][agent] = {key: value[row] for key, value in out.items()}
     ended = []
     for index, copy in enumerate(copies):
-        record = copy.step(actions[index], env_actions[index], extras[index])
+        try:
+            record = copy.step(actions[index], env_actions[index], extras[index])
+        except NonFiniteEnvError as error:
+            if dropped is None:
+                raise
+            dropped.append((index, error))
+            copy.reset(seed=None)  # the episode is thrown away; a NaN in the reset itself raises
+            continue
         if record is not None:
             ended.append((index, record))
     if acting.stateful:

@@ -10,7 +10,9 @@ the others mapped to the same module, and each module runs ONE forward pass over
 
 from __future__ import annotations
 
+import contextlib
 import time
+import warnings
 from collections import deque
 from collections.abc import Mapping
 from typing import Any
@@ -18,12 +20,16 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from lightning_rl.core.arguments import check_int, is_int
+from lightning_rl.core.arguments import check_int, check_num_envs, check_number, is_int
 from lightning_rl.core.rl_modules import MultiRLModule, RLModule
-from lightning_rl.env.closes_once import ClosesOnce
-from lightning_rl.env.multi_agent_episode import AgentID, ModuleID, MultiAgentEpisode
 from lightning_rl.env.agent_acting import AgentActing
+from lightning_rl.env.closes_once import ClosesOnce
+from lightning_rl.env.env_errors import NonFiniteEnvError
+from lightning_rl.env.episode_quota import EpisodeQuota
+from lightning_rl.env.guarded_vector_env import rollout_alarm
+from lightning_rl.env.multi_agent_episode import AgentID, ModuleID, MultiAgentEpisode
 from lightning_rl.env.multi_agent_rollout import EnvCopy, EpisodeRecord, check_agent_spaces, step_copies
+from lightning_rl.env.nonfinite import ON_NONFINITE_CHOICES, OnNonFinite
 from lightning_rl.env.pettingzoo_env import PettingZooEnvCreator, make_pettingzoo_env
 from lightning_rl.env.policy_mapping import PolicyMappingFn, module_spaces, resolve_policy_mapping_fn
 
@@ -56,6 +62,17 @@ class MultiAgentEnvRunner(ClosesOnce):
             from ``seed``. ``None`` leaves the envs randomly seeded.
         episode_stats_window: How many of the latest completed episodes :meth:`get_metrics`'s
             means cover.
+        sample_timeout_s: The most seconds one :meth:`sample` or :meth:`sample_episodes` call
+            may take (a ``SampleTimeoutError`` naming the copy that did not return; the envs
+            step in this process, so it is enforced in the main thread only); ``None`` waits
+            forever. An env that raises is a ``SubEnvError``, each naming the copy, the agent
+            and the step.
+        on_nonfinite: A NaN or infinite reward or observation of a step: ``"raise"`` a
+            ``NonFiniteEnvError`` naming the copy, the agent and the step, or ``"drop_episode"``:
+            throw that episode away (its chunks of this call are not returned nor counted, an
+            evaluation plays another in its place), warn naming it, count it in
+            :attr:`num_nonfinite_env_steps`, and start a new one in that copy. A non-finite
+            reset observation always raises.
 
     Raises:
         ValueError: Naming the argument, for ``num_envs`` or ``episode_stats_window`` below 1, a
@@ -74,8 +91,16 @@ class MultiAgentEnvRunner(ClosesOnce):
         policy_mapping_fn: str | PolicyMappingFn = "shared",
         seed: int | None = None,
         episode_stats_window: int = 100,
+        sample_timeout_s: float | None = 60.0,
+        on_nonfinite: OnNonFinite = "raise",
     ) -> None:
-        check_int("num_envs", num_envs)
+        check_num_envs("num_envs", num_envs)
+        if on_nonfinite not in ON_NONFINITE_CHOICES:
+            raise ValueError(f"on_nonfinite must be one of {list(ON_NONFINITE_CHOICES)}, got {on_nonfinite!r}")
+        self.on_nonfinite = on_nonfinite
+        self.num_nonfinite_env_steps = 0
+        check_number("sample_timeout_s", sample_timeout_s, low=0, low_open=True, finite=True, optional=True)
+        self.sample_timeout_s = None if sample_timeout_s is None else float(sample_timeout_s)
         check_int("episode_stats_window", episode_stats_window)
         if seed is not None and not is_int(seed):
             raise ValueError(f"seed must be an int or None, got {seed!r}")
@@ -85,8 +110,8 @@ class MultiAgentEnvRunner(ClosesOnce):
         self.policy_mapping_fn = resolve_policy_mapping_fn(policy_mapping_fn)
         self._copies: list[EnvCopy] = []
         try:
-            for _ in range(self.num_envs):
-                self._copies.append(EnvCopy(make_pettingzoo_env(env, env_kwargs), self.policy_mapping_fn))
+            for index in range(self.num_envs):
+                self._copies.append(EnvCopy(make_pettingzoo_env(env, env_kwargs), self.policy_mapping_fn, index))
                 if len(self._copies) == 1:
                     self._read_spaces(self._copies[0].env)  # fail before building the other copies
         except BaseException:
@@ -184,14 +209,8 @@ class MultiAgentEnvRunner(ClosesOnce):
         start = time.perf_counter()
         completed: list[MultiAgentEpisode] = []
         try:
-            if self._needs_reset:
-                self._full_reset()
-            self._restart_episodes_of_removed_modules(module)
-            for _ in range(num_env_steps):
-                for index, record in step_copies(self._copies, self._acting_for(module), explore=explore):
-                    completed.append(self._copies[index].episode)
-                    self._record(record)
-                    self._copies[index].reset(seed=None)
+            with self._timeout():
+                self._step_copies(module, num_env_steps, explore, completed)
         except BaseException:
             self._needs_reset = True  # the envs moved on without the episodes' record of it
             raise
@@ -210,6 +229,31 @@ class MultiAgentEnvRunner(ClosesOnce):
         self._num_agent_steps_since += agent_steps
         self._sample_seconds_since += time.perf_counter() - start
         return episodes
+
+    def _step_copies(self, module: RLModule, num_env_steps: int, explore: bool, completed: list) -> None:
+        if self._needs_reset:
+            self._full_reset()
+        self._restart_episodes_of_removed_modules(module)
+        for _ in range(num_env_steps):
+            dropped = self._dropped()
+            for index, record in step_copies(self._copies, self._acting_for(module), explore=explore, dropped=dropped):
+                completed.append(self._copies[index].episode)
+                self._record(record)
+                self._copies[index].reset(seed=None)
+            self._count_dropped(dropped)
+
+    def _dropped(self) -> list[tuple[int, NonFiniteEnvError]] | None:
+        return [] if self.on_nonfinite == "drop_episode" else None
+
+    def _count_dropped(self, dropped: list[tuple[int, NonFiniteEnvError]] | None) -> None:
+        for _, error in dropped or ():
+            self.num_nonfinite_env_steps += 1
+            warnings.warn(f"{error}; the episode is dropped (on_nonfinite='drop_episode')", stacklevel=3)
+
+    def _timeout(self) -> contextlib.AbstractContextManager:
+        if self.sample_timeout_s is None:
+            return contextlib.nullcontext()
+        return rollout_alarm(self.sample_timeout_s, "run the fit in the main thread to bound a rollout")
 
     def sample_episodes(
         self,
@@ -247,23 +291,30 @@ class MultiAgentEnvRunner(ClosesOnce):
             copy.mapping_fn = mapping
         finished: list[MultiAgentEpisode] = []
         try:
-            self._full_reset()
-            # Exactly num_episodes games are started and every one is played to its end: keeping
-            # the first ones to finish instead would over-weight short games (quick blunders).
-            active = list(range(min(self.num_envs, num_episodes)))
-            started = len(active)
-            while active:
-                copies = [self._copies[index] for index in active]
-                ended = step_copies(copies, self._acting_for(module), explore=explore)
-                for position, _ in ended:
-                    index = active[position]
-                    finished.append(self._copies[index].episode.to_numpy())
-                    if started < num_episodes:
-                        self._copies[index].reset(seed=None)
-                        started += 1
-                for position in sorted((position for position, _ in ended), reverse=True):
-                    if self._copies[active[position]].episode.is_done:
-                        del active[position]
+            with self._timeout():
+                self._full_reset()
+                # Exactly num_episodes games are started and every one is played to its end: keeping
+                # the first ones to finish instead would over-weight short games (quick blunders).
+                quota = EpisodeQuota(num_episodes, self.num_envs)
+                while not quota.done:
+                    active = quota.envs
+                    copies = [self._copies[index] for index in active]
+                    dropped = self._dropped()
+                    ended = step_copies(copies, self._acting_for(module), explore=explore, dropped=dropped)
+                    for position, _ in ended:
+                        index = active[position]
+                        finished.append(self._copies[index].episode.to_numpy())
+                        if quota.end(index):
+                            self._copies[index].reset(seed=None)
+                    # A dropped episode's copy started a new one: it counts in its place, or idles.
+                    for position, error in dropped or ():
+                        quota.end(active[position], kept=False)
+                        if quota.num_episodes > 2 * num_episodes:  # more dropped than asked for
+                            raise NonFiniteEnvError(
+                                f"{error}; evaluation dropped {quota.num_episodes - num_episodes} episodes for NaN or "
+                                f"infinite values, more than the {num_episodes} it plays: the env returns them too often"
+                            )
+                    self._count_dropped(dropped)
         finally:
             for copy in self._copies:
                 copy.mapping_fn = self.policy_mapping_fn

@@ -46,6 +46,9 @@ class RunningEpisodes:
     ids: list[str] = field(init=False)
     t: np.ndarray = field(init=False)
     returns: np.ndarray = field(init=False)
+    # When a list: (env, ended id, new id) of every episode that ended or was dropped, in that
+    # order (what an evaluation follows to know which env's next episode counts).
+    ended: list[tuple[int, str, str]] | None = None
 
     def __post_init__(self) -> None:
         self.ids = [""] * self.num_envs
@@ -64,7 +67,10 @@ class RunningEpisodes:
 
     def start_new(self, index: int) -> None:
         """Env ``index``'s episode ended (or was dropped): the next step starts a new one."""
-        self.ids[index] = uuid.uuid4().hex
+        new_id = uuid.uuid4().hex
+        if self.ended is not None:
+            self.ended.append((index, self.ids[index], new_id))
+        self.ids[index] = new_id
         self.t[index] = 0
         self.returns[index] = 0.0
 

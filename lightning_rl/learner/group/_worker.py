@@ -9,7 +9,8 @@ averages (DDP) or reduce-scatters (FSDP2) the gradients of every minibatch step;
 ``ReplyCallback.on_train_batch_end`` sends the results back. Other commands run inside the
 stream between two train items, on every rank. A shutdown ends the stream, so ``fit`` returns
 and the process exits. A daemon thread answers the driver's status probes meanwhile
-(``serve_status_probes``), also while the main thread hangs.
+(``serve_status_probes``), also while the main thread hangs; when the driver is killed, the
+probe pipe closes and that thread ends the process within a moment, whatever it was running.
 
 Under FSDP2 whatever reads whole weights (the weights after an update, ``get_weights``,
 ``get_state``, checkpoints) or runs the modules outside a train step (the Learner connector
@@ -57,6 +58,8 @@ from lightning_rl.learner.group._protocol import (
 # Lightning prefetches one item ahead from an iterable without a length (to know which item is
 # the last), which would wait for the next command before the current one is answered.
 _STREAM_LENGTH = 2**62
+#: A learner's exit code when its driver died (its status-probe pipe closed) and it ended itself.
+DRIVER_GONE_EXIT_CODE = 75
 # Learners' collectives time out this much after the driver stops waiting, so that the
 # driver's message (which ranks did not answer) is the one the user sees.
 COLLECTIVE_MARGIN_S = 30.0
@@ -138,7 +141,12 @@ def serve_status_probes(probe: Connection) -> None:
                 probe.recv()
                 probe.send(main_thread_activity(main_ident))
             except (EOFError, OSError):
-                return  # the driver closed the pipe or is gone
+                break
+        # The driver's end closed: the driver is gone (killed, or it exited without shutdown();
+        # its shutdown() and kill() close the pipes only once the learners ended). Nobody will
+        # read what this process computes: end it now, not after its update (minutes, GBs).
+        print(f"LearnerGroup learner (pid {os.getpid()}): the driver is gone; exiting", file=sys.stderr, flush=True)
+        os._exit(DRIVER_GONE_EXIT_CODE)
 
     threading.Thread(target=answer, name="LearnerGroup-status", daemon=True).start()
 
@@ -181,7 +189,9 @@ def _make_trainer(
     # One banner per process would be noise; the driver reports what matters.
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", message=".*(validation_step|val_dataloader|does not have many workers|LeafSpec).*")
+    warnings.filterwarnings(
+        "ignore", message=".*(validation_step|val_dataloader|does not have many workers|LeafSpec).*"
+    )
     return Trainer(
         accelerator=accelerator,
         devices=world_size,
