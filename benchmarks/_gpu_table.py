@@ -137,8 +137,11 @@ def main(out: Path) -> None:
 
     for algo, check in OFF_POLICY.items():
         gpu, cpu = (off_policy_rate(out / f"off_policy_{algo}_{role}.json", algo) for role in ("gpu", "cpu"))
+        graphs = off_policy_rate(out / f"off_policy_{algo}_graphs.json", algo)
         if gpu is not None and cpu is not None:
             result = f"GPU {gpu:,.0f} env steps/s, CPU {cpu:,.0f}: GPU/CPU {gpu / cpu:.2f}x"
+            if graphs is not None:
+                result += f"; GPU with cuda_graphs {graphs:,.0f}: {graphs / cpu:.2f}x CPU"
         else:
             parts = [f"{role} {'n/a' if rate is None else f'{rate:,.0f} env steps/s'}" for role, rate in
                      (("GPU", gpu), ("CPU", cpu))]  # fmt: skip

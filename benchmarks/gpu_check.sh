@@ -139,12 +139,13 @@ OP_DEVICE=0
 "$PY" benchmarks/off_policy.py --help 2>/dev/null | grep -q -- --device && OP_DEVICE=1
 # The dry run goes through the pipeline even without --device (both runs on the CPU then).
 if [ "$OP_DEVICE" = 1 ] || [ "$DEVICE" = cpu ]; then
-  if [ "$DEVICE" = cpu ]; then DQN_STEPS=1300 SAC_STEPS=150; else DQN_STEPS=3000 SAC_STEPS=1500; fi
+  if [ "$DEVICE" = cpu ]; then DQN_STEPS=1300 SAC_STEPS=150; else DQN_STEPS=${GPU_CHECK_DQN_STEPS:-3000} SAC_STEPS=${GPU_CHECK_SAC_STEPS:-1500}; fi
   # The GPU run and the CPU run side by side (1 thread each; 16 cores): the same conditions for both.
   # off_policy ALGO ROLE DEVICE STEPS: ROLE (gpu or cpu) names the files: the dry run's "gpu" run is on the CPU.
   off_policy() {
     local algo=$1 role=$2 device=$3 steps=$4
-    local flags=(--algo "$algo" --variants ours --seeds 0 --threads 1 --max-env-steps "$steps" --timeout 150)
+    shift 4
+    local flags=(--algo "$algo" --variants ours --seeds 0 --threads 1 --max-env-steps "$steps" --timeout 150 "$@")
     [ "$OP_DEVICE" = 1 ] && flags+=(--device "$device")
     "$PY" benchmarks/off_policy.py "${flags[@]}" --json "$OUT_DIR/off_policy_${algo}_${role}.json" \
       >"$OUT_DIR/off_policy_${algo}_${role}.log" 2>&1
@@ -156,11 +157,24 @@ if [ "$OP_DEVICE" = 1 ] || [ "$DEVICE" = cpu ]; then
     off_policy dqn cpu cpu "$DQN_STEPS" &
     off_policy sac gpu "$gpu" "$SAC_STEPS" &
     off_policy sac cpu cpu "$SAC_STEPS" &
+    if [ "$DEVICE" != cpu ]; then  # the example configs with cuda_graphs: true, on the GPU
+      for algo in dqn sac; do
+        "$PY" - "$algo" "$OUT_DIR/${algo}_cuda_graphs.yaml" <<'PYEOF'
+import sys, yaml
+algo, target = sys.argv[1], sys.argv[2]
+config = yaml.safe_load(open(f"examples/{'dqn_cartpole' if algo == 'dqn' else 'sac_pendulum'}.yaml"))
+config["model"].setdefault("init_args", {})["cuda_graphs"] = True
+yaml.safe_dump(config, open(target, "w"))
+PYEOF
+      done
+      off_policy dqn graphs cuda "$DQN_STEPS" --dqn-config "$OUT_DIR/dqn_cuda_graphs.yaml" &
+      off_policy sac graphs cuda "$SAC_STEPS" --sac-config "$OUT_DIR/sac_cuda_graphs.yaml" &
+    fi
     wait
   }
   export -f off_policy off_policy_all
   export PY OUT_DIR DEVICE DQN_STEPS SAC_STEPS OP_DEVICE
-  run_section "off_policy" 70 0 "$OUT_DIR/off_policy.log" bash -c off_policy_all
+  run_section "off_policy" "${GPU_CHECK_OFF_POLICY_S:-70}" 0 "$OUT_DIR/off_policy.log" bash -c off_policy_all
 else
   echo "[off_policy] no --device in this version: DQN and SAC on the GPU are left out"
   echo "benchmarks/off_policy.py has no --device" >"$OUT_DIR/off_policy.log"
