@@ -8,6 +8,7 @@ A spec names the module class, its spaces, ``model_config`` and ``inference_only
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -119,18 +120,40 @@ class MultiRLModuleSpec:
     """How to build a :class:`MultiRLModule`: one :class:`RLModuleSpec` per module id.
 
     Args:
-        rl_module_specs: ``{module_id: spec}``.
+        rl_module_specs: ``{module_id: spec}``. The first positional argument here (RLlib's
+            first is ``multi_rl_module_class``: pass that by keyword).
+        multi_rl_module_class: The container class: ``MultiRLModule`` or a subclass (a shared
+            encoder, say), built as ``cls(rl_module_specs=..., model_config=...)``. Stored as its
+            import path; read back, it must be a class already loaded (nothing is imported, as for
+            ``RLModuleSpec.module_class``).
+        model_config: Settings of the container itself, for a subclass's ``setup``; plain data.
+
+    Raises:
+        ValueError: For an invalid module id, or a ``multi_rl_module_class`` that is not a
+            ``MultiRLModule`` subclass.
     """
 
     rl_module_specs: dict[str, RLModuleSpec] = dataclasses.field(default_factory=dict)
+    multi_rl_module_class: type[MultiRLModule] = MultiRLModule
+    model_config: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.rl_module_specs, type):
+            raise ValueError(
+                f"MultiRLModuleSpec's first argument is rl_module_specs (a dict), got the class "
+                f"{self.rl_module_specs.__name__}: RLlib's MultiRLModuleSpec({self.rl_module_specs.__name__}, ...) is "
+                f"MultiRLModuleSpec(multi_rl_module_class={self.rl_module_specs.__name__}, rl_module_specs=...) here"
+            )
+        if not (isinstance(self.multi_rl_module_class, type) and issubclass(self.multi_rl_module_class, MultiRLModule)):
+            raise ValueError(
+                f"multi_rl_module_class must be a MultiRLModule subclass, got {self.multi_rl_module_class!r}"
+            )
         for module_id in self.rl_module_specs:
             validate_module_id(module_id)
 
     def build(self) -> MultiRLModule:
-        """Build every module and return them in a :class:`MultiRLModule`."""
-        return MultiRLModule({module_id: spec.build() for module_id, spec in self.rl_module_specs.items()})
+        """Build every module and return them in a ``multi_rl_module_class`` (whose ``setup`` then runs)."""
+        return self.multi_rl_module_class(rl_module_specs=dict(self.rl_module_specs), model_config=self.model_config)
 
     def add_module_spec(self, module_id: str, spec: RLModuleSpec, *, override: bool = False) -> None:
         """Add ``spec`` under ``module_id``.
@@ -168,7 +191,9 @@ class MultiRLModuleSpec:
     def to_dict(self) -> dict[str, Any]:
         """Describe the spec as plain data; see :meth:`RLModuleSpec.to_dict`."""
         return {
-            "rl_module_specs": {module_id: spec.to_dict() for module_id, spec in self.rl_module_specs.items()}
+            "rl_module_specs": {module_id: spec.to_dict() for module_id, spec in self.rl_module_specs.items()},
+            "multi_rl_module_class": class_path(self.multi_rl_module_class),
+            "model_config": _to_plain_data(self.model_config, "model_config"),
         }
 
     @classmethod
@@ -176,15 +201,28 @@ class MultiRLModuleSpec:
         """Rebuild a spec from :meth:`to_dict`'s output.
 
         Args:
-            data: A dict made by :meth:`to_dict`.
+            data: A dict made by :meth:`to_dict`. Its ``multi_rl_module_class`` must name a
+                loaded class (nothing is imported); without one (older checkpoints) it is
+                ``MultiRLModule``.
+
+        Raises:
+            ValueError: For unknown keys, or a class path that names no loaded subclass.
         """
+        unknown = sorted(data.keys() - {field.name for field in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"Unknown MultiRLModuleSpec keys {unknown}.")
+        container = data.get("multi_rl_module_class")
         return cls(
-            {module_id: RLModuleSpec.from_dict(spec) for module_id, spec in data["rl_module_specs"].items()}
+            {module_id: RLModuleSpec.from_dict(spec) for module_id, spec in data["rl_module_specs"].items()},
+            multi_rl_module_class=MultiRLModule
+            if container is None
+            else loaded_subclass(container, MultiRLModule, "the module spec's multi_rl_module_class"),
+            model_config=data.get("model_config"),
         )
 
     @classmethod
     def from_module(cls, multi_module: MultiRLModule) -> MultiRLModuleSpec:
-        """Describe live modules: their classes, spaces, model configs and inference flags.
+        """Describe live modules: the container's class, and the modules' classes, spaces, model configs and inference flags.
 
         Args:
             multi_module: The modules to describe.
@@ -199,8 +237,19 @@ class MultiRLModuleSpec:
                     inference_only=module.inference_only,
                 )
                 for module_id, module in multi_module.items()
-            }
+            },
+            multi_rl_module_class=_container_class(multi_module),
+            model_config=dict(multi_module.model_config) or None,
         )
+
+
+def _container_class(multi_module: MultiRLModule) -> type[MultiRLModule]:
+    # The user's class, not the one FSDP2's fully_shard makes of it on the fly (FSDP<name>).
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    for cls in type(multi_module).__mro__:
+        if issubclass(cls, MultiRLModule) and not (fsdp is not None and issubclass(cls, fsdp.FSDPModule)):
+            return cls
+    return MultiRLModule
 
 
 def spec_or_default(

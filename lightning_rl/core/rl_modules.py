@@ -102,7 +102,12 @@ class RLModule(nn.Module):
         self._action_masked = is_action_masked_space(observation_space)
         if self._action_masked:
             check_maskable_action_space(action_space, type(self).__name__)
+        self._before_setup()
         self.setup()
+
+    def _before_setup(self) -> None:
+        # What must exist before a subclass's setup() runs (a MultiRLModule's sub-modules).
+        pass
 
     def resolved_model_config(self) -> dict[str, Any]:
         """Return a copy of ``model_config`` with each declared key it leaves out set to its default.
@@ -311,16 +316,55 @@ class MultiRLModule(RLModule):
     ``nn.Module`` it keeps ``nn.Module.add_module``'s meaning (register a plain child), which
     torch utilities rely on, e.g. ``register_module`` or ``SyncBatchNorm.convert_sync_batchnorm``.
 
+    Subclasses (a shared encoder that every policy head reads, as in RLlib) override
+    :meth:`setup`, which runs once the sub-modules exist (``self._rl_modules`` or
+    ``self[module_id]``), and the passes. Specs and checkpoints record the subclass
+    (``MultiRLModuleSpec.multi_rl_module_class``), so it is rebuilt, not a plain
+    ``MultiRLModule``; they build it as ``cls(rl_module_specs=..., model_config=...)``.
+
     Args:
         rl_modules: The modules to start with, ``{module_id: module}``.
+        rl_module_specs: RLlib's form: ``{module_id: RLModuleSpec}``, built here. Not with
+            ``rl_modules``.
+        model_config: Settings of the container itself, for a subclass's :meth:`setup`.
+        inference_only: As for :class:`RLModule`.
+        observation_space: Unused by the container (RLlib accepts it); kept as an attribute.
+        action_space: Unused by the container (RLlib accepts it); kept as an attribute.
+
+    Raises:
+        ValueError: For both ``rl_modules`` and ``rl_module_specs``.
+        TypeError: For a module that is not an RLModule.
     """
 
-    def __init__(self, rl_modules: Mapping[str, RLModule] | None = None) -> None:
-        super().__init__(observation_space=None, action_space=None)
-        self._rl_modules = nn.ModuleDict()
+    def __init__(
+        self,
+        rl_modules: Mapping[str, RLModule] | None = None,
+        *,
+        rl_module_specs: Mapping[str, Any] | None = None,
+        model_config: dict[str, Any] | None = None,
+        inference_only: bool = False,
+        observation_space: gym.Space | None = None,
+        action_space: gym.Space | None = None,
+    ) -> None:
+        if rl_modules is not None and rl_module_specs is not None:
+            raise ValueError("MultiRLModule takes rl_modules (built modules) or rl_module_specs (specs), not both")
+        if rl_module_specs is not None:
+            rl_modules = {module_id: spec.build() for module_id, spec in rl_module_specs.items()}
         for module_id, module in (rl_modules or {}).items():
             if not isinstance(module, RLModule):
                 raise TypeError(f"Module {module_id!r} is a {type(module).__name__}, not an RLModule.")
+        # Read by _before_setup, which RLModule.__init__ calls just before setup(): so a
+        # subclass's setup() finds its sub-modules, as in RLlib.
+        self.__dict__["_rl_modules_before_setup"] = dict(rl_modules or {})
+        super().__init__(
+            observation_space=None, action_space=None, model_config=model_config, inference_only=inference_only
+        )
+        self.observation_space = observation_space
+        self.action_space = action_space
+
+    def _before_setup(self) -> None:
+        self._rl_modules = nn.ModuleDict()
+        for module_id, module in self.__dict__.pop("_rl_modules_before_setup", {}).items():
             self.add_module(module_id, module)
 
     def keys(self) -> KeysView[str]:

@@ -124,6 +124,12 @@ def checkpoint_payload(learner: LightningModule) -> dict[str, Any]:
 def match_modules(learner: LightningModule, spec_dict: Mapping[str, Any], overrides: Mapping[str, dict[str, Any]]) -> None:
     """Add and remove modules so that ``learner`` holds those of ``spec_dict`` (a ``MultiRLModuleSpec.to_dict``)."""
     spec = MultiRLModuleSpec.from_dict(spec_dict)
+    container = MultiRLModuleSpec.from_module(learner.module).multi_rl_module_class
+    if container is not spec.multi_rl_module_class:
+        raise ValueError(
+            f"its modules are a {spec.multi_rl_module_class.__name__}, this Learner's a {container.__name__}; "
+            "load it with from_checkpoint(path), which builds its class"
+        )
     for module_id in [m for m in learner.module.keys() if m not in spec.rl_module_specs]:
         learner.remove_module(module_id)
     for module_id, module_spec in spec.rl_module_specs.items():

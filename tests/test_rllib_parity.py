@@ -1,0 +1,135 @@
+"""Issue 32: RLlib users' Learner code, written as RLlib writes it, runs here or fails loudly at construction.
+
+Each test is an RLlib example or test ported with no more translation than the "Coming from
+RLlib" page names (docs/coming_from_rllib.md).
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from conftest import assert_same_tensors, random_batch
+from torch import nn
+
+from lightning_rl import Learner, MultiRLModule, MultiRLModuleSpec, RLModule, RLModuleSpec
+from lightning_rl.core.columns import Columns
+
+OBS_SPACE = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+ACT_SPACE = gym.spaces.Discrete(2)
+SHARED_ENCODER_ID = "shared_encoder"
+EMBEDDINGS = "encoder_embeddings"
+
+
+# ---------------------------------------------------------------------------------------
+# (5) A MultiRLModule subclass with a shared encoder (RLlib's multi_agent/shared_encoder example)
+# ---------------------------------------------------------------------------------------
+
+
+class SharedEncoder(RLModule):
+    def setup(self):
+        self.net = nn.Sequential(nn.Linear(self.observation_space.shape[0], 8), nn.ReLU())
+
+    def _forward(self, batch, **kwargs):
+        return {EMBEDDINGS: self.net(batch[Columns.OBS])}
+
+
+class PolicyHead(RLModule):
+    def setup(self):
+        self.pi = nn.Linear(8, self.action_space.n)
+
+    def _forward(self, batch, **kwargs):
+        return {Columns.ACTION_DIST_INPUTS: self.pi(batch[EMBEDDINGS])}
+
+
+class SharedEncoderMultiRLModule(MultiRLModule):
+    def setup(self):
+        super().setup()
+        # As in RLlib: the sub-modules exist when setup() runs.
+        assert SHARED_ENCODER_ID in self._rl_modules and len(self._rl_modules) > 1
+        self.encoder = self._rl_modules[SHARED_ENCODER_ID]
+
+    def forward_train(self, batch, **kwargs):
+        outputs = {}
+        for module_id, module_batch in batch.items():
+            if module_id == SHARED_ENCODER_ID:
+                continue
+            embeddings = self.encoder.forward_train(module_batch)[EMBEDDINGS]
+            outputs[module_id] = self._rl_modules[module_id].forward_train({EMBEDDINGS: embeddings})
+        return outputs
+
+
+class SharedEncoderLearner(Learner):
+    def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
+        logits = fwd_out[Columns.ACTION_DIST_INPUTS]
+        return nn.functional.cross_entropy(logits, batch[Columns.ACTIONS])
+
+
+def _shared_encoder_spec() -> MultiRLModuleSpec:
+    head = RLModuleSpec(module_class=PolicyHead, observation_space=OBS_SPACE, action_space=ACT_SPACE)
+    return MultiRLModuleSpec(
+        multi_rl_module_class=SharedEncoderMultiRLModule,
+        rl_module_specs={
+            SHARED_ENCODER_ID: RLModuleSpec(
+                module_class=SharedEncoder, observation_space=OBS_SPACE, action_space=ACT_SPACE
+            ),
+            "p0": head,
+            "p1": head,
+        },
+    )
+
+
+def _two_agent_batch(seed: int) -> dict:
+    return {"p0": random_batch(seed=seed), "p1": random_batch(seed=seed + 1)}
+
+
+def test_a_multi_rl_module_subclass_sets_up_after_its_sub_modules_exist():
+    module = _shared_encoder_spec().build()
+    assert type(module) is SharedEncoderMultiRLModule
+    assert module.encoder is module[SHARED_ENCODER_ID]
+
+
+def test_multi_rl_module_takes_rllibs_rl_module_specs_argument():
+    specs = _shared_encoder_spec().rl_module_specs
+    module = SharedEncoderMultiRLModule(rl_module_specs=specs)
+    assert sorted(module.keys()) == sorted(specs)
+
+
+def test_a_custom_multi_rl_module_class_survives_a_learner_checkpoint(tmp_path):
+    learner = SharedEncoderLearner(module_spec=_shared_encoder_spec(), lr=0.01)
+    learner.build()
+    learner.update_from_batch(_two_agent_batch(0))
+    path = learner.save_to_path(str(tmp_path / "learner"))
+
+    restored = SharedEncoderLearner.from_checkpoint(path)
+    assert type(restored.module) is SharedEncoderMultiRLModule
+    assert restored.module_spec.multi_rl_module_class is SharedEncoderMultiRLModule
+    assert_same_tensors(restored.get_module_state(), learner.get_module_state())
+    # Both continue identically.
+    learner.update_from_batch(_two_agent_batch(2))
+    restored.update_from_batch(_two_agent_batch(2))
+    assert_same_tensors(restored.get_module_state(), learner.get_module_state())
+
+
+def test_a_learner_over_a_built_subclass_records_the_subclass(tmp_path):
+    module = _shared_encoder_spec().build()
+    learner = SharedEncoderLearner(module=module)
+    learner.build()
+    assert learner.module_spec.multi_rl_module_class is SharedEncoderMultiRLModule
+    restored = SharedEncoderLearner.from_checkpoint(learner.save_to_path(str(tmp_path / "l")))
+    assert type(restored.module) is SharedEncoderMultiRLModule
+
+
+def test_the_spec_stores_the_container_class_as_a_path_and_never_imports_it():
+    data = _shared_encoder_spec().to_dict()
+    assert data["multi_rl_module_class"] == f"{__name__}.SharedEncoderMultiRLModule"
+    assert MultiRLModuleSpec.from_dict(data).multi_rl_module_class is SharedEncoderMultiRLModule
+    data["multi_rl_module_class"] = "os.system"
+    with pytest.raises(ValueError, match="not a loaded subclass of MultiRLModule"):
+        MultiRLModuleSpec.from_dict(data)
+
+
+def test_rllibs_positional_class_argument_is_refused_naming_the_keyword():
+    with pytest.raises(ValueError, match="multi_rl_module_class=SharedEncoderMultiRLModule"):
+        MultiRLModuleSpec(SharedEncoderMultiRLModule)
