@@ -133,3 +133,80 @@ def test_the_spec_stores_the_container_class_as_a_path_and_never_imports_it():
 def test_rllibs_positional_class_argument_is_refused_naming_the_keyword():
     with pytest.raises(ValueError, match="multi_rl_module_class=SharedEncoderMultiRLModule"):
         MultiRLModuleSpec(SharedEncoderMultiRLModule)
+
+
+# ---------------------------------------------------------------------------------------
+# (6) Multi-module off-policy: DQN plus a curiosity model (RLlib's curiosity examples)
+# ---------------------------------------------------------------------------------------
+
+
+class ForwardModel(RLModule):
+    """Predicts the next observation from the observation: a stand-in for a curiosity model."""
+
+    def setup(self):
+        self.net = nn.Linear(self.observation_space.shape[0], self.observation_space.shape[0])
+
+    def _forward(self, batch, **kwargs):
+        return {"predicted_next_obs": self.net(batch[Columns.OBS])}
+
+
+def _dqn_with_curiosity_learner(obs_space=OBS_SPACE, **kwargs):
+    from lightning_rl.algorithms.dqn import DQNLearner, DQNModule
+
+    class DQNWithCuriosityLearner(DQNLearner):
+        def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
+            if module_id == "curiosity":
+                return nn.functional.mse_loss(fwd_out["predicted_next_obs"], batch[Columns.NEXT_OBS])
+            return super().compute_loss_for_module(module_id=module_id, config=config, batch=batch, fwd_out=fwd_out)
+
+    spec = RLModuleSpec(module_class=DQNModule, observation_space=obs_space, action_space=ACT_SPACE)
+    learner = DQNWithCuriosityLearner(module_spec=spec, minibatch_size=16, **kwargs)
+    learner.build()
+    learner.add_module(
+        module_id="curiosity",
+        module_spec=RLModuleSpec(module_class=ForwardModel, observation_space=obs_space, action_space=ACT_SPACE),
+    )
+    return learner
+
+
+def _transitions_replay():
+    from lightning_rl.algorithms.dqn import DQNModule
+    from lightning_rl.data.uniform_replay import ReplayBuffer
+    from lightning_rl.env import EnvRunner
+
+    runner = EnvRunner("CartPole-v1", num_envs=2, rollout_fragment_length=50, seed=0)
+    buffer = ReplayBuffer(1000, seed=0)
+    module = RLModuleSpec(
+        module_class=DQNModule,
+        observation_space=runner.observation_space,
+        action_space=runner.action_space,
+    ).build()
+    buffer.add_episodes(runner.sample(module))
+    return buffer, runner
+
+
+def test_add_module_of_a_module_without_the_learners_apis_gets_an_optimizer():
+    learner = _dqn_with_curiosity_learner()
+    assert learner.get_optimizer("curiosity") is not None
+
+
+def test_update_from_replay_trains_every_module_on_the_sampled_transitions():
+    from lightning_rl.algorithms.dqn import DQNLearner, DQNModule
+
+    buffer, runner = _transitions_replay()
+    learner = _dqn_with_curiosity_learner(runner.observation_space)
+    assert isinstance(learner, DQNLearner) and isinstance(learner.module["default_policy"], DQNModule)
+    before = {mid: {k: v.clone() for k, v in w.items()} for mid, w in learner.get_module_state().items()}
+    results = learner.update_from_replay(buffer)
+    assert "curiosity" in results and "default_policy" in results
+    after = learner.get_module_state()
+    for module_id in ("curiosity", "default_policy"):
+        assert any(not torch.equal(before[module_id][k], after[module_id][k]) for k in after[module_id]), module_id
+
+
+def test_update_from_replay_refuses_modules_whose_sampling_settings_differ():
+    buffer, runner = _transitions_replay()
+    learner = _dqn_with_curiosity_learner(runner.observation_space)
+    learner.config_overrides_per_module["curiosity"] = {"minibatch_size": 8}
+    with pytest.raises(ValueError, match="minibatch_size.*must agree"):
+        learner.update_from_replay(buffer)
