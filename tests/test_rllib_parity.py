@@ -10,7 +10,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import assert_same_tensors, random_batch
+from conftest import assert_same_tensors, bc_spec, random_batch
 from torch import nn
 
 from lightning_rl import Learner, MultiRLModule, MultiRLModuleSpec, RLModule, RLModuleSpec
@@ -210,3 +210,24 @@ def test_update_from_replay_refuses_modules_whose_sampling_settings_differ():
     learner.config_overrides_per_module["curiosity"] = {"minibatch_size": 8}
     with pytest.raises(ValueError, match="minibatch_size.*must agree"):
         learner.update_from_replay(buffer)
+
+
+# ---------------------------------------------------------------------------------------
+# (7) LearnerGroup.set_state with the numpy weights of get_weights()
+# ---------------------------------------------------------------------------------------
+
+
+def test_learner_group_set_state_takes_the_numpy_weights_of_get_weights():
+    from lightning_rl import LearnerGroup
+    from lightning_rl.algorithms.bc import BCLearner
+
+    source = BCLearner(module_spec=bc_spec(), lr=0.05)
+    source.build()
+    source.update_from_batch(random_batch(seed=1))
+    target = BCLearner(module_spec=bc_spec())
+    target.build()
+    with LearnerGroup(source) as source_group, LearnerGroup(target) as group:
+        weights = source_group.get_weights()
+        assert isinstance(next(iter(weights["default_policy"].values())), np.ndarray)
+        group.set_state({"rl_module": weights})
+        assert_same_tensors(target.get_module_state(), source.get_module_state())

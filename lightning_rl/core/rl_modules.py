@@ -12,6 +12,8 @@ from collections.abc import ItemsView, Iterator, KeysView, Mapping, Sequence
 from typing import Any, ClassVar
 
 import gymnasium as gym
+import numpy as np
+import torch
 from torch import Tensor, nn
 
 from lightning_rl.core.action_masks import (
@@ -31,6 +33,16 @@ from lightning_rl.core.module_checks import (
     validate_module_id,
 )
 from lightning_rl.core.sharding import load_module_state, module_state
+
+
+def as_tensors(state: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``state`` with each numpy array as a tensor (RLlib's states may hold either); tensors stay as they are."""
+    if not any(isinstance(value, np.ndarray) for value in state.values()):
+        return state
+    return {
+        name: torch.from_numpy(np.ascontiguousarray(value)) if isinstance(value, np.ndarray) else value
+        for name, value in state.items()
+    }
 
 
 class RLModule(nn.Module):
@@ -288,11 +300,13 @@ class RLModule(nn.Module):
         """Load a state from :meth:`get_state`, after checking it fits.
 
         Args:
-            state: ``{name: tensor}`` with exactly this module's keys and shapes.
+            state: ``{name: tensor}`` with exactly this module's keys and shapes; numpy arrays
+                (``LearnerGroup.get_weights()``) are taken too, as in RLlib.
 
         Raises:
             ValueError: From :func:`check_state_matches`; nothing is loaded then.
         """
+        state = as_tensors(state)
         check_state_matches(self, state)
         load_module_state(self, state)
 
@@ -493,7 +507,7 @@ class MultiRLModule(RLModule):
         self._check_known(*state)
         for module_id, state_of_module in state.items():
             try:
-                check_state_matches(self._rl_modules[module_id], state_of_module)
+                check_state_matches(self._rl_modules[module_id], as_tensors(state_of_module))
             except ValueError as err:
                 raise ValueError(f"Module {module_id!r}: {err}") from err
 
