@@ -231,3 +231,105 @@ def test_learner_group_set_state_takes_the_numpy_weights_of_get_weights():
         assert isinstance(next(iter(weights["default_policy"].values())), np.ndarray)
         group.set_state({"rl_module": weights})
         assert_same_tensors(target.get_module_state(), source.get_module_state())
+
+
+# ---------------------------------------------------------------------------------------
+# (3) Connector order: a user's pieces run before GAE, as in RLlib
+# ---------------------------------------------------------------------------------------
+
+
+def _episodes():
+    from lightning_rl.env.episode import SingleAgentEpisode
+
+    def episode(rewards, terminated, first_obs):
+        steps = len(rewards)
+        obs = np.tile((first_obs + np.arange(steps + 1, dtype=np.float32))[:, None] / 10, (1, 4))
+        return SingleAgentEpisode(
+            observations=obs,
+            actions=np.zeros(steps, dtype=np.int64),
+            rewards=np.asarray(rewards, dtype=np.float32),
+            terminated=terminated,
+            extra_model_outputs={Columns.ACTION_LOGP: np.full(steps, -0.7, dtype=np.float32)},
+        )
+
+    return [episode([1.0, 2.0, 3.0], True, 0.0), episode([0.5, 0.5], False, 5.0)]
+
+
+def _ppo_spec():
+    from lightning_rl.algorithms.ppo import PPOModule
+
+    return RLModuleSpec(
+        module_class=PPOModule, observation_space=OBS_SPACE, action_space=ACT_SPACE, model_config={"fcnet_hiddens": [8]}
+    )
+
+
+def scale_rewards(rl_module, batch, episodes, shared_data, metrics):
+    """A reward-shaping piece."""
+    for module_batch in batch.values():
+        module_batch[Columns.REWARDS] = module_batch[Columns.REWARDS] * 10.0
+    return batch
+
+
+def test_a_reward_shaping_piece_changes_ppos_value_targets():
+    from lightning_rl.algorithms.ppo import PPOLearner
+
+    torch.manual_seed(0)
+    plain = PPOLearner(_ppo_spec())
+    plain.build()
+    shaped = PPOLearner(_ppo_spec(), learner_connector_pieces=[scale_rewards])
+    shaped.build()
+    shaped.set_module_state(plain.get_module_state())
+    plain_batch = plain.episodes_to_train_batch(_episodes())["default_policy"]
+    shaped_batch = shaped.episodes_to_train_batch(_episodes())["default_policy"]
+    values = plain_batch[Columns.VF_PREDS]
+    # value_targets = raw advantages + values; the shaped rewards are 10x.
+    assert not torch.allclose(shaped_batch[Columns.VALUE_TARGETS], plain_batch[Columns.VALUE_TARGETS])
+    assert shaped_batch[Columns.VALUE_TARGETS][0] - values[0] > 5 * (plain_batch[Columns.VALUE_TARGETS][0] - values[0])
+
+
+def test_replacing_gae_by_name_keeps_the_pipeline_working():
+    from lightning_rl.algorithms.ppo import PPOLearner
+    from lightning_rl.connectors import GeneralAdvantageEstimation
+
+    class MyPPOLearner(PPOLearner):
+        def build_learner_connector(self):
+            pipeline = super().build_learner_connector()
+            pipeline.remove("GeneralAdvantageEstimation")
+            pipeline.append(GeneralAdvantageEstimation(gamma=0.5, lambda_=1.0))
+            return pipeline
+
+    learner = MyPPOLearner(_ppo_spec())
+    learner.build()
+    results = learner.update_from_episodes(_episodes())
+    assert np.isfinite(results["default_policy"]["total_loss"])
+
+
+# ---------------------------------------------------------------------------------------
+# (8) PPO loss rewrites: standardized advantages, RLlib's schedule and KL attributes
+# ---------------------------------------------------------------------------------------
+
+
+def test_ppos_batch_holds_standardized_advantages_as_rllibs_gae_leaves_them():
+    from lightning_rl.algorithms.ppo import PPOLearner
+
+    learner = PPOLearner(_ppo_spec())
+    learner.build()
+    advantages = learner.episodes_to_train_batch(_episodes())["default_policy"][Columns.ADVANTAGES]
+    assert abs(float(advantages.mean())) < 1e-5
+    assert abs(float(advantages.std(unbiased=False)) - 1.0) < 1e-4
+
+
+def test_ppo_has_rllibs_entropy_schedulers_and_kl_coefficients_per_module():
+    from lightning_rl.algorithms.ppo import PPOLearner
+
+    learner = PPOLearner(_ppo_spec(), entropy_coeff=[[0, 0.1], [100, 0.0]], kl_coeff=0.2)
+    learner.build()
+    learner.update_from_episodes(_episodes(), timesteps={"num_env_steps_sampled_lifetime": 50})
+    assert learner.entropy_coeff_schedulers_per_module["default_policy"].get_current_value() == pytest.approx(0.05)
+    kl_coeff = learner.curr_kl_coeffs_per_module["default_policy"]
+    assert isinstance(kl_coeff, torch.Tensor)
+    before = float(kl_coeff)
+    # RLlib's _update_module_kl_coeff rewrites change the tensor in place.
+    kl_coeff.data *= 1.5
+    assert learner.curr_kl_coeff("default_policy") == pytest.approx(before * 1.5)
+    assert learner.get_state()["curr_kl_coeffs"]["default_policy"] == pytest.approx(before * 1.5)

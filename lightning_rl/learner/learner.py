@@ -146,8 +146,10 @@ class Learner(UpdateApiMixin, OptimizersMixin, MultiModuleMixin, StateMixin, Lig
             networks on a GPU, whose steps are bound by kernel launches. The Learner must be on
             a GPU, in one process. Python numbers the loss reads are fixed at capture, and
             captured again when ``cuda_graph_key()`` changes (see ``learner/cuda_graphs.py``).
-        learner_connector_pieces: Connector pieces appended to the pipeline that
-            ``build_learner_connector`` returns, e.g. one adding a column the loss reads.
+        learner_connector_pieces: Connector pieces that run right after ``AddColumnsFromEpisodes``
+            and before the pieces an algorithm adds (GAE), as RLlib runs a config's
+            ``learner_connector`` pieces before its defaults' GAE: e.g. one adding a column the
+            loss reads, or reshaping ``rewards`` before the advantages are computed.
             Objects, not hyperparameters: they are not saved with the checkpoint, so pass
             them again when loading one (overriding ``build_learner_connector`` saves that).
         max_consecutive_non_finite_steps: Optimizer steps in a row that one optimizer may skip
@@ -261,8 +263,11 @@ class Learner(UpdateApiMixin, OptimizersMixin, MultiModuleMixin, StateMixin, Lig
         self.configure_optimizers()
         self._step_runner.compile(self._module)
         self._learner_connector = self.build_learner_connector()
+        # The base pipeline holds the user's pieces already; an override that builds its own
+        # without calling super() gets them at its end.
         for piece in self._user_connector_pieces:
-            self._learner_connector.append(piece)
+            if not any(held is piece for held in self._learner_connector):
+                self._learner_connector.append(piece)
         self._end_connector_with_time_axis()
 
     def _end_connector_with_time_axis(self) -> None:
@@ -283,15 +288,17 @@ class Learner(UpdateApiMixin, OptimizersMixin, MultiModuleMixin, StateMixin, Lig
     def build_learner_connector(self) -> ConnectorPipeline:
         """Override point: the Learner connector, the pipeline that turns episodes into a train batch.
 
-        Called once by ``build``, after the modules and optimizers exist; the pieces given as
-        ``learner_connector_pieces`` are appended to what it returns. The base pipeline
+        Called once by ``build``, after the modules and optimizers exist. The base pipeline
         holds ``AddColumnsFromEpisodes`` (the episodes' steps as columns, keyed by module
-        id). Override to add pieces anywhere (``insert_after``, ``prepend``, ...); call
-        ``super()`` first, as ``PPOLearner`` does to append GAE. With a stateful module,
-        ``build`` ends the pipeline with ``AddTimeDimToBatchAndZeroPad``, after the pieces
-        given as ``learner_connector_pieces``.
+        id), then the pieces given as ``learner_connector_pieces``: so, as in RLlib, a user's
+        pieces run before what an algorithm appends (``PPOLearner``'s GAE), and a piece that
+        reshapes ``rewards`` changes the advantages. Override to add pieces anywhere
+        (``insert_after``, ``prepend``, ...); call ``super()`` first, as ``PPOLearner`` does to
+        append GAE (an override that does not gets the user's pieces appended at its end).
+        With a stateful module, ``build`` ends the pipeline with ``AddTimeDimToBatchAndZeroPad``,
+        after every other piece.
         """
-        return ConnectorPipeline([AddColumnsFromEpisodes()])
+        return ConnectorPipeline([AddColumnsFromEpisodes(), *self._user_connector_pieces])
 
     def _make_module(self) -> MultiRLModule:
         """Build the ``MultiRLModule`` from the spec; override to construct it differently."""
