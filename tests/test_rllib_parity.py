@@ -6,6 +6,8 @@ RLlib" page names (docs/coming_from_rllib.md).
 
 from __future__ import annotations
 
+import os
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -333,3 +335,234 @@ def test_ppo_has_rllibs_entropy_schedulers_and_kl_coefficients_per_module():
     kl_coeff.data *= 1.5
     assert learner.curr_kl_coeff("default_policy") == pytest.approx(before * 1.5)
     assert learner.get_state()["curr_kl_coeffs"]["default_policy"] == pytest.approx(before * 1.5)
+
+
+# ---------------------------------------------------------------------------------------
+# (4) Module checkpoints: save_to_path / from_checkpoint, load_state_path, components, "learner" level
+# ---------------------------------------------------------------------------------------
+
+
+def _trained_bc_learner():
+    from lightning_rl.algorithms.bc import BCLearner
+
+    learner = BCLearner(module_spec=bc_spec(), lr=0.05)
+    learner.build()
+    learner.update_from_batch(random_batch(seed=3))
+    return learner
+
+
+def test_rl_module_save_to_path_and_from_checkpoint(tmp_path):
+    module = _trained_bc_learner().module["default_policy"]
+    path = module.save_to_path(str(tmp_path / "module"))
+    restored = RLModule.from_checkpoint(path)
+    assert type(restored) is type(module)
+    assert_same_tensors(restored.get_state(), module.get_state())
+    fresh = bc_spec().build()
+    fresh.restore_from_path(path)
+    assert_same_tensors(fresh.get_state(), module.get_state())
+
+
+def test_multi_rl_module_save_to_path_writes_one_directory_per_module(tmp_path):
+    module = _shared_encoder_spec().build()
+    path = module.save_to_path(tmp_path / "multi")
+    restored = MultiRLModule.from_checkpoint(path)
+    assert type(restored) is SharedEncoderMultiRLModule
+    assert_same_tensors(restored.get_state(), module.get_state())
+    # RLlib's way of loading one module of a multi-module checkpoint: its own subdirectory.
+    one = RLModuleSpec(
+        module_class=PolicyHead,
+        observation_space=OBS_SPACE,
+        action_space=ACT_SPACE,
+        load_state_path=os.path.join(path, "p0"),
+    ).build()
+    assert_same_tensors(one.get_state(), module["p0"].get_state())
+
+
+def test_rl_module_spec_load_state_path_loads_the_weights_into_the_learner(tmp_path):
+    from lightning_rl.algorithms.bc import BCLearner
+
+    trained = _trained_bc_learner()
+    path = trained.module["default_policy"].save_to_path(tmp_path / "module")
+    spec = bc_spec()
+    spec.load_state_path = path  # RLlib users set it on the spec, too
+    learner = BCLearner(module_spec=spec)
+    learner.build()
+    assert_same_tensors(learner.get_module_state(), trained.get_module_state())
+
+
+def test_multi_rl_module_spec_load_state_path_with_modules_to_load(tmp_path):
+    source = _shared_encoder_spec().build()
+    path = source.save_to_path(tmp_path / "multi")
+    spec = _shared_encoder_spec()
+    spec.load_state_path, spec.modules_to_load = str(path), {"p1"}
+    built = spec.build()
+    assert_same_tensors(built["p1"].get_state(), source["p1"].get_state())
+    assert not all(
+        torch.equal(a, b) for a, b in zip(built["p0"].get_state().values(), source["p0"].get_state().values())
+    )
+
+
+def test_a_learner_level_state_is_restored_not_ignored():
+    source, target = _trained_bc_learner(), _trained_bc_learner()
+    target.update_from_batch(random_batch(seed=9))
+    target.set_state({"learner": source.get_state()})
+    assert_same_tensors(target.get_module_state(), source.get_module_state())
+    with pytest.raises(ValueError, match="unknown state key"):
+        target.set_state({"rl_modules": source.get_module_state()})
+
+
+def test_learner_group_restore_from_path_with_a_component(tmp_path):
+    from lightning_rl import LearnerGroup
+
+    source = _trained_bc_learner()
+    learner_path = source.save_to_path(str(tmp_path / "learner"))
+    module_path = source.module["default_policy"].save_to_path(tmp_path / "module")
+    for path, component in (
+        (learner_path, "learner/rl_module/default_policy"),
+        (module_path, "rl_module/default_policy"),
+    ):
+        target = _trained_bc_learner()
+        target.update_from_batch(random_batch(seed=11))
+        optimizer_before = target.get_state(components="optimizer")
+        with LearnerGroup(target) as group:
+            group.restore_from_path(path, component=component)
+        assert_same_tensors(target.get_module_state(), source.get_module_state())
+        # Only the weights: the optimizer state is this Learner's own still.
+        assert target.get_state(components="optimizer")["optimizer"].keys() == optimizer_before["optimizer"].keys()
+    with pytest.raises(ValueError, match="unknown state component"):
+        source.restore_from_path(learner_path, component="rl_module/ghost")
+
+
+# ---------------------------------------------------------------------------------------
+# (1) Settings RLlib keeps in the AlgorithmConfig
+# ---------------------------------------------------------------------------------------
+
+
+class ConfigDictLearner(SharedEncoderLearner):
+    def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
+        scale = self.config.learner_config_dict["loss_scale"]
+        assert config.learner_config_dict["loss_scale"] == scale
+        return scale * super().compute_loss_for_module(module_id=module_id, config=config, batch=batch, fwd_out=fwd_out)
+
+
+def test_a_custom_learner_reads_learner_config_dict(tmp_path):
+    learner = ConfigDictLearner(module_spec=_shared_encoder_spec(), learner_config_dict={"loss_scale": 2.0})
+    learner.build()
+    learner.update_from_batch(_two_agent_batch(0))
+    restored = ConfigDictLearner.from_checkpoint(learner.save_to_path(str(tmp_path / "l")))
+    assert restored.config.learner_config_dict == {"loss_scale": 2.0}
+    assert SharedEncoderLearner(module_spec=_shared_encoder_spec()).config.learner_config_dict == {}
+
+
+def test_ppo_reads_rllibs_lambda_and_use_critic_and_refuses_lambda_at_construction():
+    from lightning_rl.algorithms.ppo import PPOLearner
+
+    learner = PPOLearner(_ppo_spec(), gae_lambda=0.9)
+    assert learner.config.lambda_ == 0.9
+    assert learner.config.use_critic is True
+    with pytest.raises(ValueError, match="gae_lambda, RLlib's lambda_: pass gae_lambda=0.8"):
+        PPOLearner(_ppo_spec(), lambda_=0.8)
+    with pytest.raises(ValueError, match="use_critic=False"):
+        PPOLearner(_ppo_spec(), use_critic=False)
+    with pytest.raises(AttributeError, match="override build_learner_connector"):
+        learner.config.add_default_connectors_to_learner_pipeline  # noqa: B018
+
+
+# ---------------------------------------------------------------------------------------
+# (2) RLlib's connector names: ConnectorV2, its helpers, columns, a pipeline call without metrics
+# ---------------------------------------------------------------------------------------
+
+
+def test_an_rllib_connector_v2_piece_runs_as_a_learner_connector_piece():
+    from lightning_rl.algorithms.ppo import PPOLearner
+    from lightning_rl.connectors import ConnectorV2
+
+    class AddReturnsToGo(ConnectorV2):
+        def __init__(self, input_observation_space=None, input_action_space=None, *, gamma=1.0, **kwargs):
+            super().__init__(input_observation_space, input_action_space, **kwargs)
+            self.gamma = gamma
+
+        def __call__(self, *, rl_module, batch, episodes, explore=None, shared_data=None, metrics=None, **kwargs):
+            for sa_episode in self.single_agent_episode_iterator(episodes):
+                rewards = np.asarray(sa_episode.rewards, dtype=np.float32)
+                returns = np.zeros_like(rewards)
+                running = 0.0
+                for t in reversed(range(len(rewards))):
+                    running = rewards[t] + self.gamma * running
+                    returns[t] = running
+                self.add_n_batch_items(batch, Columns.RETURNS_TO_GO, returns, len(sa_episode), sa_episode)
+            return batch
+
+    learner = PPOLearner(_ppo_spec(), learner_connector_pieces=[AddReturnsToGo(OBS_SPACE, ACT_SPACE)])
+    learner.build()
+    batch = learner.episodes_to_train_batch(_episodes())["default_policy"]
+    torch.testing.assert_close(batch[Columns.RETURNS_TO_GO], torch.tensor([6.0, 5.0, 3.0, 1.0, 0.5]))
+    assert Columns.INTRINSIC_REWARDS == "intrinsic_rewards" and Columns.EPS_ID == "eps_id"
+
+
+def test_a_pipeline_runs_without_metrics_or_shared_data():
+    from lightning_rl.connectors import AddColumnsFromEpisodes, ConnectorPipeline, GeneralAdvantageEstimation
+
+    module = _ppo_spec().build().as_multi_rl_module()
+    pipeline = ConnectorPipeline([AddColumnsFromEpisodes(), GeneralAdvantageEstimation(gamma=0.99, lambda_=0.95)])
+    batch = pipeline(rl_module=module, batch={}, episodes=_episodes(), explore=False)
+    assert Columns.ADVANTAGES in batch["default_policy"]
+
+
+# ---------------------------------------------------------------------------------------
+# (9) Spec helpers
+# ---------------------------------------------------------------------------------------
+
+
+def test_rl_module_spec_update_and_from_module():
+    spec = RLModuleSpec(module_class=PolicyHead)
+    spec.update(RLModuleSpec(observation_space=OBS_SPACE, action_space=ACT_SPACE))
+    assert spec.module_class is PolicyHead and spec.observation_space == OBS_SPACE
+    spec.update(RLModuleSpec(module_class=SharedEncoder), override=False)
+    assert spec.module_class is PolicyHead
+    described = RLModuleSpec.from_module(spec.build())
+    assert described.module_class is PolicyHead and described.action_space == ACT_SPACE
+
+
+def test_multi_rl_module_spec_update_with_and_without_override():
+    spec = _shared_encoder_spec()
+    other = MultiRLModuleSpec(
+        rl_module_specs={"p0": RLModuleSpec(model_config={"x": 1}), "p2": RLModuleSpec(module_class=PolicyHead)}
+    )
+    spec.update(other)
+    assert sorted(spec.rl_module_specs) == ["p0", "p1", "p2", SHARED_ENCODER_ID]
+    assert spec.rl_module_specs["p0"].module_class is PolicyHead  # updated, not replaced
+    assert spec.rl_module_specs["p0"].model_config == {"x": 1}
+    spec.update(other, override=True)
+    assert spec.rl_module_specs["p0"].module_class is None  # replaced
+
+
+# ---------------------------------------------------------------------------------------
+# (11) Required module APIs, checked at setup
+# ---------------------------------------------------------------------------------------
+
+
+def test_ppo_rejects_a_module_without_a_value_function_at_build_naming_the_api():
+    from lightning_rl.algorithms.ppo import PPOLearner, PPOModule
+    from lightning_rl.core.rl_modules import ValueFunctionAPI
+
+    assert PPOLearner.rl_module_required_apis() == [ValueFunctionAPI]
+    assert isinstance(_ppo_spec().build(), ValueFunctionAPI) and issubclass(PPOModule, ValueFunctionAPI)
+    spec = RLModuleSpec(module_class=SharedEncoder, observation_space=OBS_SPACE, action_space=ACT_SPACE)
+    learner = PPOLearner(spec)
+    with pytest.raises(
+        ValueError, match=r"'default_policy' \(SharedEncoder\) does not implement \['ValueFunctionAPI'\]"
+    ):
+        learner.build()
+
+
+# ---------------------------------------------------------------------------------------
+# (10) *_lifetime results are running totals (docs/coming_from_rllib.md says so)
+# ---------------------------------------------------------------------------------------
+
+
+def test_lifetime_results_are_running_totals_not_per_update_increments():
+    learner = _trained_bc_learner()  # one update of 64 rows
+    results = learner.update_from_batch(random_batch(seed=4))
+    assert results["__all_modules__"]["num_env_steps_trained_lifetime"] == 128
+    assert results["default_policy"]["num_module_steps_trained_lifetime"] == 128

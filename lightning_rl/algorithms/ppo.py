@@ -41,13 +41,14 @@ from lightning_rl.core.recurrent import (
     is_recurrent_config,
 )
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
-from lightning_rl.core.rl_modules import MultiRLModule, RLModule
+from lightning_rl.core.rl_modules import MultiRLModule, RLModule, ValueFunctionAPI
 from lightning_rl.core.schedules import Schedule, ScheduleSetting, check_schedule
 from lightning_rl.env.episode import SingleAgentEpisode
 from lightning_rl.learner.callback import LearnerCallback
 from lightning_rl.core.learner_config import LearnerConfig
 from lightning_rl.learner.learner import Learner, algorithm_module_spec
 from lightning_rl.learner.optimizers import default_adam
+from lightning_rl.learner.state import learner_state_of
 
 # Result keys (RLlib's names where RLlib has them).
 POLICY_LOSS_KEY = "policy_loss"
@@ -261,7 +262,9 @@ class PPOLearner(Learner):
             then adapts after every update towards ``kl_target`` (``KLCoeffAdaptation``).
         kl_coeff: The KL coefficient to start from.
         kl_target: The KL divergence per update the adaptation aims at.
-        normalize_advantages: Whether to standardize advantages per minibatch.
+        normalize_advantages: Whether to standardize advantages per minibatch too (GAE already
+            leaves them standardized over each module's batch, as RLlib's GAE piece does).
+        use_critic: RLlib's setting; only ``True`` (a value function and GAE) is supported.
         **kwargs: The other ``Learner`` arguments (``lr``, ``grad_clip_by``, ``policies_to_train``,
             ``config_overrides_per_module``, ``torch_compile``, ...).
     """
@@ -296,8 +299,20 @@ class PPOLearner(Learner):
         kl_coeff: float = 0.2,
         kl_target: float = 0.01,
         normalize_advantages: bool = True,
+        use_critic: bool = True,
         **kwargs: Any,
     ) -> None:
+        if "lambda_" in kwargs:
+            raise ValueError(
+                f"PPOLearner takes gae_lambda, RLlib's lambda_: pass gae_lambda={kwargs['lambda_']!r} "
+                "(self.config.lambda_ reads it back under RLlib's name)"
+            )
+        if use_critic is not True:
+            raise ValueError(
+                "PPOLearner(use_critic=False) is not supported: its advantages always come from GAE over the module's "
+                "value function (RLlib's use_critic=True); use_critic stays a hyperparameter so that RLlib loss "
+                "rewrites reading self.config.use_critic run"
+            )
         super().__init__(
             algorithm_module_spec(module_spec, model_config, PPOModule, kwargs.get("module")),
             num_epochs=num_epochs,
@@ -309,6 +324,11 @@ class PPOLearner(Learner):
         self._curr_kl_coeffs = _KLCoefficients(self._initial_kl_coeff)
         self._schedules: dict[tuple[str, str], Schedule] = {}
         self._current: dict[str, dict[str, float]] = {}
+
+    @classmethod
+    def rl_module_required_apis(cls) -> list[type]:
+        """PPO trains modules with a state-value function (``ValueFunctionAPI``: ``compute_values``)."""
+        return [ValueFunctionAPI]
 
     def configure_optimizers_for_module(self, module_id: str, config: LearnerConfig) -> None:
         """One Adam over the module, with ``eps=1e-5`` as in the PPO implementations whose
@@ -467,7 +487,7 @@ class PPOLearner(Learner):
     def set_state(self, state: Any) -> None:
         """Restore ``get_state``'s output, KL coefficients included."""
         super().set_state(state)
-        for module_id, value in state.get("curr_kl_coeffs", {}).items():
+        for module_id, value in learner_state_of(state).get("curr_kl_coeffs", {}).items():
             if module_id in self.module:
                 self._curr_kl_coeffs[module_id] = torch.tensor(float(value))
 
