@@ -566,3 +566,17 @@ def test_lifetime_results_are_running_totals_not_per_update_increments():
     results = learner.update_from_batch(random_batch(seed=4))
     assert results["__all_modules__"]["num_env_steps_trained_lifetime"] == 128
     assert results["default_policy"]["num_module_steps_trained_lifetime"] == 128
+
+
+def test_restore_from_path_with_a_component_reads_a_lightning_checkpoint(tmp_path):
+    from conftest import loader_of, make_trainer, random_train_items
+
+    from lightning_rl.algorithms.bc import BCLearner
+
+    source = BCLearner(module_spec=bc_spec(), lr=0.05)
+    trainer = make_trainer(tmp_path)
+    trainer.fit(source, train_dataloaders=loader_of(random_train_items(2)))
+    trainer.save_checkpoint(tmp_path / "fit.ckpt")
+    target = _trained_bc_learner()
+    target.restore_from_path(str(tmp_path / "fit.ckpt"), component="rl_module/default_policy")
+    assert_same_tensors(target.get_module_state(), source.get_module_state())
