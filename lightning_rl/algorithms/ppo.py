@@ -419,7 +419,7 @@ class PPOLearner(Learner):
         return {module_id: ScheduledValue(self, module_id, "entropy_coeff") for module_id in self.built_module.keys()}
 
     def current_scheduled_value(self, module_id: str, name: str) -> float:
-        """The value of the scheduled hyperparameter ``name`` (``clip_param``, ``entropy_coeff``) for ``module_id`` now."""
+        """The current value of a module's scheduled hyperparameter ``name`` (``clip_param``, ``entropy_coeff``)."""
         timestep = self.timesteps.get(NUM_ENV_STEPS_SAMPLED_LIFETIME, 0)
         return self._schedule(module_id, name, self.config_for_module(module_id)).value(timestep)
 

@@ -308,7 +308,7 @@ class MultiRLModuleSpec:
 
     @classmethod
     def from_module(cls, multi_module: MultiRLModule) -> MultiRLModuleSpec:
-        """Describe live modules: the container's class, and the modules' classes, spaces, model configs and inference flags.
+        """Describe live modules: the container's class, and each module's class, spaces, config and inference flag.
 
         Args:
             multi_module: The modules to describe.

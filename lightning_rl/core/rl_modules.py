@@ -591,7 +591,7 @@ class MultiRLModule(RLModule):
 
 
 def multi_rl_module_class_of(multi_module: MultiRLModule) -> type[MultiRLModule]:
-    """The class of ``multi_module`` as its user wrote it: not the one FSDP2's ``fully_shard`` makes of it on the fly."""
+    """The class of ``multi_module`` as its user wrote it, not the one FSDP2's ``fully_shard`` makes of it."""
     fsdp = sys.modules.get("torch.distributed.fsdp")
     for cls in type(multi_module).__mro__:
         if issubclass(cls, MultiRLModule) and not (fsdp is not None and issubclass(cls, fsdp.FSDPModule)):
@@ -614,7 +614,7 @@ _MODULE_FORMAT_VERSION = 1
 
 
 def save_module_to_path(module: RLModule, path: str | os.PathLike[str]) -> str:
-    """Save ``module`` (class, spaces, config, weights) to the directory ``path``; a ``MultiRLModule`` as one per module.
+    """Save ``module`` (class, spaces, config, weights) to the directory ``path``; a ``MultiRLModule`` per module.
 
     Returns:
         ``path``, as a string.

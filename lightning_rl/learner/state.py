@@ -302,9 +302,10 @@ def _without_learner_level(state: Mapping[str, Any], learner: Any) -> Mapping[st
     if not isinstance(state, Mapping):
         raise ValueError(f"set_state takes a dict from get_state(), got {type(state).__name__}")
     if LEARNER_LEVEL in state:
-        if set(state) != {LEARNER_LEVEL}:
+        others = sorted(set(state) - {LEARNER_LEVEL})
+        if others:
             raise ValueError(
-                f"the state has RLlib's LearnerGroup level {LEARNER_LEVEL!r} beside other keys {sorted(set(state) - {LEARNER_LEVEL})}; "
+                f"the state has RLlib's LearnerGroup level {LEARNER_LEVEL!r} beside other keys {others}; "
                 f"pass {{{LEARNER_LEVEL!r}: learner_state}} or the learner state alone"
             )
         state = state[LEARNER_LEVEL]
