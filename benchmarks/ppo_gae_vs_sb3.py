@@ -152,6 +152,10 @@ def main() -> None:
     print(f"{'column':14s} {'max |ours - sb3|':>18s} {'max |sb3|':>12s}")
     for column, theirs in reference.items():
         theirs = torch.as_tensor(theirs[steps_idx, envs_idx])
+        if column == Columns.ADVANTAGES:
+            # Our GAE piece leaves them standardized over the batch, as RLlib's does (SB3 standardizes
+            # per minibatch only; PPO's per-minibatch standardization then gives both the same).
+            theirs = (theirs - theirs.mean()) / theirs.std(unbiased=False).clamp_min(1e-4)
         diff = float((batch[column].double() - theirs.double()).abs().max())
         print(f"{column:14s} {diff:18.2e} {float(theirs.abs().max()):12.2e}")
 

@@ -191,14 +191,20 @@ def test_add_columns_sends_single_agent_episodes_to_the_module_it_is_given():
 def test_the_gae_piece_equals_add_value_targets_and_advantages():
     gamma, lam = 0.9, 0.7
     episodes = hand_checkable_episodes()
-    pipeline = ConnectorPipeline([AddColumnsFromEpisodes(), GeneralAdvantageEstimation(gamma=gamma, gae_lambda=lam)])
-    batch = run(pipeline, value_modules(p0=0.1), episodes)["p0"]
+    raw_gae = GeneralAdvantageEstimation(gamma=gamma, gae_lambda=lam, standardize_advantages=False)
+    batch = run(ConnectorPipeline([AddColumnsFromEpisodes(), raw_gae]), value_modules(p0=0.1), episodes)["p0"]
 
     expected = add_value_targets_and_advantages(
         episodes_to_batch(episodes, CPU), episodes, lambda b: b[Columns.OBS][:, 0] * 0.1, gamma=gamma, gae_lambda=lam
     )
     for column in (Columns.VF_PREDS, Columns.ADVANTAGES, Columns.VALUE_TARGETS):
         torch.testing.assert_close(batch[column], expected[column])
+    # By default (RLlib's way, and RLlib's name lambda_) the advantages are left standardized; the targets are not.
+    pipeline = ConnectorPipeline([AddColumnsFromEpisodes(), GeneralAdvantageEstimation(gamma=gamma, lambda_=lam)])
+    standardized = run(pipeline, value_modules(p0=0.1), episodes)["p0"]
+    raw = expected[Columns.ADVANTAGES]
+    torch.testing.assert_close(standardized[Columns.ADVANTAGES], (raw - raw.mean()) / raw.std(unbiased=False))
+    torch.testing.assert_close(standardized[Columns.VALUE_TARGETS], expected[Columns.VALUE_TARGETS])
     # By hand: the truncated episode's two deltas (V(s) = obs / 10, bootstrapped from V(22) = 2.2) ...
     first_delta, last_delta = 1.0 + gamma * 2.1 - 2.0, 1.0 + gamma * 2.2 - 2.1
     assert batch[Columns.ADVANTAGES][3].item() == pytest.approx(first_delta + gamma * lam * last_delta)
@@ -219,7 +225,8 @@ def test_the_gae_piece_reads_each_modules_own_gamma_and_lambda(as_callable):
     gammas, lambdas = {"a": 0.9, "b": 0.5}, {"a": 0.7, "b": 1.0}
     gamma = gammas.get if as_callable else gammas
     episodes = hand_checkable_episodes()
-    pipeline = ConnectorPipeline([SameEpisodesForTwoModules(), GeneralAdvantageEstimation(gamma, lambdas)])
+    gae = GeneralAdvantageEstimation(gamma, lambdas, standardize_advantages=False)
+    pipeline = ConnectorPipeline([SameEpisodesForTwoModules(), gae])
     batch = run(pipeline, value_modules(a=0.1, b=0.2), episodes)
     for module_id, scale, module_episodes in (("a", 0.1, episodes), ("b", 0.2, episodes[:1])):
         expected = add_value_targets_and_advantages(

@@ -102,14 +102,15 @@ def ppo_spec() -> RLModuleSpec:
     )
 
 
-def test_ppo_adds_gae_to_the_default_pipeline_and_a_users_pieces_run_after_it():
+def test_ppo_adds_gae_to_the_default_pipeline_and_a_users_pieces_run_before_it():
+    # As in RLlib: a config's learner connector pieces run before the algorithm's GAE.
     learner = PPOLearner(ppo_spec(), learner_connector_pieces=[add_loss_weights])
     learner.build()
     assert [piece_name(piece) for piece in learner.learner_connector] == [
         "AddColumnsFromEpisodes",
+        "add_loss_weights",
         "GeneralAdvantageEstimation",
         "log_vf_explained_var",
-        "add_loss_weights",
     ]
     batch = learner.episodes_to_train_batch(EPISODES)["default_policy"]
     assert {Columns.ADVANTAGES, Columns.VALUE_TARGETS, "loss_weights"} <= set(batch)
@@ -127,5 +128,8 @@ def test_ppos_gae_follows_a_modules_config_overrides():
         gamma=0.5,
         gae_lambda=0.0,
     )
-    torch.testing.assert_close(batch[Columns.ADVANTAGES], expected[Columns.ADVANTAGES])
+    torch.testing.assert_close(batch[Columns.VALUE_TARGETS], expected[Columns.VALUE_TARGETS])
+    # The advantages are left standardized, as RLlib's GAE piece leaves them.
+    raw = expected[Columns.ADVANTAGES]
+    torch.testing.assert_close(batch[Columns.ADVANTAGES], (raw - raw.mean()) / raw.std(unbiased=False))
     assert "vf_explained_var" in learner.metrics.reduce()["default_policy"]

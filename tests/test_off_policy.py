@@ -252,11 +252,13 @@ def test_terminated_rows_do_not_bootstrap_and_n_step_rows_discount_by_gamma_to_t
     torch.testing.assert_close(bootstrap_discounts(batch, 0.9), torch.tensor([0.9, 0.0, 0.729]))
 
 
-def test_update_from_replay_refuses_several_modules():
+def test_update_from_replay_refuses_two_modules_reporting_priorities_for_the_same_rows():
+    # Several modules train on the same sampled rows (tests/test_rllib_parity.py); a
+    # prioritized replay keeps one priority per row, so only one of them may report TD errors.
     spec = MultiRLModuleSpec(rl_module_specs={"a": tiny_spec(), "b": tiny_spec()})
     learner = TinyQLearner(spec, minibatch_size=8)
     learner.build()
-    with pytest.raises(ValueError, match="one module"):
+    with pytest.raises(ValueError, match=r"modules \['a', 'b'\] each recorded TD errors"):
         learner.update_from_replay(FakeReplay())
 
 

@@ -134,6 +134,11 @@ class OffPolicyLearner(Learner):
     def update_from_replay(self, replay: Any, *, timesteps: Mapping[str, float] | None = None) -> dict[str, dict[str, float]]:
         """Take ``gradient_steps`` gradient steps, each on a minibatch sampled from ``replay``.
 
+        A replay buffer holds one agent's transitions. With several modules (a Q-network and
+        a curiosity model beside it, say) every module gets the same sampled minibatch in each
+        step, under its own id, and ``compute_losses`` sees them all; their sampling settings
+        (``minibatch_size``, ``n_step``, ``gamma``, ``gradient_steps``) must agree.
+
         Args:
             replay: A ``ReplayBuffer`` (or anything with its ``sample`` and
                 ``update_priorities``), or ``None`` before learning starts: then the update
@@ -144,29 +149,44 @@ class OffPolicyLearner(Learner):
             The results of all steps, reduced together, as ``update_from_batch`` returns them.
 
         Raises:
-            ValueError: If the Learner has more than one module (a replay buffer of
-                single-agent transitions cannot say which module a row is for).
+            ValueError: If the modules' sampling settings differ (naming them), or, with a
+                prioritized replay, more than one module records TD errors in a step (the
+                buffer keeps one priority per row).
         """
         timesteps = dict(timesteps or {})
         module_ids = list(self.built_module.keys())
-        if len(module_ids) != 1:
-            raise ValueError(
-                f"update_from_replay samples single-agent transitions, which need a Learner with one module; "
-                f"this one has {sorted(module_ids)}"
-            )
         if replay is None:
             return self.update(timesteps=timesteps)  # an update without data: hooks and schedules only
-        module_id = module_ids[0]
+        config = self._sampling_config(module_ids)
         update = dict(timesteps=timesteps, num_epochs=1, minibatch_size=None, shuffle_batch_per_epoch=False)
-        config = self.config_for_module(module_id)
         for _ in range(config.gradient_steps):
             sample = dict(replay.sample(config.minibatch_size, n_step=config.n_step, gamma=config.gamma))
             batch_indexes = sample.pop(BATCH_INDEXES)
-            self._update(self._prepare_batch({module_id: sample}), **update)
-            td_errors = self._recorded_td_errors().get(module_id)
-            if td_errors is not None and _uses_priorities(replay):
-                replay.update_priorities(batch_indexes, td_errors.float().cpu().numpy())
+            self._update(self._prepare_batch({module_id: dict(sample) for module_id in module_ids}), **update)
+            recorded = self._recorded_td_errors()
+            if not recorded or not _uses_priorities(replay):
+                continue
+            if len(recorded) > 1:
+                raise ValueError(
+                    f"modules {sorted(recorded)} each recorded TD errors, but a prioritized replay keeps one "
+                    "priority per row: call record_td_errors for one module only"
+                )
+            (td_errors,) = recorded.values()
+            replay.update_priorities(batch_indexes, td_errors.float().cpu().numpy())
         return self.metrics.reduce()
+
+    def _sampling_config(self, module_ids: list[str]) -> Any:
+        """The one config whose sampling settings every module shares; raise naming the modules that differ."""
+        names = ("minibatch_size", "n_step", "gamma", "gradient_steps")
+        configs = {module_id: self.config_for_module(module_id) for module_id in module_ids}
+        settings = {module_id: tuple(getattr(config, name) for name in names) for module_id, config in configs.items()}
+        if len(set(settings.values())) > 1:
+            described = {module_id: dict(zip(names, values)) for module_id, values in settings.items()}
+            raise ValueError(
+                f"update_from_replay samples one minibatch for all modules, so their {', '.join(names)} must agree; "
+                f"they differ: {described}"
+            )
+        return configs[module_ids[0]]
 
 
 def _uses_priorities(replay: Any) -> bool:

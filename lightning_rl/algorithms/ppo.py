@@ -41,13 +41,14 @@ from lightning_rl.core.recurrent import (
     is_recurrent_config,
 )
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
-from lightning_rl.core.rl_modules import MultiRLModule, RLModule
+from lightning_rl.core.rl_modules import MultiRLModule, RLModule, ValueFunctionAPI
 from lightning_rl.core.schedules import Schedule, ScheduleSetting, check_schedule
 from lightning_rl.env.episode import SingleAgentEpisode
 from lightning_rl.learner.callback import LearnerCallback
 from lightning_rl.core.learner_config import LearnerConfig
 from lightning_rl.learner.learner import Learner, algorithm_module_spec
 from lightning_rl.learner.optimizers import default_adam
+from lightning_rl.learner.state import learner_state_of
 
 # Result keys (RLlib's names where RLlib has them).
 POLICY_LOSS_KEY = "policy_loss"
@@ -261,7 +262,9 @@ class PPOLearner(Learner):
             then adapts after every update towards ``kl_target`` (``KLCoeffAdaptation``).
         kl_coeff: The KL coefficient to start from.
         kl_target: The KL divergence per update the adaptation aims at.
-        normalize_advantages: Whether to standardize advantages per minibatch.
+        normalize_advantages: Whether to standardize advantages per minibatch too (GAE already
+            leaves them standardized over each module's batch, as RLlib's GAE piece does).
+        use_critic: RLlib's setting; only ``True`` (a value function and GAE) is supported.
         **kwargs: The other ``Learner`` arguments (``lr``, ``grad_clip_by``, ``policies_to_train``,
             ``config_overrides_per_module``, ``torch_compile``, ...).
     """
@@ -296,8 +299,20 @@ class PPOLearner(Learner):
         kl_coeff: float = 0.2,
         kl_target: float = 0.01,
         normalize_advantages: bool = True,
+        use_critic: bool = True,
         **kwargs: Any,
     ) -> None:
+        if "lambda_" in kwargs:
+            raise ValueError(
+                f"PPOLearner takes gae_lambda, RLlib's lambda_: pass gae_lambda={kwargs['lambda_']!r} "
+                "(self.config.lambda_ reads it back under RLlib's name)"
+            )
+        if use_critic is not True:
+            raise ValueError(
+                "PPOLearner(use_critic=False) is not supported: its advantages always come from GAE over the module's "
+                "value function (RLlib's use_critic=True); use_critic stays a hyperparameter so that RLlib loss "
+                "rewrites reading self.config.use_critic run"
+            )
         super().__init__(
             algorithm_module_spec(module_spec, model_config, PPOModule, kwargs.get("module")),
             num_epochs=num_epochs,
@@ -306,9 +321,14 @@ class PPOLearner(Learner):
             grad_clip=grad_clip,
             **kwargs,
         )
-        self._curr_kl_coeffs: dict[str, float] = {}
+        self._curr_kl_coeffs = _KLCoefficients(self._initial_kl_coeff)
         self._schedules: dict[tuple[str, str], Schedule] = {}
         self._current: dict[str, dict[str, float]] = {}
+
+    @classmethod
+    def rl_module_required_apis(cls) -> list[type]:
+        """PPO trains modules with a state-value function (``ValueFunctionAPI``: ``compute_values``)."""
+        return [ValueFunctionAPI]
 
     def configure_optimizers_for_module(self, module_id: str, config: LearnerConfig) -> None:
         """One Adam over the module, with ``eps=1e-5`` as in the PPO implementations whose
@@ -367,13 +387,41 @@ class PPOLearner(Learner):
             self._schedules[key] = Schedule(config[name], name=f"module {module_id!r}: {name}")
         return self._schedules[key]
 
+    def _initial_kl_coeff(self, module_id: str) -> float:
+        return self.config_for_module(module_id).kl_coeff
+
     def curr_kl_coeff(self, module_id: str) -> float:
         """The KL coefficient ``module_id`` uses now (``kl_coeff`` until adapted)."""
-        return self._curr_kl_coeffs.get(module_id, float(self.config_for_module(module_id).kl_coeff))
+        return float(self._curr_kl_coeffs[module_id])
 
     def set_curr_kl_coeff(self, module_id: str, value: float) -> None:
         """Set ``module_id``'s KL coefficient (what ``KLCoeffAdaptation`` calls)."""
-        self._curr_kl_coeffs[module_id] = float(value)
+        self._curr_kl_coeffs[module_id] = torch.tensor(float(value))
+
+    @property
+    def curr_kl_coeffs_per_module(self) -> dict[str, Tensor]:
+        """RLlib's name: ``{module_id: 0-dim tensor}``, each module's KL coefficient now.
+
+        A module read for the first time starts at its ``kl_coeff``. Changing a tensor in
+        place (``.data *= 1.5``, as RLlib's ``_update_module_kl_coeff`` rewrites do) or
+        assigning a new value is what ``set_curr_kl_coeff`` does: the loss reads it from the
+        next update on (``before_gradient_based_update`` fixes each update's coefficients).
+        """
+        return self._curr_kl_coeffs
+
+    @property
+    def entropy_coeff_schedulers_per_module(self) -> dict[str, ScheduledValue]:
+        """RLlib's name: ``{module_id: scheduler}`` whose ``get_current_value()`` is the entropy coefficient now.
+
+        The value at the last timesteps the Learner was given, from ``entropy_coeff`` (a number
+        or a piecewise schedule): what the loss uses in this update.
+        """
+        return {module_id: ScheduledValue(self, module_id, "entropy_coeff") for module_id in self.built_module.keys()}
+
+    def current_scheduled_value(self, module_id: str, name: str) -> float:
+        """The current value of a module's scheduled hyperparameter ``name`` (``clip_param``, ``entropy_coeff``)."""
+        timestep = self.timesteps.get(NUM_ENV_STEPS_SAMPLED_LIFETIME, 0)
+        return self._schedule(module_id, name, self.config_for_module(module_id)).value(timestep)
 
     def cuda_graph_key(self) -> Hashable:
         """This update's clip range and entropy and KL coefficients per module, the numbers the loss reads."""
@@ -433,15 +481,15 @@ class PPOLearner(Learner):
     def get_state(self, components: Any = None, *, not_components: Any = None) -> dict[str, Any]:
         """The Learner's state plus each module's current KL coefficient."""
         state = super().get_state(components, not_components=not_components)
-        state["curr_kl_coeffs"] = dict(self._curr_kl_coeffs)
+        state["curr_kl_coeffs"] = {module_id: float(value) for module_id, value in self._curr_kl_coeffs.items()}
         return state
 
     def set_state(self, state: Any) -> None:
         """Restore ``get_state``'s output, KL coefficients included."""
         super().set_state(state)
-        for module_id, value in state.get("curr_kl_coeffs", {}).items():
+        for module_id, value in learner_state_of(state).get("curr_kl_coeffs", {}).items():
             if module_id in self.module:
-                self._curr_kl_coeffs[module_id] = float(value)
+                self._curr_kl_coeffs[module_id] = torch.tensor(float(value))
 
     def remove_module(self, module_id: str, **kwargs: Any) -> Any:
         """Remove ``module_id`` and forget its KL coefficient and schedules."""
@@ -451,6 +499,29 @@ class PPOLearner(Learner):
         for key in [key for key in self._schedules if key[0] == module_id]:
             del self._schedules[key]
         return result
+
+
+class ScheduledValue:
+    """One module's scheduled hyperparameter, with RLlib's ``Scheduler.get_current_value()``."""
+
+    def __init__(self, learner: PPOLearner, module_id: str, name: str) -> None:
+        self._learner, self._module_id, self._name = learner, module_id, name
+
+    def get_current_value(self) -> float:
+        """The value at the last timesteps the Learner was given."""
+        return self._learner.current_scheduled_value(self._module_id, self._name)
+
+
+class _KLCoefficients(dict):
+    """``{module_id: 0-dim tensor}``; a module read for the first time gets ``initial(module_id)``."""
+
+    def __init__(self, initial: Any) -> None:
+        super().__init__()
+        self._initial = initial
+
+    def __missing__(self, module_id: str) -> Tensor:
+        value = self[module_id] = torch.tensor(float(self._initial(module_id)))
+        return value
 
 
 def log_vf_explained_var(
@@ -464,9 +535,12 @@ def log_vf_explained_var(
     """Connector piece: how well the values before this update predicted the targets.
 
     Logged once per update (as SB3 does) for every module, from the ``vf_preds`` and
-    ``value_targets`` that ``GeneralAdvantageEstimation`` added before it.
+    ``value_targets`` that ``GeneralAdvantageEstimation`` added before it. A module whose
+    rows lack them (GAE removed, or replaced by a piece appended after this one) is skipped.
     """
     for module_id, module_batch in batch.items():
+        if Columns.VF_PREDS not in module_batch or Columns.VALUE_TARGETS not in module_batch:
+            continue
         metrics.log_value(
             (module_id, VF_EXPLAINED_VAR_KEY),
             _explained_variance(module_batch[Columns.VF_PREDS], module_batch[Columns.VALUE_TARGETS]),

@@ -6,6 +6,7 @@ Learner with stateful (recurrent) modules ends it with :class:`AddTimeDimToBatch
 """
 
 from lightning_rl.connectors.add_columns import MODULE_EPISODES, AddColumnsFromEpisodes
+from lightning_rl.connectors.connector_v2 import ConnectorV2
 from lightning_rl.connectors.gae import GeneralAdvantageEstimation
 from lightning_rl.connectors.pipeline import (
     ConnectorPiece,
@@ -23,6 +24,7 @@ __all__ = [
     "AddTimeDimToBatchAndZeroPad",
     "ConnectorPiece",
     "ConnectorPipeline",
+    "ConnectorV2",
     "GeneralAdvantageEstimation",
     "Piece",
     "PieceSelector",

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Union
 from lightning_rl.connectors.add_columns import MODULE_EPISODES
 from lightning_rl.connectors.episodes import add_value_targets_and_advantages
 from lightning_rl.connectors.pipeline import ConnectorPiece, TrainBatch
+from lightning_rl.core.columns import Columns
 
 if TYPE_CHECKING:
     from lightning_rl.core.metrics import MetricsLogger
@@ -35,12 +36,32 @@ class GeneralAdvantageEstimation(ConnectorPiece):
             per-module config, so overrides and modules added later are honored). A
             LearnerGroup pickles the Learner with its pipeline: pass a bound method or a
             module-level function rather than a lambda.
-        gae_lambda: GAE's lambda in [0, 1] (RLlib's ``lambda_``), given the same ways.
+        gae_lambda: GAE's lambda in [0, 1], given the same ways.
+        lambda_: RLlib's name for ``gae_lambda``; pass one of the two.
+        standardize_advantages: Whether to leave each module's advantages standardized over
+            the update's rows (mean 0, standard deviation 1, the deviation floored at 1e-4), as
+            RLlib's piece does, so a loss reading ``batch["advantages"]`` gets what it would
+            in RLlib. ``value_targets`` are computed before, from the raw advantages.
+
+    Raises:
+        ValueError: For both or neither of ``gae_lambda`` and ``lambda_``.
     """
 
-    def __init__(self, gamma: PerModuleSetting, gae_lambda: PerModuleSetting) -> None:
+    def __init__(
+        self,
+        gamma: PerModuleSetting,
+        gae_lambda: PerModuleSetting | None = None,
+        *,
+        lambda_: PerModuleSetting | None = None,
+        standardize_advantages: bool = True,
+    ) -> None:
+        if (gae_lambda is None) == (lambda_ is None):
+            raise ValueError(
+                "GeneralAdvantageEstimation takes gae_lambda, or lambda_ (RLlib's name for it): exactly one of them"
+            )
         self.gamma = _PerModule("gamma", gamma)
-        self.gae_lambda = _PerModule("gae_lambda", gae_lambda)
+        self.gae_lambda = _PerModule("gae_lambda", gae_lambda if lambda_ is None else lambda_)
+        self.standardize_advantages = bool(standardize_advantages)
 
     def __call__(
         self,
@@ -77,6 +98,10 @@ class GeneralAdvantageEstimation(ConnectorPiece):
                 gae_lambda=self.gae_lambda.for_module(module_id),
                 initial_state=module.get_initial_state(),
             )
+            if self.standardize_advantages:
+                advantages = batch[module_id][Columns.ADVANTAGES]
+                std = advantages.std(unbiased=False) if advantages.numel() > 1 else advantages.new_ones(())
+                batch[module_id][Columns.ADVANTAGES] = (advantages - advantages.mean()) / std.clamp_min(1e-4)
         return batch
 
     def __repr__(self) -> str:

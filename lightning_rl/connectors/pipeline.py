@@ -99,15 +99,26 @@ class ConnectorPipeline(ConnectorPiece):
         rl_module: MultiRLModule,
         batch: TrainBatch,
         episodes: Sequence[Any],
-        shared_data: dict[str, Any],
-        metrics: MetricsLogger,
+        shared_data: dict[str, Any] | None = None,
+        metrics: MetricsLogger | None = None,
+        **kwargs: Any,
     ) -> TrainBatch:
         """Run every piece in order (see :meth:`ConnectorPiece.__call__` for the arguments).
+
+        As RLlib's pipeline, ``shared_data`` and ``metrics`` may be left out (a new dict, and a
+        new ``MetricsLogger`` whose values are dropped), and other keywords (``explore``) are
+        accepted and not passed on.
 
         Raises:
             TypeError: If a piece returns something other than a dict (a piece that changes
                 the batch in place must still return it).
         """
+        if shared_data is None:
+            shared_data = {}
+        if metrics is None:
+            from lightning_rl.core.metrics import MetricsLogger
+
+            metrics = MetricsLogger()
         for piece in self._pieces:
             batch = piece(rl_module=rl_module, batch=batch, episodes=episodes, shared_data=shared_data, metrics=metrics)
             if not isinstance(batch, dict):

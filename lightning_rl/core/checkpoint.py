@@ -604,3 +604,33 @@ def read_learner_payload(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]
     payload["state"] = state
     payload["lightning_state_dict"] = content["state_dict"]
     return file, payload
+
+
+def to_plain_data(value: Any, path: str) -> Any:
+    """A deep copy of ``value`` in plain types (``torch.load(weights_only=True)``, JSON and YAML take it).
+
+    Raises:
+        ValueError: Naming ``path`` (the value's place, e.g. ``"model_config['x']"``) for
+            anything but str, int, float, bool, None, list, tuple and dict with str keys.
+    """
+    # A deep copy in plain types only, so the result loads with torch.load(weights_only=True)
+    # and writes to JSON/YAML; tuples become lists, which JSON would do anyway.
+    # Subclasses such as numpy.float64 become the builtin type, which torch's weights_only
+    # loader accepts.
+    if value is None or isinstance(value, bool):
+        return value
+    for plain_type in (str, int, float):
+        if isinstance(value, plain_type):
+            return plain_type(value)
+    if isinstance(value, (list, tuple)):
+        return [to_plain_data(item, f"{path}[{index}]") for index, item in enumerate(value)]
+    if isinstance(value, dict):
+        plain = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ValueError(f"{path} keys must be str to be stored, got {key!r}.")
+            plain[key] = to_plain_data(item, f"{path}[{key!r}]")
+        return plain
+    raise ValueError(
+        f"{path} is a {type(value).__name__}; only str, int, float, bool, None, list, tuple and dict can be stored."
+    )

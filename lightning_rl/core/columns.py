@@ -40,6 +40,10 @@ class Columns:
     PREV_REWARDS = "prev_rewards"
     """The reward received just before each step, ``[B, T]`` (zero at an episode's first step)."""
     EMBEDDINGS = "embeddings"
+    # RLlib's names for columns a user's connector piece adds (no built-in piece writes them).
+    RETURNS_TO_GO = "returns_to_go"
+    INTRINSIC_REWARDS = "intrinsic_rewards"
+    EPS_ID = "eps_id"
 
 
 # Component names of a Learner's state (``Learner.get_state(components=...)``).

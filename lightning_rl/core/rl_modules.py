@@ -8,10 +8,16 @@ module ids. Both live here because each converts to the other
 
 from __future__ import annotations
 
-from collections.abc import ItemsView, Iterator, KeysView, Mapping, Sequence
+import abc
+import os
+import sys
+from collections.abc import Collection, ItemsView, Iterator, KeysView, Mapping, Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 import gymnasium as gym
+import numpy as np
+import torch
 from torch import Tensor, nn
 
 from lightning_rl.core.action_masks import (
@@ -19,6 +25,13 @@ from lightning_rl.core.action_masks import (
     apply_action_mask,
     check_maskable_action_space,
     is_action_masked_space,
+)
+from lightning_rl.core.checkpoint import (
+    class_path,
+    load_checked,
+    loaded_subclass,
+    save_checkpoint_file,
+    to_plain_data,
 )
 from lightning_rl.core.columns import DEFAULT_MODULE_ID, Columns
 from lightning_rl.core.distributions import Distribution, distribution_class_for_space
@@ -31,6 +44,36 @@ from lightning_rl.core.module_checks import (
     validate_module_id,
 )
 from lightning_rl.core.sharding import load_module_state, module_state
+from lightning_rl.core.spaces import space_from_dict, space_to_dict
+
+
+def as_tensors(state: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``state`` with each numpy array as a tensor (RLlib's states may hold either); tensors stay as they are."""
+    if not any(isinstance(value, np.ndarray) for value in state.values()):
+        return state
+    return {
+        name: torch.from_numpy(np.ascontiguousarray(value)) if isinstance(value, np.ndarray) else value
+        for name, value in state.items()
+    }
+
+
+class ValueFunctionAPI(abc.ABC):
+    """What an RLModule implements to have a state-value function (RLlib's API of the same name).
+
+    ``compute_values(batch) -> Tensor[B]``: the value of each row's ``obs`` (no gradient
+    needed). Learners that need it (PPO) list it in ``rl_module_required_apis``. A class
+    defining ``compute_values`` counts as implementing it without deriving from it.
+    """
+
+    @abc.abstractmethod
+    def compute_values(self, batch: dict[str, Any]) -> Tensor:
+        """The state values of the batch's rows, ``Tensor[B]`` (``[B, T]`` for a stateful module's sequences)."""
+
+    @classmethod
+    def __subclasshook__(cls, subclass: type) -> bool:
+        if cls is ValueFunctionAPI:
+            return any(callable(vars(klass).get("compute_values")) for klass in subclass.__mro__) or NotImplemented
+        return NotImplemented
 
 
 class RLModule(nn.Module):
@@ -102,7 +145,12 @@ class RLModule(nn.Module):
         self._action_masked = is_action_masked_space(observation_space)
         if self._action_masked:
             check_maskable_action_space(action_space, type(self).__name__)
+        self._before_setup()
         self.setup()
+
+    def _before_setup(self) -> None:
+        # What must exist before a subclass's setup() runs (a MultiRLModule's sub-modules).
+        pass
 
     def resolved_model_config(self) -> dict[str, Any]:
         """Return a copy of ``model_config`` with each declared key it leaves out set to its default.
@@ -283,13 +331,50 @@ class RLModule(nn.Module):
         """Load a state from :meth:`get_state`, after checking it fits.
 
         Args:
-            state: ``{name: tensor}`` with exactly this module's keys and shapes.
+            state: ``{name: tensor}`` with exactly this module's keys and shapes; numpy arrays
+                (``LearnerGroup.get_weights()``) are taken too, as in RLlib.
 
         Raises:
             ValueError: From :func:`check_state_matches`; nothing is loaded then.
         """
+        state = as_tensors(state)
         check_state_matches(self, state)
         load_module_state(self, state)
+
+    def save_to_path(self, path: str | os.PathLike[str]) -> str:
+        """Save the module (its spec and weights) to the directory ``path``, as RLlib's ``save_to_path``.
+
+        A ``MultiRLModule`` writes its container's class and one such directory per module,
+        ``path/<module_id>``, which ``RLModuleSpec(load_state_path=...)`` reads, as in RLlib.
+        Files hold plain data and tensors, with checksums.
+
+        Returns:
+            ``path``; ``from_checkpoint(path)`` and ``restore_from_path(path)`` read it.
+        """
+        return save_module_to_path(self, path)
+
+    def restore_from_path(self, path: str | os.PathLike[str]) -> None:
+        """Load the weights a ``save_to_path`` directory holds (checked first: on error nothing changes).
+
+        Raises:
+            ValueError: For a directory that is no module checkpoint, or weights that do not fit.
+        """
+        restore_module_from_path(self, path)
+
+    @classmethod
+    def from_checkpoint(cls, path: str | os.PathLike[str]) -> RLModule:
+        """Build the module a ``save_to_path`` directory holds, with its weights.
+
+        The classes it names must be loaded already (a checkpoint never imports code).
+
+        Raises:
+            ValueError: For a directory that is no module checkpoint, or one holding a module
+                that is not a ``cls``.
+        """
+        module = module_from_path(path)
+        if not isinstance(module, cls):
+            raise ValueError(f"{path}: holds a {type(module).__name__}, not a {cls.__name__}")
+        return module
 
     def as_multi_rl_module(self) -> MultiRLModule:
         """Return a :class:`MultiRLModule` holding this module under ``DEFAULT_MODULE_ID``."""
@@ -311,16 +396,55 @@ class MultiRLModule(RLModule):
     ``nn.Module`` it keeps ``nn.Module.add_module``'s meaning (register a plain child), which
     torch utilities rely on, e.g. ``register_module`` or ``SyncBatchNorm.convert_sync_batchnorm``.
 
+    Subclasses (a shared encoder that every policy head reads, as in RLlib) override
+    :meth:`setup`, which runs once the sub-modules exist (``self._rl_modules`` or
+    ``self[module_id]``), and the passes. Specs and checkpoints record the subclass
+    (``MultiRLModuleSpec.multi_rl_module_class``), so it is rebuilt, not a plain
+    ``MultiRLModule``; they build it as ``cls(rl_module_specs=..., model_config=...)``.
+
     Args:
         rl_modules: The modules to start with, ``{module_id: module}``.
+        rl_module_specs: RLlib's form: ``{module_id: RLModuleSpec}``, built here. Not with
+            ``rl_modules``.
+        model_config: Settings of the container itself, for a subclass's :meth:`setup`.
+        inference_only: As for :class:`RLModule`.
+        observation_space: Unused by the container (RLlib accepts it); kept as an attribute.
+        action_space: Unused by the container (RLlib accepts it); kept as an attribute.
+
+    Raises:
+        ValueError: For both ``rl_modules`` and ``rl_module_specs``.
+        TypeError: For a module that is not an RLModule.
     """
 
-    def __init__(self, rl_modules: Mapping[str, RLModule] | None = None) -> None:
-        super().__init__(observation_space=None, action_space=None)
-        self._rl_modules = nn.ModuleDict()
+    def __init__(
+        self,
+        rl_modules: Mapping[str, RLModule] | None = None,
+        *,
+        rl_module_specs: Mapping[str, Any] | None = None,
+        model_config: dict[str, Any] | None = None,
+        inference_only: bool = False,
+        observation_space: gym.Space | None = None,
+        action_space: gym.Space | None = None,
+    ) -> None:
+        if rl_modules is not None and rl_module_specs is not None:
+            raise ValueError("MultiRLModule takes rl_modules (built modules) or rl_module_specs (specs), not both")
+        if rl_module_specs is not None:
+            rl_modules = {module_id: spec.build() for module_id, spec in rl_module_specs.items()}
         for module_id, module in (rl_modules or {}).items():
             if not isinstance(module, RLModule):
                 raise TypeError(f"Module {module_id!r} is a {type(module).__name__}, not an RLModule.")
+        # Read by _before_setup, which RLModule.__init__ calls just before setup(): so a
+        # subclass's setup() finds its sub-modules, as in RLlib.
+        self.__dict__["_rl_modules_before_setup"] = dict(rl_modules or {})
+        super().__init__(
+            observation_space=None, action_space=None, model_config=model_config, inference_only=inference_only
+        )
+        self.observation_space = observation_space
+        self.action_space = action_space
+
+    def _before_setup(self) -> None:
+        self._rl_modules = nn.ModuleDict()
+        for module_id, module in self.__dict__.pop("_rl_modules_before_setup", {}).items():
             self.add_module(module_id, module)
 
     def keys(self) -> KeysView[str]:
@@ -449,7 +573,7 @@ class MultiRLModule(RLModule):
         self._check_known(*state)
         for module_id, state_of_module in state.items():
             try:
-                check_state_matches(self._rl_modules[module_id], state_of_module)
+                check_state_matches(self._rl_modules[module_id], as_tensors(state_of_module))
             except ValueError as err:
                 raise ValueError(f"Module {module_id!r}: {err}") from err
 
@@ -464,3 +588,152 @@ class MultiRLModule(RLModule):
 
     def _unknown_ids_message(self, unknown: list[str]) -> str:
         return f"Unknown module id(s) {unknown}; known ids: {sorted(self._rl_modules)}."
+
+
+def multi_rl_module_class_of(multi_module: MultiRLModule) -> type[MultiRLModule]:
+    """The class of ``multi_module`` as its user wrote it, not the one FSDP2's ``fully_shard`` makes of it."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    for cls in type(multi_module).__mro__:
+        if issubclass(cls, MultiRLModule) and not (fsdp is not None and issubclass(cls, fsdp.FSDPModule)):
+            return cls
+    return MultiRLModule
+
+
+# ----------------------------------------------------------------------------------------
+# Module checkpoints: RLModule.save_to_path / restore_from_path / from_checkpoint
+# ----------------------------------------------------------------------------------------
+
+MODULE_STATE_FILE = "module_state.pt"
+"""The file in an ``RLModule.save_to_path`` directory: the module's class, spaces, config and weights."""
+
+MULTI_MODULE_STATE_FILE = "multi_module_state.pt"
+"""The file in a ``MultiRLModule.save_to_path`` directory: the container's class and module ids;
+each module is saved as an ``RLModule`` in the subdirectory named by its id."""
+
+_MODULE_FORMAT_VERSION = 1
+
+
+def save_module_to_path(module: RLModule, path: str | os.PathLike[str]) -> str:
+    """Save ``module`` (class, spaces, config, weights) to the directory ``path``; a ``MultiRLModule`` per module.
+
+    Returns:
+        ``path``, as a string.
+
+    Raises:
+        ValueError: If ``path`` is a file, or the module's class or config cannot be stored.
+    """
+    directory = Path(path)
+    if directory.exists() and not directory.is_dir():
+        raise ValueError(f"cannot save a module to {str(directory)!r}: it is a file, expected a directory")
+    if isinstance(module, MultiRLModule):
+        for module_id, sub_module in module.items():
+            save_module_to_path(sub_module, directory / module_id)
+        container = {
+            "format_version": _MODULE_FORMAT_VERSION,
+            "multi_rl_module_class": class_path(multi_rl_module_class_of(module)),
+            "model_config": to_plain_data(dict(module.model_config), "model_config"),
+            "module_ids": list(module.keys()),
+        }
+        save_checkpoint_file(container, directory / MULTI_MODULE_STATE_FILE)
+        return os.fspath(path)
+    payload = {
+        "format_version": _MODULE_FORMAT_VERSION,
+        "module_class": class_path(type(module)),
+        "observation_space": space_to_dict(module.observation_space),
+        "action_space": space_to_dict(module.action_space),
+        "model_config": to_plain_data(dict(module.model_config), "model_config"),
+        "inference_only": bool(module.inference_only),
+        "state": module.get_state(),
+    }
+    save_checkpoint_file(payload, directory / MODULE_STATE_FILE)
+    return os.fspath(path)
+
+
+def _read_module_dir(path: str | os.PathLike[str]) -> tuple[str, dict[str, Any]]:
+    """``("single" | "multi", content)`` of a module checkpoint directory, checked and loaded as plain data."""
+    directory = Path(path)
+    for kind, name in (("single", MODULE_STATE_FILE), ("multi", MULTI_MODULE_STATE_FILE)):
+        if (directory / name).is_file():
+            content = load_checked(directory / name, map_location="cpu")
+            version = content.get("format_version") if isinstance(content, dict) else None
+            if not isinstance(version, int) or version > _MODULE_FORMAT_VERSION:
+                raise ValueError(f"{directory / name}: not a module checkpoint this lightning_rl reads")
+            return kind, content
+    raise ValueError(
+        f"{directory}: not a module checkpoint (no {MODULE_STATE_FILE} or {MULTI_MODULE_STATE_FILE}); expected a "
+        "directory written by RLModule.save_to_path. A Learner checkpoint is read by Learner.from_checkpoint, or "
+        "restore_from_path(path, component='rl_module/<module_id>')"
+    )
+
+
+def is_module_checkpoint(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a directory written by ``RLModule.save_to_path`` (of one module or several)."""
+    directory = Path(path)
+    return (directory / MODULE_STATE_FILE).is_file() or (directory / MULTI_MODULE_STATE_FILE).is_file()
+
+
+def _module_ids_of(content: Mapping[str, Any]) -> list[str]:
+    module_ids = list(content.get("module_ids", []))
+    for module_id in module_ids:
+        validate_module_id(module_id)  # also keeps each subdirectory inside the checkpoint (no '/' or '.')
+    return module_ids
+
+
+def module_from_path(path: str | os.PathLike[str]) -> RLModule:
+    """Build the module a ``save_to_path`` directory holds, with its weights.
+
+    The classes it names must be loaded already (nothing is imported), as for a Learner checkpoint.
+    """
+    kind, content = _read_module_dir(path)
+    if kind == "single":
+        module_class = loaded_subclass(content["module_class"], RLModule, "the checkpoint's module_class")
+        module = module_class(
+            observation_space=space_from_dict(content["observation_space"]),
+            action_space=space_from_dict(content["action_space"]),
+            model_config=content.get("model_config"),
+            inference_only=bool(content.get("inference_only", False)),
+        )
+        module.set_state(content["state"])
+        return module
+    container = loaded_subclass(
+        content["multi_rl_module_class"], MultiRLModule, "the checkpoint's multi_rl_module_class"
+    )
+    modules = {module_id: module_from_path(Path(path) / module_id) for module_id in _module_ids_of(content)}
+    return container(rl_modules=modules, model_config=content.get("model_config"))
+
+
+def restore_module_from_path(
+    module: RLModule, path: str | os.PathLike[str], module_ids: Collection[str] | None = None
+) -> None:
+    """Load the weights a ``save_to_path`` directory holds into ``module`` (checked first: nothing changes on error).
+
+    Args:
+        module: An ``RLModule``, or a ``MultiRLModule`` to load (some of) the modules of a
+            ``MultiRLModule`` checkpoint into.
+        path: The directory.
+        module_ids: For a ``MultiRLModule``: the modules to load; ``None`` for all the checkpoint holds.
+
+    Raises:
+        ValueError: For a checkpoint of the other kind (one module vs. several), an unknown
+            module id, or weights that do not fit.
+    """
+    kind, content = _read_module_dir(path)
+    if isinstance(module, MultiRLModule):
+        if kind != "multi":
+            raise ValueError(
+                f"{path}: holds one RLModule, not a MultiRLModule; load it into one module with "
+                "module[module_id].restore_from_path(path), or RLModuleSpec(load_state_path=path)"
+            )
+        held = _module_ids_of(content)
+        wanted = held if module_ids is None else list(module_ids)
+        unknown = sorted(set(wanted) - set(held))
+        if unknown:
+            raise ValueError(f"{path}: holds modules {sorted(held)}, not {unknown}")
+        module.set_state({module_id: _read_module_dir(Path(path) / module_id)[1]["state"] for module_id in wanted})
+        return
+    if kind != "single":
+        raise ValueError(
+            f"{path}: holds a MultiRLModule; load one of its modules from its subdirectory, path/<module_id>"
+        )
+    module.set_state(content["state"])
+

@@ -146,13 +146,18 @@ class Learner(UpdateApiMixin, OptimizersMixin, MultiModuleMixin, StateMixin, Lig
             networks on a GPU, whose steps are bound by kernel launches. The Learner must be on
             a GPU, in one process. Python numbers the loss reads are fixed at capture, and
             captured again when ``cuda_graph_key()`` changes (see ``learner/cuda_graphs.py``).
-        learner_connector_pieces: Connector pieces appended to the pipeline that
-            ``build_learner_connector`` returns, e.g. one adding a column the loss reads.
+        learner_connector_pieces: Connector pieces that run right after ``AddColumnsFromEpisodes``
+            and before the pieces an algorithm adds (GAE), as RLlib runs a config's
+            ``learner_connector`` pieces before its defaults' GAE: e.g. one adding a column the
+            loss reads, or reshaping ``rewards`` before the advantages are computed.
             Objects, not hyperparameters: they are not saved with the checkpoint, so pass
             them again when loading one (overriding ``build_learner_connector`` saves that).
         max_consecutive_non_finite_steps: Optimizer steps in a row that one optimizer may skip
             for NaN or infinite gradients before training stops with a ``FloatingPointError``
             naming the module, the optimizer and whether the loss was finite; ``None`` never stops.
+        learner_config_dict: RLlib's free-form settings for a custom Learner, read as
+            ``self.config.learner_config_dict["my_key"]`` (or per module, through
+            ``config_for_module``); plain data, saved with the hyperparameters. ``{}`` by default.
 
     Raises:
         ValueError: For both ``module_spec`` and ``module``, a ``module`` that is not an
@@ -188,6 +193,7 @@ class Learner(UpdateApiMixin, OptimizersMixin, MultiModuleMixin, StateMixin, Lig
         cuda_graphs: bool = False,
         learner_connector_pieces: Sequence[Piece] = (),
         max_consecutive_non_finite_steps: int | None = 100,
+        learner_config_dict: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.automatic_optimization = False
@@ -208,6 +214,9 @@ class Learner(UpdateApiMixin, OptimizersMixin, MultiModuleMixin, StateMixin, Lig
         self.save_hyperparameters(ignore=ignore)
         if not callable(policies_to_train) and policies_to_train is not None:
             self.hparams.policies_to_train = sorted(policies_to_train)
+        if learner_config_dict is not None and not isinstance(learner_config_dict, Mapping):
+            raise ValueError(f"learner_config_dict must be a dict, got {type(learner_config_dict).__name__}")
+        self.hparams.learner_config_dict = dict(learner_config_dict or {})
         self._config_overrides: dict[str, dict[str, Any]] = {}
         self._check_config(self.config, "Learner")
         for module_id, overrides in (config_overrides_per_module or {}).items():
@@ -257,12 +266,16 @@ class Learner(UpdateApiMixin, OptimizersMixin, MultiModuleMixin, StateMixin, Lig
             )
         module = self._given_module if self._given_module is not None else self._make_module()
         self._given_module = None
+        self._check_required_apis(module)
         self._module = module.to(self.device)
         self.configure_optimizers()
         self._step_runner.compile(self._module)
         self._learner_connector = self.build_learner_connector()
+        # The base pipeline holds the user's pieces already; an override that builds its own
+        # without calling super() gets them at its end.
         for piece in self._user_connector_pieces:
-            self._learner_connector.append(piece)
+            if not any(held is piece for held in self._learner_connector):
+                self._learner_connector.append(piece)
         self._end_connector_with_time_axis()
 
     def _end_connector_with_time_axis(self) -> None:
@@ -283,15 +296,17 @@ class Learner(UpdateApiMixin, OptimizersMixin, MultiModuleMixin, StateMixin, Lig
     def build_learner_connector(self) -> ConnectorPipeline:
         """Override point: the Learner connector, the pipeline that turns episodes into a train batch.
 
-        Called once by ``build``, after the modules and optimizers exist; the pieces given as
-        ``learner_connector_pieces`` are appended to what it returns. The base pipeline
+        Called once by ``build``, after the modules and optimizers exist. The base pipeline
         holds ``AddColumnsFromEpisodes`` (the episodes' steps as columns, keyed by module
-        id). Override to add pieces anywhere (``insert_after``, ``prepend``, ...); call
-        ``super()`` first, as ``PPOLearner`` does to append GAE. With a stateful module,
-        ``build`` ends the pipeline with ``AddTimeDimToBatchAndZeroPad``, after the pieces
-        given as ``learner_connector_pieces``.
+        id), then the pieces given as ``learner_connector_pieces``: so, as in RLlib, a user's
+        pieces run before what an algorithm appends (``PPOLearner``'s GAE), and a piece that
+        reshapes ``rewards`` changes the advantages. Override to add pieces anywhere
+        (``insert_after``, ``prepend``, ...); call ``super()`` first, as ``PPOLearner`` does to
+        append GAE (an override that does not gets the user's pieces appended at its end).
+        With a stateful module, ``build`` ends the pipeline with ``AddTimeDimToBatchAndZeroPad``,
+        after every other piece.
         """
-        return ConnectorPipeline([AddColumnsFromEpisodes()])
+        return ConnectorPipeline([AddColumnsFromEpisodes(), *self._user_connector_pieces])
 
     def _make_module(self) -> MultiRLModule:
         """Build the ``MultiRLModule`` from the spec; override to construct it differently."""
@@ -301,6 +316,30 @@ class Learner(UpdateApiMixin, OptimizersMixin, MultiModuleMixin, StateMixin, Lig
     def rl_module_required_apis(cls) -> list[type]:
         """Classes (APIs) an RL module must be an instance of for this Learner to train it."""
         return []
+
+    def _check_required_apis(self, module: MultiRLModule) -> None:
+        """Refuse, at build, a module to train that lacks an API of ``rl_module_required_apis``.
+
+        Exempt: modules without trainable parameters (fixed policies) and modules left out of a
+        ``policies_to_train`` list; they get no optimizer (``rl_module_is_compatible``).
+        Modules added later (``add_module``) are not checked, as in RLlib.
+
+        Raises:
+            ValueError: Naming the module, its class and the APIs it lacks.
+        """
+        rule = self._should_module_be_updated
+        for module_id, sub_module in module.items():
+            missing = [api.__name__ for api in self.rl_module_required_apis() if not isinstance(sub_module, api)]
+            trainable = any(param.requires_grad for param in sub_module.parameters())
+            to_train = rule is None or callable(rule) or module_id in rule
+            if missing and trainable and to_train:
+                hint = " (compute_values(batch) -> Tensor[B])" if "ValueFunctionAPI" in missing else ""
+                raise ValueError(
+                    f"{type(self).__name__} trains modules that implement "
+                    f"{[api.__name__ for api in self.rl_module_required_apis()]} (rl_module_required_apis); module "
+                    f"{module_id!r} ({type(sub_module).__name__}) does not implement {missing}{hint}. Implement it, or "
+                    "leave the module out of policies_to_train"
+                )
 
     def rl_module_is_compatible(self, module: RLModule) -> bool:
         """Whether this Learner can train ``module``; incompatible modules get no optimizer."""

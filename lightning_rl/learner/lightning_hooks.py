@@ -554,11 +554,12 @@ def specs_for_module_spaces(
     template = specs.get(DEFAULT_MODULE_ID)
     has_no_spaces = template is not None and template.observation_space is None and template.action_space is None
     if len(specs) == 1 and has_no_spaces:
-        return MultiRLModuleSpec(
-            {
+        return dataclasses.replace(
+            spec,
+            rl_module_specs={
                 module_id: dataclasses.replace(template, observation_space=obs_space, action_space=act_space)
                 for module_id, (obs_space, act_space) in module_spaces.items()
-            }
+            },
         )
     lacking = [module_id for module_id in module_spaces if module_id not in specs]
     if lacking:

@@ -57,7 +57,8 @@ class MultiModuleMixin:
     ) -> MultiRLModuleSpec:
         """Add and train a new module (e.g. a league opponent), also while ``Trainer.fit`` runs.
 
-        Its optimizers are registered through ``configure_optimizers_for_module`` and, under
+        Its optimizers are registered through ``configure_optimizers_for_module`` (whether or
+        not the module has the APIs of ``rl_module_required_apis``, as in RLlib) and, under
         a Trainer, handed to it, so they are stepped and checkpointed from then on. Under
         DDP this is a collective call: every rank adds the module at the same point, and the
         DDP wrapper is rebuilt so that its gradients are averaged too.
@@ -85,8 +86,9 @@ class MultiModuleMixin:
             self.config_overrides_per_module[module_id] = overrides
         if new_should_module_be_updated is not None:
             self.policies_to_train = check_policies_to_train(new_should_module_be_updated, "new_should_module_be_updated")
-        if self.rl_module_is_compatible(new_module):
-            self._configure_module_optimizers(module_id)
+        # As in RLlib, an added module always gets its optimizers (rl_module_is_compatible
+        # decides only for the modules build() starts with).
+        self._configure_module_optimizers(module_id)
         self._modules_changed()
         return self.module_spec
 

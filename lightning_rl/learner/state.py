@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -38,6 +39,7 @@ from lightning_rl.core.columns import (
 )
 from lightning_rl.core.module_checks import check_state_matches
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec
+from lightning_rl.core.rl_modules import is_module_checkpoint
 from lightning_rl.core.sharding import load_module_state
 from lightning_rl.learner._lightning_private import attached_trainer
 from lightning_rl.learner.multi_module import check_policies_to_train
@@ -124,6 +126,12 @@ def checkpoint_payload(learner: LightningModule) -> dict[str, Any]:
 def match_modules(learner: LightningModule, spec_dict: Mapping[str, Any], overrides: Mapping[str, dict[str, Any]]) -> None:
     """Add and remove modules so that ``learner`` holds those of ``spec_dict`` (a ``MultiRLModuleSpec.to_dict``)."""
     spec = MultiRLModuleSpec.from_dict(spec_dict)
+    container = MultiRLModuleSpec.from_module(learner.module).multi_rl_module_class
+    if container is not spec.multi_rl_module_class:
+        raise ValueError(
+            f"its modules are a {spec.multi_rl_module_class.__name__}, this Learner's a {container.__name__}; "
+            "load it with from_checkpoint(path), which builds its class"
+        )
     for module_id in [m for m in learner.module.keys() if m not in spec.rl_module_specs]:
         learner.remove_module(module_id)
     for module_id, module_spec in spec.rl_module_specs.items():
@@ -267,6 +275,112 @@ def restore_from_lightning_checkpoint(learner: LightningModule, checkpoint: dict
     learner.set_state(state)
 
 
+LEARNER_LEVEL = "learner"
+"""RLlib's LearnerGroup state level: ``{"learner": learner_state}`` (``COMPONENT_LEARNER``)."""
+
+_BOOKKEEPING_KEYS = (
+    "module_spec",
+    "config_overrides_per_module",
+    WEIGHTS_SEQ_NO,
+    "timesteps",
+    "should_module_be_updated",
+)
+
+
+def learner_state_of(state: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``state``, or the Learner state under RLlib's LearnerGroup level ``{"learner": state}``.
+
+    For ``set_state`` overrides that read their own keys: ``state = learner_state_of(state)``.
+    """
+    if isinstance(state, Mapping) and set(state) == {LEARNER_LEVEL} and isinstance(state[LEARNER_LEVEL], Mapping):
+        return state[LEARNER_LEVEL]
+    return state
+
+
+def _without_learner_level(state: Mapping[str, Any], learner: Any) -> Mapping[str, Any]:
+    """``state``, or the Learner state under RLlib's ``"learner"`` level; raise for keys no ``get_state`` writes."""
+    if not isinstance(state, Mapping):
+        raise ValueError(f"set_state takes a dict from get_state(), got {type(state).__name__}")
+    if LEARNER_LEVEL in state:
+        others = sorted(set(state) - {LEARNER_LEVEL})
+        if others:
+            raise ValueError(
+                f"the state has RLlib's LearnerGroup level {LEARNER_LEVEL!r} beside other keys {others}; "
+                f"pass {{{LEARNER_LEVEL!r}: learner_state}} or the learner state alone"
+            )
+        state = state[LEARNER_LEVEL]
+        if not isinstance(state, Mapping):
+            raise ValueError(f"state[{LEARNER_LEVEL!r}] must be a dict from get_state(), got {type(state).__name__}")
+    known = {*COMPONENTS, *_BOOKKEEPING_KEYS, *learner.get_state(components=[]).keys()}
+    unknown = sorted(set(state) - known)
+    if unknown:
+        raise ValueError(
+            f"unknown state key(s) {unknown}: {type(learner).__name__}.set_state takes the keys get_state writes, "
+            f"{sorted(known)} (or RLlib's {{{LEARNER_LEVEL!r}: state}})"
+        )
+    return state
+
+
+def _strip_group_prefix(component: str) -> str:
+    for prefix in ("learner_group/learner/", "learner/"):
+        if component.startswith(prefix):
+            return component[len(prefix) :]
+    return component
+
+
+def restore_component(learner: LightningModule, path: str, component: str) -> None:
+    """Restore one component of ``learner`` (``Learner.restore_from_path(path, component=...)``)."""
+    if not isinstance(component, str):
+        raise ValueError(f"component must be a string such as 'rl_module/<module_id>', got {component!r}")
+    name = _strip_group_prefix(component)
+    module = learner.built_module
+    directory = os.fspath(path)
+    if is_module_checkpoint(directory):
+        # A module checkpoint (RLModule.save_to_path), as RLlib's rl_module/<module_id> directories.
+        if name == COMPONENT_RL_MODULE:
+            module.restore_from_path(directory)
+            return
+        prefix = f"{COMPONENT_RL_MODULE}/"
+        if name.startswith(prefix) and name[len(prefix) :] in module:
+            module[name[len(prefix) :]].restore_from_path(directory)
+            return
+        raise ValueError(
+            f"{directory}: a module checkpoint restores component 'rl_module' or 'rl_module/<module_id>' of a module "
+            f"this Learner has ({sorted(module.keys())}), not {component!r}"
+        )
+    file, payload = read_learner_payload(directory)
+    state = dict(payload["state"])
+    saved_ids = list(MultiRLModuleSpec.from_dict(state["module_spec"]).rl_module_specs)
+    if COMPONENT_RL_MODULE not in state and payload.get("lightning_state_dict") is not None:
+        state[COMPONENT_RL_MODULE] = _module_weights(payload["lightning_state_dict"], saved_ids)
+    try:
+        selected = select_components(name, None, saved_ids)
+    except ValueError as error:
+        raise ValueError(f"{file}: {error}") from error
+    part: dict[str, Any] = {}
+    if selected.module_ids is not None:
+        part[COMPONENT_RL_MODULE] = {mid: state[COMPONENT_RL_MODULE][mid] for mid in selected.module_ids}
+    if selected.optimizer:
+        part[COMPONENT_OPTIMIZER] = state[COMPONENT_OPTIMIZER]
+    if selected.metrics_logger:
+        part[COMPONENT_METRICS_LOGGER] = state[COMPONENT_METRICS_LOGGER]
+    try:
+        learner.set_state(part)
+    except ValueError as error:
+        raise ValueError(f"{file}: cannot restore {component!r} from it: {error}") from error
+
+
+def _module_weights(state_dict: Mapping[str, Any], module_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """``{module_id: {name: tensor}}`` out of a Learner's ``state_dict`` (keys ``_module._rl_modules.<id>.<name>``)."""
+    weights: dict[str, dict[str, Any]] = {module_id: {} for module_id in module_ids}
+    for key, value in state_dict.items():
+        for module_id in module_ids:
+            prefix = f"_module._rl_modules.{module_id}."
+            if key.startswith(prefix):
+                weights[module_id][key[len(prefix) :]] = value
+    return weights
+
+
 class StateMixin:
     """The Learner's state API, RLlib's names (a part of ``Learner``, which inherits it)."""
 
@@ -318,8 +432,15 @@ class StateMixin:
         missing or unexpected weights and shape mismatches raise ``ValueError`` naming them.
         To restore a checkpoint whose modules differ, use ``restore_from_path`` or
         ``from_checkpoint``, which add and remove modules to match.
+
+        RLlib's LearnerGroup level is taken too: ``{"learner": state}`` restores ``state``.
+
+        Raises:
+            ValueError: Also for a key that no ``get_state`` writes (naming the valid ones),
+                which would otherwise be ignored.
         """
         module = self.built_module
+        state = _without_learner_level(state, self)
         if state.get("should_module_be_updated") is not None:
             check_policies_to_train(state["should_module_be_updated"], "the state's should_module_be_updated")
         if COMPONENT_RL_MODULE in state:
@@ -380,14 +501,26 @@ class StateMixin:
         write_learner_dir(path, payload)
         return path
 
-    def restore_from_path(self, path: str) -> None:
+    def restore_from_path(self, path: str, *, component: str | None = None) -> None:
         """Restore this Learner from ``save_to_path`` output or a Lightning checkpoint.
 
         Modules are added or removed to match the checkpoint. If anything does not fit,
         the error names the file and the mismatch, and the Learner is left as it was.
+
+        Args:
+            path: A Learner checkpoint; with ``component="rl_module/<module_id>"`` also an
+                ``RLModule.save_to_path`` directory, and with ``component="rl_module"`` a
+                ``MultiRLModule.save_to_path`` one.
+            component: RLlib's argument: restore only this part, ``"rl_module"``,
+                ``"rl_module/<module_id>"``, ``"optimizer"`` or ``"metrics_logger"`` (RLlib's
+                LearnerGroup prefix ``"learner/"`` is accepted). The modules are not added or
+                removed then: the ones named must exist here.
         """
         self.built_module  # raises if not built
-        restore_learner(self, path)
+        if component is None:
+            restore_learner(self, path)
+            return
+        restore_component(self, path, component)
 
     @classmethod
     def from_checkpoint(cls, path: str, **hparam_overrides: Any) -> LightningModule:

@@ -158,7 +158,7 @@ def run_command(learner: Learner, kind: str, args: dict[str, Any], *, rank: int)
             learner.save_to_path(os.path.join(scratch, "learner"))
         return None
     if kind == "restore_from_path":
-        learner.restore_from_path(args["path"])
+        learner.restore_from_path(args["path"], component=args.get("component"))
         return None
     if kind == "add_module":
         return learner.add_module(**args)

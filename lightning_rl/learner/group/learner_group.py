@@ -484,7 +484,7 @@ class LearnerGroup:
         return self._call("get_state", components=_as_list(components), not_components=_as_list(not_components))
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        """Restore ``state`` (from ``get_state``) into every learner.
+        """Restore ``state`` (from ``get_state``, or RLlib's ``{"learner": state}``) into every learner.
 
         Raises:
             ValueError: If it does not fit (unknown modules or optimizers, wrong shapes);
@@ -509,17 +509,23 @@ class LearnerGroup:
         self._call("save_to_path", path=path)
         return path
 
-    def restore_from_path(self, path: str | os.PathLike[str]) -> None:
+    def restore_from_path(self, path: str | os.PathLike[str], *, component: str | None = None) -> None:
         """Restore every learner from ``save_to_path`` output or a Lightning checkpoint.
 
         Modules are added or removed to match the checkpoint; training then continues exactly
         as it would have from the moment of saving.
 
+        Args:
+            path: The checkpoint (see ``Learner.restore_from_path``).
+            component: RLlib's argument: only this part, e.g. ``"learner/rl_module/<module_id>"``
+                or ``"rl_module/<module_id>"`` (then ``path`` may also be an ``RLModule.save_to_path``
+                directory); see ``Learner.restore_from_path``.
+
         Raises:
             ValueError: If the checkpoint does not fit; the learners are left as they were.
             LearnerGroupError: If a learner process failed, died or timed out.
         """
-        self._call("restore_from_path", path=os.path.abspath(os.fspath(path)))
+        self._call("restore_from_path", path=os.path.abspath(os.fspath(path)), component=component)
 
     def add_module(
         self,
