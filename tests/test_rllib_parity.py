@@ -289,6 +289,34 @@ def test_a_reward_shaping_piece_changes_ppos_value_targets():
     assert shaped_batch[Columns.VALUE_TARGETS][0] - values[0] > 5 * (plain_batch[Columns.VALUE_TARGETS][0] - values[0])
 
 
+def test_rllibs_compute_returns_to_go_and_next_observation_pieces_add_their_columns():
+    from lightning_rl.algorithms.ppo import PPOLearner
+    from lightning_rl.connectors import AddNextObservationsFromEpisodesToTrainBatch, ComputeReturnsToGo
+
+    pieces = [ComputeReturnsToGo(gamma=0.5), AddNextObservationsFromEpisodesToTrainBatch()]
+    learner = PPOLearner(_ppo_spec(), learner_connector_pieces=pieces)
+    learner.build()
+    batch = learner.episodes_to_train_batch(_episodes())["default_policy"]
+    # Episode 1: rewards 1, 2, 3 -> 1 + .5 * 2 + .25 * 3, 2 + .5 * 3, 3; episode 2 (cut): .5 + .25, .5.
+    assert batch[Columns.RETURNS_TO_GO].tolist() == pytest.approx([2.75, 3.5, 3.0, 0.75, 0.5])
+    # Each step's next observation: the first feature counts up by 0.1 within an episode.
+    assert batch[Columns.NEXT_OBS][:, 0].tolist() == pytest.approx([0.1, 0.2, 0.3, 0.6, 0.7])
+    with pytest.raises(ValueError, match="gamma must be a number in"):
+        ComputeReturnsToGo(gamma=1.5)
+
+
+def test_rllibs_episode_getters_read_and_its_setters_say_what_to_change_instead():
+    episode = _episodes()[0]
+    assert episode.get_rewards().tolist() == [1.0, 2.0, 3.0]
+    assert episode.get_rewards(-1) == 3.0 and episode.get_actions([0, 2]).tolist() == [0, 0]
+    assert episode.get_observations(slice(1, 3))[:, 0].tolist() == pytest.approx([0.1, 0.2])
+    assert episode.get_extra_model_outputs(Columns.ACTION_LOGP, 0) == pytest.approx(-0.7)
+    with pytest.raises(ValueError, match="no counterpart here"):
+        episode.get_observations(-1, neg_index_as_lookback=True)
+    with pytest.raises(ValueError, match=r"Change batch\[module_id\]\['rewards'\] in your piece instead"):
+        episode.set_rewards(new_data=[0.0, 0.0, 0.0])
+
+
 def test_replacing_gae_by_name_keeps_the_pipeline_working():
     from lightning_rl.algorithms.ppo import PPOLearner
     from lightning_rl.connectors import GeneralAdvantageEstimation

@@ -7,6 +7,7 @@ Learner with stateful (recurrent) modules ends it with :class:`AddTimeDimToBatch
 
 from lightning_rl.connectors.add_columns import MODULE_EPISODES, AddColumnsFromEpisodes
 from lightning_rl.connectors.connector_v2 import ConnectorV2
+from lightning_rl.connectors.episode_columns import AddNextObservationsFromEpisodesToTrainBatch, ComputeReturnsToGo
 from lightning_rl.connectors.gae import GeneralAdvantageEstimation
 from lightning_rl.connectors.pipeline import (
     ConnectorPiece,
@@ -21,7 +22,9 @@ from lightning_rl.connectors.time_axis import AddTimeDimToBatchAndZeroPad
 __all__ = [
     "MODULE_EPISODES",
     "AddColumnsFromEpisodes",
+    "AddNextObservationsFromEpisodesToTrainBatch",
     "AddTimeDimToBatchAndZeroPad",
+    "ComputeReturnsToGo",
     "ConnectorPiece",
     "ConnectorPipeline",
     "ConnectorV2",

@@ -251,6 +251,63 @@ class SingleAgentEpisode:
         """Return the sum of this chunk's rewards."""
         return float(np.sum(self.rewards, dtype=np.float64)) if len(self.rewards) else 0.0
 
+    # ---- RLlib's getters (read-only; no lookback buffer here) -------------------------------
+
+    def get_observations(self, indices: int | Sequence[int] | slice | None = None, **kwargs: Any) -> Any:
+        """RLlib's getter: the observations at ``indices`` (all ``len + 1`` when ``None``).
+
+        ``indices`` is an int (a negative one counts from the end, as RLlib's default
+        ``neg_index_as_lookback=False``), a list of ints or a slice. RLlib's lookback and
+        fill options have no meaning here, where episodes keep no lookback buffer.
+
+        Raises:
+            ValueError: For ``neg_index_as_lookback``, ``fill`` or ``one_hot_discrete``.
+        """
+        return _get(self.observations, indices, "get_observations", kwargs)
+
+    def get_actions(self, indices: int | Sequence[int] | slice | None = None, **kwargs: Any) -> Any:
+        """RLlib's getter: the actions at ``indices`` (as ``get_observations``)."""
+        return _get(self.actions, indices, "get_actions", kwargs)
+
+    def get_rewards(self, indices: int | Sequence[int] | slice | None = None, **kwargs: Any) -> Any:
+        """RLlib's getter: the rewards at ``indices`` (as ``get_observations``)."""
+        return _get(self.rewards, indices, "get_rewards", kwargs)
+
+    def get_infos(self, indices: int | Sequence[int] | slice | None = None, **kwargs: Any) -> Any:
+        """RLlib's getter: the info dicts at ``indices`` (as ``get_observations``)."""
+        return _get(self.infos, indices, "get_infos", kwargs)
+
+    def get_extra_model_outputs(self, key: str, indices: int | Sequence[int] | slice | None = None, **kwargs: Any) -> Any:
+        """RLlib's getter: the model output ``key`` recorded at ``indices`` (as ``get_observations``).
+
+        Raises:
+            KeyError: Naming the recorded keys, for a key that was not recorded.
+        """
+        if key not in self.extra_model_outputs:
+            raise KeyError(f"no extra model output {key!r} in this episode; it has {sorted(self.extra_model_outputs)}")
+        return _get(self.extra_model_outputs[key], indices, "get_extra_model_outputs", kwargs)
+
+    def set_observations(self, **kwargs: Any) -> None:
+        """Refused: see ``set_rewards``."""
+        _refuse_set("set_observations", "obs")
+
+    def set_actions(self, **kwargs: Any) -> None:
+        """Refused: see ``set_rewards``."""
+        _refuse_set("set_actions", "actions")
+
+    def set_rewards(self, **kwargs: Any) -> None:
+        """Refused with an error naming what to do here instead.
+
+        In RLlib a Learner connector piece may change the episodes before the batch is made of
+        them. Here every piece runs after ``AddColumnsFromEpisodes`` has made the batch, so a
+        changed episode would change nothing: the piece changes ``batch[module_id][column]``.
+        """
+        _refuse_set("set_rewards", "rewards")
+
+    def set_extra_model_outputs(self, **kwargs: Any) -> None:
+        """Refused: see ``set_rewards``."""
+        _refuse_set("set_extra_model_outputs", "the output's column")
+
     def __getitem__(self, item: slice) -> SingleAgentEpisode:
         """Return the steps ``item.start .. item.stop - 1`` as a new chunk of the same episode.
 
@@ -374,3 +431,34 @@ def _same_observation(a: Any, b: Any) -> bool:
     if a.dtype.kind in "fc" and b.dtype.kind in "fc":
         return np.array_equal(a, b, equal_nan=True)
     return np.array_equal(a, b)
+
+
+_GETTER_OPTIONS = ("neg_index_as_lookback", "fill", "one_hot_discrete", "return_list")
+
+
+def _get(values: Any, indices: int | Sequence[int] | slice | None, getter: str, options: Mapping[str, Any]) -> Any:
+    """``values`` at ``indices`` for RLlib's episode getters; options other than their defaults are refused."""
+    unknown = sorted(set(options) - set(_GETTER_OPTIONS))
+    if unknown:
+        raise TypeError(f"{getter}() got unexpected arguments {unknown}")
+    used = sorted(name for name, value in options.items() if value not in (None, False))
+    if used:
+        raise ValueError(
+            f"{getter}({', '.join(f'{name}=...' for name in used)}): RLlib's lookback, fill and one-hot options have "
+            "no counterpart here (episodes keep no lookback buffer); index the steps you need, or read the arrays"
+        )
+    if indices is None:
+        return values
+    if isinstance(indices, (int, np.integer, slice)):
+        return values[indices]
+    if isinstance(values, np.ndarray):
+        return values[list(indices)]
+    return [values[index] for index in indices]
+
+
+def _refuse_set(setter: str, column: str) -> None:
+    raise ValueError(
+        f"SingleAgentEpisode.{setter}: in RLlib a Learner connector piece changes the episodes before the batch is "
+        "made of them; here every piece runs after AddColumnsFromEpisodes has made the batch, so changing an episode "
+        f"would change nothing. Change batch[module_id][{column!r}] in your piece instead"
+    )
