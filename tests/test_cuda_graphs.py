@@ -202,9 +202,13 @@ def test_dqn_steps_from_graphs_hand_their_td_errors_to_a_prioritized_replay_as_e
     episodes = _episodes("CartPole-v1", DQNModule(*spaces, {"fcnet_hiddens": [8]}))
     eager, graphed = _pair(
         lambda graphs: DQNLearner(
-            dqn_spec(*spaces, fcnet_hiddens=[32]), lr=1e-3, minibatch_size=32, gradient_steps=2,
-            target_network_update_freq=3, cuda_graphs=graphs,
-        )  # fmt: skip
+            dqn_spec(*spaces, fcnet_hiddens=[32]),
+            lr=1e-3,
+            minibatch_size=32,
+            gradient_steps=2,
+            target_network_update_freq=3,
+            cuda_graphs=graphs,
+        )
     )
     buffers = []
     for learner in (eager, graphed):
@@ -226,9 +230,12 @@ def test_sac_steps_from_graphs_with_three_optimizers_and_sampled_actions_equal_e
     episodes = _episodes("Pendulum-v1", SACModule(*spaces, {"fcnet_hiddens": [8]}))
     eager, graphed = _pair(
         lambda graphs: SACLearner(
-            sac_spec(spaces[1], fcnet_hiddens=[32]), minibatch_size=32, gradient_steps=2, tau=0.05,
+            sac_spec(spaces[1], fcnet_hiddens=[32]),
+            minibatch_size=32,
+            gradient_steps=2,
+            tau=0.05,
             cuda_graphs=graphs,
-        )  # fmt: skip
+        )
     )
     for learner in (eager, graphed):
         buffer = ReplayBuffer(1000, seed=0)

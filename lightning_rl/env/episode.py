@@ -277,7 +277,9 @@ class SingleAgentEpisode:
         """RLlib's getter: the info dicts at ``indices`` (as ``get_observations``)."""
         return _get(self.infos, indices, "get_infos", kwargs)
 
-    def get_extra_model_outputs(self, key: str, indices: int | Sequence[int] | slice | None = None, **kwargs: Any) -> Any:
+    def get_extra_model_outputs(
+        self, key: str, indices: int | Sequence[int] | slice | None = None, **kwargs: Any
+    ) -> Any:
         """RLlib's getter: the model output ``key`` recorded at ``indices`` (as ``get_observations``).
 
         Raises:
