@@ -113,3 +113,49 @@ def test_an_evaluation_that_drops_more_episodes_than_it_plays_is_an_error():
     # Copy 1 returns inf in every episode: its games are dropped one after another.
     with runner, pytest.warns(UserWarning), pytest.raises(NonFiniteEnvError, match=r"evaluation dropped 5 episodes"):
         runner.sample_episodes(MODULE, num_episodes=4)
+
+
+class RaisesOnce(JoinLeave):
+    """JoinLeave whose first instance to reach step 2 raises there, once; its rebuilt copies do not."""
+
+    raised = 0
+
+    def step(self, actions: dict[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
+        if self.t == 2 and type(self).raised == 0:
+            type(self).raised += 1
+            raise RuntimeError("boom")
+        return super().step(actions)
+
+
+def raises_once() -> type[RaisesOnce]:
+    return type("RaisesOnceHere", (RaisesOnce,), {"raised": 0})
+
+
+def test_restart_failed_sub_environments_rebuilds_the_copy_that_raised_and_goes_on():
+    with MultiAgentEnvRunner(raises_once(), num_envs=2, seed=0, restart_failed_sub_environments=True) as runner:
+        with pytest.warns(UserWarning, match=r"RuntimeError: boom; the env copy is rebuilt"):
+            episodes = runner.sample(MODULE, num_env_steps=10, explore=False)
+        assert runner.num_env_restarts == 1
+        assert runner.get_metrics()["num_env_restarts_lifetime"] == 1.0
+        assert sum(episode.env_steps() for episode in episodes) > 0
+        for episode in episodes:  # the failed copy's unfinished episode is dropped, the others are whole
+            for agent_episode in episode.agent_episodes.values():
+                assert np.isfinite(agent_episode.rewards).all()
+    # Evaluation: the failed copy's game is replaced, so all the games asked for are played out.
+    with MultiAgentEnvRunner(raises_once(), num_envs=2, seed=0, restart_failed_sub_environments=True) as runner:
+        with pytest.warns(UserWarning, match="the env copy is rebuilt"):
+            evaluated = runner.sample_episodes(MODULE, num_episodes=4)
+        assert len(evaluated) == 4 and all(episode.is_done for episode in evaluated)
+        assert runner.num_env_restarts == 1
+
+
+def test_restart_failed_sub_environments_is_checked_and_reaches_the_runners():
+    with pytest.raises(ValueError, match="restart_failed_sub_environments must be True or False"):
+        MultiAgentEnvRunner(JoinLeave, restart_failed_sub_environments="yes")
+    with pytest.raises(ValueError, match="restart_failed_sub_environments must be True or False"):
+        MultiAgentDataModule("pettingzoo.classic.connect_four_v3", restart_failed_sub_environments=1)
+    data = MultiAgentDataModule("pettingzoo.classic.connect_four_v3", restart_failed_sub_environments=True)
+    try:
+        assert data.train_runner.restart_failed_sub_environments is True
+    finally:
+        data.teardown("fit")

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lightning_rl.core.arguments import check_int, check_num_envs, check_number
+from lightning_rl.core.arguments import check_bool, check_int, check_num_envs, check_number
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME
 from lightning_rl.core.data_contract import ENV_STEPS, DataOffer, SpacePair
 from lightning_rl.core.rl_modules import MultiRLModule
@@ -99,6 +99,9 @@ class MultiAgentDataModule(RankedDataModule):
             infinite rewards and observations are errors naming the copy, the agent and the step.
         on_nonfinite: ``"raise"`` (default) for a NaN or infinite reward or observation, or
             ``"drop_episode"`` to throw that episode away and go on (see ``MultiAgentEnvRunner``).
+        restart_failed_sub_environments: Rebuild an env copy that raises, drop its unfinished
+            episode and go on (counted as ``env_runners/num_env_restarts_lifetime``), instead
+            of ending the fit with the ``SubEnvError``.
 
     Raises:
         ValueError: Naming the argument, for an env path that names nothing, an unknown mapping
@@ -124,6 +127,7 @@ class MultiAgentDataModule(RankedDataModule):
         episode_stats_window: int = 100,
         sample_timeout_s: float | None = 60.0,
         on_nonfinite: OnNonFinite = "raise",
+        restart_failed_sub_environments: bool = False,
     ) -> None:
         super().__init__(
             seed=seed, evaluation_num_episodes=evaluation_num_episodes, evaluation_num_envs=evaluation_num_envs
@@ -137,6 +141,7 @@ class MultiAgentDataModule(RankedDataModule):
         check_number("sample_timeout_s", sample_timeout_s, low=0, low_open=True, finite=True, optional=True)
         if on_nonfinite not in ON_NONFINITE_CHOICES:
             raise ValueError(f"on_nonfinite must be one of {list(ON_NONFINITE_CHOICES)}, got {on_nonfinite!r}")
+        check_bool("restart_failed_sub_environments", restart_failed_sub_environments)
         for name, value in (
             ("rollout_fragment_length", rollout_fragment_length),
             ("rollouts_per_epoch", rollouts_per_epoch),
@@ -338,6 +343,7 @@ class MultiAgentDataModule(RankedDataModule):
             episode_stats_window=self.hparams.episode_stats_window,
             sample_timeout_s=self.hparams.sample_timeout_s,
             on_nonfinite=self.hparams.on_nonfinite,
+            restart_failed_sub_environments=self.hparams.restart_failed_sub_environments,
         )
 
     @contextlib.contextmanager

@@ -95,22 +95,30 @@ class EnvCopy:
     """
 
     def __init__(self, env: Any, mapping_fn: Callable[[AgentID, MultiAgentEpisode], ModuleID], index: int = 0) -> None:
-        self.env = env
         self.index = index
-        self.is_parallel = is_parallel_env(env)
-        # Reading `agents` / `agent_selection` through an AEC env's wrappers walks a chain of
-        # __getattr__ calls, several times per step; the unwrapped env holds the same attributes.
-        self._raw = env if self.is_parallel else env.unwrapped
         self.mapping_fn = mapping_fn
         self.episode = MultiAgentEpisode(agent_to_module_mapping_fn=mapping_fn)
         #: ``{agent_id: (observation part, mask)}`` of the agents that must act at the next step.
         self.waiting: dict[AgentID, AgentObservation] = {}
-        self._masked = {agent: is_action_masked_space(env.observation_space(agent)) for agent in env.possible_agents}
-        self.action_spaces: dict[AgentID, gym.Space] = {agent: env.action_space(agent) for agent in env.possible_agents}
         # The whole episode's per-agent returns and end flags, over all its chunks.
         self._returns: dict[AgentID, float] = {}
         self._ended_terminated: dict[AgentID, bool] = {}
         self._env_steps = 0
+        self.replace_env(env)
+
+    def replace_env(self, env: Any) -> None:
+        """Step ``env`` from now on (a rebuilt copy of a failed one); call :meth:`reset` next.
+
+        The copy object stays the same, so what is kept per copy (a recurrent module's state
+        rows) stays with it; its running episode is abandoned at the reset.
+        """
+        self.env = env
+        self.is_parallel = is_parallel_env(env)
+        # Reading `agents` / `agent_selection` through an AEC env's wrappers walks a chain of
+        # __getattr__ calls, several times per step; the unwrapped env holds the same attributes.
+        self._raw = env if self.is_parallel else env.unwrapped
+        self._masked = {agent: is_action_masked_space(env.observation_space(agent)) for agent in env.possible_agents}
+        self.action_spaces: dict[AgentID, gym.Space] = {agent: env.action_space(agent) for agent in env.possible_agents}
 
     def reset(self, seed: int | None) -> None:
         """Start a new episode (the running one is abandoned) with ``env.reset(seed=seed)``."""
@@ -243,6 +251,7 @@ def step_copies(
     *,
     explore: bool,
     dropped: list[tuple[int, NonFiniteEnvError]] | None = None,
+    failed: list[tuple[int, SubEnvError]] | None = None,
 ) -> list[tuple[int, EpisodeRecord]]:
     """Take one env step in every copy: one forward pass per module over all rows mapped to it.
 
@@ -256,6 +265,9 @@ def step_copies(
         dropped: ``None`` to raise a copy's ``NonFiniteEnvError``; a list to drop the episode
             instead (``on_nonfinite="drop_episode"``): the copy starts a new one, and ``(copy
             index, error)`` is appended.
+        failed: ``None`` to raise a copy's ``SubEnvError``; a list to append ``(copy index,
+            error)`` instead and go on with the other copies (``restart_failed_sub_environments``:
+            the caller rebuilds that copy).
 
     Returns:
         ``(copy index, record)`` of each copy whose episode ended in this step.
@@ -289,6 +301,11 @@ def step_copies(
                 raise
             dropped.append((index, error))
             copy.reset(seed=None)  # the episode is thrown away; a NaN in the reset itself raises
+            continue
+        except SubEnvError as error:
+            if failed is None:
+                raise
+            failed.append((index, error))
             continue
         if record is not None:
             ended.append((index, record))

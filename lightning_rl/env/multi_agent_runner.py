@@ -11,20 +11,21 @@ the others mapped to the same module, and each module runs ONE forward pass over
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 import warnings
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-from lightning_rl.core.arguments import check_int, check_num_envs, check_number, is_int
+from lightning_rl.core.arguments import check_bool, check_int, check_num_envs, check_number, is_int
 from lightning_rl.core.rl_modules import MultiRLModule, RLModule
 from lightning_rl.env.agent_acting import AgentActing
 from lightning_rl.env.closes_once import ClosesOnce
-from lightning_rl.env.env_errors import NonFiniteEnvError
+from lightning_rl.env.env_errors import NonFiniteEnvError, SubEnvError
 from lightning_rl.env.episode_quota import EpisodeQuota
 from lightning_rl.env.guarded_vector_env import rollout_alarm
 from lightning_rl.env.multi_agent_episode import AgentID, ModuleID, MultiAgentEpisode
@@ -67,6 +68,11 @@ class MultiAgentEnvRunner(ClosesOnce):
             step in this process, so it is enforced in the main thread only); ``None`` waits
             forever. An env that raises is a ``SubEnvError``, each naming the copy, the agent
             and the step.
+        restart_failed_sub_environments: When an env copy raises, rebuild it (a new env from
+            ``env`` and ``env_kwargs``), drop its unfinished episode, warn naming the error, and go
+            on; counted in :meth:`get_metrics`'s ``num_env_restarts_lifetime``. Without it, the
+            ``SubEnvError`` is raised. A hang is not a failure here: it ends the call through
+            ``sample_timeout_s``.
         on_nonfinite: A NaN or infinite reward or observation of a step: ``"raise"`` a
             ``NonFiniteEnvError`` naming the copy, the agent and the step, or ``"drop_episode"``:
             throw that episode away (its chunks of this call are not returned nor counted, an
@@ -93,8 +99,13 @@ class MultiAgentEnvRunner(ClosesOnce):
         episode_stats_window: int = 100,
         sample_timeout_s: float | None = 60.0,
         on_nonfinite: OnNonFinite = "raise",
+        restart_failed_sub_environments: bool = False,
     ) -> None:
         check_num_envs("num_envs", num_envs)
+        check_bool("restart_failed_sub_environments", restart_failed_sub_environments)
+        self.restart_failed_sub_environments = restart_failed_sub_environments
+        self.num_env_restarts = 0
+        self._make_env = functools.partial(make_pettingzoo_env, env, env_kwargs)
         if on_nonfinite not in ON_NONFINITE_CHOICES:
             raise ValueError(f"on_nonfinite must be one of {list(ON_NONFINITE_CHOICES)}, got {on_nonfinite!r}")
         self.on_nonfinite = on_nonfinite
@@ -111,7 +122,7 @@ class MultiAgentEnvRunner(ClosesOnce):
         self._copies: list[EnvCopy] = []
         try:
             for index in range(self.num_envs):
-                self._copies.append(EnvCopy(make_pettingzoo_env(env, env_kwargs), self.policy_mapping_fn, index))
+                self._copies.append(EnvCopy(self._make_env(), self.policy_mapping_fn, index))
                 if len(self._copies) == 1:
                     self._read_spaces(self._copies[0].env)  # fail before building the other copies
         except BaseException:
@@ -235,15 +246,43 @@ class MultiAgentEnvRunner(ClosesOnce):
             self._full_reset()
         self._restart_episodes_of_removed_modules(module)
         for _ in range(num_env_steps):
-            dropped = self._dropped()
-            for index, record in step_copies(self._copies, self._acting_for(module), explore=explore, dropped=dropped):
+            dropped, failed = self._dropped(), self._failed()
+            acting = self._acting_for(module)
+            for index, record in step_copies(self._copies, acting, explore=explore, dropped=dropped, failed=failed):
                 completed.append(self._copies[index].episode)
                 self._record(record)
-                self._copies[index].reset(seed=None)
+                self._reset_copy(index, seed=None)
             self._count_dropped(dropped)
+            self._restart(failed or ())
 
     def _dropped(self) -> list[tuple[int, NonFiniteEnvError]] | None:
         return [] if self.on_nonfinite == "drop_episode" else None
+
+    def _failed(self) -> list[tuple[int, SubEnvError]] | None:
+        return [] if self.restart_failed_sub_environments else None
+
+    def _reset_copy(self, index: int, seed: int | None) -> None:
+        """Start a new episode in copy ``index``; a copy whose reset raises is rebuilt (if restarts are on)."""
+        try:
+            self._copies[index].reset(seed=seed)
+        except SubEnvError as error:
+            if not self.restart_failed_sub_environments:
+                raise
+            self._restart([(index, error)], seed=seed)
+
+    def _restart(self, failed: Sequence[tuple[int, SubEnvError]], seed: int | None = None) -> None:
+        """Rebuild each failed copy from the env's factory and start a new episode in it.
+
+        A rebuilt copy whose first reset raises too is not rebuilt again: that error is raised.
+        """
+        for index, error in failed:
+            warnings.warn(f"{error}; the env copy is rebuilt (restart_failed_sub_environments)", stacklevel=3)
+            copy = self._copies[index]
+            with contextlib.suppress(Exception):  # the failed env may not close cleanly either
+                copy.env.close()
+            copy.replace_env(self._make_env())
+            self.num_env_restarts += 1
+            copy.reset(seed=seed)
 
     def _count_dropped(self, dropped: list[tuple[int, NonFiniteEnvError]] | None) -> None:
         for _, error in dropped or ():
@@ -299,13 +338,18 @@ class MultiAgentEnvRunner(ClosesOnce):
                 while not quota.done:
                     active = quota.envs
                     copies = [self._copies[index] for index in active]
-                    dropped = self._dropped()
-                    ended = step_copies(copies, self._acting_for(module), explore=explore, dropped=dropped)
+                    dropped, failed = self._dropped(), self._failed()
+                    acting = self._acting_for(module)
+                    ended = step_copies(copies, acting, explore=explore, dropped=dropped, failed=failed)
                     for position, _ in ended:
                         index = active[position]
                         finished.append(self._copies[index].episode.to_numpy())
                         if quota.end(index):
-                            self._copies[index].reset(seed=None)
+                            self._reset_copy(index, seed=None)
+                    # A failed copy is rebuilt with a new episode, which counts in its place, or idles.
+                    self._restart([(active[position], error) for position, error in failed or ()])
+                    for position, _ in failed or ():
+                        quota.end(active[position], kept=False)
                     # A dropped episode's copy started a new one: it counts in its place, or idles.
                     for position, error in dropped or ():
                         quota.end(active[position], kept=False)
@@ -335,8 +379,8 @@ class MultiAgentEnvRunner(ClosesOnce):
         # Each full reset gets seeds of its own, so neither evaluation nor a resumed run replays
         # the episodes of the first reset; the first reset uses `seed` itself.
         base = None if self.seed is None else self.seed + self._num_full_resets * self.num_envs
-        for index, copy in enumerate(self._copies):
-            copy.reset(seed=None if base is None else base + index)
+        for index in range(len(self._copies)):
+            self._reset_copy(index, seed=None if base is None else base + index)
         self._num_full_resets += 1
         self._needs_reset = False
 
@@ -380,7 +424,8 @@ class MultiAgentEnvRunner(ClosesOnce):
             to that module). Since the last call: ``num_episodes``, ``num_env_steps_sampled``,
             ``num_agent_steps_sampled``, ``env_steps_per_sec`` (NaN if nothing was sampled). Over
             the runner's life: ``num_episodes_lifetime``, ``num_env_steps_sampled_lifetime``,
-            ``num_agent_steps_sampled_lifetime``.
+            ``num_agent_steps_sampled_lifetime``, ``num_env_restarts_lifetime`` (copies rebuilt
+            by ``restart_failed_sub_environments``).
         """
         nan = float("nan")
         returns = np.asarray([record.episode_return for record in self._episodes], dtype=np.float64)
@@ -401,6 +446,7 @@ class MultiAgentEnvRunner(ClosesOnce):
             "num_agent_steps_sampled": float(self._num_agent_steps_since),
             "num_env_steps_sampled_lifetime": float(self._num_env_steps_lifetime),
             "num_agent_steps_sampled_lifetime": float(self._num_agent_steps_lifetime),
+            "num_env_restarts_lifetime": float(self.num_env_restarts),
             "env_steps_per_sec": (
                 self._num_env_steps_since / self._sample_seconds_since if self._sample_seconds_since > 0 else nan
             ),
