@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -20,6 +20,25 @@ MODULE_EPISODES = "module_episodes"
 """``shared_data`` key: ``{module_id: [episodes]}``, the episodes whose steps are that
 module's rows, in row order. Written by :class:`AddColumnsFromEpisodes`; pieces that compute
 per-episode columns after it (GAE) read it."""
+
+
+def module_episodes(shared_data: Mapping[str, Any] | None, piece: str) -> dict[str, list[Any]]:
+    """``shared_data[MODULE_EPISODES]``, for a piece that computes columns per episode.
+
+    Args:
+        shared_data: The pipeline call's shared data.
+        piece: The piece asking, named in the error.
+
+    Raises:
+        ValueError: Naming ``piece``, if no piece before it recorded the module episodes.
+    """
+    if not shared_data or MODULE_EPISODES not in shared_data:
+        raise ValueError(
+            f"{piece} needs shared_data[{MODULE_EPISODES!r}] (which episodes became which module's rows): put it "
+            "after AddColumnsFromEpisodes in the pipeline"
+        )
+    return shared_data[MODULE_EPISODES]
+
 
 MODULES_TO_TRAIN = "modules_to_train"
 """``shared_data`` key: the set of module ids the Learner trains in this update (its

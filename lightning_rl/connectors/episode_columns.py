@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from lightning_rl.connectors.add_columns import MODULE_EPISODES
+from lightning_rl.connectors.add_columns import module_episodes
 from lightning_rl.connectors.episodes import segmented_discounted_sum
 from lightning_rl.connectors.pipeline import ConnectorPiece, TrainBatch
 from lightning_rl.core.batch import to_tensor
@@ -22,15 +22,6 @@ from lightning_rl.core.columns import Columns
 if TYPE_CHECKING:
     from lightning_rl.core.metrics import MetricsLogger
     from lightning_rl.core.rl_modules import MultiRLModule
-
-
-def _module_episodes(shared_data: dict[str, Any] | None, piece: str) -> dict[str, list[Any]]:
-    if not shared_data or MODULE_EPISODES not in shared_data:
-        raise ValueError(
-            f"{piece} needs shared_data[{MODULE_EPISODES!r}] (which episodes became which module's rows): put it "
-            "after AddColumnsFromEpisodes in the pipeline (learner_connector_pieces run there)"
-        )
-    return shared_data[MODULE_EPISODES]
 
 
 class ComputeReturnsToGo(ConnectorPiece):
@@ -58,9 +49,9 @@ class ComputeReturnsToGo(ConnectorPiece):
         metrics: MetricsLogger | None = None,
         **kwargs: Any,
     ) -> TrainBatch:
-        for module_id, module_episodes in _module_episodes(shared_data, type(self).__name__).items():
+        for module_id, episodes_of_module in module_episodes(shared_data, type(self).__name__).items():
             rewards = batch[module_id][Columns.REWARDS]
-            lengths = torch.tensor([len(episode) for episode in module_episodes], device=rewards.device)
+            lengths = torch.tensor([len(episode) for episode in episodes_of_module], device=rewards.device)
             batch[module_id][Columns.RETURNS_TO_GO] = segmented_discounted_sum(rewards.float(), lengths, self.gamma)
         return batch
 
@@ -81,14 +72,14 @@ class AddNextObservationsFromEpisodesToTrainBatch(ConnectorPiece):
         metrics: MetricsLogger | None = None,
         **kwargs: Any,
     ) -> TrainBatch:
-        for module_id, module_episodes in _module_episodes(shared_data, type(self).__name__).items():
+        for module_id, episodes_of_module in module_episodes(shared_data, type(self).__name__).items():
             obs = batch[module_id][Columns.OBS]
             if not isinstance(obs, torch.Tensor):
                 raise ValueError(
                     f"AddNextObservationsFromEpisodesToTrainBatch: module {module_id!r}'s observations are "
                     f"{type(obs).__name__}, not one array; Dict and Tuple observations are not supported by this piece"
                 )
-            next_obs = np.concatenate([np.asarray(episode.observations[1:]) for episode in module_episodes])
+            next_obs = np.concatenate([np.asarray(episode.observations[1:]) for episode in episodes_of_module])
             batch[module_id][Columns.NEXT_OBS] = to_tensor(next_obs, obs.device).to(obs.dtype)
         return batch
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
-from lightning_rl.connectors.add_columns import MODULE_EPISODES
+from lightning_rl.connectors.add_columns import module_episodes
 from lightning_rl.connectors.episodes import add_value_targets_and_advantages
 from lightning_rl.connectors.pipeline import ConnectorPiece, TrainBatch
 from lightning_rl.core.columns import Columns
@@ -78,12 +78,7 @@ class GeneralAdvantageEstimation(ConnectorPiece):
             ValueError: If no piece before this one recorded the module episodes.
             TypeError: If a module has no ``compute_values``.
         """
-        if MODULE_EPISODES not in shared_data:
-            raise ValueError(
-                f"GeneralAdvantageEstimation needs shared_data[{MODULE_EPISODES!r}] (which episodes became which "
-                "module's rows): put it after AddColumnsFromEpisodes in the pipeline"
-            )
-        for module_id, module_episodes in shared_data[MODULE_EPISODES].items():
+        for module_id, episodes_of_module in module_episodes(shared_data, type(self).__name__).items():
             module = rl_module[module_id]
             if not callable(getattr(module, "compute_values", None)):
                 raise TypeError(
@@ -92,7 +87,7 @@ class GeneralAdvantageEstimation(ConnectorPiece):
                 )
             add_value_targets_and_advantages(
                 batch[module_id],
-                module_episodes,
+                episodes_of_module,
                 module.compute_values,
                 gamma=self.gamma.for_module(module_id),
                 gae_lambda=self.gae_lambda.for_module(module_id),

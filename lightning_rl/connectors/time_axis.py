@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from lightning_rl.connectors.add_columns import MODULE_EPISODES
+from lightning_rl.connectors.add_columns import module_episodes
 from lightning_rl.connectors.episodes import check_stored_states
 from lightning_rl.connectors.pipeline import ConnectorPiece, TrainBatch
 from lightning_rl.core.columns import Columns
@@ -53,13 +53,9 @@ class AddTimeDimToBatchAndZeroPad(ConnectorPiece):
         if not stateful:
             return batch
         check_all_stateful_or_none(rl_module, list(batch))
-        if MODULE_EPISODES not in shared_data:
-            raise ValueError(
-                f"AddTimeDimToBatchAndZeroPad needs shared_data[{MODULE_EPISODES!r}] (which episode chunks became "
-                "which module's rows) to cut the rows into sequences: put it after AddColumnsFromEpisodes"
-            )
+        episodes_by_module = module_episodes(shared_data, type(self).__name__)
         for module_id in stateful:
-            lengths = [len(episode) for episode in shared_data[MODULE_EPISODES][module_id]]
+            lengths = [len(episode) for episode in episodes_by_module[module_id]]
             batch[module_id] = rows_to_sequences(batch[module_id], lengths, rl_module[module_id], module_id)
         return batch
 
@@ -67,7 +63,9 @@ class AddTimeDimToBatchAndZeroPad(ConnectorPiece):
         return "AddTimeDimToBatchAndZeroPad()"
 
 
-def rows_to_sequences(columns: Mapping[str, Tensor], lengths: Sequence[int], module: RLModule, module_id: str) -> dict[str, Any]:
+def rows_to_sequences(
+    columns: Mapping[str, Tensor], lengths: Sequence[int], module: RLModule, module_id: str
+) -> dict[str, Any]:
     """One stateful module's rows (episode chunks laid end to end) as its sequence batch.
 
     Args:
