@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import warnings
 import weakref
 from collections.abc import Hashable, Iterator, Mapping
@@ -293,16 +292,9 @@ class GraphedSteps:
         runner.learner.metrics.log_recorded(captured.logged)
         # Copies: the next replay overwrites the captured tensors before the Learner may be done with them.
         runner.step_outputs = {key: value.clone() for key, value in captured.step_outputs.items()}
-        any_stepped = False
         norms = captured.norms.tolist() if captured.norms is not None else []
-        for (module_id, optimizer), norm in zip(captured.to_step, norms):
-            if math.isfinite(norm):
-                runner.step_optimizer(optimizer, replay=self._optimizer_steps[optimizer].graph.replay)
-                runner.non_finite.in_a_row.pop(optimizer, None)
-                any_stepped = True
-            else:
-                runner.skip_non_finite_step(module_id, optimizer)
-        runner.non_finite.all_skipped = bool(captured.to_step) and not any_stepped
+        replays = {optimizer: self._optimizer_steps[optimizer].graph.replay for _, optimizer in captured.to_step}
+        runner.step_or_skip(captured.to_step, norms, replays)
         runner.raise_if_too_many_non_finite_steps(captured.losses)
         return not runner.non_finite.all_skipped
 

@@ -104,7 +104,7 @@ class StepHooks(Protocol):
 class NonFiniteSteps:
     """Optimizer steps skipped for non-finite gradients: the running count of one run, not saved state.
 
-    ``StepRunner.apply`` fills it and ``StepRunner.minibatch_step`` reads it. A skipped step
+    ``StepRunner.step_or_skip`` fills it and ``StepRunner.minibatch_step`` reads it. A skipped step
     leaves the weights as they were, so a checkpoint holds finite weights, and a run resumed
     from it (often with a lower learning rate or cleaner data) starts counting afresh.
 
@@ -520,26 +520,37 @@ class StepRunner:
             return
         if not to_step:
             return
-        any_stepped = False
         # One device sync for all optimizers; the check itself is cheaper on Python floats.
-        for (module_id, optimizer), norm in zip(to_step, torch.stack(norms).tolist()):
+        self.step_or_skip(to_step, torch.stack(norms).tolist())
+
+    def step_or_skip(
+        self,
+        to_step: Sequence[tuple[str, Optimizer]],
+        norms: Sequence[float],
+        replays: Mapping[Optimizer, Callable[[], Any]] | None = None,
+    ) -> None:
+        """Step each optimizer of ``to_step`` whose gradients' norm is finite; count a skipped step for the others.
+
+        Args:
+            to_step: The ``(module_id, optimizer)`` pairs with gradients.
+            norms: Their gradients' global norms, as Python numbers.
+            replays: For a step replayed from CUDA graphs: what takes each optimizer's step
+                instead of ``optimizer.step()`` (only where nothing listens to Lightning's
+                per-step hooks); the running Trainer counts it as any step.
+        """
+        under_trainer = self.running_trainer() is not None
+        any_stepped = False
+        for (module_id, optimizer), norm in zip(to_step, norms):
             if math.isfinite(norm):
-                self.step_optimizer(optimizer)
+                self._step(optimizer, under_trainer, None if replays is None else replays[optimizer])
                 self.non_finite.in_a_row.pop(optimizer, None)
                 any_stepped = True
             else:
-                self.skip_non_finite_step(module_id, optimizer)
-        self.non_finite.all_skipped = not any_stepped
+                self._skip_non_finite_step(module_id, optimizer)
+        self.non_finite.all_skipped = bool(to_step) and not any_stepped
 
-    def step_optimizer(self, optimizer: Optimizer, replay: Callable[[], Any] | None = None) -> None:
-        """Step ``optimizer``, through the running Trainer's wrapper if there is one (which counts the step).
-
-        Args:
-            optimizer: One of the Learner's optimizers.
-            replay: What takes the step instead of ``optimizer.step()``: a CUDA graph's replay
-                (only where nothing listens to Lightning's per-step hooks).
-        """
-        if self.running_trainer() is None:
+    def _step(self, optimizer: Optimizer, under_trainer: bool, replay: Callable[[], Any] | None) -> None:
+        if not under_trainer:
             (replay or optimizer.step)()
             return
         # Lightning's wrapper runs the strategy's and precision plugin's step logic and counts the step.
@@ -551,7 +562,7 @@ class StepRunner:
         else:
             step_without_dispatch(wrapper, replay)
 
-    def skip_non_finite_step(self, module_id: str, optimizer: Optimizer) -> None:
+    def _skip_non_finite_step(self, module_id: str, optimizer: Optimizer) -> None:
         """Count a skipped step of ``optimizer``; note it if its module's limit of skips in a row is reached."""
         self._learner.metrics.log_value(
             (module_id, NUM_NON_FINITE_UPDATES_SKIPPED), 1, reduce="sum", clear_on_reduce=True
