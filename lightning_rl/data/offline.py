@@ -246,28 +246,13 @@ class OfflineDataModule(RankedDataModule):
         if self._stream is None:
             if self._columns is None:
                 raise RuntimeError("the row stream is built once the Learner is known: call train_dataloader first")
+            source = (self._dataset, self.hparams.dataset_id, self._lengths)
+            common = dict(columns=self._columns, seed=self.base_seed, shuffle=self.hparams.shuffle, gamma=self._gamma)
             if self._max_seq_len is not None:
-                self._stream = SequenceStream(
-                    self._dataset,
-                    self.hparams.dataset_id,
-                    self._lengths,
-                    columns=self._columns,
-                    seed=self.base_seed,
-                    shuffle=self.hparams.shuffle,
-                    max_seq_len=self._max_seq_len,
-                    gamma=self._gamma,
-                )
-                return self._stream
-            self._stream = RowStream(
-                self._dataset,
-                self.hparams.dataset_id,
-                self._lengths,
-                columns=self._columns,
-                seed=self.base_seed,
-                shuffle=self.hparams.shuffle,
-                window_rows=None if self.in_memory else self.hparams.stream_window_rows,
-                gamma=self._gamma,
-            )
+                self._stream = SequenceStream(*source, max_seq_len=self._max_seq_len, **common)
+            else:
+                window_rows = None if self.in_memory else self.hparams.stream_window_rows
+                self._stream = RowStream(*source, window_rows=window_rows, **common)
         return self._stream
 
     @functools.cached_property
