@@ -121,6 +121,17 @@ def observations(space: gym.spaces.Box, count: int, seed: int = 0) -> np.ndarray
     return np.clip(draws, space.low, space.high).astype(space.dtype)
 
 
+def run_export(path: Path, obs: np.ndarray) -> np.ndarray:
+    """The actions an exported file computes: with onnxruntime for ``.onnx``, ``torch.export.load`` for ``.pt2``."""
+    if path.suffix == ".onnx":
+        import onnxruntime  # only where an ONNX file is run (the GPU lane skips without it)
+
+        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        return session.run(None, {session.get_inputs()[0].name: obs})[0]
+    with torch.no_grad():
+        return torch.export.load(path).module()(torch.from_numpy(obs)).numpy()
+
+
 def greedy_actions(module: RLModule, obs: torch.Tensor) -> torch.Tensor:
     """The greedy actions evaluation takes, computed here step by step."""
     with torch.no_grad():

@@ -14,13 +14,12 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
-import onnxruntime
 import PIL.Image
 import pytest
 import torch
 import yaml
 from _algorithms import ROWS
-from _policy_common import fit_from_the_command_line, observations
+from _policy_common import fit_from_the_command_line, observations, run_export
 from conftest import resealed
 
 from lightning_rl import Policy
@@ -180,12 +179,7 @@ def test_export_writes_a_file_that_acts_as_the_policy(cli_checkpoint, export_for
 
     policy = Policy.from_checkpoint(cli_checkpoint)
     obs = observations(policy.observation_space, 100)
-    if export_format == "onnx":
-        session = onnxruntime.InferenceSession(str(output), providers=["CPUExecutionProvider"])
-        actions = session.run(None, {"obs": obs})[0]
-    else:
-        actions = torch.export.load(output).module()(torch.from_numpy(obs)).numpy()
-    np.testing.assert_array_equal(actions, policy.act(obs))
+    np.testing.assert_array_equal(run_export(output, obs), policy.act(obs))
 
 
 @pytest.mark.parametrize(

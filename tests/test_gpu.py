@@ -266,23 +266,18 @@ def test_evaluate_plays_a_gpu_checkpoint(gpu_checkpoint: Path, tmp_path: Path, c
 
 @pytest.mark.parametrize("export_format, suffix", [("onnx", ".onnx"), ("torch", ".pt2")])
 def test_export_of_a_gpu_checkpoint_acts_as_the_policy(gpu_checkpoint: Path, export_format, suffix, tmp_path: Path):
-    from _policy_common import observations
+    from _policy_common import observations, run_export
 
     from lightning_rl import Policy
     from lightning_rl.cli import export_command
 
     if export_format == "onnx":
-        onnxruntime = pytest.importorskip("onnxruntime")
+        pytest.importorskip("onnxruntime")
     output = tmp_path / f"policy{suffix}"
     export_command.main(["--ckpt_path", str(gpu_checkpoint), "--format", export_format, "--output", str(output)])
     policy = Policy.from_checkpoint(gpu_checkpoint)
     obs = observations(policy.observation_space, 100)
-    if export_format == "onnx":
-        session = onnxruntime.InferenceSession(str(output), providers=["CPUExecutionProvider"])
-        actions = session.run(None, {"obs": obs})[0]
-    else:
-        actions = torch.export.load(output).module()(torch.from_numpy(obs)).numpy()
-    np.testing.assert_array_equal(actions, policy.act(obs))
+    np.testing.assert_array_equal(run_export(output, obs), policy.act(obs))
 
 
 # ---- The per-rank sampling stream on CUDA ----------------------------------------------

@@ -10,11 +10,10 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
-import onnxruntime
 import pytest
 import torch
 from _algorithms import ROWS, AlgorithmRow
-from _policy_common import observations
+from _policy_common import observations, run_export
 
 from lightning_rl import Policy
 from lightning_rl.algorithms.ppo import PPOModule
@@ -33,15 +32,6 @@ def normalized_policy(module: torch.nn.Module) -> Policy:
     shape = module.observation_space.shape
     normalization = ObservationNormalization(np.full(shape, 0.5), np.full(shape, 0.25), clip=5.0, epsilon=1e-8)
     return Policy(module, observation_normalization=normalization)
-
-
-def run_export(path: Path, obs: np.ndarray) -> np.ndarray:
-    """The actions an exported file computes: with onnxruntime for ``.onnx``, ``torch.export.load`` for ``.pt2``."""
-    if path.suffix == ".onnx":
-        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        return session.run(None, {session.get_inputs()[0].name: obs})[0]
-    with torch.no_grad():
-        return torch.export.load(path).module()(torch.from_numpy(obs)).numpy()
 
 
 def assert_same_actions(actual: np.ndarray, expected: np.ndarray) -> None:
