@@ -111,6 +111,35 @@ class DataOffer:
 
 
 @dataclasses.dataclass(frozen=True)
+class SampleReuse:
+    """How a Learner trained by asynchronous samplers (IMPALA, APPO) wants its data, under RLlib's names.
+
+    The samplers act with weights that lag the Learner's; the data source keeps the last
+    ``circular_buffer_num_batches`` rollouts and hands each to the Learner up to
+    ``circular_buffer_iterations_per_batch`` times, so the Learner does not wait for envs
+    while there is data to reuse.
+
+    Args:
+        circular_buffer_num_batches: Rollouts kept for reuse; the oldest is dropped when a new one arrives.
+        circular_buffer_iterations_per_batch: Updates one rollout may feed at most.
+        broadcast_interval: Updates between two sendings of the Learner's weights to the samplers.
+
+    Raises:
+        ValueError: Naming the setting, for a value that is not an int >= 1.
+    """
+
+    circular_buffer_num_batches: int = 1
+    circular_buffer_iterations_per_batch: int = 1
+    broadcast_interval: int = 1
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{field.name} must be an int >= 1, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
 class DataRequirements:
     """What a Learner requires of its data; its ``data_requirements()`` returns it.
 
@@ -132,6 +161,11 @@ class DataRequirements:
             trains on sequences of that many steps (``[S, T, ...]`` columns, ``loss_mask``,
             ``state_in``; see ``lightning_rl.core.sequences``), not on rows. A module not
             named here is feed-forward.
+        sample_reuse: For a data source whose samplers run apart from the Learner
+            (``AsyncSamplingDataModule``): how often it sends the Learner's weights to them and
+            how many times it may train on one rollout (``SampleReuse``); ``None`` for the
+            source's own defaults (weights after every update, each rollout once). Sources
+            that sample with the current weights ignore it.
 
     Raises:
         ValueError: For sources that are not ``TrainingData`` fields.
@@ -145,6 +179,7 @@ class DataRequirements:
     n_step: int | None = None
     suggestion: str = ""
     max_seq_lens: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    sample_reuse: SampleReuse | None = None
 
     def __post_init__(self) -> None:
         _check_sources(self.sources, "DataRequirements")
