@@ -85,6 +85,26 @@ def test_record_writes_the_episodes_that_ended_when_sigterm_stops_it(datasets_ro
     assert not [path.name for path in datasets_root.iterdir() if path.name.startswith(".")]
 
 
+def test_a_fit_stopped_by_sigterm_exits_with_status_143(tmp_path: Path):
+    # Lightning ends a fit stopped by SIGTERM with a bare SystemExit: the command exited 0 and
+    # said nothing, so a scheduler could not tell a preempted run from a finished one.
+    command = [sys.executable, "-m", "lightning_rl", "fit", "--config", str(REPOSITORY / "examples/ppo_cartpole.yaml")]
+    command += ["--data.init_args.env", "test_record_interrupted.make_stopped_cartpole", "--trainer.logger", "false"]
+    command += ["--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path)]
+    pythonpath = os.pathsep.join([str(REPOSITORY), str(REPOSITORY / "tests"), os.environ.get("PYTHONPATH", "")])
+    stopped = subprocess.run(
+        command,
+        env={**os.environ, "PYTHONPATH": pythonpath, "STOP_AFTER_EPISODES": "30", "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-2000:]
+    assert "lightning-rl fit: stopped by SIGTERM before the run ended" in stopped.stderr
+
+
 class _SigtermAtBatch(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if batch_idx == 6:

@@ -21,6 +21,7 @@ import contextlib
 import difflib
 import importlib
 import io
+import signal
 import sys
 from typing import Any, NoReturn
 
@@ -123,18 +124,42 @@ def _run_lightning_cli(args: list[str], from_command_line: bool) -> None:
 
     lightning_args = None if from_command_line else args
     if cache is None:
-        LightningRLCLI(args=lightning_args)
+        _run_until_stopped(LightningRLCLI, lightning_args, args)
         return
     printed = io.StringIO()
     try:
         with contextlib.redirect_stdout(printed):
-            LightningRLCLI(args=lightning_args)
+            _run_until_stopped(LightningRLCLI, lightning_args, args)
     except SystemExit as exit_:
         if exit_.code in (0, None) and printed.getvalue():
             cache.write(printed.getvalue())
         raise
     finally:
         sys.stdout.write(printed.getvalue())
+
+
+def _run_until_stopped(cli_class: Any, lightning_args: list[str] | None, args: list[str]) -> None:
+    """Run ``cli_class(args=lightning_args)``; a run that SIGTERM stopped exits with status 143.
+
+    Lightning ends a fit or validation stopped by SIGTERM with a bare ``SystemExit`` (its
+    ``SIGTERMException``): status 0 and no word, as if the run had finished, so a scheduler or
+    a script could not tell a preempted run from a finished one.
+
+    Raises:
+        SystemExit: With status ``128 + SIGTERM`` and one line on stderr, after a SIGTERM.
+    """
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    try:
+        cli_class(args=lightning_args)
+    except SIGTERMException:
+        command = next((arg for arg in args if arg in TRAINER_SUBCOMMANDS), "fit")
+        print(
+            f"lightning-rl {command}: stopped by SIGTERM before the run ended; the checkpoints written before the stop "
+            "are kept (ModelCheckpoint(save_on_exception=True) also writes one at the stop): resume with --ckpt_path",
+            file=sys.stderr,
+        )
+        raise SystemExit(128 + signal.SIGTERM) from None
 
 
 def _usage_error(message: str) -> NoReturn:
