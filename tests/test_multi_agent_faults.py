@@ -149,6 +149,28 @@ def test_restart_failed_sub_environments_rebuilds_the_copy_that_raised_and_goes_
         assert runner.num_env_restarts == 1
 
 
+def test_the_restart_count_is_saved_and_restored():
+    # It was not in the saved state: a resumed run counted its restarts from 0 again.
+    with MultiAgentEnvRunner(raises_once(), num_envs=2, seed=0, restart_failed_sub_environments=True) as runner:
+        with pytest.warns(UserWarning, match="the env copy is rebuilt"):
+            runner.sample(MODULE, num_env_steps=10, explore=False)
+        state = runner.get_state()
+    assert state["num_env_restarts_lifetime"] == 1
+    with MultiAgentEnvRunner(JoinLeave, num_envs=2, seed=0) as restored:
+        restored.set_state(state)
+        assert restored.get_metrics()["num_env_restarts_lifetime"] == 1.0
+        # A state saved before the count existed restores it as 0.
+        restored.set_state({key: value for key, value in state.items() if key != "num_env_restarts_lifetime"})
+        assert restored.num_env_restarts == 0
+
+
+def test_evaluation_builds_no_more_copies_than_the_episodes_it_plays():
+    # evaluation_num_envs was not capped: 1,000 copies were built to play 4 episodes.
+    data = MultiAgentDataModule(JoinLeave, num_envs=2, evaluation_num_envs=1000, evaluation_num_episodes=4)
+    assert data.eval_runner.num_envs == 4
+    data.eval_runner.close()
+
+
 def test_restart_failed_sub_environments_is_checked_and_reaches_the_runners():
     with pytest.raises(ValueError, match="restart_failed_sub_environments must be True or False"):
         MultiAgentEnvRunner(JoinLeave, restart_failed_sub_environments="yes")

@@ -85,7 +85,8 @@ class MultiAgentDataModule(RankedDataModule):
         max_env_steps: Stop once this many env steps were sampled over all ranks and the whole run.
         evaluation_num_episodes: Complete episodes per evaluation over all ranks, with the training
             mapping; and as many per opponent in ``evaluation_opponents``.
-        evaluation_num_envs: Env copies stepped together during evaluation (default ``num_envs``).
+        evaluation_num_envs: Env copies stepped together during evaluation (default ``num_envs``),
+            at most the episodes this rank plays.
         evaluation_explore: Whether evaluation samples actions instead of acting greedily.
         evaluation_opponents: Fixed opponents to measure ``evaluation_module_id`` against, by name:
             ``"random"`` (uniform over legal moves) and ``"heuristic"`` (connect four: win, else
@@ -183,7 +184,8 @@ class MultiAgentDataModule(RankedDataModule):
     @functools.cached_property
     def eval_runner(self) -> MultiAgentEnvRunner:
         """This rank's evaluation env copies, apart from the training ones (built on first use)."""
-        num_envs = self.hparams.evaluation_num_envs or self.hparams.num_envs
+        # No more copies than the episodes this rank plays: the others would only be stepped.
+        num_envs = min(self.hparams.evaluation_num_envs or self.hparams.num_envs, self.evaluation_episodes_per_rank)
         return self._make_runner(num_envs, self.rank_seed(EVALUATION_SEED_OFFSET))
 
     @property

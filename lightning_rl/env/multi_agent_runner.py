@@ -43,6 +43,8 @@ _STATE_KEYS = frozenset(
         "episodes",
     }
 )
+# Keys that states saved before they existed lack: restored as 0 when absent.
+_OPTIONAL_STATE_KEYS = frozenset({"num_env_restarts_lifetime"})
 
 
 class MultiAgentEnvRunner(ClosesOnce):
@@ -462,7 +464,8 @@ class MultiAgentEnvRunner(ClosesOnce):
 
         Returns:
             ``{"num_env_steps_sampled_lifetime": int, "num_agent_steps_sampled_lifetime": int,
-            "num_episodes_lifetime": int, "num_full_resets": int, "episodes": [{"episode_return":
+            "num_episodes_lifetime": int, "num_full_resets": int, "num_env_restarts_lifetime": int,
+            "episodes": [{"episode_return":
             float, "env_steps": int, "agent_returns": {agent: float}, "agent_modules": {agent:
             module}}]}``.
         """
@@ -471,6 +474,7 @@ class MultiAgentEnvRunner(ClosesOnce):
             "num_agent_steps_sampled_lifetime": int(self._num_agent_steps_lifetime),
             "num_episodes_lifetime": int(self._num_episodes_lifetime),
             "num_full_resets": int(self._num_full_resets),
+            "num_env_restarts_lifetime": int(self.num_env_restarts),
             "episodes": [
                 {
                     "episode_return": float(record.episode_return),
@@ -495,10 +499,11 @@ class MultiAgentEnvRunner(ClosesOnce):
             ValueError: Naming the missing or unexpected keys, a negative counter, or an episode
                 record without its fields; nothing changes then.
         """
-        missing, unexpected = sorted(_STATE_KEYS - set(state)), sorted(set(state) - _STATE_KEYS)
+        known = _STATE_KEYS | _OPTIONAL_STATE_KEYS
+        missing, unexpected = sorted(_STATE_KEYS - set(state)), sorted(set(state) - known)
         if missing or unexpected:
             raise ValueError(f"MultiAgentEnvRunner state: missing keys {missing}, unexpected keys {unexpected}")
-        counters = _STATE_KEYS - {"episodes"}
+        counters = (known & set(state)) - {"episodes"}
         for key in sorted(counters):
             if isinstance(state[key], bool) or int(state[key]) < 0:
                 raise ValueError(f"MultiAgentEnvRunner state: {key} must be an int >= 0, got {state[key]!r}")
@@ -518,6 +523,7 @@ class MultiAgentEnvRunner(ClosesOnce):
         self._num_agent_steps_lifetime = int(state["num_agent_steps_sampled_lifetime"])
         self._num_episodes_lifetime = int(state["num_episodes_lifetime"])
         self._num_full_resets = int(state["num_full_resets"])
+        self.num_env_restarts = int(state.get("num_env_restarts_lifetime", 0))
         self._episodes = deque(records, maxlen=self.episode_stats_window)
         self._num_env_steps_since = self._num_agent_steps_since = self._num_episodes_since = 0
         self._sample_seconds_since = 0.0
