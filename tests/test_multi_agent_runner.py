@@ -465,6 +465,21 @@ def test_copies_are_seeded_with_seed_plus_their_index_at_the_first_reset() -> No
     assert not np.array_equal(first[0], first[1])
 
 
+def test_episode_ids_are_reproducible_for_a_seed_and_unique() -> None:
+    # They were uuid4s: a league's match-ups, drawn from (seed, episode.id_), differed run after run.
+    def episode_ids(seed: int | None) -> list[str]:
+        module = Fixed(OBS, gym.spaces.Discrete(2), [0.0, 0.0])
+        with MultiAgentEnvRunner(JoinLeave, num_envs=2, seed=seed) as runner:
+            episodes = runner.sample_episodes(module, num_episodes=6)
+        return [episode.id_ for episode in episodes]
+
+    first, again = episode_ids(0), episode_ids(0)
+    assert first == again and len(set(first)) == 6
+    assert not set(first) & set(episode_ids(1000))
+    assert episode_ids(None) != episode_ids(None)  # no seed: nothing to repeat
+    assert all(len(episode_id) == 32 and int(episode_id, 16) >= 0 for episode_id in first)
+
+
 def test_pettingzoo_env_paths_resolve_or_fail_naming_the_path() -> None:
     from mpe2 import simple_spread_v3
     from pettingzoo.classic import connect_four_v3

@@ -17,6 +17,7 @@ the mask of each step it acted at in ``extra_model_outputs["action_mask"]``.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -104,6 +105,10 @@ class EnvCopy:
         self._returns: dict[AgentID, float] = {}
         self._ended_terminated: dict[AgentID, bool] = {}
         self._env_steps = 0
+        # Episode ids come from the last seeded reset: (its seed, episodes since), so a seeded
+        # run's ids, and the match-ups a policy mapping draws from them, repeat run after run.
+        self._id_seed: int | None = None
+        self._episodes_since_seed = 0
         self.replace_env(env)
 
     def replace_env(self, env: Any) -> None:
@@ -121,8 +126,17 @@ class EnvCopy:
         self.action_spaces: dict[AgentID, gym.Space] = {agent: env.action_space(agent) for agent in env.possible_agents}
 
     def reset(self, seed: int | None) -> None:
-        """Start a new episode (the running one is abandoned) with ``env.reset(seed=seed)``."""
-        self.episode = MultiAgentEpisode(agent_to_module_mapping_fn=self.mapping_fn)
+        """Start a new episode (the running one is abandoned) with ``env.reset(seed=seed)``.
+
+        The episode's id is a function of the last seeded reset's seed and the episodes started
+        since (``episode_id``): the same for the same seeds, so a policy mapping that draws from
+        ``episode.id_`` (a league's match-ups) is reproducible. Before any seeded reset: uuid4.
+        """
+        if seed is not None:
+            self._id_seed, self._episodes_since_seed = int(seed), 0
+        episode_id = None if self._id_seed is None else seeded_episode_id(self._id_seed, self._episodes_since_seed)
+        self._episodes_since_seed += 1
+        self.episode = MultiAgentEpisode(agent_to_module_mapping_fn=self.mapping_fn, id_=episode_id)
         self._returns, self._ended_terminated, self._env_steps = {}, {}, 0
         with self._faults("reset", list(self.env.possible_agents)):
             if self.is_parallel:
@@ -385,3 +399,11 @@ def _env_action(action: np.ndarray, space: gym.Space) -> Any:
     if isinstance(space, gym.spaces.Box):
         return np.clip(action, space.low, space.high)
     return action
+
+
+def seeded_episode_id(seed: int, index: int) -> str:
+    """The id of the ``index``-th episode after a reset with ``seed``: 32 hex digits, as a uuid4's hex.
+
+    A hash, so ids of nearby seeds share nothing a policy mapping could pick up.
+    """
+    return hashlib.blake2b(f"{seed}/{index}".encode(), digest_size=16).hexdigest()
