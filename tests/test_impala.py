@@ -16,6 +16,7 @@ from lightning.pytorch import seed_everything
 from lightning_rl import Columns, RLModuleSpec
 from lightning_rl.algorithms.impala import IMPALALearner
 from lightning_rl.algorithms.ppo import PPOModule
+from lightning_rl.cli import LightningRLCLI
 from lightning_rl.connectors import AddNextValues, AddTimeDimToBatchAndZeroPad
 from lightning_rl.core.data_contract import SampleReuse
 from lightning_rl.core.vtrace import vtrace
@@ -270,6 +271,22 @@ def test_a_recurrent_module_fits_with_finite_losses(tmp_path: Path):
     for result in results:
         for key in ("total_loss", "policy_loss", "vf_loss", "entropy", "mean_vtrace_rho"):
             assert math.isfinite(result[key]), key
+
+
+@pytest.mark.parametrize("name", ["IMPALALearner", "APPOLearner"])
+def test_the_command_line_finds_both_learners_by_their_short_names(tmp_path: Path, name: str):
+    cli = LightningRLCLI(
+        args=[
+            "fit", "--model", name, "--model.model_config", "{fcnet_hiddens: [8]}",
+            "--data", "OnPolicyDataModule", "--data.env", "CartPole-v1", "--data.num_envs", "2",
+            "--data.rollout_fragment_length", "16", "--data.rollouts_per_epoch", "2",
+            "--data.evaluation_num_episodes", "1", "--trainer.max_epochs", "1", "--trainer.logger", "false",
+            "--trainer.enable_checkpointing", "false", "--trainer.enable_progress_bar", "false",
+            "--trainer.default_root_dir", str(tmp_path),
+        ]
+    )  # fmt: skip
+    assert type(cli.model).__name__ == name
+    assert math.isfinite(cli.trainer.callback_metrics["default_policy/total_loss"])
 
 
 @pytest.mark.slow
