@@ -106,6 +106,12 @@ def test_an_inference_only_module_has_no_old_policy():
         module.forward_target({Columns.OBS: torch.zeros(1, 4)})
 
 
+def test_a_module_without_an_old_policy_is_refused_at_build_naming_the_api():
+    learner = APPOLearner(spec(PPOModule))
+    with pytest.raises(ValueError, match="TargetNetworkAPI"):
+        learner.build()
+
+
 def test_building_the_old_policy_leaves_torchs_generator_alone():
     torch.manual_seed(0)
     PPOModule(OBS, DISCRETE, {"fcnet_hiddens": [16]})
