@@ -7,7 +7,6 @@ import math
 from pathlib import Path
 
 import gymnasium as gym
-import numpy as np
 import pytest
 import torch
 from conftest import make_trainer

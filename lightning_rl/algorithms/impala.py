@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Hashable, Mapping
+from collections.abc import Mapping
 from functools import partial
 from typing import Any, ClassVar
 
@@ -158,7 +158,9 @@ class IMPALALearner(Learner):
         super().build()
         self._check_not_shuffled(self.hparams.shuffle_batch_per_epoch)
 
-    def update_from_batch(self, batch: Mapping[str, Any], *, shuffle_batch_per_epoch: bool = False, **kwargs: Any) -> Any:
+    def update_from_batch(
+        self, batch: Mapping[str, Any], *, shuffle_batch_per_epoch: bool = False, **kwargs: Any
+    ) -> dict[str, dict[str, float]]:
         """``Learner.update_from_batch``, refusing ``shuffle_batch_per_epoch=True`` for feed-forward modules.
 
         Raises:
@@ -182,6 +184,7 @@ class IMPALALearner(Learner):
         return pipeline
 
     def required_batch_columns(self, module_id: str) -> list[str]:
+        """What the loss reads: the steps, the acting policy's ``action_logp``, and ``AddNextValues``'s two columns."""
         return [
             Columns.OBS,
             Columns.ACTIONS,
@@ -224,10 +227,6 @@ class IMPALALearner(Learner):
             setting = self.config_for_module(module_id).entropy_coeff
             self._entropy_schedules[module_id] = Schedule(setting, name=f"module {module_id!r}: entropy_coeff")
         return self._entropy_schedules[module_id].value(self.timesteps.get(NUM_ENV_STEPS_SAMPLED_LIFETIME, 0))
-
-    def cuda_graph_key(self) -> Hashable:
-        """This update's entropy coefficients, numbers the loss reads."""
-        return tuple(sorted(self._entropy_coeffs.items()))
 
     def remove_module(self, module_id: str, **kwargs: Any) -> Any:
         """Remove ``module_id`` and forget its entropy schedule."""
