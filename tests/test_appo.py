@@ -177,9 +177,8 @@ def test_bad_settings_fail_at_construction_in_one_line_naming_them(setting, valu
 def test_defaults_are_rllibs_and_data_requirements_carry_appos_sample_reuse():
     learner = APPOLearner(spec())
     hparams = learner.hparams
-    assert (hparams.clip_param, hparams.use_kl_loss, hparams.kl_coeff, hparams.kl_target, hparams.tau) == (
-        0.4, False, 1.0, 0.01, 1.0
-    )  # fmt: skip
+    assert (hparams.clip_param, hparams.use_kl_loss, hparams.kl_coeff, hparams.kl_target) == (0.4, False, 1.0, 0.01)
+    assert (hparams.target_network_update_freq, hparams.tau) == (16, 1.0)
     assert learner.data_requirements().sample_reuse == SampleReuse(4, 2, 1)
 
 

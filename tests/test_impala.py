@@ -102,8 +102,11 @@ def test_vtrace_on_rows_equals_the_kernel_on_hand_made_time_major_sequences():
         clip_rho_threshold=1.2,
         clip_pg_rho_threshold=0.8,
     )
-    torch.testing.assert_close(out.vs, torch.cat([expected.vs[:3, 0], expected.vs[:, 1]]))
-    torch.testing.assert_close(out.pg_advantages, torch.cat([expected.pg_advantages[:3, 0], expected.pg_advantages[:, 1]]))
+    def as_rows(time_major_column: torch.Tensor) -> torch.Tensor:
+        return torch.cat([time_major_column[:3, 0], time_major_column[:, 1]])
+
+    torch.testing.assert_close(out.vs, as_rows(expected.vs))
+    torch.testing.assert_close(out.pg_advantages, as_rows(expected.pg_advantages))
 
 
 def test_on_policy_vtrace_is_the_n_step_return_bootstrapped_at_each_chunk_end():
@@ -138,7 +141,9 @@ def test_sequences_bootstrap_from_values_bootstrapped_at_their_last_real_step():
     rows = two_chunks()
     rows["target_logp"] = rows[Columns.ACTION_LOGP].clone()
     # [S=2, T=4]: the second chunk's first 4 steps (cut by max_seq_len), then its last step padded.
-    sequences = {name: torch.stack([column[3:7], torch.cat([column[7:8], column.new_zeros(3)])]) for name, column in rows.items()}
+    sequences = {
+        name: torch.stack([column[3:7], torch.cat([column[7:8], column.new_zeros(3)])]) for name, column in rows.items()
+    }
     sequences[Columns.LOSS_MASK] = torch.tensor([[True] * 4, [True, False, False, False]])
     config = learner.config_for_module("default_policy")
     out = learner.compute_vtrace(
@@ -164,7 +169,9 @@ def test_the_loss_is_policy_gradient_plus_value_loss_minus_entropy_bonus():
     dist = module.get_train_action_dist_cls().from_logits(fwd_out[Columns.ACTION_DIST_INPUTS])
     logp, values = dist.logp(rows[Columns.ACTIONS]), fwd_out[Columns.VF_PREDS]
     out = learner.compute_vtrace(config=config, batch=rows, target_logp=logp, values=values)
-    expected = -(logp * out.pg_advantages).mean() + 0.25 * 0.5 * (values - out.vs).pow(2).mean() - 0.1 * dist.entropy().mean()
+    policy_loss = -(logp * out.pg_advantages).mean()
+    vf_loss = 0.5 * (values - out.vs).pow(2).mean()
+    expected = policy_loss + 0.25 * vf_loss - 0.1 * dist.entropy().mean()
     torch.testing.assert_close(loss, expected)
 
 
@@ -173,8 +180,13 @@ def test_the_loss_is_policy_gradient_plus_value_loss_minus_entropy_bonus():
 
 def test_add_next_values_gives_each_row_the_value_of_the_next_observation_and_marks_chunk_ends():
     runner = EnvRunner("CartPole-v1", num_envs=2, rollout_fragment_length=30, seed=0)
-    learner = IMPALALearner(RLModuleSpec(module_class=PPOModule, observation_space=runner.observation_space,
-                                         action_space=runner.action_space, model_config={"fcnet_hiddens": [8]}))  # fmt: skip
+    module_spec = RLModuleSpec(
+        module_class=PPOModule,
+        observation_space=runner.observation_space,
+        action_space=runner.action_space,
+        model_config={"fcnet_hiddens": [8]},
+    )
+    learner = IMPALALearner(module_spec)
     learner.build()
     module = learner.module["default_policy"]
     episodes = runner.sample(module)
