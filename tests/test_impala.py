@@ -210,6 +210,31 @@ def test_add_next_values_gives_each_row_the_value_of_the_next_observation_and_ma
     assert row == len(rows[Columns.OBS])
 
 
+def test_a_recurrent_modules_sequences_carry_the_bootstrap_columns():
+    runner = EnvRunner("CartPole-v1", num_envs=2, rollout_fragment_length=12, seed=0)
+    model_config = {"fcnet_hiddens": [8], "use_lstm": True, "lstm_cell_size": 8, "max_seq_len": 5}
+    learner = IMPALALearner(
+        RLModuleSpec(
+            module_class=PPOModule,
+            observation_space=runner.observation_space,
+            action_space=runner.action_space,
+            model_config=model_config,
+        ),
+        shuffle_batch_per_epoch=True,  # allowed: a stateful module's minibatches are whole sequences
+    )
+    learner.build()
+    episodes = runner.sample(learner.module["default_policy"])
+    runner.close()
+    batch = learner.episodes_to_train_batch(episodes)["default_policy"]
+    mask = batch[Columns.LOSS_MASK]
+    assert batch[Columns.VALUES_BOOTSTRAPPED].shape == mask.shape == batch[Columns.LAST_IN_CHUNK].shape
+    # One chunk end per episode chunk, each at a real step; none on padding.
+    assert int(batch[Columns.LAST_IN_CHUNK].sum()) == len(episodes)
+    assert not bool((batch[Columns.LAST_IN_CHUNK] & ~mask).any())
+    results = learner.update_from_episodes(episodes, minibatch_size=10, shuffle_batch_per_epoch=True)
+    assert math.isfinite(results["default_policy"]["total_loss"])
+
+
 # ---- Settings and the data contract -------------------------------------------------------
 
 
