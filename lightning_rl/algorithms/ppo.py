@@ -510,7 +510,7 @@ class PPOLearner(AdaptiveKLCoeffMixin, Learner):
         return total_loss
 
     def remove_module(self, module_id: str, **kwargs: Any) -> Any:
-        """Remove ``module_id`` and forget its KL coefficient and schedules."""
+        """Remove ``module_id`` and forget its schedules (and, through ``AdaptiveKLCoeffMixin``, its KL coefficient)."""
         result = super().remove_module(module_id, **kwargs)
         self._current.pop(module_id, None)
         for key in [key for key in self._schedules if key[0] == module_id]:
