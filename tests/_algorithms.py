@@ -16,9 +16,11 @@ import torch
 from lightning.pytorch import LightningDataModule
 
 from lightning_rl import Learner, RLModule, RLModuleSpec
+from lightning_rl.algorithms.appo import APPOLearner, APPOModule
 from lightning_rl.algorithms.bc import BCLearner, BCModule
 from lightning_rl.algorithms.cql import CQLLearner, CQLModule
 from lightning_rl.algorithms.dqn import DQNLearner, DQNModule
+from lightning_rl.algorithms.impala import IMPALALearner
 from lightning_rl.algorithms.iql import IQLLearner, IQLModule
 from lightning_rl.algorithms.ppo import PPOLearner, PPOModule
 from lightning_rl.algorithms.sac import SACLearner, SACModule
@@ -193,6 +195,26 @@ ROWS = [
         env="CartPole-v1",
         # Shuffled minibatches: the per-item seed must make them repeat.
         learner_kwargs=dict(lr=1e-2, num_epochs=2, minibatch_size=16, shuffle_batch_per_epoch=True),
+        off_policy=False,
+        steps_per_item=2 * ITEM_ENV_STEPS // 16,
+    ),
+    AlgorithmRow(
+        name="IMPALA",
+        learner_class=IMPALALearner,
+        module_class=PPOModule,
+        env="CartPole-v1",
+        # Minibatches that end inside episode chunks (bootstrapped there); rows in order, as V-trace needs.
+        learner_kwargs=dict(lr=1e-2, num_epochs=2, minibatch_size=16),
+        off_policy=False,
+        steps_per_item=2 * ITEM_ENV_STEPS // 16,
+    ),
+    AlgorithmRow(
+        name="APPO",
+        learner_class=APPOLearner,
+        module_class=APPOModule,
+        env="CartPole-v1",
+        # The old policy follows every 3 steps: 4 steps per item, so a resume lands between updates of it.
+        learner_kwargs=dict(lr=1e-2, num_epochs=2, minibatch_size=16, target_network_update_freq=3, use_kl_loss=True),
         off_policy=False,
         steps_per_item=2 * ITEM_ENV_STEPS // 16,
     ),

@@ -12,9 +12,11 @@ import torch
 from conftest import bc_spec
 
 from lightning_rl import Columns, RLModuleSpec
+from lightning_rl.algorithms.appo import APPOLearner, APPOModule
 from lightning_rl.algorithms.bc import BCLearner, BCModule
 from lightning_rl.algorithms.cql import CQLLearner, CQLModule
 from lightning_rl.algorithms.dqn import DQNLearner, DQNModule
+from lightning_rl.algorithms.impala import IMPALALearner
 from lightning_rl.algorithms.iql import IQLLearner, IQLModule
 from lightning_rl.algorithms.marwil import MARWILLearner, MARWILModule
 from lightning_rl.algorithms.ppo import PPOLearner, PPOModule
@@ -25,6 +27,8 @@ DISCRETE = (gym.spaces.Box(-1.0, 1.0, (3,), np.float32), gym.spaces.Discrete(2))
 CONTINUOUS = (gym.spaces.Box(-1.0, 1.0, (3,), np.float32), gym.spaces.Box(-1.0, 1.0, (2,), np.float32))
 ALGORITHMS = [
     (PPOLearner, PPOModule, DISCRETE),
+    (IMPALALearner, PPOModule, DISCRETE),
+    (APPOLearner, APPOModule, DISCRETE),
     (DQNLearner, DQNModule, DISCRETE),
     (SACLearner, SACModule, CONTINUOUS),
     (BCLearner, BCModule, DISCRETE),

@@ -80,6 +80,8 @@ CONFIGS: dict[str, tuple[str | None, list[str]]] = {
         *_MULTI_AGENT, "--data.init_args.num_envs", "4", "--data.init_args.rollouts_per_epoch", "8",
         "--data.init_args.max_env_steps", "800", "--model.init_args.minibatch_size", "64",
     ]),
+    "impala_cartpole.yaml": (None, [*_PPO, "--data.init_args.max_env_steps", "512"]),
+    "appo_cartpole.yaml": (None, [*_PPO, "--data.init_args.max_env_steps", "512"]),
     "dqn_cartpole.yaml": (None, [*_OFF_POLICY, "--data.init_args.rollouts_per_epoch", "1"]),
     "dqn_lunarlander.yaml": ("Box2D", [*_OFF_POLICY, "--data.init_args.rollouts_per_epoch", "50"]),
     "sac_pendulum.yaml": (None, [*_OFF_POLICY, "--data.init_args.rollouts_per_epoch", "300"]),

@@ -4,4 +4,4 @@ Importing the package loads all of them, so that a checkpoint's class name (look
 the loaded classes, never imported) finds the package's own Learners and RLModules.
 """
 
-from lightning_rl.algorithms import bc, cql, dqn, iql, marwil, ppo, sac  # noqa: F401
+from lightning_rl.algorithms import appo, bc, cql, dqn, impala, iql, marwil, ppo, sac  # noqa: F401

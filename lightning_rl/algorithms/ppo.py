@@ -241,7 +241,60 @@ class PPOModule(RLModule):
         return out
 
 
-class PPOLearner(Learner):
+class AdaptiveKLCoeffMixin:
+    """The per-module KL coefficient of Learners with RLlib's adaptive KL loss (PPO, APPO).
+
+    Each module's coefficient starts at its ``kl_coeff`` and is moved by ``KLCoeffAdaptation``
+    after updates; it is part of the Learner's state (``get_state()["curr_kl_coeffs"]``). A
+    Learner using it lists it before ``Learner`` among its bases and sets
+    ``self._curr_kl_coeffs = KLCoefficients(self._initial_kl_coeff)`` in its ``__init__``.
+    """
+
+    _curr_kl_coeffs: KLCoefficients
+
+    def _initial_kl_coeff(self, module_id: str) -> float:
+        return self.config_for_module(module_id).kl_coeff
+
+    def curr_kl_coeff(self, module_id: str) -> float:
+        """The KL coefficient ``module_id`` uses now (``kl_coeff`` until adapted)."""
+        return float(self._curr_kl_coeffs[module_id])
+
+    def set_curr_kl_coeff(self, module_id: str, value: float) -> None:
+        """Set ``module_id``'s KL coefficient (what ``KLCoeffAdaptation`` calls)."""
+        self._curr_kl_coeffs[module_id] = torch.tensor(float(value))
+
+    @property
+    def curr_kl_coeffs_per_module(self) -> dict[str, Tensor]:
+        """RLlib's name: ``{module_id: 0-dim tensor}``, each module's KL coefficient now.
+
+        A module read for the first time starts at its ``kl_coeff``. Changing a tensor in
+        place (``.data *= 1.5``, as RLlib's ``_update_module_kl_coeff`` rewrites do) or
+        assigning a new value is what ``set_curr_kl_coeff`` does: the loss reads it from the
+        next update on (``before_gradient_based_update`` fixes each update's coefficients).
+        """
+        return self._curr_kl_coeffs
+
+    def get_state(self, components: Any = None, *, not_components: Any = None) -> dict[str, Any]:
+        """The Learner's state plus each module's current KL coefficient."""
+        state = super().get_state(components, not_components=not_components)
+        state["curr_kl_coeffs"] = {module_id: float(value) for module_id, value in self._curr_kl_coeffs.items()}
+        return state
+
+    def set_state(self, state: Any) -> None:
+        """Restore ``get_state``'s output, KL coefficients included."""
+        super().set_state(state)
+        for module_id, value in learner_state_of(state).get("curr_kl_coeffs", {}).items():
+            if module_id in self.module:
+                self._curr_kl_coeffs[module_id] = torch.tensor(float(value))
+
+    def remove_module(self, module_id: str, **kwargs: Any) -> Any:
+        """Remove ``module_id`` and forget its KL coefficient."""
+        result = super().remove_module(module_id, **kwargs)
+        self._curr_kl_coeffs.pop(module_id, None)
+        return result
+
+
+class PPOLearner(AdaptiveKLCoeffMixin, Learner):
     """PPO's loss, GAE connector and schedules, on the Learner's update loop.
 
     Args:
@@ -321,7 +374,7 @@ class PPOLearner(Learner):
             grad_clip=grad_clip,
             **kwargs,
         )
-        self._curr_kl_coeffs = _KLCoefficients(self._initial_kl_coeff)
+        self._curr_kl_coeffs = KLCoefficients(self._initial_kl_coeff)
         self._schedules: dict[tuple[str, str], Schedule] = {}
         self._current: dict[str, dict[str, float]] = {}
 
@@ -386,28 +439,6 @@ class PPOLearner(Learner):
         if key not in self._schedules:
             self._schedules[key] = Schedule(config[name], name=f"module {module_id!r}: {name}")
         return self._schedules[key]
-
-    def _initial_kl_coeff(self, module_id: str) -> float:
-        return self.config_for_module(module_id).kl_coeff
-
-    def curr_kl_coeff(self, module_id: str) -> float:
-        """The KL coefficient ``module_id`` uses now (``kl_coeff`` until adapted)."""
-        return float(self._curr_kl_coeffs[module_id])
-
-    def set_curr_kl_coeff(self, module_id: str, value: float) -> None:
-        """Set ``module_id``'s KL coefficient (what ``KLCoeffAdaptation`` calls)."""
-        self._curr_kl_coeffs[module_id] = torch.tensor(float(value))
-
-    @property
-    def curr_kl_coeffs_per_module(self) -> dict[str, Tensor]:
-        """RLlib's name: ``{module_id: 0-dim tensor}``, each module's KL coefficient now.
-
-        A module read for the first time starts at its ``kl_coeff``. Changing a tensor in
-        place (``.data *= 1.5``, as RLlib's ``_update_module_kl_coeff`` rewrites do) or
-        assigning a new value is what ``set_curr_kl_coeff`` does: the loss reads it from the
-        next update on (``before_gradient_based_update`` fixes each update's coefficients).
-        """
-        return self._curr_kl_coeffs
 
     @property
     def entropy_coeff_schedulers_per_module(self) -> dict[str, ScheduledValue]:
@@ -478,23 +509,9 @@ class PPOLearner(Learner):
             log((module_id, CLIP_FRACTION_KEY), masked_mean(clipped, mask), window=math.inf, clear_on_reduce=True)
         return total_loss
 
-    def get_state(self, components: Any = None, *, not_components: Any = None) -> dict[str, Any]:
-        """The Learner's state plus each module's current KL coefficient."""
-        state = super().get_state(components, not_components=not_components)
-        state["curr_kl_coeffs"] = {module_id: float(value) for module_id, value in self._curr_kl_coeffs.items()}
-        return state
-
-    def set_state(self, state: Any) -> None:
-        """Restore ``get_state``'s output, KL coefficients included."""
-        super().set_state(state)
-        for module_id, value in learner_state_of(state).get("curr_kl_coeffs", {}).items():
-            if module_id in self.module:
-                self._curr_kl_coeffs[module_id] = torch.tensor(float(value))
-
     def remove_module(self, module_id: str, **kwargs: Any) -> Any:
-        """Remove ``module_id`` and forget its KL coefficient and schedules."""
+        """Remove ``module_id`` and forget its schedules (and, through ``AdaptiveKLCoeffMixin``, its KL coefficient)."""
         result = super().remove_module(module_id, **kwargs)
-        self._curr_kl_coeffs.pop(module_id, None)
         self._current.pop(module_id, None)
         for key in [key for key in self._schedules if key[0] == module_id]:
             del self._schedules[key]
@@ -512,7 +529,7 @@ class ScheduledValue:
         return self._learner.current_scheduled_value(self._module_id, self._name)
 
 
-class _KLCoefficients(dict):
+class KLCoefficients(dict):
     """``{module_id: 0-dim tensor}``; a module read for the first time gets ``initial(module_id)``."""
 
     def __init__(self, initial: Any) -> None:

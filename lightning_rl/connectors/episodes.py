@@ -86,7 +86,7 @@ def add_value_targets_and_advantages(
     """Add ``vf_preds``, ``advantages`` and ``value_targets`` (GAE) to a batch of ``episodes``.
 
     Values come from one forward pass of ``compute_values`` over every step's observation
-    and every episode's last observation (a stateful module's: :func:`values_along_chunks`).
+    and every episode's last observation (:func:`values_of_chunks`).
     An episode that terminated is worth 0 after its last step; one that was truncated, or
     cut by the rollout length, is bootstrapped from the value of its last observation.
 
@@ -104,13 +104,7 @@ def add_value_targets_and_advantages(
         ``batch``, with the three columns added.
     """
     obs = batch[Columns.OBS]
-    if initial_state:
-        values, last_values = values_along_chunks(batch, episodes, compute_values, initial_state)
-    else:
-        all_obs = torch.cat([obs, last_observations(episodes, obs.device).to(obs.dtype)])
-        with torch.no_grad():
-            all_values = compute_values({Columns.OBS: all_obs}).reshape(-1).float()
-        values, last_values = all_values[: len(obs)], all_values[len(obs) :]
+    values, last_values = values_of_chunks(batch, episodes, compute_values, initial_state)
     terminated = torch.tensor([episode.is_terminated for episode in episodes], device=obs.device)
     last_values = torch.where(terminated, torch.zeros_like(last_values), last_values)
     lengths = torch.tensor([len(episode) for episode in episodes], device=obs.device)
@@ -120,6 +114,37 @@ def add_value_targets_and_advantages(
     batch[Columns.ADVANTAGES] = advantages
     batch[Columns.VALUE_TARGETS] = advantages + values
     return batch
+
+
+def values_of_chunks(
+    batch: Mapping[str, Tensor],
+    episodes: Sequence[SingleAgentEpisode],
+    compute_values: Callable[[dict[str, Any]], Tensor],
+    initial_state: Mapping[str, Tensor] | None = None,
+) -> tuple[Tensor, Tensor]:
+    """The values of every step and of each chunk's last observation, in one forward pass without gradients.
+
+    A feed-forward module values every step's observation and every chunk's last
+    observation in one batch; a stateful module runs along each chunk from its stored
+    state (:func:`values_along_chunks`). Chunks that terminated are not zeroed here: the
+    caller decides what a terminal observation is worth.
+
+    Args:
+        batch: The chunks' rows (:func:`episodes_to_batch`).
+        episodes: The chunks, in the batch's order.
+        compute_values: The module's ``compute_values``.
+        initial_state: A stateful module's ``get_initial_state()``; ``None`` or empty for a feed-forward module.
+
+    Returns:
+        ``values [N]`` and ``last_values [E]`` (float32).
+    """
+    if initial_state:
+        return values_along_chunks(batch, episodes, compute_values, initial_state)
+    obs = batch[Columns.OBS]
+    all_obs = torch.cat([obs, last_observations(episodes, obs.device).to(obs.dtype)])
+    with torch.no_grad():
+        all_values = compute_values({Columns.OBS: all_obs}).reshape(-1).float()
+    return all_values[: len(obs)], all_values[len(obs) :]
 
 
 def values_along_chunks(
@@ -217,12 +242,27 @@ def generalized_advantages(
     Returns:
         ``[N]`` advantages.
     """
+    next_values = next_step_values(values, last_values, lengths)
+    deltas = rewards + gamma * next_values - values
+    return segmented_discounted_sum(deltas, lengths, gamma * gae_lambda)
+
+
+def next_step_values(values: Tensor, last_values: Tensor, lengths: Tensor) -> Tensor:
+    """``V(s_{t+1})`` of every step of episodes laid end to end: the next row's value, or the episode's last value.
+
+    Args:
+        values: ``[N]``, ``V(s_t)`` of every step.
+        last_values: ``[E]``, the value after each episode's last step.
+        lengths: ``[E]``, the number of steps of each episode (all >= 1, summing to ``N``).
+
+    Returns:
+        ``[N]``.
+    """
     ends = torch.cumsum(lengths, 0) - 1
     next_values = torch.empty_like(values)
     next_values[:-1] = values[1:]
-    next_values[ends] = last_values
-    deltas = rewards + gamma * next_values - values
-    return segmented_discounted_sum(deltas, lengths, gamma * gae_lambda)
+    next_values[ends] = last_values.to(values.dtype)
+    return next_values
 
 
 def segmented_discounted_sum(x: Tensor, lengths: Tensor, discount: float) -> Tensor:

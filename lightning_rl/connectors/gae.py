@@ -80,15 +80,10 @@ class GeneralAdvantageEstimation(ConnectorPiece):
         """
         for module_id, episodes_of_module in module_episodes(shared_data, type(self).__name__).items():
             module = rl_module[module_id]
-            if not callable(getattr(module, "compute_values", None)):
-                raise TypeError(
-                    f"module {module_id!r} ({type(module).__name__}) has no compute_values(batch) -> Tensor[N]; "
-                    "GeneralAdvantageEstimation needs a state-value function"
-                )
             add_value_targets_and_advantages(
                 batch[module_id],
                 episodes_of_module,
-                module.compute_values,
+                compute_values_of(module, module_id, type(self).__name__),
                 gamma=self.gamma.for_module(module_id),
                 gae_lambda=self.gae_lambda.for_module(module_id),
                 initial_state=module.get_initial_state(),
@@ -101,6 +96,26 @@ class GeneralAdvantageEstimation(ConnectorPiece):
 
     def __repr__(self) -> str:
         return f"GeneralAdvantageEstimation(gamma={self.gamma!r}, gae_lambda={self.gae_lambda!r})"
+
+
+def compute_values_of(module: Any, module_id: str, owner: str) -> Callable[[dict[str, Any]], Any]:
+    """``module.compute_values``, the state-value function a value-bootstrapping piece needs.
+
+    Args:
+        module: One module of the Learner.
+        module_id: Named in the error.
+        owner: The piece's class name, named in the error.
+
+    Raises:
+        TypeError: If the module has no ``compute_values``.
+    """
+    compute_values = getattr(module, "compute_values", None)
+    if not callable(compute_values):
+        raise TypeError(
+            f"module {module_id!r} ({type(module).__name__}) has no compute_values(batch) -> Tensor[N]; "
+            f"{owner} needs a state-value function"
+        )
+    return compute_values
 
 
 class _PerModule:

@@ -39,6 +39,11 @@ class Columns:
     """The action taken just before each step, ``[B, T, ...]`` (zeros at an episode's first step)."""
     PREV_REWARDS = "prev_rewards"
     """The reward received just before each step, ``[B, T]`` (zero at an episode's first step)."""
+    VALUES_BOOTSTRAPPED = "values_bootstrapped"
+    """``V(x_{t+1})``, the value of the observation after each step (0 where the step
+    terminated its episode), from the module's weights when the batch was made (RLlib's name)."""
+    LAST_IN_CHUNK = "last_in_chunk"
+    """True on the last row of each episode chunk: where a sequence of consecutive rows ends."""
     EMBEDDINGS = "embeddings"
     # RLlib's names for columns a user's connector piece adds (no built-in piece writes them).
     RETURNS_TO_GO = "returns_to_go"

@@ -17,6 +17,13 @@ ended) or truncated (a time limit), so a cut never reads as an episode end.
 
 With ``pi == mu`` and no clipping (``rho = c = 1``), ``v_s`` is the n-step return
 bootstrapped from the sequence's end, and ``A_s`` the one-step TD error of ``v_{s+1}``.
+
+Learners hold steps in one of two layouts, and :func:`vtrace_on_rows` and
+:func:`vtrace_on_sequences` bring each to the kernel and back: rows of consecutive steps
+(a feed-forward module's minibatch, cut into sequences where episode chunks end) and
+zero-padded sequences ``[S, T]`` with ``loss_mask`` (a stateful module's). V-trace is valid
+for any cut of an episode into sequences, as long as each is bootstrapped from the value of
+the observation after its last step (``values_bootstrapped``).
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ from typing import NamedTuple
 
 import torch
 from torch import Tensor
+
+from lightning_rl.core.sequences import from_sequences, sequence_layout, to_sequences
 
 
 class VTraceReturns(NamedTuple):
@@ -115,3 +124,101 @@ def vtrace(
     next_vs = torch.where(is_last, bootstrap_values.expand_as(values), next_vs)
     pg_advantages = torch.where(mask, pg_rhos * (rewards + discounts * next_vs - values), zero)
     return VTraceReturns(vs, pg_advantages)
+
+
+def vtrace_on_rows(
+    *,
+    target_logp: Tensor,
+    behaviour_logp: Tensor,
+    rewards: Tensor,
+    values: Tensor,
+    values_bootstrapped: Tensor,
+    discounts: Tensor,
+    sequence_ends: Tensor,
+    clip_rho_threshold: float | None = 1.0,
+    clip_pg_rho_threshold: float | None = 1.0,
+    clip_c_threshold: float | None = 1.0,
+) -> VTraceReturns:
+    """V-trace over rows of consecutive steps, cut into sequences after every row where ``sequence_ends`` is true.
+
+    The last row always ends a sequence too (a minibatch may stop mid-chunk), and each
+    sequence is bootstrapped from ``values_bootstrapped`` at its last row. The rows go to
+    the time-major layout (``sequence_layout``, ``to_sequences``), through :func:`vtrace`, and
+    back (``from_sequences``).
+
+    Args:
+        target_logp, behaviour_logp, rewards, values, discounts: ``[N]``, as :func:`vtrace` takes them per step.
+        values_bootstrapped: ``[N]``, ``V(x_{t+1})`` of each row (read at the rows that end a sequence).
+        sequence_ends: ``[N]`` bool, true on the last row of each episode chunk (``last_in_chunk``).
+        clip_rho_threshold, clip_pg_rho_threshold, clip_c_threshold: As for :func:`vtrace`.
+
+    Returns:
+        ``VTraceReturns(vs, pg_advantages)``, each ``[N]``.
+    """
+    if len(values) == 0:  # a data-parallel rank without rows still takes the step
+        return VTraceReturns(torch.zeros_like(values), torch.zeros_like(values))
+    ends = sequence_ends.bool().clone()
+    ends[-1] = True
+    end_rows = torch.nonzero(ends).reshape(-1)
+    lengths = torch.diff(end_rows, prepend=end_rows.new_tensor([-1]))
+    layout = sequence_layout(lengths, int(lengths.max()))
+
+    def time_major(column: Tensor) -> Tensor:
+        return to_sequences(column, layout).transpose(0, 1)
+
+    returns = vtrace(
+        target_logp=time_major(target_logp),
+        behaviour_logp=time_major(behaviour_logp),
+        rewards=time_major(rewards),
+        values=time_major(values),
+        bootstrap_values=values_bootstrapped[end_rows],
+        discounts=time_major(discounts),
+        loss_mask=layout.loss_mask().transpose(0, 1),
+        clip_rho_threshold=clip_rho_threshold,
+        clip_pg_rho_threshold=clip_pg_rho_threshold,
+        clip_c_threshold=clip_c_threshold,
+    )
+    return VTraceReturns(*(from_sequences(out.transpose(0, 1), layout) for out in returns))
+
+
+def vtrace_on_sequences(
+    *,
+    target_logp: Tensor,
+    behaviour_logp: Tensor,
+    rewards: Tensor,
+    values: Tensor,
+    values_bootstrapped: Tensor,
+    discounts: Tensor,
+    loss_mask: Tensor,
+    clip_rho_threshold: float | None = 1.0,
+    clip_pg_rho_threshold: float | None = 1.0,
+    clip_c_threshold: float | None = 1.0,
+) -> VTraceReturns:
+    """V-trace over zero-padded, batch-major sequences ``[S, T]`` (a stateful module's minibatch).
+
+    Each sequence is bootstrapped from ``values_bootstrapped`` at its last real step.
+
+    Args:
+        target_logp, behaviour_logp, rewards, values, discounts: ``[S, T]``, as :func:`vtrace` takes them per step.
+        values_bootstrapped: ``[S, T]``, ``V(x_{t+1})`` of each step.
+        loss_mask: ``[S, T]`` bool, true on real steps (a prefix of each sequence).
+        clip_rho_threshold, clip_pg_rho_threshold, clip_c_threshold: As for :func:`vtrace`.
+
+    Returns:
+        ``VTraceReturns(vs, pg_advantages)``, each ``[S, T]`` (zeros on padding).
+    """
+    last_step = (loss_mask.long().sum(dim=1) - 1).clamp(min=0)
+    bootstrap_values = values_bootstrapped.gather(1, last_step[:, None]).squeeze(1)
+    returns = vtrace(
+        target_logp=target_logp.transpose(0, 1),
+        behaviour_logp=behaviour_logp.transpose(0, 1),
+        rewards=rewards.transpose(0, 1),
+        values=values.transpose(0, 1),
+        bootstrap_values=bootstrap_values,
+        discounts=discounts.transpose(0, 1),
+        loss_mask=loss_mask.transpose(0, 1),
+        clip_rho_threshold=clip_rho_threshold,
+        clip_pg_rho_threshold=clip_pg_rho_threshold,
+        clip_c_threshold=clip_c_threshold,
+    )
+    return VTraceReturns(*(out.transpose(0, 1) for out in returns))
