@@ -80,6 +80,7 @@ def follow_child(
     threads: int,
     timeout: float,
     show_output: bool,
+    on_launch: Callable[[subprocess.Popen], None] | None = None,
 ) -> tuple[int, list[str], float]:
     """Launch one child, follow its protocol lines until it exits, and fill ``record`` as they come.
 
@@ -97,6 +98,8 @@ def follow_child(
         threads: OMP/MKL threads of the child.
         timeout: Seconds before the child is killed.
         show_output: Echo the lines no one handled, as they come.
+        on_launch: Called with the child's ``Popen`` right after the launch (to watch it, e.g.
+            its process tree's memory).
 
     Returns:
         ``(returncode, other_lines, launch)``: the child's exit status, the lines no one
@@ -108,6 +111,8 @@ def follow_child(
     proc = subprocess.Popen(
         command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
     )
+    if on_launch is not None:
+        on_launch(proc)
     timer = threading.Timer(timeout, proc.kill)
     timer.start()
     try:
