@@ -177,10 +177,13 @@ class SamplerPool(abc.ABC):
             raise RuntimeError("this sampler pool is closed")
         self._handle(self._receive(0.0))
         while True:
-            self._request_up_to_the_bound()
             if self._ready:
                 self.num_taken += 1
-                return self._ready.popleft()
+                rollout = self._ready.popleft()
+                # Its place goes to a new request at once: the samplers work while the Learner updates.
+                self._request_up_to_the_bound()
+                return rollout
+            self._request_up_to_the_bound()
             if not block:
                 return None
             self._handle(self._receive(_POLL_S))
@@ -280,7 +283,10 @@ class ProcessSamplerPool(SamplerPool):
     def __init__(self, settings: Sequence[EnvSettings], module: RLModule, **kwargs: Any) -> None:
         super().__init__(settings, module, **kwargs)
         self._context = mp.get_context("forkserver")
-        self._context.set_forkserver_preload(["lightning_rl.env.sampler"])
+        # What every sampler imports, imported once in the fork server (it applies when the
+        # server starts, with the first pool): this module and the acting module's class.
+        preload = ["lightning_rl.env.sampler", type(module).__module__]
+        self._context.set_forkserver_preload([name for name in preload if name != "__main__"])
         self._weights = SharedWeights(module.state_dict(), kwargs["weights_seq_no"])
         self._processes: list[Any] = [None] * self.num_samplers
         self._connections: list[Any] = [None] * self.num_samplers
