@@ -387,3 +387,15 @@ def test_a_ray_fit_restarts_a_killed_actor_and_kills_every_actor_at_the_end(ray_
     record = fit(data, at_step={2: kill_a_sampler})
     assert len(record.items) == 6 and record.items[-1]["num_env_runner_restarts"] >= 1
     assert not wait_until_gone(record.pids, seconds=20)
+
+
+def test_the_command_line_takes_it_by_its_short_name():
+    from lightning_rl.cli.lightning_cli import LightningRLCLI
+
+    args = [
+        "--model", "PPOLearner", "--data", "AsyncSamplingDataModule", "--data.num_env_runners", "3",
+        "--data.sampler_backend", "process", "--data.max_queued_rollouts", "5", "--trainer.logger", "false",
+    ]  # fmt: skip
+    cli = LightningRLCLI(args=args, run=False)
+    assert isinstance(cli.datamodule, AsyncSamplingDataModule)
+    assert cli.datamodule.hparams.num_env_runners == 3 and cli.datamodule.max_queued_rollouts == 5

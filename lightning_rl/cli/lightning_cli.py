@@ -61,7 +61,7 @@ from lightning_rl.core.checkpoint import (
     remove_stale_temporary_files,
 )
 from lightning_rl.core.data_contract import data_offer_of
-from lightning_rl.data import OffPolicyDataModule, OnPolicyDataModule  # noqa: F401 (short names, as above)
+from lightning_rl.data import AsyncSamplingDataModule, OffPolicyDataModule, OnPolicyDataModule  # noqa: F401 (short names, as above)
 from lightning_rl.data.env_datamodule import OFF_POLICY_ARGUMENTS, ON_POLICY_ARGUMENTS
 from lightning_rl.learner._lightning_private import claim_version_directory
 from lightning_rl.learner.checkpoint_io import AtomicCheckpointIO
