@@ -22,6 +22,7 @@ import pytest
 import torch
 from conftest import make_trainer
 from lightning.pytorch import Callback, Trainer
+from ranks import run_on_ranks
 
 from lightning_rl.algorithms.ppo import PPOLearner, PPOModule
 from lightning_rl.core.data_contract import DataRequirements, SampleReuse
@@ -215,6 +216,36 @@ def test_a_learner_asking_for_reuse_trains_on_a_slow_envs_rollouts_up_to_three_t
     assert data.num_env_steps_sampled_lifetime == 16 * new
 
 
+def _fit_on_rank(rank: int, world_size: int) -> dict[str, Any]:
+    import multiprocessing
+
+    # run_on_ranks starts its ranks as daemonic processes, which multiprocessing forbids to
+    # start processes of their own; ranks that torchrun or Lightning start are not daemonic.
+    multiprocessing.current_process()._config["daemon"] = False
+    data = async_data(num_env_runners=1, rollouts_per_epoch=3)
+    recorder = Record()
+    trainer = Trainer(
+        accelerator="cpu", strategy="ddp", devices=world_size, max_epochs=1, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+        callbacks=[recorder],
+    )  # fmt: skip
+    trainer.fit(learner(), datamodule=data)
+    return {
+        "lifetime": data.num_env_steps_sampled_lifetime,
+        "steps": [item["num_env_steps_sampled_lifetime"] for item in recorder.items],
+        "first_obs": np.asarray(recorder.rollouts[0][0].observations[0]),
+        "pids": sorted(recorder.pids),
+    }
+
+
+def test_two_ddp_ranks_each_sample_their_own_seeds_and_count_env_steps_together():
+    rank0, rank1 = run_on_ranks(_fit_on_rank, world_size=2, timeout=120)
+    assert rank0["steps"] == rank1["steps"] == [32.0, 64.0, 96.0]
+    assert rank0["lifetime"] == rank1["lifetime"] == 96
+    assert not np.array_equal(rank0["first_obs"], rank1["first_obs"])
+    assert not wait_until_gone(set(rank0["pids"] + rank1["pids"]))
+
+
 # ----------------------------------------------------------------------------------------
 # Faults
 # ----------------------------------------------------------------------------------------
@@ -252,7 +283,7 @@ DRIVER = textwrap.dedent(
     """
     import sys
     from lightning.pytorch import Callback, Trainer
-    from lightning_rl.algorithms.ppo import PPOLearner, PPOModule
+    from lightning_rl.algorithms.ppo import PPOLearner
     from lightning_rl.data import AsyncSamplingDataModule
 
     class Announce(Callback):
@@ -274,11 +305,11 @@ def test_killing_the_driver_with_sigkill_leaves_no_sampler_running(tmp_path: Pat
     script.write_text(DRIVER)
     environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     driver = subprocess.Popen(
-        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=environment
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=(tmp_path / "stderr").open("w"), text=True, env=environment
     )
     try:
         pids = {int(pid) for pid in driver.stdout.readline().split()}
-        assert len(pids) == 2 and all(running(pid) for pid in pids)
+        assert len(pids) == 2 and all(running(pid) for pid in pids), (tmp_path / "stderr").read_text()[-3000:]
     finally:
         driver.kill()
         driver.wait(timeout=30)
