@@ -7,6 +7,7 @@ from a fork server that imports the package once, so a (re)start costs a fractio
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 import signal
 import subprocess
@@ -27,8 +28,10 @@ from ranks import run_on_ranks
 from lightning_rl.algorithms.ppo import PPOLearner, PPOModule
 from lightning_rl.core.data_contract import DataRequirements, SampleReuse
 from lightning_rl.core.rl_module_specs import RLModuleSpec
-from lightning_rl.data import AsyncSamplingDataModule
+from lightning_rl.cli.lightning_cli import misplaced_data_argument_hint
+from lightning_rl.data import AsyncSamplingDataModule, OffPolicyDataModule, OnPolicyDataModule
 from lightning_rl.data.circular_buffer import CircularBuffer
+from lightning_rl.data.env_datamodule import ASYNC_SAMPLING_ARGUMENTS
 from lightning_rl.env.env_settings import EnvSettings
 from lightning_rl.env.sampler_pool import ProcessSamplerPool, SamplerFailedError
 
@@ -284,7 +287,8 @@ DRIVER = textwrap.dedent(
     import sys
     from lightning.pytorch import Callback, Trainer
     from lightning_rl.algorithms.ppo import PPOLearner
-    from lightning_rl.data import AsyncSamplingDataModule
+    from lightning_rl.cli.lightning_cli import misplaced_data_argument_hint
+from lightning_rl.data import AsyncSamplingDataModule, OffPolicyDataModule, OnPolicyDataModule
 
     class Announce(Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
@@ -346,6 +350,19 @@ def test_bad_arguments_are_refused_in_one_line(kwargs: dict[str, Any], message: 
     with pytest.raises(ValueError, match=message) as error:
         AsyncSamplingDataModule(kwargs.pop("env"), **kwargs)
     assert "\n" not in str(error.value)
+
+
+def test_its_own_arguments_given_to_the_other_environment_data_modules_name_it():
+    keyword_only = inspect.Parameter.KEYWORD_ONLY
+    own = [p.name for p in inspect.signature(AsyncSamplingDataModule).parameters.values() if p.kind is keyword_only]
+    assert tuple(own) == ("rollout_fragment_length", *ASYNC_SAMPLING_ARGUMENTS)
+    message = "^num_env_runners is an AsyncSamplingDataModule argument: use lightning_rl.data.AsyncSamplingDataModule$"
+    for cls in (OnPolicyDataModule, OffPolicyDataModule):
+        with pytest.raises(ValueError, match=message):
+            cls("CartPole-v1", num_env_runners=2)
+    parser_error = 'Parser key "data":\n  Problem with given class_path: Option \'sampler_backend\' is not accepted'
+    hint = misplaced_data_argument_hint(parser_error)
+    assert hint == "sampler_backend is an AsyncSamplingDataModule argument: use lightning_rl.data.AsyncSamplingDataModule"
 
 
 def test_the_ray_backend_without_ray_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch):

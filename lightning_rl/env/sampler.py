@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pickle
 import signal
 import sys
 import traceback
@@ -145,8 +146,6 @@ def sampler_process_main(index: int, start: int, payload: bytes, weights: Shared
     """
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    import pickle
-
     try:
         settings, module = pickle.loads(payload)  # cloudpickle's output loads with pickle
         sampler = Sampler(settings, module, index=index, start=start)
