@@ -194,7 +194,7 @@ def test_a_slow_learner_gets_at_most_max_queued_rollouts_ahead_and_the_samplers_
 
 
 def test_the_circular_buffer_hands_each_rollout_out_at_most_iterations_per_batch_times_and_drops_the_oldest():
-    buffer: CircularBuffer[str] = CircularBuffer(num_batches=2, iterations_per_batch=2)
+    buffer = CircularBuffer(num_batches=2, iterations_per_batch=2)
     assert buffer.next() is None
     buffer.add("a")
     assert [buffer.next(), buffer.next(), buffer.next()] == [("a", 1), ("a", 2), None]
@@ -261,6 +261,24 @@ def test_a_sampler_killed_mid_fit_is_restarted_counted_and_no_process_outlives_t
     assert record.items[-1]["num_env_runner_restarts"] >= 1
     assert len(record.pids) >= 3  # the two first samplers and the restarted one
     assert not wait_until_gone(record.pids)
+
+
+def _interrupt(data: AsyncSamplingDataModule) -> None:
+    raise KeyboardInterrupt  # what Ctrl-C raises in the driver
+
+
+def _fail(data: AsyncSamplingDataModule) -> None:
+    raise RuntimeError("the fit fails")
+
+
+@pytest.mark.parametrize("stop", [_fail, _interrupt])
+def test_a_fit_that_raises_or_is_interrupted_stops_every_sampler(stop: Any):
+    data = async_data()
+    recorder = Record(at_step={1: stop})
+    trainer = make_trainer(None, limit_val_batches=0, callbacks=[recorder])
+    with pytest.raises((RuntimeError, SystemExit)):  # Lightning turns Ctrl-C into sys.exit(1)
+        trainer.fit(learner(), datamodule=data)
+    assert recorder.pids and data.pool is None and not wait_until_gone(recorder.pids)
 
 
 def test_a_hung_sampler_is_killed_after_sample_timeout_s_and_restarted(tmp_path: Path):

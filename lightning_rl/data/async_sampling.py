@@ -142,7 +142,7 @@ class AsyncSamplingDataModule(EnvDataModule):
             import_ray()  # fail now, in one line, without Ray
         self._reuse = SampleReuse()
         self._pool: SamplerPool | None = None
-        self._buffer: CircularBuffer[Rollout] | None = None
+        self._buffer: CircularBuffer | None = None  # of Rollouts
         self._items_since_broadcast = 0
         # This rank's counters (rank 0 continues the restored sums) and the sums over the ranks.
         self._local_env_steps = self._local_episodes = 0
@@ -349,6 +349,10 @@ class AsyncSamplingDataModule(EnvDataModule):
         """Stop the samplers (no process or actor outlives the fit) and close the evaluation envs."""
         self._close_pool()
         super().teardown(stage)
+
+    def on_exception(self, exception: BaseException) -> None:
+        """Stop the samplers when the fit raises or is interrupted (Ctrl-C): Lightning calls no ``teardown`` then."""
+        self._close_pool()
 
     def state_dict(self) -> dict[str, Any]:
         """The counters and episode statistics, as ``EnvDataModule``'s, plus each sampler's start count.

@@ -10,14 +10,12 @@ for a new one.
 from __future__ import annotations
 
 from collections import deque
-from typing import Generic, TypeVar
+from typing import Any
 
 from lightning_rl.core.arguments import check_int
 
-T = TypeVar("T")
 
-
-class CircularBuffer(Generic[T]):
+class CircularBuffer:
     """The last ``num_batches`` rollouts, each handed out at most ``iterations_per_batch`` times.
 
     Args:
@@ -40,13 +38,13 @@ class CircularBuffer(Generic[T]):
     def __len__(self) -> int:
         return len(self._entries)
 
-    def add(self, item: T) -> None:
+    def add(self, item: Any) -> None:
         """Keep ``item`` (not handed out yet), dropping the oldest if the buffer is full."""
         if len(self._entries) == self._entries.maxlen:
             self.num_dropped += 1
         self._entries.append([item, 0])
 
-    def next(self) -> tuple[T, int] | None:
+    def next(self) -> tuple[Any, int] | None:
         """The item handed out least so far (newest among equals) and its uses, this one included; ``None`` if all are used up."""
         candidates = [entry for entry in self._entries if entry[1] < self.iterations_per_batch]
         if not candidates:

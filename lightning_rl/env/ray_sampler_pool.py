@@ -47,8 +47,10 @@ class RaySamplerPool(SamplerPool):
     """Samplers as Ray actors (one CPU each).
 
     Args:
-        settings, module, **kwargs: See ``SamplerPool``.
+        settings: One ``EnvSettings`` per sampler (see ``SamplerPool``).
+        module: The acting module, a CPU copy (put into Ray's object store once).
         address: ``ray.init``'s ``address`` when Ray is not initialized yet.
+        kwargs: ``SamplerPool``'s other arguments.
     """
 
     def __init__(

@@ -277,7 +277,10 @@ class ProcessSamplerPool(SamplerPool):
     travel through shared memory (``SharedWeights``), rollouts through one pipe per sampler, so
     a sampler killed mid-message spoils only its own pipe.
 
-    Args: See ``SamplerPool``.
+    Args:
+        settings: One ``EnvSettings`` per sampler (see ``SamplerPool``).
+        module: The acting module, a CPU copy (sent to each process once, with cloudpickle).
+        kwargs: ``SamplerPool``'s other arguments.
     """
 
     def __init__(self, settings: Sequence[EnvSettings], module: RLModule, **kwargs: Any) -> None:
