@@ -281,7 +281,7 @@ def test_a_fit_that_raises_or_is_interrupted_stops_every_sampler(stop: Any):
     assert recorder.pids and data.pool is None and not wait_until_gone(recorder.pids)
 
 
-def test_a_hung_sampler_is_killed_after_sample_timeout_s_and_restarted(tmp_path: Path):
+def test_a_hung_sampler_is_killed_after_sample_timeout_s_and_restarted(tmp_path: Path, caplog: pytest.LogCaptureFixture):
     marker = str(tmp_path / "hung")
     data = async_data(
         env="test_async_sampling.hang_once", env_kwargs={"marker": marker}, num_env_runners=1,
@@ -291,6 +291,8 @@ def test_a_hung_sampler_is_killed_after_sample_timeout_s_and_restarted(tmp_path:
     record = fit(data)
     assert os.path.exists(marker) and time.monotonic() - start < 30
     assert record.items[-1]["num_env_runner_restarts"] == 1
+    # The driver ended it (the env blocks the runner's own SIGALRM timeout).
+    assert "env runner 0 restarted (1 restarts so far): it returned no rollout within sample_timeout_s=1 s" in caplog.text
     assert not wait_until_gone(record.pids)
 
 
