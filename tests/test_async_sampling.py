@@ -401,6 +401,21 @@ def test_the_checkpoint_state_carries_the_counters_and_moves_the_samplers_seeds_
     assert resumed.num_env_steps_sampled_lifetime == 48 and resumed._sampler_starts == [2, 2]
 
 
+def test_a_fit_resumed_from_a_checkpoint_continues_the_counters_with_new_samplers(tmp_path: Path):
+    first = async_data(rollouts_per_epoch=3)
+    trainer = make_trainer(tmp_path, limit_val_batches=0)
+    trainer.fit(learner(), datamodule=first)
+    trainer.save_checkpoint(tmp_path / "async.ckpt")
+    resumed = async_data(rollouts_per_epoch=3)
+    recorder = Record()
+    trainer = make_trainer(tmp_path, limit_val_batches=0, max_epochs=2, callbacks=[recorder])
+    trainer.fit(learner(), datamodule=resumed, ckpt_path=tmp_path / "async.ckpt")
+    assert [item["num_env_steps_sampled_lifetime"] for item in recorder.items] == [64.0, 80.0, 96.0]
+    # Saved after the first fit stopped its samplers (next start: 1); the resumed fit started them as start 2
+    # (seeds moved on past both) and counts 3 after stopping them.
+    assert first.state_dict()["sampler_starts"] == [1, 1] and resumed.state_dict()["sampler_starts"] == [3, 3]
+
+
 # ----------------------------------------------------------------------------------------
 # Ray
 # ----------------------------------------------------------------------------------------
