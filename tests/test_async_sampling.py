@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -302,34 +301,12 @@ def test_a_sampler_that_fails_every_time_stops_the_fit_naming_the_cause():
         fit(data)
 
 
-DRIVER = textwrap.dedent(
-    """
-    import sys
-    from lightning.pytorch import Callback, Trainer
-    from lightning_rl.algorithms.ppo import PPOLearner
-    from lightning_rl.cli.lightning_cli import misplaced_data_argument_hint
-from lightning_rl.data import AsyncSamplingDataModule, OffPolicyDataModule, OnPolicyDataModule
-
-    class Announce(Callback):
-        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-            if batch_idx == 1:
-                print(" ".join(str(pid) for pid in trainer.datamodule.pool.pids), flush=True)
-
-    data = AsyncSamplingDataModule("CartPole-v1", num_envs=1, rollout_fragment_length=16, rollouts_per_epoch=10**6,
-                                   num_env_runners=2, seed=0)
-    trainer = Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, callbacks=[Announce()])
-    trainer.fit(PPOLearner(model_config={"fcnet_hiddens": [8]}, num_epochs=1, minibatch_size=16), datamodule=data)
-    """
-)
-
-
 def test_killing_the_driver_with_sigkill_leaves_no_sampler_running(tmp_path: Path):
-    script = tmp_path / "driver.py"
-    script.write_text(DRIVER)
+    script = ROOT / "tests" / "_async_sampling_driver.py"
     environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    stderr = (tmp_path / "stderr").open("w")
     driver = subprocess.Popen(
-        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=(tmp_path / "stderr").open("w"), text=True, env=environment
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=stderr, text=True, env=environment
     )
     try:
         pids = {int(pid) for pid in driver.stdout.readline().split()}
@@ -466,8 +443,9 @@ def test_the_process_and_ray_backends_sample_the_same_first_rollouts_from_the_sa
 
 
 def test_a_ray_fit_restarts_a_killed_actor_and_kills_every_actor_at_the_end(ray_cluster: Any):
-    data = async_data(sampler_backend="ray", num_env_runners=2, rollouts_per_epoch=6)
-    record = fit(data, at_step={2: kill_a_sampler})
+    # One actor: once the rollouts it queued are used up, the fit goes on only if the pool restarts it.
+    data = async_data(sampler_backend="ray", num_env_runners=1, max_queued_rollouts=2, rollouts_per_epoch=6)
+    record = fit(data, at_step={1: kill_a_sampler})
     assert len(record.items) == 6 and record.items[-1]["num_env_runner_restarts"] >= 1
     assert not wait_until_gone(record.pids, seconds=20)
 

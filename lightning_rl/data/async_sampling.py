@@ -79,7 +79,7 @@ SamplerBackend = Literal["process", "ray"]
 
 
 class AsyncSamplingDataModule(EnvDataModule):
-    """Samples rollouts in ``num_env_runners`` samplers per rank, apart from the Learner, for IMPALA / APPO-like Learners.
+    """Samples rollouts in ``num_env_runners`` samplers per rank, apart from the Learner (IMPALA, APPO).
 
     Args:
         env: A registered gymnasium id, the import path of an env factory
@@ -128,7 +128,9 @@ class AsyncSamplingDataModule(EnvDataModule):
         check_int("rollout_fragment_length", rollout_fragment_length)
         check_int("num_env_runners", num_env_runners)
         if num_env_runners > MAX_SAMPLERS:
-            raise ValueError(f"num_env_runners must be at most {MAX_SAMPLERS} (samplers per rank), got {num_env_runners}")
+            raise ValueError(
+                f"num_env_runners must be at most {MAX_SAMPLERS} (samplers per rank), got {num_env_runners}"
+            )
         check_int("max_queued_rollouts", max_queued_rollouts, optional=True)
         check_int("max_num_env_runner_restarts", max_num_env_runner_restarts, minimum=0)
         if sampler_backend not in ("process", "ray"):
@@ -205,7 +207,7 @@ class AsyncSamplingDataModule(EnvDataModule):
         )  # fmt: skip
 
     def accept_requirements(self, requirements: DataRequirements) -> None:
-        """Take the Learner's ``sample_reuse`` (RLlib's circular buffer and broadcast settings); ``None`` keeps 1, 1, 1."""
+        """Take the Learner's ``sample_reuse`` (RLlib's circular buffer and broadcast settings); ``None``: 1, 1, 1."""
         self._reuse = requirements.sample_reuse or SampleReuse()
         self._buffer = None
 
@@ -429,9 +431,9 @@ def _check_sendable(settings: Any) -> None:
         cloudpickle.dumps(settings)
     except Exception as error:  # noqa: BLE001 (pickling raises many kinds): named in the message
         raise ValueError(
-            f"AsyncSamplingDataModule sends the env to its samplers by pickling it (cloudpickle), but env={settings.env!r} "
-            f"or its wrappers cannot be pickled ({type(error).__name__}: {error}); pass a registered env id or the "
-            "import path of a module-level env factory ('my_package.envs.make_env')"
+            "AsyncSamplingDataModule sends the env to its samplers by pickling it (cloudpickle), but "
+            f"env={settings.env!r} or its wrappers cannot be pickled ({type(error).__name__}: {error}); pass a "
+            "registered env id or the import path of a module-level env factory ('my_package.envs.make_env')"
         ) from None
 
 

@@ -45,7 +45,11 @@ class CircularBuffer:
         self._entries.append([item, 0])
 
     def next(self) -> tuple[Any, int] | None:
-        """The item handed out least so far (newest among equals) and its uses, this one included; ``None`` if all are used up."""
+        """The item handed out least so far (newest among equals) and its uses, this one included.
+
+        Returns:
+            ``(item, uses)``, or ``None`` if every item is used up (or there is none).
+        """
         candidates = [entry for entry in self._entries if entry[1] < self.iterations_per_batch]
         if not candidates:
             return None
