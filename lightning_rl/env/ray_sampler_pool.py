@@ -53,6 +53,11 @@ class RaySamplerPool(SamplerPool):
         kwargs: ``SamplerPool``'s other arguments.
     """
 
+    _start_hint = (
+        " (each Ray actor waits for a free CPU: the cluster needs num_env_runners CPUs per rank; "
+        "see ray.cluster_resources())"
+    )
+
     def __init__(
         self, settings: Sequence[EnvSettings], module: RLModule, *, address: str | None = None, **kwargs: Any
     ) -> None:

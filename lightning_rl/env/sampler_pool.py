@@ -135,6 +135,9 @@ class SamplerPool(abc.ABC):
     def broadcast(self, state: Mapping[str, torch.Tensor], weights_seq_no: int) -> None:
         """Send the Learner's weights: every sampler acts with them from its next rollout on."""
 
+    #: Appended to the cause of a sampler that did not start in time (a backend's likely reason).
+    _start_hint = ""
+
     @property
     @abc.abstractmethod
     def pids(self) -> list[int | None]:
@@ -234,7 +237,7 @@ class SamplerPool(abc.ABC):
         for index in range(self.num_samplers):
             if not self._started[index]:
                 if now - self._since[index] > _START_TIMEOUT_S:
-                    self._restart(index, f"it did not start within {_START_TIMEOUT_S:g} s")
+                    self._restart(index, f"it did not start within {_START_TIMEOUT_S:g} s{self._start_hint}")
             elif self._in_flight[index] and self.sample_timeout_s is not None:
                 if now - self._since[index] > self.sample_timeout_s:
                     self._restart(index, f"it returned no rollout within sample_timeout_s={self.sample_timeout_s:g} s")
