@@ -93,6 +93,27 @@ def running(pid: int) -> bool:
         return False
 
 
+def descendants(pid: int) -> set[int]:
+    """The pids of ``pid``'s children, their children, and so on (from /proc)."""
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            threads = os.listdir(f"/proc/{parent}/task")
+        except FileNotFoundError:
+            continue
+        for thread in threads:
+            try:
+                with open(f"/proc/{parent}/task/{thread}/children") as children:
+                    new = {int(child) for child in children.read().split()} - found
+            except FileNotFoundError:
+                continue
+            found |= new
+            todo.extend(new)
+    return found
+
+
 def wait_until_gone(pids: set[int], seconds: float = 10.0) -> set[int]:
     """The pids still running after up to ``seconds``."""
     end = time.monotonic() + seconds
@@ -309,12 +330,15 @@ def test_killing_the_driver_with_sigkill_leaves_no_sampler_running(tmp_path: Pat
         [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=stderr, text=True, env=environment
     )
     try:
-        pids = {int(pid) for pid in driver.stdout.readline().split()}
-        assert len(pids) == 2 and all(running(pid) for pid in pids), (tmp_path / "stderr").read_text()[-3000:]
+        samplers = {int(pid) for pid in driver.stdout.readline().split()}
+        assert len(samplers) == 2 and all(running(pid) for pid in samplers), (tmp_path / "stderr").read_text()[-3000:]
+        # The samplers, the fork server they come from, multiprocessing's resource tracker.
+        everything = descendants(driver.pid)
+        assert samplers < everything
     finally:
         driver.kill()
         driver.wait(timeout=30)
-    assert not wait_until_gone(pids)
+    assert not wait_until_gone(everything)
 
 
 # ----------------------------------------------------------------------------------------
