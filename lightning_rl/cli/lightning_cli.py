@@ -61,8 +61,8 @@ from lightning_rl.core.checkpoint import (
     remove_stale_temporary_files,
 )
 from lightning_rl.core.data_contract import data_offer_of
-from lightning_rl.data import OffPolicyDataModule, OnPolicyDataModule  # noqa: F401 (short names, as above)
-from lightning_rl.data.env_datamodule import OFF_POLICY_ARGUMENTS, ON_POLICY_ARGUMENTS
+from lightning_rl.data import AsyncSamplingDataModule, OffPolicyDataModule, OnPolicyDataModule  # noqa: F401 (short names, as above)
+from lightning_rl.data.env_datamodule import ASYNC_SAMPLING_ARGUMENTS, OFF_POLICY_ARGUMENTS, ON_POLICY_ARGUMENTS
 from lightning_rl.learner._lightning_private import claim_version_directory
 from lightning_rl.learner.checkpoint_io import AtomicCheckpointIO
 from lightning_rl.learner.learner import Learner
@@ -403,7 +403,7 @@ def misplaced_data_argument_hint(message: str) -> str | None:
     Returns:
         ``"replay_buffer_capacity is an OffPolicyDataModule argument: use
         lightning_rl.data.OffPolicyDataModule"`` when the message rejects an argument of one of
-        the two environment data modules under ``data``; ``None`` otherwise.
+        the environment data modules under ``data`` (on-policy, off-policy, asynchronous); ``None`` otherwise.
     """
     if not message.lstrip().startswith('Parser key "data"'):
         return None
@@ -411,6 +411,7 @@ def misplaced_data_argument_hint(message: str) -> str | None:
         for other_class, arguments in (
             ("OffPolicyDataModule", OFF_POLICY_ARGUMENTS),
             ("OnPolicyDataModule", ON_POLICY_ARGUMENTS),
+            ("AsyncSamplingDataModule", ASYNC_SAMPLING_ARGUMENTS),
         ):
             if name in arguments:
                 return f"{name} is an {other_class} argument: use lightning_rl.data.{other_class}"

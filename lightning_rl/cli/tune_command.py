@@ -47,6 +47,7 @@ import yaml
 from lightning_rl.callbacks.optuna_trials import PRUNED_AT_ATTR, make_pruner, open_storage, require_optuna
 from lightning_rl.cli._command_line import CommandError, OneLineArgumentParser, positive_int, run_command, tell
 from lightning_rl.cli.tune_settings import SearchParameter, TuneSettings, apply_overrides, read_tune_file
+from lightning_rl.core.processes import die_with_parent
 
 #: The file the best trial's config is written to, in the output directory.
 BEST_CONFIG_FILE = "best_config.yaml"
@@ -244,7 +245,7 @@ class TrialRunner:
         command = [sys.executable, "-m", "lightning_rl", "fit", "--config", str(config_file)]
         with self._lock:
             child = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, env=environment, preexec_fn=_die_with_parent
+                command, stdout=log, stderr=subprocess.STDOUT, env=environment, preexec_fn=die_with_parent
             )
             self._children.add(child)
         returncode = child.wait()
@@ -325,16 +326,3 @@ def _write_yaml(path: Path, content: dict[str, Any], header: str = "") -> None:
     temporary = path.with_name(f".{path.name}.tmp")
     temporary.write_text(header + yaml.safe_dump(content, sort_keys=False))
     temporary.replace(path)
-
-
-def _die_with_parent() -> None:
-    """In a trial's child process: be killed when this command dies, even by ``kill -9`` (Linux only)."""
-    try:
-        import ctypes
-        import signal
-
-        pr_set_pdeathsig = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass  # elsewhere, a trial's fit runs on and then finds its trial no longer running
-

@@ -1,5 +1,6 @@
-"""Data: the environment data modules (on-policy rollouts, off-policy replay, multi-agent rollouts), the offline one (Minari datasets) and replay buffers."""
+"""Data: the environment data modules (on-policy rollouts, asynchronous samplers, off-policy replay, multi-agent rollouts), the offline one (Minari datasets) and replay buffers."""
 
+from lightning_rl.data.async_sampling import AsyncSamplingDataModule
 from lightning_rl.data.env_datamodule import EnvDataModule
 from lightning_rl.data.episode_datamodule import EpisodeDataModule
 from lightning_rl.data.multi_agent import MultiAgentDataModule
@@ -10,6 +11,7 @@ from lightning_rl.data.prioritized_replay import PrioritizedReplayBuffer
 from lightning_rl.data.uniform_replay import ReplayBuffer
 
 __all__ = [
+    "AsyncSamplingDataModule",
     "EnvDataModule",
     "EpisodeDataModule",
     "MultiAgentDataModule",

@@ -45,6 +45,10 @@ from lightning_rl.env.frame_recorder import check_records_frames
 # Each class's own constructor arguments, so that one used on the other class gets an error
 # naming the class it belongs to (tests check these against the signatures).
 ON_POLICY_ARGUMENTS = ("rollout_fragment_length",)
+# AsyncSamplingDataModule's own, beside rollout_fragment_length (which it shares with OnPolicyDataModule).
+ASYNC_SAMPLING_ARGUMENTS = (
+    "num_env_runners", "max_queued_rollouts", "sampler_backend", "max_num_env_runner_restarts", "ray_address",
+)  # fmt: skip
 OFF_POLICY_ARGUMENTS = (
     "replay_buffer_capacity",
     "prioritized_replay",
@@ -408,7 +412,7 @@ def refuse_arguments_of(other_class: str, own_arguments: Sequence[str], given: M
     """Raise if ``given`` holds arguments that belong to ``other_class``, naming it.
 
     Args:
-        other_class: ``"OnPolicyDataModule"`` or ``"OffPolicyDataModule"``.
+        other_class: ``"OnPolicyDataModule"``, ``"OffPolicyDataModule"`` or ``"AsyncSamplingDataModule"``.
         own_arguments: That class's own constructor arguments.
         given: The keyword arguments a data module was called with.
 

@@ -28,7 +28,12 @@ from lightning_rl.core.data_contract import ENV_STEPS, DataOffer
 from lightning_rl.core.rl_modules import RLModule
 from lightning_rl.core.schedules import Schedule, ScheduleSetting
 from lightning_rl.core.train_item import TrainingData, TrainItem
-from lightning_rl.data.env_datamodule import ON_POLICY_ARGUMENTS, EnvDataModule, refuse_arguments_of
+from lightning_rl.data.env_datamodule import (
+    ASYNC_SAMPLING_ARGUMENTS,
+    ON_POLICY_ARGUMENTS,
+    EnvDataModule,
+    refuse_arguments_of,
+)
 from lightning_rl.data.prioritized_replay import PrioritizedReplayBuffer
 from lightning_rl.data.uniform_replay import ReplayBuffer
 
@@ -75,7 +80,8 @@ class OffPolicyDataModule(EnvDataModule):
 
     Raises:
         ValueError: Naming the argument, for invalid values, and naming ``OnPolicyDataModule``
-            for its arguments (``rollout_fragment_length``).
+            for its arguments (``rollout_fragment_length``) and ``AsyncSamplingDataModule`` for
+            its (``num_env_runners``, ...).
     """
 
     def __init__(
@@ -95,6 +101,7 @@ class OffPolicyDataModule(EnvDataModule):
         **kwargs: Any,
     ) -> None:
         refuse_arguments_of("OnPolicyDataModule", ON_POLICY_ARGUMENTS, kwargs)
+        refuse_arguments_of("AsyncSamplingDataModule", ASYNC_SAMPLING_ARGUMENTS, kwargs)
         check_int("replay_buffer_capacity", replay_buffer_capacity)
         check_int("train_freq", train_freq)
         check_int("cycles_per_item", cycles_per_item)

@@ -19,7 +19,12 @@ from lightning_rl.core.arguments import check_int
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME
 from lightning_rl.core.data_contract import ENV_STEPS, DataOffer
 from lightning_rl.core.train_item import TrainingData, TrainItem
-from lightning_rl.data.env_datamodule import OFF_POLICY_ARGUMENTS, EnvDataModule, refuse_arguments_of
+from lightning_rl.data.env_datamodule import (
+    ASYNC_SAMPLING_ARGUMENTS,
+    OFF_POLICY_ARGUMENTS,
+    EnvDataModule,
+    refuse_arguments_of,
+)
 
 
 class OnPolicyDataModule(EnvDataModule):
@@ -38,13 +43,15 @@ class OnPolicyDataModule(EnvDataModule):
 
     Raises:
         ValueError: Naming the argument, for invalid values, and naming ``OffPolicyDataModule``
-            for its arguments (``replay_buffer_capacity``, ``train_freq``, ...).
+            for its arguments (``replay_buffer_capacity``, ``train_freq``, ...), and
+            ``AsyncSamplingDataModule`` for its (``num_env_runners``, ...).
     """
 
     def __init__(
         self, env: str | Callable[[], gym.Env] = "CartPole-v1", *, rollout_fragment_length: int = 200, **kwargs: Any
     ) -> None:
         refuse_arguments_of("OffPolicyDataModule", OFF_POLICY_ARGUMENTS, kwargs)
+        refuse_arguments_of("AsyncSamplingDataModule", ASYNC_SAMPLING_ARGUMENTS, kwargs)
         check_int("rollout_fragment_length", rollout_fragment_length)
         super().__init__(env, **kwargs)
 

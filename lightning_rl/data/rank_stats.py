@@ -60,6 +60,20 @@ def local_rank_stats(runner: EnvRunner, metrics: dict[str, float]) -> np.ndarray
         statistics into NaN.
     """
     returns, lens = runner.episode_stats_window_values
+    return rank_stats_of(returns, lens, metrics)
+
+
+def rank_stats_of(returns: np.ndarray, lens: np.ndarray, metrics: dict[str, float]) -> np.ndarray:
+    """``local_rank_stats`` of samplers that are not one ``EnvRunner`` (``AsyncSamplingDataModule``'s processes).
+
+    Args:
+        returns: The returns of the episodes in this rank's statistics window, oldest first.
+        lens: Their lengths.
+        metrics: The keys of ``EnvRunner.get_metrics`` for this rank's latest rollout.
+
+    Returns:
+        The vector ``local_rank_stats`` returns, in the order of ``_STATS``.
+    """
     steps = metrics["num_env_steps_sampled"]
     rate = metrics["env_steps_per_sec"]
     seconds = steps / rate if steps > 0 and math.isfinite(rate) and rate > 0 else 0.0

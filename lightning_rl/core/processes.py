@@ -1,0 +1,27 @@
+"""Child processes that die with their parent, even when the parent is killed with ``kill -9``.
+
+A process started by this package (a tune trial's fit, a sampler of ``AsyncSamplingDataModule``)
+must not outlive the process that started it: an orphan keeps its envs, memory and cores. An
+ordinary exit is handled by whoever started it (``kill()``, ``atexit``); a ``kill -9`` of the
+parent runs none of that, so the child asks the kernel to kill it when its parent dies.
+"""
+
+from __future__ import annotations
+
+
+def die_with_parent() -> None:
+    """Ask the kernel to ``SIGKILL`` this process when its parent dies (``PR_SET_PDEATHSIG``; Linux only).
+
+    Call it first thing in a child process (or as a ``subprocess.Popen`` ``preexec_fn``). The
+    signal comes when the *thread* that started the child exits, which for the processes here
+    is the parent's main thread, so in effect when the parent process dies. Elsewhere (no
+    ``prctl``) it does nothing: such a child finds its parent gone when it next talks to it.
+    """
+    try:
+        import ctypes
+        import signal
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
