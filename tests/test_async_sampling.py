@@ -484,3 +484,22 @@ def test_the_command_line_takes_it_by_its_short_name():
     cli = LightningRLCLI(args=args, run=False)
     assert isinstance(cli.datamodule, AsyncSamplingDataModule)
     assert cli.datamodule.hparams.num_env_runners == 3 and cli.datamodule.max_queued_rollouts == 5
+
+
+def test_a_config_s_wrappers_reach_the_samplers(tmp_path: Path):
+    # LightningCLI hands a config's {class_path, init_args} wrapper over as a partial holding its
+    # instantiator, which cannot be pickled: examples/appo_minatar_breakout.yaml's TimeLimit
+    # stopped the first fit with "cannot pickle 'generator' object".
+    from lightning_rl.cli.lightning_cli import LightningRLCLI
+
+    config = tmp_path / "wrapped.yaml"
+    config.write_text(
+        "data:\n  class_path: AsyncSamplingDataModule\n  init_args:\n    env: CartPole-v1\n    num_env_runners: 1\n"
+        "    rollout_fragment_length: 16\n    max_env_steps: 32\n    rollouts_per_epoch: 2\n    wrappers:\n"
+        "      - class_path: gymnasium.wrappers.TimeLimit\n        init_args:\n          max_episode_steps: 5\n"
+    )
+    args = ["fit", "--config", str(config), "--model", "PPOLearner", "--model.minibatch_size", "16"]
+    args += ["--trainer.logger", "false", "--trainer.enable_checkpointing", "false", "--trainer.limit_val_batches", "0"]
+    cli = LightningRLCLI(args=[*args, "--trainer.enable_progress_bar", "false"])
+    assert cli.datamodule.num_env_steps_sampled_lifetime >= 32
+    assert cli.trainer.callback_metrics["env_runners/episode_len_mean"] <= 5  # the TimeLimit acted in the samplers

@@ -166,6 +166,29 @@ def resolve_wrappers(wrappers: Sequence[WrapperSpec]) -> list[Callable[[gym.Env]
     return resolved
 
 
+def sendable_wrappers(wrappers: Sequence[WrapperSpec]) -> list[WrapperSpec]:
+    """``wrappers`` with the ones ``lightning-rl fit`` built from a config made picklable, in order.
+
+    LightningCLI (jsonargparse) turns a config's ``{class_path, init_args}`` wrapper into
+    ``partial(call_without_instantiate_context, <its instantiator>, WrapperClass, **init_args)``.
+    That instantiator cannot be pickled, so envs built in other processes (``vectorize_mode="async"``,
+    the samplers of ``AsyncSamplingDataModule``) could not take the wrapper. What it calls is
+    ``WrapperClass(env, **init_args)``: that partial pickles. Other specs are kept as they are.
+    """
+    return [_without_instantiator(wrapper) for wrapper in wrappers]
+
+
+def _without_instantiator(wrapper: WrapperSpec) -> WrapperSpec:
+    if (
+        isinstance(wrapper, functools.partial)
+        and getattr(wrapper.func, "__module__", "").startswith("jsonargparse")
+        and len(wrapper.args) == 2
+        and isinstance(wrapper.args[1], type)
+    ):
+        return functools.partial(wrapper.args[1], **wrapper.keywords)
+    return wrapper
+
+
 def make_env(
     env: str | EnvCreator, env_kwargs: dict[str, Any], wrappers: Sequence[Callable[[gym.Env], gym.Env]]
 ) -> gym.Env:

@@ -16,7 +16,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from lightning_rl.core.arguments import check_int, check_num_envs, is_int, is_real
-from lightning_rl.env.env_factory import EnvCreator, VectorizeMode, WrapperSpec, check_vectorize_mode, resolve_env
+from lightning_rl.env.env_factory import (
+    EnvCreator,
+    VectorizeMode,
+    WrapperSpec,
+    check_vectorize_mode,
+    resolve_env,
+    sendable_wrappers,
+)
 from lightning_rl.env.envpool_vector_env import check_envpool_arguments
 from lightning_rl.env.nonfinite import ON_NONFINITE_CHOICES, OnNonFinite
 from lightning_rl.env.normalization import check_normalization_arguments
@@ -87,6 +94,9 @@ class EnvSettings:
         else:
             raise ValueError(f"env must be a gymnasium id or a callable that makes an env, got {self.env!r}")
         object.__setattr__(self, "env_creator", creator)
+        if self.wrappers is not None:
+            # Picklable, for envs built in other processes (async workers, samplers).
+            object.__setattr__(self, "wrappers", sendable_wrappers(self.wrappers))
         check_num_envs("num_envs", self.num_envs)
         for name in ("rollout_fragment_length", "episode_stats_window"):
             check_int(name, getattr(self, name))
