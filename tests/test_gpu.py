@@ -82,6 +82,10 @@ CONFIGS: dict[str, tuple[str | None, list[str]]] = {
     ]),
     "impala_cartpole.yaml": (None, [*_PPO, "--data.init_args.max_env_steps", "512"]),
     "appo_cartpole.yaml": (None, [*_PPO, "--data.init_args.max_env_steps", "512"]),
+    "appo_minatar_breakout.yaml": ("minatar", [
+        *_PPO, "--data.init_args.num_envs", "4", "--data.init_args.rollout_fragment_length", "32",
+        "--data.init_args.max_env_steps", "512", "--model.init_args.minibatch_size", "64",
+    ]),
     "dqn_cartpole.yaml": (None, [*_OFF_POLICY, "--data.init_args.rollouts_per_epoch", "1"]),
     "dqn_lunarlander.yaml": ("Box2D", [*_OFF_POLICY, "--data.init_args.rollouts_per_epoch", "50"]),
     "sac_pendulum.yaml": (None, [*_OFF_POLICY, "--data.init_args.rollouts_per_epoch", "300"]),
