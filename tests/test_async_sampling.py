@@ -202,6 +202,18 @@ def test_a_ppo_fit_trains_on_async_rollouts_and_logs_the_weights_lag():
     assert data.pool is None and not wait_until_gone(record.pids)  # teardown stopped every sampler
 
 
+def test_appo_with_a_recurrent_module_trains_on_the_samplers_sequences():
+    # The samplers keep each env's recurrent state and store it with every step, so the
+    # Learner's sequences start from the state the acting module had.
+    from lightning_rl.algorithms.appo import APPOLearner
+
+    model = APPOLearner(model_config={"use_lstm": True, "lstm_cell_size": 8, "max_seq_len": 8, "fcnet_hiddens": [8]})
+    data = async_data(num_envs=2, rollouts_per_epoch=4)
+    record = fit(data, model)
+    assert len(record.items) == 4 and model.weights_seq_no > 0
+    assert all(np.isfinite(p.detach()).all() for p in model.parameters())
+
+
 def test_a_slow_learner_gets_at_most_max_queued_rollouts_ahead_and_the_samplers_wait():
     data = async_data(num_env_runners=2, max_queued_rollouts=3, rollouts_per_epoch=8)
     record = fit(data, learner(SlowPPO))
