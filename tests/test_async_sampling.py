@@ -437,7 +437,11 @@ def test_a_fit_resumed_from_a_checkpoint_continues_the_counters_with_new_sampler
 @pytest.fixture(scope="module")
 def ray_cluster():
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    from lightning_rl.env.ray_sampler_pool import keeping_signal_handlers
+
+    # Ray's SIGTERM handler (sys.exit) would outlive the fixture and end later tests' fits.
+    with keeping_signal_handlers():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
 

@@ -18,8 +18,11 @@ Actors are killed when the pool closes; Ray kills them too when the driver exits
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -64,7 +67,8 @@ class RaySamplerPool(SamplerPool):
         super().__init__(settings, module, **kwargs)
         ray = self._ray = import_ray()
         if not ray.is_initialized():
-            ray.init(address=address)
+            with keeping_signal_handlers():
+                ray.init(address=address)
         self._actor_class = ray.remote(num_cpus=1, max_restarts=0)(Sampler)
         self._module_ref = ray.put(module)
         self._weights_seq_no = kwargs["weights_seq_no"]
@@ -139,3 +143,23 @@ class RaySamplerPool(SamplerPool):
         self._actors[index] = None
         self._pids[index] = None
 
+
+@contextlib.contextmanager
+def keeping_signal_handlers() -> Iterator[None]:
+    """Restore this process's SIGTERM and SIGINT handlers after the block (around ``ray.init``).
+
+    ``ray.init`` makes the calling process a Ray driver and installs a SIGTERM handler that calls
+    ``sys.exit``: under ``Trainer.fit`` that replaced Lightning's graceful stop (finish the step,
+    exit 143), and in a test session it outlived ``ray.shutdown`` and ended later fits that send
+    themselves SIGTERM. Only the main thread may set handlers; elsewhere nothing is changed.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for signum, handler in saved.items():
+            if handler is not None:
+                signal.signal(signum, handler)
