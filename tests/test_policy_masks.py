@@ -1,0 +1,85 @@
+"""``Policy`` on PettingZoo's masked observation space: legal actions only, mask errors, self-play checkpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from lightning_rl.algorithms.ppo import PPOModule
+from lightning_rl.policy import Policy
+
+NUM_ACTIONS = 4
+OBS_PART = gym.spaces.Box(-1.0, 1.0, (2, 3), np.float32)
+MASKED_SPACE = gym.spaces.Dict({"action_mask": gym.spaces.Box(0, 1, (NUM_ACTIONS,), np.int8), "observation": OBS_PART})
+ACTIONS = gym.spaces.Discrete(NUM_ACTIONS)
+
+
+def _policy() -> Policy:
+    torch.manual_seed(0)
+    module = PPOModule(MASKED_SPACE, ACTIONS, {"fcnet_hiddens": [8]})
+    # The net prefers the last action everywhere, so that a mask forbidding it is what keeps actions legal.
+    with torch.no_grad():
+        module.pi[-1].bias[-1] = 50.0
+    return Policy(module)
+
+
+def _random_masks(rows: int, seed: int) -> np.ndarray:
+    """0/1 int8 masks with at least one legal action per row, the last (preferred) one mostly illegal."""
+    rng = np.random.default_rng(seed)
+    masks = rng.integers(0, 2, (rows, NUM_ACTIONS)).astype(np.int8)
+    masks[:, -1] = rng.random(rows) < 0.1
+    masks[np.arange(rows), rng.integers(0, NUM_ACTIONS - 1, rows)] = 1
+    return masks
+
+
+def _observations(rows: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(-1, 1, (rows, *OBS_PART.shape)).astype(np.float32)
+
+
+def test_a_masked_policy_acts_legally_on_one_observation_and_on_a_batch_greedy_and_sampled():
+    policy = _policy()
+    assert policy.is_masked
+    masks, obs = _random_masks(200, 0), _observations(200, 1)
+    for deterministic in (True, False):
+        actions = policy.act({"action_mask": masks, "observation": obs}, deterministic=deterministic)
+        assert actions.shape == (200,)
+        assert masks[np.arange(200), actions].all()
+    # The mask decides: with the preferred action legal, greedy takes it; without, another.
+    one = {"action_mask": np.array([1, 1, 0, 1], np.int8), "observation": obs[0]}
+    assert int(policy.act(one)) == NUM_ACTIONS - 1
+    one["action_mask"] = np.array([0, 1, 0, 0], np.int8)
+    assert int(policy.act(one)) == 1 and int(policy.act(one, deterministic=False)) == 1
+    # Tensors in, a tensor out; a bool mask works as 0/1 does.
+    tensor = policy.act({"action_mask": torch.tensor([True, False, False, False]), "observation": torch.as_tensor(obs[0])})
+    assert isinstance(tensor, torch.Tensor) and int(tensor) == 0
+
+
+def test_a_masked_policy_names_a_missing_mask_a_wrong_width_and_a_row_without_a_legal_action():
+    policy = _policy()
+    obs = _observations(3, 0)
+    with pytest.raises(ValueError, match=r"masked observation space: .*keys \['action_mask', 'observation'\], got ndarray"):
+        policy.act(obs[0])
+    with pytest.raises(ValueError, match=r"got \['observation'\]"):
+        policy.act({"observation": obs})
+    with pytest.raises(ValueError, match=r"'action_mask' has shape \(3,\), expected \(4,\)"):
+        policy.act({"action_mask": np.ones(3, np.int8), "observation": obs[0]})
+    with pytest.raises(ValueError, match=r"'action_mask' has shape \(2, 4\), expected \(3, 4\)"):
+        policy.act({"action_mask": np.ones((2, 4), np.int8), "observation": obs})
+    masks = np.ones((3, 4), np.int8)
+    masks[1] = 0
+    with pytest.raises(ValueError, match=r"'action_mask' allows no action for observation\(s\) \[1\]"):
+        policy.act({"action_mask": masks, "observation": obs})
+    with pytest.raises(ValueError, match="allows no action for the observation;"):
+        policy.act({"action_mask": np.zeros(4, np.int8), "observation": obs[0]})
+    with pytest.raises(ValueError, match=r"observation of shape \(5,\) does not fit the observation space Box"):
+        policy.act({"action_mask": np.ones(4, np.int8), "observation": np.zeros(5, np.float32)})
+
+
+def test_a_masked_space_with_a_non_discrete_action_space_is_refused():
+    module = _policy().module
+    with pytest.raises(ValueError, match="Policy has the action space Box.*Discrete action spaces only"):
+        Policy(module, action_space=gym.spaces.Box(-1, 1, (4,), np.float32))
