@@ -83,3 +83,65 @@ def test_a_masked_space_with_a_non_discrete_action_space_is_refused():
     module = _policy().module
     with pytest.raises(ValueError, match="Policy has the action space Box.*Discrete action spaces only"):
         Policy(module, action_space=gym.spaces.Box(-1, 1, (4,), np.float32))
+
+
+@pytest.fixture(scope="module")
+def self_play_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``lightning-rl fit --config examples/ppo_connect_four_selfplay.yaml``, shrunk to 192 moves (a few seconds).
+
+    Six rollouts: the league evaluates main after the fifth and snapshots it as ``main_v0``.
+    """
+    pytest.importorskip("pettingzoo")
+    from lightning_rl.cli import LightningRLCLI
+
+    root = tmp_path_factory.mktemp("self_play")
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    cli = LightningRLCLI(
+        args=[
+            "fit", "--config", str(examples / "ppo_connect_four_selfplay.yaml"), "--trainer.default_root_dir", str(root),
+            "--trainer.enable_progress_bar", "false", "--trainer.logger", "false",
+            "--data.init_args.num_envs", "2", "--data.init_args.rollout_fragment_length", "16",
+            "--data.init_args.rollouts_per_epoch", "6", "--data.init_args.evaluation_num_episodes", "2",
+            "--data.init_args.max_env_steps", "192", "--model.init_args.minibatch_size", "32",
+            "--model.init_args.num_epochs", "1", "--model.init_args.model_config", '{"fcnet_hiddens": [16]}',
+        ]
+    )  # fmt: skip
+    assert sorted(cli.model.module.keys()) == ["main", "main_v0"]
+    return root / "checkpoints" / "last.ckpt"
+
+
+def test_a_self_play_checkpoints_modules_play_connect_four_legally(self_play_checkpoint: Path):
+    from pettingzoo.classic import connect_four_v3
+
+    policies = {
+        "player_0": Policy.from_checkpoint(self_play_checkpoint, module_id="main"),
+        "player_1": Policy.from_checkpoint(self_play_checkpoint, module_id="main_v0"),
+    }
+    assert policies["player_0"].is_masked and policies["player_0"].observation_space["observation"].shape == (6, 7, 2)
+    env = connect_four_v3.env()
+    positions = []
+    for game, deterministic in enumerate((True, False, False)):
+        env.reset(seed=game)
+        for agent in env.agent_iter():
+            observation, _, terminated, truncated, _ = env.last()
+            if terminated or truncated:
+                env.step(None)
+                continue
+            positions.append(observation)
+            action = int(policies[agent].act(observation, deterministic=deterministic))
+            assert observation["action_mask"][action] == 1
+            env.step(action)
+    # A batch, as a dict of stacked arrays, with some columns closed by hand: still legal only.
+    rng = np.random.default_rng(0)
+    masks = np.stack([position["action_mask"] for position in positions])
+    masks = np.where(rng.random(masks.shape) < 0.5, 0, masks).astype(np.int8)
+    masks[np.arange(len(masks)), rng.integers(0, 7, len(masks))] = 1
+    batch = {"action_mask": masks, "observation": np.stack([position["observation"] for position in positions])}
+    for deterministic in (True, False):
+        actions = policies["player_0"].act(batch, deterministic=deterministic)
+        assert masks[np.arange(len(masks)), actions].all()
+
+
+def test_without_module_id_a_self_play_checkpoint_names_its_modules(self_play_checkpoint: Path):
+    with pytest.raises(ValueError, match=r"holds 2 modules \['main', 'main_v0'\]; pass module_id="):
+        Policy.from_checkpoint(self_play_checkpoint)
