@@ -145,3 +145,56 @@ def test_a_self_play_checkpoints_modules_play_connect_four_legally(self_play_che
 def test_without_module_id_a_self_play_checkpoint_names_its_modules(self_play_checkpoint: Path):
     with pytest.raises(ValueError, match=r"holds 2 modules \['main', 'main_v0'\]; pass module_id="):
         Policy.from_checkpoint(self_play_checkpoint)
+
+
+def _run_masked_export(path: Path, obs: np.ndarray, masks: np.ndarray) -> np.ndarray:
+    """The exported graph's actions, fed ``obs`` and ``action_mask`` by name (ONNX) or keyword (torch.export)."""
+    if path.suffix == ".onnx":
+        import onnxruntime
+
+        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        assert [i.name for i in session.get_inputs()] == ["obs", "action_mask"]
+        return session.run(["actions"], {"obs": obs, "action_mask": masks})[0]
+    program = torch.export.load(str(path)).module()
+    with torch.no_grad():
+        return program(torch.from_numpy(obs), action_mask=torch.from_numpy(masks)).numpy()
+
+
+@pytest.mark.parametrize("export_format", ["onnx", "torch"])
+def test_a_masked_policy_exports_with_an_action_mask_input_and_acts_as_policy_act_on_legal_positions(
+    export_format: str, tmp_path: Path
+):
+    if export_format == "onnx":
+        pytest.importorskip("onnxruntime")
+    from lightning_rl.policy.export import export_policy
+
+    policy = _policy()
+    path = export_policy(policy, tmp_path / f"policy.{'onnx' if export_format == 'onnx' else 'pt2'}", export_format)
+    masks, obs = _random_masks(300, 5), _observations(300, 6)
+    actions = _run_masked_export(path, obs, masks)
+    np.testing.assert_array_equal(actions, policy.act({"action_mask": masks, "observation": obs}))
+    assert masks[np.arange(300), actions].all()
+    # The net's favourite (the last action) is taken where it is legal, so the mask is what decides.
+    assert (actions == NUM_ACTIONS - 1).any() and (actions != NUM_ACTIONS - 1).any()
+    for batch in (1, 3):
+        np.testing.assert_array_equal(
+            _run_masked_export(path, obs[:batch], masks[:batch]),
+            policy.act({"action_mask": masks[:batch], "observation": obs[:batch]}),
+        )
+
+
+def test_lightning_rl_export_writes_a_self_play_module_with_two_inputs(self_play_checkpoint: Path, tmp_path: Path, capsys):
+    from lightning_rl.cli import export_command
+
+    output = tmp_path / "main.pt2"
+    args = ["--ckpt_path", str(self_play_checkpoint), "--format", "torch", "--output", str(output), "--module_id", "main"]
+    export_command.main(args)
+    assert "observations (6, 7, 2) and action masks (7,) -> Discrete(7)" in capsys.readouterr().out
+    policy = Policy.from_checkpoint(self_play_checkpoint, module_id="main")
+    rng = np.random.default_rng(0)
+    obs = rng.integers(0, 2, (100, 6, 7, 2)).astype(np.int8)
+    masks = rng.integers(0, 2, (100, 7)).astype(np.int8)
+    masks[np.arange(100), rng.integers(0, 7, 100)] = 1
+    np.testing.assert_array_equal(
+        _run_masked_export(output, obs, masks), policy.act({"action_mask": masks, "observation": obs})
+    )

@@ -17,6 +17,7 @@ import gymnasium as gym
 
 from lightning_rl.cli._command_line import CommandError, run_command, tell
 from lightning_rl.cli.command_parsers import build_export_parser as build_parser
+from lightning_rl.core.action_masks import ACTION_MASK, observation_part
 from lightning_rl.policy.export import (
     EXPORT_ATOL,
     NUM_CHECK_OBSERVATIONS,
@@ -43,7 +44,17 @@ def _export(args: argparse.Namespace) -> None:
         raise CommandError(f"{error}; nothing was written") from error
     tolerance = f" (within {EXPORT_ATOL})" if isinstance(policy.action_space, gym.spaces.Box) else ""
     tell(
-        f"wrote {written} ({args.format}): {type(policy.module).__name__}, observations "
-        f"{tuple(policy.observation_space.shape)} -> {policy.action_space}; same actions as Policy.act on "
-        f"{NUM_CHECK_OBSERVATIONS:,} observations{tolerance}"
+        f"wrote {written} ({args.format}): {type(policy.module).__name__}, {_inputs(policy)} "
+        f"-> {policy.action_space}; same actions as Policy.act on {NUM_CHECK_OBSERVATIONS:,} observations{tolerance}"
     )
+
+
+def _inputs(policy: Policy) -> str:
+    """The graph's observation inputs as the message names them: ``observations (6, 7, 2) and action masks (7,)``."""
+    space = observation_part(policy.observation_space)
+    # A Dict or Tuple space has no shape of its own; the graph takes its flat layout.
+    shape = tuple(space.shape) if space.shape is not None else (gym.spaces.flatdim(space),)
+    described = f"observations {shape}"
+    if policy.is_masked:
+        described += f" and action masks {tuple(policy.observation_space[ACTION_MASK].shape)}"
+    return described
