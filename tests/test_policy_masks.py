@@ -54,14 +54,15 @@ def test_a_masked_policy_acts_legally_on_one_observation_and_on_a_batch_greedy_a
     one["action_mask"] = np.array([0, 1, 0, 0], np.int8)
     assert int(policy.act(one)) == 1 and int(policy.act(one, deterministic=False)) == 1
     # Tensors in, a tensor out; a bool mask works as 0/1 does.
-    tensor = policy.act({"action_mask": torch.tensor([True, False, False, False]), "observation": torch.as_tensor(obs[0])})
+    bool_mask = torch.tensor([True, False, False, False])
+    tensor = policy.act({"action_mask": bool_mask, "observation": torch.as_tensor(obs[0])})
     assert isinstance(tensor, torch.Tensor) and int(tensor) == 0
 
 
 def test_a_masked_policy_names_a_missing_mask_a_wrong_width_and_a_row_without_a_legal_action():
     policy = _policy()
     obs = _observations(3, 0)
-    with pytest.raises(ValueError, match=r"masked observation space: .*keys \['action_mask', 'observation'\], got ndarray"):
+    with pytest.raises(ValueError, match=r"masked observation space: .*\['action_mask', 'observation'\], got ndarray"):
         policy.act(obs[0])
     with pytest.raises(ValueError, match=r"got \['observation'\]"):
         policy.act({"observation": obs})
@@ -98,7 +99,8 @@ def self_play_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     examples = Path(__file__).resolve().parent.parent / "examples"
     cli = LightningRLCLI(
         args=[
-            "fit", "--config", str(examples / "ppo_connect_four_selfplay.yaml"), "--trainer.default_root_dir", str(root),
+            "fit", "--config", str(examples / "ppo_connect_four_selfplay.yaml"),
+            "--trainer.default_root_dir", str(root),
             "--trainer.enable_progress_bar", "false", "--trainer.logger", "false",
             "--data.init_args.num_envs", "2", "--data.init_args.rollout_fragment_length", "16",
             "--data.init_args.rollouts_per_epoch", "6", "--data.init_args.evaluation_num_episodes", "2",
@@ -183,11 +185,14 @@ def test_a_masked_policy_exports_with_an_action_mask_input_and_acts_as_policy_ac
         )
 
 
-def test_lightning_rl_export_writes_a_self_play_module_with_two_inputs(self_play_checkpoint: Path, tmp_path: Path, capsys):
+def test_lightning_rl_export_writes_a_self_play_module_with_two_inputs(
+    self_play_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
     from lightning_rl.cli import export_command
 
     output = tmp_path / "main.pt2"
-    args = ["--ckpt_path", str(self_play_checkpoint), "--format", "torch", "--output", str(output), "--module_id", "main"]
+    args = ["--ckpt_path", str(self_play_checkpoint), "--format", "torch", "--output", str(output)]
+    args += ["--module_id", "main"]
     export_command.main(args)
     assert "observations (6, 7, 2) and action masks (7,) -> Discrete(7)" in capsys.readouterr().out
     policy = Policy.from_checkpoint(self_play_checkpoint, module_id="main")
