@@ -203,3 +203,23 @@ def test_lightning_rl_export_writes_a_self_play_module_with_two_inputs(
     np.testing.assert_array_equal(
         _run_masked_export(output, obs, masks), policy.act({"action_mask": masks, "observation": obs})
     )
+
+
+@pytest.mark.parametrize("export_format", ["onnx", "torch"])
+def test_a_recurrent_masked_policy_acts_legally_step_after_step_and_exports_with_its_state(
+    export_format: str, tmp_path: Path
+):
+    if export_format == "onnx":
+        pytest.importorskip("onnxruntime")
+    from lightning_rl.policy.export import export_policy
+
+    torch.manual_seed(0)
+    config = {"fcnet_hiddens": [8], "use_lstm": True, "lstm_cell_size": 8}
+    policy = Policy(PPOModule(MASKED_SPACE, ACTIONS, config))
+    assert policy.is_stateful and policy.is_masked
+    for step in range(3):
+        masks, obs = _random_masks(5, step), _observations(5, 10 + step)
+        actions = policy.act({"action_mask": masks, "observation": obs}, deterministic=step != 1)
+        assert masks[np.arange(5), actions].all()
+    # The export check steps the graph (obs, state_in, action_mask) beside Policy.act for 5 steps.
+    export_policy(policy, tmp_path / f"recurrent.{'onnx' if export_format == 'onnx' else 'pt2'}", export_format)
