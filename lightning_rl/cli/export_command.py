@@ -6,7 +6,8 @@
 The graph holds the saved observation normalization, the module's inference pass, the greedy
 action and Box clipping (see ``lightning_rl.policy.export``). It is checked against
 ``Policy.act`` on 1,000 observations before the file is written, and an existing file is
-replaced atomically.
+replaced atomically. A module on PettingZoo's masked observation space (pick one module of a
+self-play checkpoint with ``--module_id``) exports with a second input, ``action_mask``.
 """
 
 from __future__ import annotations
