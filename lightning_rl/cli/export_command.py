@@ -6,7 +6,8 @@
 The graph holds the saved observation normalization, the module's inference pass, the greedy
 action and Box clipping (see ``lightning_rl.policy.export``). It is checked against
 ``Policy.act`` on 1,000 observations before the file is written, and an existing file is
-replaced atomically.
+replaced atomically. A module on PettingZoo's masked observation space (pick one module of a
+self-play checkpoint with ``--module_id``) exports with a second input, ``action_mask``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import gymnasium as gym
 
 from lightning_rl.cli._command_line import CommandError, run_command, tell
 from lightning_rl.cli.command_parsers import build_export_parser as build_parser
+from lightning_rl.core.action_masks import ACTION_MASK, observation_part
 from lightning_rl.policy.export import (
     EXPORT_ATOL,
     NUM_CHECK_OBSERVATIONS,
@@ -43,7 +45,17 @@ def _export(args: argparse.Namespace) -> None:
         raise CommandError(f"{error}; nothing was written") from error
     tolerance = f" (within {EXPORT_ATOL})" if isinstance(policy.action_space, gym.spaces.Box) else ""
     tell(
-        f"wrote {written} ({args.format}): {type(policy.module).__name__}, observations "
-        f"{tuple(policy.observation_space.shape)} -> {policy.action_space}; same actions as Policy.act on "
-        f"{NUM_CHECK_OBSERVATIONS:,} observations{tolerance}"
+        f"wrote {written} ({args.format}): {type(policy.module).__name__}, {_inputs(policy)} "
+        f"-> {policy.action_space}; same actions as Policy.act on {NUM_CHECK_OBSERVATIONS:,} observations{tolerance}"
     )
+
+
+def _inputs(policy: Policy) -> str:
+    """The graph's observation inputs as the message names them: ``observations (6, 7, 2) and action masks (7,)``."""
+    space = observation_part(policy.observation_space)
+    # A Dict or Tuple space has no shape of its own; the graph takes its flat layout.
+    shape = tuple(space.shape) if space.shape is not None else (gym.spaces.flatdim(space),)
+    described = f"observations {shape}"
+    if policy.is_masked:
+        described += f" and action masks {tuple(policy.observation_space[ACTION_MASK].shape)}"
+    return described

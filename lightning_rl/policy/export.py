@@ -22,7 +22,15 @@ step, zero at the first) only with ``lstm_use_prev_reward``; outputs ``actions``
 A torch.export program takes ``prev_actions`` / ``prev_rewards`` by keyword:
 ``program.module()(obs, state_in, prev_rewards=rewards)``.
 
-Before a file is written, the exported graph is run on 1,000 observations and must return
+A module on PettingZoo's masked observation space (``{"action_mask", "observation"}``, a
+self-play connect-four module) exports with one more input, after the others: ``action_mask``
+``[batch, n]`` in the mask space's dtype (int8 as PettingZoo gives it; 1 where an action is
+legal), beside ``obs``, the observation part. The graph masks the logits as ``Policy.act``
+does, so its greedy actions are legal. A torch.export program takes it by keyword:
+``program.module()(obs, action_mask=mask)``. The check then runs on random masks, each with at
+least one legal action.
+
+Before a file is written, the exported graph is run on 1,000 observations (and masks) and must return
 ``Policy.act``'s actions (Discrete: equal; Box: within ``EXPORT_ATOL``); a recurrent graph
 on :data:`NUM_CHECK_STEPS` consecutive steps of 200 rows, carrying its state as a deployment
 would, against ``Policy.act`` on the same steps. The file is then
@@ -49,6 +57,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from lightning_rl.core.action_masks import ACTION_MASK, observation_part
 from lightning_rl.core.checkpoint import atomic_write
 from lightning_rl.core.observation_layout import ObservationLayout
 from lightning_rl.core.recurrent import batched_initial_state, pack_state
@@ -104,22 +113,32 @@ def export_policy(policy: Policy, output: str | os.PathLike, format: ExportForma
     if output.is_dir():
         raise ValueError(f"cannot write {output}: it is a directory, expected a file name")
     net = _frozen_copy(policy.net)
-    example = _example_inputs(net, torch.as_tensor(sample_observations(policy, 4, seed=seed)))
+    example = _example_inputs(
+        net,
+        torch.as_tensor(sample_observations(policy, 4, seed=seed)),
+        torch.as_tensor(sample_action_masks(policy, 4, seed=seed)) if policy.is_masked else None,
+    )
     content = _onnx_bytes(net, example) if format == "onnx" else _torch_export_bytes(net, example)
     observations = sample_observations(policy, NUM_CHECK_OBSERVATIONS, seed=seed)
+    masks = sample_action_masks(policy, NUM_CHECK_OBSERVATIONS, seed=seed) if policy.is_masked else None
     run = _onnx_runner(content, net.state_inputs) if format == "onnx" else _torch_export_runner(content)
     if net.stateful:
-        _check_recurrent_steps(policy, net, observations, run, f"the {format} export", seed)
+        _check_recurrent_steps(policy, net, observations, masks, run, f"the {format} export", seed)
+    elif masks is not None:
+        expected = policy.act({ACTION_MASK: masks, "observation": observations})
+        check_same_actions(expected, run(observations, **{ACTION_MASK: masks}), f"the {format} export")
     else:
         check_same_actions(policy.act(observations), run(observations), f"the {format} export")
     return atomic_write(output, lambda file: file.write(content))
 
 
-def _example_inputs(net: PolicyNet, obs: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The graph's inputs by name: ``obs``, and a recurrent module's initial state and previous step."""
+def _example_inputs(net: PolicyNet, obs: torch.Tensor, masks: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """The graph's inputs by name: ``obs``, a recurrent module's initial state and previous step, a mask last."""
     inputs = {_INPUT_NAME: obs}
     if net.stateful:
         inputs.update(_first_step_inputs(net, len(obs)))
+    if masks is not None:
+        inputs[ACTION_MASK] = masks
     return inputs
 
 
@@ -136,18 +155,29 @@ def _first_step_inputs(net: PolicyNet, count: int) -> dict[str, torch.Tensor]:
 
 
 def _check_recurrent_steps(
-    policy: Policy, net: PolicyNet, observations: np.ndarray, run: GraphRunner, what: str, seed: int
+    policy: Policy,
+    net: PolicyNet,
+    observations: np.ndarray,
+    masks: np.ndarray | None,
+    run: GraphRunner,
+    what: str,
+    seed: int,
 ) -> None:
     """Step the graph and a fresh ``Policy`` of the same module side by side, each carrying its own state."""
     check = Policy(net.module, policy.observation_space, policy.action_space, net.observation_normalization)
     steps = np.array_split(observations, NUM_CHECK_STEPS)
+    step_masks = np.array_split(masks, NUM_CHECK_STEPS) if masks is not None else [None] * len(steps)
     rows = min(len(step) for step in steps)
     inputs = {name: value.numpy() for name, value in _first_step_inputs(net, rows).items()}
     rewards = np.random.default_rng(seed).standard_normal((len(steps), rows)).astype(np.float32)
-    for step, obs in enumerate(steps):
+    for step, (obs, mask) in enumerate(zip(steps, step_masks)):
         obs = obs[:rows]
-        expected = check.act(obs)
-        actions, state_out = run(obs, **inputs)
+        if mask is None:
+            expected = check.act(obs)
+            actions, state_out = run(obs, **inputs)
+        else:
+            expected = check.act({ACTION_MASK: mask[:rows], "observation": obs})
+            actions, state_out = run(obs, **inputs, **{ACTION_MASK: mask[:rows]})
         check_same_actions(expected, actions, f"{what} at step {step} of {len(steps)} (carrying its state)")
         check.observe_rewards(rewards[step])
         inputs["state_in"] = state_out
@@ -163,9 +193,10 @@ def sample_observations(policy: Policy, count: int, seed: int = 0) -> np.ndarray
     Standard normal draws, scaled and shifted by the observation statistics when the policy
     normalizes observations (so the check covers the range it acts in), then clipped to the
     space's finite bounds; ``Box.sample`` would draw from bounds as wide as ``float32``'s.
-    For a Dict or Tuple space: the space's own samples, flattened (valid one-hot parts).
+    For a Dict or Tuple space: the space's own samples, flattened (valid one-hot parts). For
+    a masked space: observations of its observation part (the masks: :func:`sample_action_masks`).
     """
-    space = policy.observation_space
+    space = observation_part(policy.observation_space)
     if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
         layout = ObservationLayout(space)
         sampler = copy.deepcopy(space)  # seeded here, leaving the policy's space's generator alone
@@ -179,6 +210,25 @@ def sample_observations(policy: Policy, count: int, seed: int = 0) -> np.ndarray
     if normalization is not None:
         draws = draws * normalization.std.cpu().numpy() + normalization.mean.cpu().numpy()
     return np.clip(draws, space.low, space.high).astype(space.dtype)
+
+
+def sample_action_masks(policy: Policy, count: int, seed: int = 0) -> np.ndarray:
+    """``count`` random masks of a masked policy, ``[count, n]`` in the mask space's dtype, each with a legal action.
+
+    Half the actions of a row are illegal on average, so the check sees the module's preferred
+    action masked out often; one random action per row is then made legal, as a position of a
+    game always has one.
+
+    Args:
+        policy: A policy on a masked observation space (``policy.is_masked``).
+        count: How many masks.
+        seed: Seeds the draws.
+    """
+    space = policy.observation_space[ACTION_MASK]
+    rng = np.random.default_rng(seed + 1)  # not the observations' stream
+    masks = rng.integers(0, 2, (count, *space.shape))
+    masks[np.arange(count), rng.integers(0, space.shape[-1], count)] = 1
+    return masks.astype(space.dtype)
 
 
 def check_same_actions(expected: np.ndarray, actual: np.ndarray, what: str) -> None:
@@ -220,7 +270,7 @@ def _dynamic_batch(inputs: dict[str, torch.Tensor]) -> dict[str, dict[int, torch
 
 
 def _split_inputs(inputs: dict[str, torch.Tensor]) -> tuple[tuple[torch.Tensor, ...], dict[str, torch.Tensor]]:
-    # obs and state_in go by position; prev_actions / prev_rewards by keyword (either may be absent).
+    # obs and state_in go by position; prev_actions / prev_rewards / action_mask by keyword (any may be absent).
     positional = tuple(inputs[name] for name in (_INPUT_NAME, "state_in") if name in inputs)
     keywords = {name: value for name, value in inputs.items() if name not in (_INPUT_NAME, "state_in")}
     return positional, keywords

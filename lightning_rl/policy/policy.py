@@ -27,6 +27,16 @@ A module on a Dict or Tuple observation space acts on the stored flat layout
 (:mod:`lightning_rl.core.observation_layout`): ``Policy.act`` flattens a raw observation (a
 dict, or a dict of batched arrays) as the env runner does, and also takes the flat rows
 themselves, which is what :class:`PolicyNet` and an exported graph take.
+
+A module on PettingZoo's masked observation space ``Dict({"action_mask": Box(0, 1, (n,)),
+"observation": <space>})`` (a turn-based game's, e.g. a self-play connect-four module) acts on
+observations as the env gives them, one or a batch (a dict of stacked arrays)::
+
+    policy = Policy.from_checkpoint("last.ckpt", module_id="main")
+    column = policy.act({"action_mask": mask, "observation": board})   # a legal action only
+
+The mask goes to the module as its ``action_mask`` column, as the multi-agent runner passes it,
+so greedy and sampled actions are legal; :class:`PolicyNet` takes it as ``action_mask``.
 """
 
 from __future__ import annotations
@@ -41,6 +51,13 @@ import torch
 from torch import nn
 
 from lightning_rl.core.acting import Acting, clip_actions, compute_actions
+from lightning_rl.core.action_masks import (
+    ACTION_MASK,
+    check_maskable_action_space,
+    is_action_masked_space,
+    observation_part,
+    split_masked_observation,
+)
 from lightning_rl.core.columns import Columns
 from lightning_rl.core.normalization import ObservationNormalization
 from lightning_rl.core.observation_layout import ObservationLayout
@@ -103,6 +120,7 @@ class PolicyNet(nn.Module):
         state_in: torch.Tensor | None = None,
         prev_actions: torch.Tensor | None = None,
         prev_rewards: torch.Tensor | None = None,
+        action_mask: torch.Tensor | None = None,
         explore: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """The actions for a batch of observations: greedy unless ``explore``.
@@ -112,6 +130,8 @@ class PolicyNet(nn.Module):
             state_in: A recurrent module's packed state ``[B, S]`` before this step.
             prev_actions: ``[B, *action_shape]``, for a module that reads them.
             prev_rewards: ``[B]``, for a module that reads them.
+            action_mask: ``[B, n]``, true (or 1) where an action is legal; required by a module
+                on a masked observation space (whose ``obs`` is then the observation part).
             explore: Sample actions instead of taking the most likely ones.
 
         Returns:
@@ -119,12 +139,12 @@ class PolicyNet(nn.Module):
 
         Raises:
             ValueError: If a recurrent module gets no ``state_in``, or no previous actions
-                or rewards it reads.
+                or rewards it reads, or (from the module) a masked module gets no ``action_mask``.
         """
         if self.observation_normalization is not None:
             obs = self.observation_normalization(obs)
         if not self.stateful:
-            _, actions = compute_actions(self.module, obs, explore=explore, with_logp=False)
+            _, actions = compute_actions(self.module, obs, explore=explore, with_logp=False, action_mask=action_mask)
             return clip_actions(actions, self.action_space)
         given = {"state_in": state_in, "prev_actions": prev_actions, "prev_rewards": prev_rewards}
         missing = [name for name in self.state_inputs if given[name] is None]
@@ -135,8 +155,16 @@ class PolicyNet(nn.Module):
             columns[Columns.PREV_ACTIONS] = prev_actions.unsqueeze(1)
         if prev_rewards is not None and "prev_rewards" in self.state_inputs:
             columns[Columns.PREV_REWARDS] = prev_rewards.unsqueeze(1)
+        if action_mask is not None:
+            # The recurrent pass runs on a time axis of one step; the mask gets it too.
+            action_mask = action_mask.unsqueeze(1)
         out, actions = compute_actions(
-            self.module, obs.unsqueeze(1), explore=explore, with_logp=False, extra_columns=columns
+            self.module,
+            obs.unsqueeze(1),
+            explore=explore,
+            with_logp=False,
+            action_mask=action_mask,
+            extra_columns=columns,
         )
         return clip_actions(actions.squeeze(1), self.action_space), pack_state(out[Columns.STATE_OUT])
 
@@ -153,7 +181,8 @@ class Policy:
 
     Raises:
         ValueError: For a ``MultiRLModule`` or a non-module, spaces missing or of an
-            unsupported kind, or normalization of another shape than the observations.
+            unsupported kind (a masked observation space with a non-``Discrete`` action
+            space), or normalization of another shape than the observations.
     """
 
     def __init__(
@@ -170,10 +199,15 @@ class Policy:
             )
         observation_space = module.observation_space if observation_space is None else observation_space
         action_space = module.action_space if action_space is None else action_space
-        self._layout = _observation_layout(observation_space)
+        #: Whether observations are PettingZoo's masked dicts: the mask then goes to the module
+        #: as its ``action_mask`` column, and only the observation part is laid out and normalized.
+        self.is_masked = is_action_masked_space(observation_space)
+        if self.is_masked:
+            check_maskable_action_space(action_space, "Policy")
+        self._layout = _observation_layout(observation_part(observation_space))
         _check_action_space(action_space)
         if observation_normalization is not None:
-            _check_normalization(observation_normalization, observation_space)
+            _check_normalization(observation_normalization, observation_part(observation_space))
         self.observation_space = observation_space
         self.action_space = action_space
         self.net = PolicyNet(module, action_space, observation_normalization)
@@ -278,8 +312,12 @@ class Policy:
                 batch as a dict of arrays with a leading batch dimension (as a vector env
                 returns it), or the stored flat layout (``[flatdim]`` or ``[B, flatdim]``,
                 each row ``gym.spaces.flatten(space, obs)``).
+                For a masked observation space: ``{"action_mask": m, "observation": o}`` as the
+                env gives it (``m`` of shape ``[n]``), or a batch of them as one dict of stacked
+                arrays (``m`` ``[B, n]``, ``o`` a batch of the observation part).
             deterministic: The greedy action (what evaluation plays); otherwise one sampled as
                 in training (PPO draws from its distribution, DQN explores with its epsilon).
+                With a mask, either way only legal actions.
             rows: For a recurrent module, the rows (envs) ``obs`` belongs to, when only some
                 of the batch act (envs whose episodes are over); ``None`` for every row in
                 order. Ignored for a feed-forward module.
@@ -294,18 +332,27 @@ class Policy:
             ValueError: If the observation's shape is neither the space's nor a batch of it
                 (for a dict: naming the key whose shape or value does not fit), the batch
                 is empty, or (recurrent module) its size differs from the rows' without a
-                :meth:`reset` in between, or ``rows`` do not fit.
+                :meth:`reset` in between, or ``rows`` do not fit; for a masked space, if the
+                observation is not a dict of ``action_mask`` and ``observation``, or its mask
+                is not ``[n]`` / ``[B, n]`` or leaves some observation no legal action.
         """
+        mask = None
+        if self.is_masked:
+            try:
+                obs, mask = split_masked_observation(obs)
+            except ValueError as error:
+                raise ValueError(f"Policy.act: this module is built on a masked observation space: {error}") from None
         is_tensor = isinstance(obs, torch.Tensor)
         batch, single = self._as_batch(obs)
         if len(batch) == 0:
             raise ValueError("Policy.act got an empty batch of observations (shape (0, ...)); pass at least one")
+        action_mask = None if mask is None else self._mask_batch(mask, len(batch), single)
         # no_grad, not inference_mode: the tensors returned stay usable in the caller's autograd code.
         with torch.no_grad():
             if self.is_stateful:
-                actions = self._act_with_state(batch, explore=not deterministic, rows=rows)
+                actions = self._act_with_state(batch, explore=not deterministic, rows=rows, action_mask=action_mask)
             else:
-                actions = self.net(batch, explore=not deterministic)
+                actions = self.net(batch, action_mask=action_mask, explore=not deterministic)
         if single:
             actions = actions[0]
         if is_tensor:
@@ -337,7 +384,14 @@ class Policy:
             index = None if rows is None else self._row_index(rows)
             self._acting.observe_rewards(np.asarray(rewards, dtype=np.float32).reshape(-1), index)
 
-    def _act_with_state(self, batch: torch.Tensor, *, explore: bool, rows: Sequence[int] | None) -> torch.Tensor:
+    def _act_with_state(
+        self,
+        batch: torch.Tensor,
+        *,
+        explore: bool,
+        rows: Sequence[int] | None,
+        action_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """:meth:`act` of a recurrent module: ``rows`` step their states on through :class:`Acting`."""
         if self._acting is None:
             if rows is not None and list(rows) != list(range(len(batch))):
@@ -360,8 +414,39 @@ class Policy:
                 raise ValueError(f"Policy.act got {len(batch)} observations for {len(index)} rows")
         if self.observation_normalization is not None:
             batch = self.observation_normalization(batch)
-        _, actions = self._acting.act(batch, explore=explore, rows=index, with_logp=False)
+        _, actions = self._acting.act(batch, explore=explore, rows=index, action_mask=action_mask, with_logp=False)
         return clip_actions(actions, self.action_space)
+
+    def _mask_batch(self, mask: Any, batch_size: int, single: bool) -> torch.Tensor:
+        """``mask`` as a bool ``[B, n]`` tensor on the module's device, checked against the observations.
+
+        Checked here rather than left to the module: a mask of the wrong width would fail deep
+        in the forward pass, and a row with no legal action would silently "choose" an
+        illegal one (every logit masked alike).
+
+        Args:
+            mask: ``[n]`` for one observation, ``[B, n]`` for a batch (bool or 0/1 values).
+            batch_size: ``B``, the number of observations.
+            single: Whether the observation part was one observation.
+
+        Raises:
+            ValueError: If the shape is not ``[n]`` (``[B, n]``) or some row allows no action.
+        """
+        tensor = mask if isinstance(mask, torch.Tensor) else torch.as_tensor(np.asarray(mask))
+        tensor = tensor.to(device=self.device).bool()
+        width = int(self.action_space.n)
+        expected = (width,) if single else (batch_size, width)
+        if tuple(tensor.shape) != expected:
+            raise ValueError(
+                f"Policy.act: {ACTION_MASK!r} has shape {tuple(tensor.shape)}, expected {expected}: one value per "
+                f"action of {self.action_space}" + ("" if single else f" for each of the {batch_size} observations")
+            )
+        tensor = tensor.reshape(-1, width)
+        empty = (~tensor.any(dim=1)).nonzero().flatten().tolist()
+        if empty:
+            where = "the observation" if single else f"observation(s) {empty}"
+            raise ValueError(f"Policy.act: {ACTION_MASK!r} allows no action for {where}; at least one must be legal")
+        return tensor
 
     def _row_index(self, rows: Sequence[int]) -> torch.Tensor:
         index = torch.as_tensor(list(rows), dtype=torch.long).reshape(-1)
@@ -378,6 +463,7 @@ class Policy:
             flat = self._layout.flatten_one(obs)[None] if single else self._layout.flatten_batch(obs)
             return torch.as_tensor(flat, device=self.device), single
         stored = self._layout.stored_space
+        space = observation_part(self.observation_space)
         if isinstance(obs, torch.Tensor):
             torch_dtype = torch.from_numpy(np.empty(0, stored.dtype)).dtype  # the space's numpy dtype as torch's
             tensor = obs.to(device=self.device, dtype=torch_dtype)
@@ -389,9 +475,9 @@ class Policy:
         if tensor.dim() == len(shape) + 1 and tuple(tensor.shape[1:]) == shape:
             return tensor, False
         # A Dict's (Tuple's) stored layout, the shape above, is one accepted form; the raw observation the other.
-        flat = f" in the flat layout, or pass the {type(self.observation_space).__name__} observation itself"
+        flat = f" in the flat layout, or pass the {type(space).__name__} observation itself"
         raise ValueError(
-            f"observation of shape {tuple(tensor.shape)} does not fit the observation space {self.observation_space}: "
+            f"observation of shape {tuple(tensor.shape)} does not fit the observation space {space}: "
             f"expected {shape} for one observation or (batch, {', '.join(map(str, shape))}) for a batch"
             + (flat if self._layout.flattens else "")
         )
