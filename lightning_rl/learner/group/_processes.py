@@ -32,6 +32,7 @@ from lightning_rl.learner.group._protocol import (
     free_local_port,
     like,
 )
+from lightning_rl.learner.group._shared import SharedShards
 from lightning_rl.learner.group._worker import learner_process_main
 from lightning_rl.learner.learner import Learner
 
@@ -75,6 +76,8 @@ class ProcessBackend:
         self._what: dict[int, tuple[str, str]] = {0: (START, "the start-up")}  # id -> (kind, description)
         self._received: dict[int, dict[int, tuple[str, Any]]] = {}
         self._fatal: dict[int, tuple[int, str]] = {}  # rank -> (request id, traceback), in order of arrival
+        # request id -> the shared-memory blocks of an update's batch, unlinked once every rank answered.
+        self._shared: dict[int, SharedShards] = {}
         context = mp.get_context("spawn")
         self._replies = context.Queue()
         self._commands = [context.Queue() for _ in range(num_learners)]
@@ -140,14 +143,23 @@ class ProcessBackend:
         return self.wait(self._send(kind, [payload] * self._n))
 
     def _submit_update(self, kind: str, shards: list[Any], settings: dict[str, Any], return_state: bool) -> int:
-        payloads = [
-            dumps_data({"data": shard, "settings": settings, "return_state": return_state}, f"the data of {kind}")
-            for shard in shards
-        ]
-        return self._send(kind, payloads)
+        # A batch's arrays travel in shared memory (written once, mapped by the learners), not
+        # pickled into the queue; episodes stay pickled (their arrays are small and many).
+        shared = SharedShards(shards if kind == "update_from_batch" else [])
+        try:
+            payloads = [
+                dumps_data({"data": shard, "settings": settings, "return_state": return_state}, f"the data of {kind}")
+                for shard in (shared.shards if kind == "update_from_batch" else shards)
+            ]
+            return self._send(kind, payloads, shared)
+        except BaseException:
+            shared.release()
+            raise
 
-    def _send(self, kind: str, payloads: list[bytes]) -> int:
+    def _send(self, kind: str, payloads: list[bytes], shared: SharedShards | None = None) -> int:
         request_id = self._next_id
+        if shared is not None and shared.blocks:
+            self._shared[request_id] = shared
         self._next_id += 1
         self._what[request_id] = (kind, f"{kind} (request {request_id})")
         for command_queue, payload in zip(self._commands, payloads):
@@ -217,6 +229,15 @@ class ProcessBackend:
             self._fatal.setdefault(rank, (request_id, payload))
         else:
             self._received.setdefault(request_id, {})[rank] = (status, payload)
+            if self.done(request_id):
+                self._release(request_id)
+
+    def _release(self, request_id: int | None = None) -> None:
+        """Unlink the shared-memory blocks of update ``request_id`` (default: of every update)."""
+        for rid in list(self._shared) if request_id is None else [request_id]:
+            shared = self._shared.pop(rid, None)
+            if shared is not None:
+                shared.release()
 
     def _failure(self, waited_for: str) -> LearnerGroupError:
         """Describe every learner that raised or died (the root cause may not be the first to report), then break."""
@@ -288,6 +309,7 @@ class ProcessBackend:
                 process.kill()
         for process in started:
             process.join(timeout=_JOIN_S)
+        self._release()  # the learners are gone (or never read them): no block outlives the group
         self._close_queues()
 
     def shutdown(self) -> None:
