@@ -129,3 +129,16 @@ def test_no_block_outlives_a_failing_learner(created_blocks, mode):
         assert created_blocks and not _left(created_blocks)
     finally:
         group.shutdown()
+
+
+def test_a_batch_that_shared_memory_has_no_room_for_is_pickled_with_a_warning(created_blocks, monkeypatch):
+    monkeypatch.setattr(_shared, "_SHM_DIR", "/nonexistent-shm")  # as if /dev/shm were missing or full
+    group = _group()
+    try:
+        with pytest.warns(UserWarning, match="no room for this batch"):
+            group.update_from_batch(random_batch(64))
+        group.update_from_batch(random_batch(64))  # warned once
+        assert group.foreach_learner(lambda learner: learner.columns_in_shm) == [{"obs": False, "actions": False}] * 2
+        assert not created_blocks
+    finally:
+        group.shutdown()

@@ -14,6 +14,7 @@ import multiprocessing as mp
 import pickle
 import queue
 import time
+import warnings
 from typing import Any
 
 from lightning_rl.learner.group._data import split_batch, split_episodes
@@ -78,6 +79,7 @@ class ProcessBackend:
         self._fatal: dict[int, tuple[int, str]] = {}  # rank -> (request id, traceback), in order of arrival
         # request id -> the shared-memory blocks of an update's batch, unlinked once every rank answered.
         self._shared: dict[int, SharedShards] = {}
+        self._warned_no_room = False
         context = mp.get_context("spawn")
         self._replies = context.Queue()
         self._commands = [context.Queue() for _ in range(num_learners)]
@@ -144,12 +146,22 @@ class ProcessBackend:
 
     def _submit_update(self, kind: str, shards: list[Any], settings: dict[str, Any], return_state: bool) -> int:
         # A batch's arrays travel in shared memory (written once, mapped by the learners), not
-        # pickled into the queue; episodes stay pickled (their arrays are small and many).
-        shared = SharedShards(shards if kind == "update_from_batch" else [])
+        # pickled into the queue; episodes stay pickled (their arrays are small and many), and so
+        # does a batch that /dev/shm has no room for (writing past its size would be a SIGBUS).
+        in_shared_memory = kind == "update_from_batch" and SharedShards.fits(shards)
+        if kind == "update_from_batch" and not in_shared_memory and not self._warned_no_room:
+            self._warned_no_room = True
+            warnings.warn(
+                "LearnerGroup: shared memory (/dev/shm) has no room for this batch, or none was found, so it is pickled to the learners (about 2x "
+                "more memory per update); give the machine or container more shared memory (e.g. docker run "
+                "--shm-size)",
+                stacklevel=4,
+            )
+        shared = SharedShards(shards if in_shared_memory else [])
         try:
             payloads = [
                 dumps_data({"data": shard, "settings": settings, "return_state": return_state}, f"the data of {kind}")
-                for shard in (shared.shards if kind == "update_from_batch" else shards)
+                for shard in (shared.shards if in_shared_memory else shards)
             ]
             return self._send(kind, payloads, shared)
         except BaseException:

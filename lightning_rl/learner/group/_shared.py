@@ -17,12 +17,16 @@ block: it only maps it, and its mapping ends when its last array on it is freed 
 block's pages are freed by the kernel once no process maps it).
 
 Arrays of Python objects, and anything that is not a numpy array, stay in the pickled payload.
+Where ``/dev/shm`` has no room for the shards (a container's default is 64 MB), writing to a
+block would kill the driver with SIGBUS: ``fits`` says so beforehand, and the driver sends
+that update pickled, as before.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import shutil
 from collections.abc import Mapping
 from multiprocessing import shared_memory
 from typing import Any, NamedTuple
@@ -30,6 +34,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 _ALIGN = 64  # each array starts at a multiple of this (cache line; any dtype's alignment)
+_SHM_DIR = "/dev/shm"  # where POSIX shared memory lives on Linux
+_HEADROOM = 1.1  # leave others (and the rounding to pages) a margin of the free space
 
 
 class SharedArray(NamedTuple):
@@ -59,15 +65,20 @@ class SharedShards:
             self.release()
             raise
 
+    @staticmethod
+    def fits(shards: list[Any]) -> bool:
+        """Whether shared memory has room for the shards' arrays (False where it cannot be measured)."""
+        needed = sum(_layout(_arrays(shard))[1] for shard in shards)
+        try:
+            return shutil.disk_usage(_SHM_DIR).free >= needed * _HEADROOM
+        except OSError:
+            return False
+
     def _share(self, shard: Any) -> Any:
-        arrays: list[np.ndarray] = []
-        _walk(shard, lambda value: arrays.append(value) if _shareable(value) else None)
+        arrays = _arrays(shard)
         if not arrays:
             return shard
-        offsets, size = [], 0
-        for array in arrays:
-            offsets.append(size)
-            size += -(-array.nbytes // _ALIGN) * _ALIGN
+        offsets, size = _layout(arrays)
         block = shared_memory.SharedMemory(create=True, size=size)
         self.blocks.append(block)
         where = {}
@@ -119,6 +130,22 @@ def _map(name: str) -> mmap.mmap:
         return mmap.mmap(fd, os.fstat(fd).st_size)
     finally:
         os.close(fd)
+
+
+def _arrays(shard: Any) -> list[np.ndarray]:
+    """The arrays of a shard that travel in shared memory."""
+    arrays: list[np.ndarray] = []
+    _walk(shard, lambda value: arrays.append(value) if _shareable(value) else None)
+    return arrays
+
+
+def _layout(arrays: list[np.ndarray]) -> tuple[list[int], int]:
+    """Each array's offset in its shard's block, and the block's size."""
+    offsets, size = [], 0
+    for array in arrays:
+        offsets.append(size)
+        size += -(-array.nbytes // _ALIGN) * _ALIGN
+    return offsets, size
 
 
 def _shareable(value: Any) -> bool:
