@@ -1,8 +1,10 @@
-"""A killed LearnerGroup driver stops its learners within seconds.
+"""A killed LearnerGroup driver stops its learners within seconds and leaves no shared-memory block behind.
 
 They used to finish the update they were running (108 s and 2.5 GB each in the red-team run),
 then wait for commands until the interpreter's end; now each learner ends itself as soon as the
-driver's end of its status-probe pipe closes.
+driver's end of its status-probe pipe closes. The update's batch sits in shared-memory blocks
+the driver created; Python's resource tracker (which outlives the killed driver until its
+learners are gone too) unlinks them.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ _DRIVER = textwrap.dedent(
     # Minutes of work: 2,000 epochs of 20,000 rows in minibatches of 32.
     group.update(batch=batch, num_epochs=2000, minibatch_size=32, async_update=True)
     print(" ".join(str(pid) for pid in group.learner_pids), flush=True)
+    print(" ".join(shared.name for request in group._backend._shared.values() for shared in request.blocks), flush=True)
     sys.stdin.read()  # until killed
     """
 )
@@ -53,6 +56,8 @@ def test_killing_the_driver_ends_its_learners_within_seconds():
     try:
         pids = [int(pid) for pid in driver.stdout.readline().split()]
         assert len(pids) == 2, "the driver did not start its learners"
+        blocks = driver.stdout.readline().split()
+        assert len(blocks) == 2 and all(os.path.exists(f"/dev/shm/{name}") for name in blocks)
         time.sleep(2.0)  # the update is under way
         assert all(os.path.exists(f"/proc/{pid}") for pid in pids)
         os.kill(driver.pid, signal.SIGKILL)
@@ -61,6 +66,9 @@ def test_killing_the_driver_ends_its_learners_within_seconds():
         while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
             time.sleep(0.2)
         assert not [pid for pid in pids if _alive(pid)], "learners outlived their driver"
+        while time.monotonic() < deadline and any(os.path.exists(f"/dev/shm/{name}") for name in blocks):
+            time.sleep(0.2)
+        assert not [name for name in blocks if os.path.exists(f"/dev/shm/{name}")], "shared memory outlived the group"
     finally:
         driver.kill()
         driver.wait(timeout=30)

@@ -1,9 +1,10 @@
 """The LearnerGroup backend for ``num_learners=N >= 1``: N learner processes joined by Lightning's DDP or FSDP2.
 
 The driver side: send the Learner by value (``pickle_learner``, cloudpickle), start the
-processes (``_worker.learner_process_main``), send every rank its command, and wait, bounded, for all ranks' replies. An update's batch is cut into N
-shards (``_data``). A learner that raises or dies breaks the group: the call names the
-rank and the cause, the other processes are killed, and every later call says the group is
+processes (``_worker.learner_process_main``), send every rank its command, and wait, bounded,
+for all ranks' replies. An update's batch is cut into N shards (``_data``), whose arrays travel
+in shared memory (``_shared``). A learner that raises or dies breaks the group: the call names
+the rank and the cause, the other processes are killed, and every later call says the group is
 broken. The driver never waits unbounded: on a timeout it asks the silent ranks where they
 are (``Activity``), so the error names the rank that hangs apart from those that wait for it.
 """
@@ -14,6 +15,7 @@ import multiprocessing as mp
 import pickle
 import queue
 import time
+import warnings
 from typing import Any
 
 from lightning_rl.learner.group._data import split_batch, split_episodes
@@ -32,6 +34,7 @@ from lightning_rl.learner.group._protocol import (
     free_local_port,
     like,
 )
+from lightning_rl.learner.group._shared import SharedShards
 from lightning_rl.learner.group._worker import learner_process_main
 from lightning_rl.learner.learner import Learner
 
@@ -75,6 +78,9 @@ class ProcessBackend:
         self._what: dict[int, tuple[str, str]] = {0: (START, "the start-up")}  # id -> (kind, description)
         self._received: dict[int, dict[int, tuple[str, Any]]] = {}
         self._fatal: dict[int, tuple[int, str]] = {}  # rank -> (request id, traceback), in order of arrival
+        # request id -> the shared-memory blocks of an update's batch, unlinked once every rank answered.
+        self._shared: dict[int, SharedShards] = {}
+        self._warned_no_room = False
         context = mp.get_context("spawn")
         self._replies = context.Queue()
         self._commands = [context.Queue() for _ in range(num_learners)]
@@ -140,14 +146,33 @@ class ProcessBackend:
         return self.wait(self._send(kind, [payload] * self._n))
 
     def _submit_update(self, kind: str, shards: list[Any], settings: dict[str, Any], return_state: bool) -> int:
-        payloads = [
-            dumps_data({"data": shard, "settings": settings, "return_state": return_state}, f"the data of {kind}")
-            for shard in shards
-        ]
-        return self._send(kind, payloads)
+        # A batch's arrays travel in shared memory (written once, mapped by the learners), not
+        # pickled into the queue; episodes stay pickled (their arrays are small and many), and so
+        # does a batch that /dev/shm has no room for (writing past its size would be a SIGBUS).
+        in_shared_memory = kind == "update_from_batch" and SharedShards.fits(shards)
+        if kind == "update_from_batch" and not in_shared_memory and not self._warned_no_room:
+            self._warned_no_room = True
+            warnings.warn(
+                "LearnerGroup: shared memory (/dev/shm) has no room for this batch, or none was found, so it is pickled to the learners (about 2x "
+                "more memory per update); give the machine or container more shared memory (e.g. docker run "
+                "--shm-size)",
+                stacklevel=4,
+            )
+        shared = SharedShards(shards if in_shared_memory else [])
+        try:
+            payloads = [
+                dumps_data({"data": shard, "settings": settings, "return_state": return_state}, f"the data of {kind}")
+                for shard in (shared.shards if in_shared_memory else shards)
+            ]
+            return self._send(kind, payloads, shared)
+        except BaseException:
+            shared.release()
+            raise
 
-    def _send(self, kind: str, payloads: list[bytes]) -> int:
+    def _send(self, kind: str, payloads: list[bytes], shared: SharedShards | None = None) -> int:
         request_id = self._next_id
+        if shared is not None and shared.blocks:
+            self._shared[request_id] = shared
         self._next_id += 1
         self._what[request_id] = (kind, f"{kind} (request {request_id})")
         for command_queue, payload in zip(self._commands, payloads):
@@ -217,6 +242,15 @@ class ProcessBackend:
             self._fatal.setdefault(rank, (request_id, payload))
         else:
             self._received.setdefault(request_id, {})[rank] = (status, payload)
+            if self.done(request_id):
+                self._release(request_id)
+
+    def _release(self, request_id: int | None = None) -> None:
+        """Unlink the shared-memory blocks of update ``request_id`` (default: of every update)."""
+        for rid in list(self._shared) if request_id is None else [request_id]:
+            shared = self._shared.pop(rid, None)
+            if shared is not None:
+                shared.release()
 
     def _failure(self, waited_for: str) -> LearnerGroupError:
         """Describe every learner that raised or died (the root cause may not be the first to report), then break."""
@@ -288,6 +322,7 @@ class ProcessBackend:
                 process.kill()
         for process in started:
             process.join(timeout=_JOIN_S)
+        self._release()  # the learners are gone (or never read them): no block outlives the group
         self._close_queues()
 
     def shutdown(self) -> None:

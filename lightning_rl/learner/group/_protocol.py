@@ -2,7 +2,8 @@
 
 The driver (``LearnerGroup`` in the user's process) sends each learner process commands
 ``(request_id, kind, payload)`` on its own queue; every learner answers on one shared reply
-queue with ``(rank, request_id, status, payload)``. Payloads are pickled bytes. Apart from
+queue with ``(rank, request_id, status, payload)``. Payloads are pickled bytes; a batch's
+arrays are not in them but in shared memory, named in their place (``_shared``). Apart from
 the commands, a thread in each learner answers the driver's status probes on a pipe with an
 :class:`Activity`: where the learner's main thread is, so that a timeout can tell the rank
 that hangs from the ranks that wait for it in a collective. The Learner

@@ -54,6 +54,7 @@ from lightning_rl.learner.group._protocol import (
     run_command,
     weights_of,
 )
+from lightning_rl.learner.group._shared import attach_shared
 
 # Lightning prefetches one item ahead from an iterable without a length (to know which item is
 # the last), which would wait for the next command before the current one is answered.
@@ -264,6 +265,9 @@ class CommandStream:
                 if item is not None:
                     self.update_request = request_id
                     yield item  # Learner.training_step runs it; ReplyCallback answers
+                # Drop this frame's reference while it waits for the next command: the item holds
+                # the batch's tensors (on the driver's shared memory), which would stay mapped.
+                item = None
             else:
                 self._run_inline(request_id, kind, payload)
 
@@ -300,7 +304,7 @@ class CommandStream:
         return item
 
     def _train_item(self, kind: str, args: Mapping[str, Any]) -> TrainItem:
-        data = args["data"]
+        data = attach_shared(args["data"])  # a batch's arrays, mapped from the driver's shared memory
         if not data:
             batch = {}  # fewer rows than learners: this rank still takes part in every step
         elif kind == "update_from_episodes":
