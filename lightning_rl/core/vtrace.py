@@ -142,9 +142,9 @@ def vtrace_on_rows(
     """V-trace over rows of consecutive steps, cut into sequences after every row where ``sequence_ends`` is true.
 
     The last row always ends a sequence too (a minibatch may stop mid-chunk), and each
-    sequence is bootstrapped from ``values_bootstrapped`` at its last row. The rows go to
-    the time-major layout (``sequence_layout``, ``to_sequences``), through :func:`vtrace`, and
-    back (``from_sequences``).
+    sequence is bootstrapped from ``values_bootstrapped`` at its last row. The rows become
+    zero-padded sequences (``sequence_layout``, ``to_sequences``), go through
+    :func:`vtrace_on_sequences`, and come back (``from_sequences``).
 
     Args:
         target_logp, behaviour_logp, rewards, values, discounts: ``[N]``, as :func:`vtrace` takes them per step.
@@ -162,23 +162,20 @@ def vtrace_on_rows(
     end_rows = torch.nonzero(ends).reshape(-1)
     lengths = torch.diff(end_rows, prepend=end_rows.new_tensor([-1]))
     layout = sequence_layout(lengths, int(lengths.max()))
-
-    def time_major(column: Tensor) -> Tensor:
-        return to_sequences(column, layout).transpose(0, 1)
-
-    returns = vtrace(
-        target_logp=time_major(target_logp),
-        behaviour_logp=time_major(behaviour_logp),
-        rewards=time_major(rewards),
-        values=time_major(values),
-        bootstrap_values=values_bootstrapped[end_rows],
-        discounts=time_major(discounts),
-        loss_mask=layout.loss_mask().transpose(0, 1),
+    # Each sequence's last real step is one of end_rows: vtrace_on_sequences bootstraps there.
+    returns = vtrace_on_sequences(
+        target_logp=to_sequences(target_logp, layout),
+        behaviour_logp=to_sequences(behaviour_logp, layout),
+        rewards=to_sequences(rewards, layout),
+        values=to_sequences(values, layout),
+        values_bootstrapped=to_sequences(values_bootstrapped, layout),
+        discounts=to_sequences(discounts, layout),
+        loss_mask=layout.loss_mask(),
         clip_rho_threshold=clip_rho_threshold,
         clip_pg_rho_threshold=clip_pg_rho_threshold,
         clip_c_threshold=clip_c_threshold,
     )
-    return VTraceReturns(*(from_sequences(out.transpose(0, 1), layout) for out in returns))
+    return VTraceReturns(*(from_sequences(out, layout) for out in returns))
 
 
 def vtrace_on_sequences(
