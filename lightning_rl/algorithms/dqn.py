@@ -32,13 +32,13 @@ from torch import Tensor, nn
 
 from lightning_rl.algorithms.off_policy import OffPolicyLearner, bootstrap_discounts, row_weights
 from lightning_rl.core.arguments import ArgumentCheck, check_bool, check_choice
-from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
+from lightning_rl.core.columns import Columns
 from lightning_rl.core.encoders import OBSERVATION_ENCODER_KEYS, ObservationEncoder, build_observation_encoder
 from lightning_rl.core.mlp import DEFAULT_FCNET_HIDDENS, build_mlp
 from lightning_rl.core.module_checks import ModelConfigKey
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.rl_modules import RLModule
-from lightning_rl.core.schedules import Schedule, ScheduleSetting, check_schedule
+from lightning_rl.core.schedules import ScheduleSetting, check_schedule
 from lightning_rl.core.target_network import TargetNetworkAPI, make_target_network
 from lightning_rl.core.learner_config import LearnerConfig
 from lightning_rl.learner.learner import algorithm_module_spec
@@ -265,7 +265,6 @@ class DQNLearner(OffPolicyLearner):
             grad_clip=grad_clip,
             **kwargs,
         )
-        self._epsilon_schedules: dict[str, Schedule] = {}
 
     @classmethod
     def rl_module_required_apis(cls) -> list[type]:
@@ -286,12 +285,6 @@ class DQNLearner(OffPolicyLearner):
         self._set_epsilons()
         return spec
 
-    def remove_module(self, module_id: str, **kwargs: Any) -> MultiRLModuleSpec:
-        """Remove ``module_id`` and forget its epsilon schedule."""
-        spec = super().remove_module(module_id, **kwargs)
-        self._epsilon_schedules.pop(module_id, None)
-        return spec
-
     def before_gradient_based_update(self, *, timesteps: dict[str, Any]) -> None:
         """Set every module's exploration epsilon from the schedule at the current env step.
 
@@ -303,14 +296,9 @@ class DQNLearner(OffPolicyLearner):
             self.metrics.log_value((module_id, CURR_EPSILON_KEY), epsilon, window=1, clear_on_reduce=True)
 
     def _set_epsilons(self) -> dict[str, float]:
-        timestep = self.timesteps.get(NUM_ENV_STEPS_SAMPLED_LIFETIME, 0)
         epsilons = {}
         for module_id, module in self.module.items():
-            if module_id not in self._epsilon_schedules:
-                self._epsilon_schedules[module_id] = Schedule(
-                    self.config_for_module(module_id).epsilon, name=f"module {module_id!r}: epsilon"
-                )
-            epsilons[module_id] = self._epsilon_schedules[module_id].value(timestep)
+            epsilons[module_id] = self.current_scheduled_value(module_id, "epsilon")
             if isinstance(getattr(module, "epsilon", None), Tensor):
                 module.epsilon.fill_(epsilons[module_id])
         return epsilons

@@ -39,12 +39,12 @@ from lightning_rl.algorithms.ppo import CURR_ENTROPY_COEFF_KEY, ENTROPY_KEY, POL
 from lightning_rl.connectors import AddNextValues, ConnectorPipeline
 from lightning_rl.core.arguments import ArgumentCheck, check_int, check_number, check_probability
 from lightning_rl.core.batch import masked_mean
-from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
+from lightning_rl.core.columns import Columns
 from lightning_rl.core.data_contract import DataRequirements, SampleReuse
 from lightning_rl.core.learner_config import LearnerConfig
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.rl_modules import ValueFunctionAPI
-from lightning_rl.core.schedules import Schedule, ScheduleSetting, check_schedule
+from lightning_rl.core.schedules import ScheduleSetting, check_schedule
 from lightning_rl.core.vtrace import VTraceReturns, vtrace_on_rows, vtrace_on_sequences
 from lightning_rl.learner.learner import Learner, algorithm_module_spec
 
@@ -139,7 +139,6 @@ class IMPALALearner(Learner):
             grad_clip=grad_clip,
             **kwargs,
         )
-        self._entropy_schedules: dict[str, Schedule] = {}
         self._entropy_coeffs: dict[str, float] = {}
 
     @classmethod
@@ -217,21 +216,13 @@ class IMPALALearner(Learner):
         """Sets this update's entropy coefficient of every module from its schedule."""
         super().before_gradient_based_update(timesteps=timesteps)
         for module_id in self.module.keys():
-            coeff = self.current_entropy_coeff(module_id)
+            coeff = self.current_scheduled_value(module_id, "entropy_coeff")
             self._entropy_coeffs[module_id] = coeff
             self.metrics.log_value((module_id, CURR_ENTROPY_COEFF_KEY), coeff, window=1, clear_on_reduce=True)
 
-    def current_entropy_coeff(self, module_id: str) -> float:
-        """``entropy_coeff`` of ``module_id`` at the last timesteps the Learner was given."""
-        if module_id not in self._entropy_schedules:
-            setting = self.config_for_module(module_id).entropy_coeff
-            self._entropy_schedules[module_id] = Schedule(setting, name=f"module {module_id!r}: entropy_coeff")
-        return self._entropy_schedules[module_id].value(self.timesteps.get(NUM_ENV_STEPS_SAMPLED_LIFETIME, 0))
-
     def remove_module(self, module_id: str, **kwargs: Any) -> Any:
-        """Remove ``module_id`` and forget its entropy schedule."""
+        """Remove ``module_id`` and forget its entropy coefficient (the ``Learner`` forgets its schedule)."""
         result = super().remove_module(module_id, **kwargs)
-        self._entropy_schedules.pop(module_id, None)
         self._entropy_coeffs.pop(module_id, None)
         return result
 
@@ -290,7 +281,7 @@ class IMPALALearner(Learner):
     def entropy_coeff_now(self, module_id: str) -> float:
         """The entropy coefficient this update's loss uses (set by ``before_gradient_based_update``)."""
         if module_id not in self._entropy_coeffs:  # a loss computed outside an update
-            return self.current_entropy_coeff(module_id)
+            return self.current_scheduled_value(module_id, "entropy_coeff")
         return self._entropy_coeffs[module_id]
 
     def log_loss_terms(self, module_id: str, terms: Mapping[str, Tensor]) -> None:

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from lightning_rl.connectors import ConnectorPipeline, GeneralAdvantageEstimation, TrainBatch
 from lightning_rl.core.arguments import ArgumentCheck, check_number, check_probability
 from lightning_rl.core.batch import masked_mean
-from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
+from lightning_rl.core.columns import Columns
 from lightning_rl.core.distributions import distribution_class_for_space
 from lightning_rl.core.metrics import MetricsLogger
 from lightning_rl.core.encoders import OBSERVATION_ENCODER_KEYS, build_observation_encoder
@@ -42,7 +42,7 @@ from lightning_rl.core.recurrent import (
 )
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.rl_modules import MultiRLModule, RLModule, ValueFunctionAPI
-from lightning_rl.core.schedules import Schedule, ScheduleSetting, check_schedule
+from lightning_rl.core.schedules import ScheduleSetting, check_schedule
 from lightning_rl.env.episode import SingleAgentEpisode
 from lightning_rl.learner.callback import LearnerCallback
 from lightning_rl.core.learner_config import LearnerConfig
@@ -375,7 +375,6 @@ class PPOLearner(AdaptiveKLCoeffMixin, Learner):
             **kwargs,
         )
         self._curr_kl_coeffs = KLCoefficients(self._initial_kl_coeff)
-        self._schedules: dict[tuple[str, str], Schedule] = {}
         self._current: dict[str, dict[str, float]] = {}
 
     @classmethod
@@ -422,23 +421,15 @@ class PPOLearner(AdaptiveKLCoeffMixin, Learner):
     def before_gradient_based_update(self, *, timesteps: dict[str, Any]) -> None:
         """Sets this update's clip range and entropy coefficient from their schedules."""
         super().before_gradient_based_update(timesteps=timesteps)
-        timestep = self.timesteps.get(NUM_ENV_STEPS_SAMPLED_LIFETIME, 0)
         for module_id in self.module.keys():
-            config = self.config_for_module(module_id)
             current = {
-                CURR_CLIP_PARAM_KEY: self._schedule(module_id, "clip_param", config).value(timestep),
-                CURR_ENTROPY_COEFF_KEY: self._schedule(module_id, "entropy_coeff", config).value(timestep),
+                CURR_CLIP_PARAM_KEY: self.current_scheduled_value(module_id, "clip_param"),
+                CURR_ENTROPY_COEFF_KEY: self.current_scheduled_value(module_id, "entropy_coeff"),
                 CURR_KL_COEFF_KEY: self.curr_kl_coeff(module_id),
             }
             self._current[module_id] = current
             for key, value in current.items():
                 self.metrics.log_value((module_id, key), value, window=1, clear_on_reduce=True)
-
-    def _schedule(self, module_id: str, name: str, config: LearnerConfig) -> Schedule:
-        key = (module_id, name)
-        if key not in self._schedules:
-            self._schedules[key] = Schedule(config[name], name=f"module {module_id!r}: {name}")
-        return self._schedules[key]
 
     @property
     def entropy_coeff_schedulers_per_module(self) -> dict[str, ScheduledValue]:
@@ -448,11 +439,6 @@ class PPOLearner(AdaptiveKLCoeffMixin, Learner):
         or a piecewise schedule): what the loss uses in this update.
         """
         return {module_id: ScheduledValue(self, module_id, "entropy_coeff") for module_id in self.built_module.keys()}
-
-    def current_scheduled_value(self, module_id: str, name: str) -> float:
-        """The current value of a module's scheduled hyperparameter ``name`` (``clip_param``, ``entropy_coeff``)."""
-        timestep = self.timesteps.get(NUM_ENV_STEPS_SAMPLED_LIFETIME, 0)
-        return self._schedule(module_id, name, self.config_for_module(module_id)).value(timestep)
 
     def cuda_graph_key(self) -> Hashable:
         """This update's clip range and entropy and KL coefficients per module, the numbers the loss reads."""
@@ -510,11 +496,10 @@ class PPOLearner(AdaptiveKLCoeffMixin, Learner):
         return total_loss
 
     def remove_module(self, module_id: str, **kwargs: Any) -> Any:
-        """Remove ``module_id`` and forget its schedules (and, through ``AdaptiveKLCoeffMixin``, its KL coefficient)."""
+        """Remove ``module_id`` and forget its current values (the ``Learner`` forgets its schedules, and
+        ``AdaptiveKLCoeffMixin`` its KL coefficient)."""
         result = super().remove_module(module_id, **kwargs)
         self._current.pop(module_id, None)
-        for key in [key for key in self._schedules if key[0] == module_id]:
-            del self._schedules[key]
         return result
 
 

@@ -64,7 +64,7 @@ from lightning_rl.core.rl_module_specs import (
     spec_or_default,
 )
 from lightning_rl.core.rl_modules import MultiRLModule, RLModule
-from lightning_rl.core.schedules import ScheduleSetting, check_schedule
+from lightning_rl.core.schedules import Schedule, ScheduleSetting, check_schedule
 from lightning_rl.core.sharding import gathered
 from lightning_rl.learner._lightning_private import attached_trainer
 from lightning_rl.learner.callback import LearnerCallback
@@ -232,6 +232,8 @@ class Learner(UpdateApiMixin, OptimizersMixin, MultiModuleMixin, StateMixin, Lig
         self._module: MultiRLModule | None = None
         self._should_module_be_updated: ShouldModuleBeUpdated | None = policies_to_train
         self._timesteps: dict[str, float] = {}
+        # Each module's scheduled settings (clip_param, entropy_coeff, epsilon, ...), built on first use.
+        self._setting_schedules: dict[tuple[str, str], Schedule] = {}
         self.metrics = MetricsLogger()
         self.eval_metrics = EvaluationMetrics()
         # Where the fit's evaluations stand (the one owed after a resume, the best return so far).
@@ -479,6 +481,25 @@ class Learner(UpdateApiMixin, OptimizersMixin, MultiModuleMixin, StateMixin, Lig
     def config_for_module(self, module_id: str) -> LearnerConfig:
         """The hyperparameters for ``module_id``: the Learner's, with that module's overrides applied."""
         return LearnerConfig({**self.hparams, **self._config_overrides.get(module_id, {})})
+
+    def current_scheduled_value(self, module_id: str, name: str) -> float:
+        """The value of ``module_id``'s setting ``name`` now: a number, or RLlib's piecewise schedule at the env steps.
+
+        For settings that take a number or a schedule (PPO's ``clip_param`` and ``entropy_coeff``,
+        IMPALA's ``entropy_coeff``, DQN's ``epsilon``), read at ``timesteps["num_env_steps_sampled_lifetime"]``
+        (the last counters the Learner was given). Each module's schedule is built once from its
+        config (overrides included) and forgotten when the module is removed.
+        """
+        key = (module_id, name)
+        if key not in self._setting_schedules:
+            setting = self.config_for_module(module_id)[name]
+            self._setting_schedules[key] = Schedule(setting, name=f"module {module_id!r}: {name}")
+        return self._setting_schedules[key].value(self._timesteps.get(NUM_ENV_STEPS_SAMPLED_LIFETIME, 0))
+
+    def _forget_scheduled_values(self, module_id: str) -> None:
+        """Drop ``module_id``'s schedules (it was removed: a module added under its id builds its own)."""
+        for key in [key for key in self._setting_schedules if key[0] == module_id]:
+            del self._setting_schedules[key]
 
     @property
     def config_overrides_per_module(self) -> dict[str, dict[str, Any]]:

@@ -112,6 +112,7 @@ class MultiModuleMixin:
         self.optimizer_registry.remove_module(module_id)
         module.remove_module(module_id)
         self.config_overrides_per_module.pop(module_id, None)
+        self._forget_scheduled_values(module_id)
         self.metrics.delete(module_id)
         if new_should_module_be_updated is not None:
             self.policies_to_train = check_policies_to_train(new_should_module_be_updated, "new_should_module_be_updated")
