@@ -17,8 +17,12 @@ methods it calls.
 Under data parallelism (``Trainer(strategy="ddp")``) every rank runs the same update on its
 own shard, and each backward pass is a collective call: every rank must take the same number
 of minibatch steps, and each backward pass must reach every parameter, or some rank waits
-forever. ``agree_with_other_ranks`` (one all-reduce before the steps) and
-``unused_parameter_anchor`` (a zero loss term touching every parameter) see to that.
+forever. ``agree_with_other_ranks`` (one all-gather before the steps) and
+``unused_parameter_anchor`` (a zero loss term touching every parameter) see to that. DDP
+averages the ranks' gradients, which weighs every rank alike; each module's loss is weighted
+by its rank's share of that module's rows (``RankAgreement.loss_weights``), so that a module
+with more rows on one rank than on another, or with rows on some ranks only (a multi-agent
+shard without that module's agents), gets the gradient of its mean loss over all its rows.
 """
 
 from __future__ import annotations
@@ -28,9 +32,10 @@ import dataclasses
 import math
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
+import torch.distributed as dist
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.strategies import Strategy
 from lightning.pytorch.trainer.states import TrainerStatus
@@ -192,6 +197,8 @@ class StepRunner:
         self._gradient_pass: GradientPass | None = None
         self.sharding_mesh: Any = None
         self.modules_in_update: set[str] | None = None
+        # {module_id: weight} of this rank's module losses in the current update (only weights other than 1).
+        self._loss_weights: dict[str, float] = {}
         self.non_finite = NonFiniteSteps()
         self.weights_seq_no = 0
         self.step_outputs: dict[Hashable, torch.Tensor] = {}
@@ -308,23 +315,24 @@ class StepRunner:
                 f"{type(self._learner).__name__}'s modules are sharded (FSDP2): it updates only within the Trainer "
                 "that sharded them (Trainer.fit, or a LearnerGroup), where the ranks keep in step"
             )
-        self.modules_in_update, num_rows_per_pass = None, None
+        self.modules_in_update, num_rows_per_pass, self._loss_weights = None, None, {}
         self.check_minibatch_size(minibatch_size)
         if self.is_data_parallel():
-            self.modules_in_update, num_rows_per_pass = agree_with_other_ranks(
-                attached_trainer(self._learner).strategy,
+            agreement = agree_with_other_ranks(
                 list(self._learner.module.keys()),
                 batch,
                 num_epochs=num_epochs,
                 minibatch_size=minibatch_size,
                 device=device,
             )
+            self.modules_in_update, num_rows_per_pass = agreement.modules, agreement.num_rows_per_pass
+            self._loss_weights = agreement.loss_weights
         trained = StepsTrained()
         try:
             if batch or self.modules_in_update:
                 trained = self._minibatch_steps(batch, num_epochs, minibatch_size, shuffle, num_rows_per_pass)
         finally:
-            self.modules_in_update = None
+            self.modules_in_update, self._loss_weights = None, {}
         # Only steps that changed the weights count: one whose optimizers all skipped for
         # non-finite gradients does not, so a TargetNetworkUpdate does not fire on it.
         self.weights_seq_no += trained.num_steps_applied
@@ -488,6 +496,11 @@ class StepRunner:
         total = loss_per_module.get(ALL_MODULES)
         if total is None and loss_per_module:
             total = sum_losses(loss_per_module.values())
+        if self._loss_weights and total is not None:
+            # Reweigh each module's part of the total by this rank's share of its rows (see agree_with_other_ranks).
+            reweighed = [(w - 1.0) * loss_per_module[m] for m, w in self._loss_weights.items() if m in loss_per_module]
+            if reweighed:
+                total = total + sum_losses(reweighed)
         trainer = self.running_trainer()
         anchor = None
         if self.sharding_mesh is not None:
@@ -639,16 +652,31 @@ def sum_losses(values: Any) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------
 
 
+class RankAgreement(NamedTuple):
+    """What the data-parallel ranks agreed on before an update's steps (``agree_with_other_ranks``).
+
+    Attributes:
+        modules: The modules with rows on any rank: those the update trains.
+        num_rows_per_pass: The largest module batch on any rank (env steps): it sets every
+            rank's number of minibatch steps per pass.
+        loss_weights: ``{module_id: weight}`` of this rank's module losses, for the modules
+            whose weight is not 1 (see ``agree_with_other_ranks``).
+    """
+
+    modules: set[str]
+    num_rows_per_pass: int
+    loss_weights: dict[str, float]
+
+
 def agree_with_other_ranks(
-    strategy: Strategy,
     module_ids: Sequence[str],
     batch: MultiModuleBatch,
     *,
     num_epochs: int,
     minibatch_size: int | None,
     device: torch.device,
-) -> tuple[set[str], int]:
-    """The modules trained on any rank and the largest module batch on any rank (a collective call).
+) -> RankAgreement:
+    """The modules trained on any rank, the largest module batch, this rank's loss weights (a collective call).
 
     A module batch's size is its env steps: a stateful module's real (unpadded) steps, which
     ``iterate_minibatches`` cuts into minibatches, so ranks with unequal episode lengths
@@ -658,13 +686,20 @@ def agree_with_other_ranks(
     that reaches every parameter (see ``unused_parameter_anchor``), even when its shard is
     smaller or holds no rows of some module, so no rank waits on another forever.
 
+    DDP (and FSDP2) average the gradients over the R ranks. With rank r's loss of module m
+    weighted by ``R * share(r, m) / sum over ranks of share(., m)``, that average is the
+    gradient of m's mean-reduced loss over all of m's rows in the step, as one learner on
+    the whole batch would take it: ``share`` is r's rows of m when each pass is one step
+    (no minibatches), and 1 where r has rows of m when passes are cut into minibatches (every
+    rank holding rows of m then gives each step the same number of them; sequence
+    minibatches, cut at sequence ends, about the same). Equal shards give every weight 1.
+
     Args:
-        strategy: The Trainer's strategy; its ``reduce`` is the all-reduce.
         module_ids: All of the Learner's module ids (the same on every rank).
         batch: This rank's prepared batch.
         num_epochs: This rank's passes over its batch.
         minibatch_size: This rank's ``minibatch_size`` setting (env steps).
-        device: Where the all-reduced tensor lives (the Learner's device).
+        device: Where the gathered tensor lives (the Learner's device).
 
     Raises:
         ValueError: On every rank alike, if the ranks were asked for different
@@ -673,19 +708,32 @@ def agree_with_other_ranks(
     module_ids = sorted(module_ids)
     local = [num_env_steps(batch[m]) if m in batch else 0 for m in module_ids]
     settings = [num_epochs, minibatch_size or 0]
-    # One all_reduce (max) of [rows per module, settings, -settings]: the largest rows,
-    # and each setting's largest and smallest value over the ranks.
-    packed = torch.tensor(local + settings + [-x for x in settings], dtype=torch.float64, device=device)
-    packed = strategy.reduce(packed, reduce_op="max").tolist()
-    rows, largest, smallest = packed[: len(local)], packed[len(local) : -2], [-x for x in packed[-2:]]
+    # One all_gather (over the default process group, the Trainer's) of [rows per module, settings]:
+    # every rank's rows and settings, by rank.
+    packed = torch.tensor(local + settings, dtype=torch.float64, device=device)
+    parts = [torch.empty_like(packed) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, packed)
+    gathered = torch.stack(parts).cpu()
+    rows, asked = gathered[:, : len(local)], gathered[:, len(local) :]
+    largest, smallest = asked.max(dim=0).values.tolist(), asked.min(dim=0).values.tolist()
     if largest != smallest:
         raise ValueError(
             f"the ranks were asked for different update settings (num_epochs from {smallest[0]:.0f} to "
             f"{largest[0]:.0f}, minibatch_size from {smallest[1]:.0f} to {largest[1]:.0f}, 0 meaning None): "
             "every data-parallel rank must take the same number of minibatch steps"
         )
-    trained = {module_id for module_id, count in zip(module_ids, rows) if count > 0}
-    return trained, int(max(rows, default=0))
+    num_rows_per_pass = int(rows.max()) if rows.numel() else 0
+    one_step_per_pass = minibatch_size is None or minibatch_size >= num_rows_per_pass
+    shares = rows if one_step_per_pass else (rows > 0).to(rows.dtype)
+    num_ranks = len(gathered)
+    loss_weights = {}
+    for index, module_id in enumerate(module_ids):
+        mine = float(local[index]) if one_step_per_pass else float(local[index] > 0)
+        weight = num_ranks * mine / float(shares[:, index].sum()) if mine > 0 else 1.0
+        if weight != 1.0:
+            loss_weights[module_id] = weight
+    trained = {module_id for module_id, count in zip(module_ids, rows.max(dim=0).values.tolist()) if count > 0}
+    return RankAgreement(trained, num_rows_per_pass, loss_weights)
 
 
 def is_wrapped_in_ddp(strategy: Strategy) -> bool:

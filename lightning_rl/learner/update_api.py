@@ -132,8 +132,10 @@ class UpdateApiMixin:
         ranks agree on the modules trained (those with rows on any rank) and on the number
         of minibatch steps (set by the largest shard), so all take the same steps, and a
         rank whose shard lacks a module, or is empty (``{}``), still takes part with zero
-        gradients. DDP averages the gradients of every step; the results are reduced over
-        the ranks. ``num_epochs`` and ``minibatch_size`` must be the same on every rank.
+        gradients. DDP averages the gradients of every step, each rank's module losses
+        weighted by its share of that module's rows, so that a module's gradient is that of
+        its mean loss over all ranks' rows (``agree_with_other_ranks``); the results are
+        reduced over the ranks. ``num_epochs`` and ``minibatch_size`` must be the same on every rank.
 
         Returns:
             ``{module_id: {key: float}}`` plus ``ALL_MODULES``: losses, learning rates,
