@@ -17,6 +17,7 @@ import numpy as np
 
 from lightning_rl.core.train_item import TrainingData, given_sources, only_iterator
 from lightning_rl.learner.batches import concat_batches
+from lightning_rl.learner.group._episodes import check_episode_kinds
 from lightning_rl.learner.group._protocol import to_numpy
 
 
@@ -62,6 +63,7 @@ def _joined_batches(source: str, batches: Any, num_learners: int) -> tuple[str, 
 def _episode_list(source: str, episodes: Any, num_learners: int) -> tuple[str, Any]:
     if isinstance(episodes, (str, bytes, Mapping)) or not isinstance(episodes, Sequence) or not episodes:
         raise ValueError(f"episodes must be a non-empty list of episodes, got {type(episodes).__name__}")
+    check_episode_kinds(episodes)
     return "episodes", list(episodes)
 
 
@@ -165,7 +167,11 @@ def _split_columns(columns: Mapping[str, Any], n: int, where: str) -> list[dict[
 
 
 def split_episodes(episodes: list[Any], n: int) -> list[list[Any]]:
-    """Deal ``episodes`` out in ``n`` contiguous groups of about equal env steps."""
+    """Deal ``episodes`` out in ``n`` contiguous groups of about equal env steps; an episode is never split.
+
+    A multi-agent episode counts its env steps (``len``), as RLlib shards them: its agents'
+    steps stay together, so each module's rows on a learner come from whole episodes.
+    """
     lengths = [max(len(episode), 0) for episode in episodes]
     bounds = _bounds(lengths if sum(lengths) > 0 else [1] * len(lengths), n)
     return [episodes[start:stop] for start, stop in itertools.pairwise(bounds)]

@@ -19,6 +19,7 @@ import warnings
 from typing import Any
 
 from lightning_rl.learner.group._data import split_batch, split_episodes
+from lightning_rl.learner.group._episodes import episodes_to_wire
 from lightning_rl.learner.group._protocol import (
     ERROR,
     FATAL,
@@ -127,9 +128,9 @@ class ProcessBackend:
     # -- requests --------------------------------------------------------------------------
 
     def prepare_update(self, kind: str, data: Any) -> list[Any]:
-        """One shard of the data per rank (checked here, before anything is sent)."""
+        """One shard of the data per rank (checked here, before anything is sent); episodes as nested dicts of arrays."""
         if kind == "update_from_episodes":
-            return split_episodes(data, self._n)
+            return [episodes_to_wire(shard) for shard in split_episodes(data, self._n)]
         return split_batch(data, self._n)
 
     def run_update(self, kind: str, shards: list[Any], settings: dict[str, Any], return_state: bool) -> Any:
@@ -146,14 +147,14 @@ class ProcessBackend:
         return self.wait(self._send(kind, [payload] * self._n))
 
     def _submit_update(self, kind: str, shards: list[Any], settings: dict[str, Any], return_state: bool) -> int:
-        # A batch's arrays travel in shared memory (written once, mapped by the learners), not
-        # pickled into the queue; episodes stay pickled (their arrays are small and many), and so
-        # does a batch that /dev/shm has no room for (writing past its size would be a SIGBUS).
-        in_shared_memory = kind == "update_from_batch" and SharedShards.fits(shards)
-        if kind == "update_from_batch" and not in_shared_memory and not self._warned_no_room:
+        # A batch's arrays, and the episodes' (``episodes_to_wire``), travel in shared memory
+        # (written once, mapped by the learners), not pickled into the queue; data that /dev/shm
+        # has no room for is pickled (writing past its size would be a SIGBUS).
+        in_shared_memory = SharedShards.fits(shards)
+        if not in_shared_memory and not self._warned_no_room:
             self._warned_no_room = True
             warnings.warn(
-                "LearnerGroup: shared memory (/dev/shm) has no room for this batch, or none was found, so it is pickled to the learners (about 2x "
+                "LearnerGroup: shared memory (/dev/shm) has no room for this update's data, or none was found, so it is pickled to the learners (about 2x "
                 "more memory per update); give the machine or container more shared memory (e.g. docker run "
                 "--shm-size)",
                 stacklevel=4,

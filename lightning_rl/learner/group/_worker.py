@@ -41,6 +41,7 @@ from lightning.pytorch import Callback
 
 from lightning_rl.core.sharding import gathered
 from lightning_rl.core.train_item import TrainingData, TrainItem
+from lightning_rl.learner.group._episodes import episodes_from_wire
 from lightning_rl.learner.group._protocol import (
     ERROR,
     FATAL,
@@ -304,12 +305,13 @@ class CommandStream:
         return item
 
     def _train_item(self, kind: str, args: Mapping[str, Any]) -> TrainItem:
-        data = attach_shared(args["data"])  # a batch's arrays, mapped from the driver's shared memory
+        data = attach_shared(args["data"])  # the shard's arrays, mapped from the driver's shared memory
         if not data:
-            batch = {}  # fewer rows than learners: this rank still takes part in every step
+            batch = {}  # fewer rows (or episodes) than learners: this rank still takes part in every step
         elif kind == "update_from_episodes":
             # The connector's batch is checked like any other before anyone trains on it.
-            batch = self.learner._prepare_batch(self.learner.episodes_to_train_batch(data))
+            episodes = episodes_from_wire(data)
+            batch = self.learner._prepare_batch(self.learner.episodes_to_train_batch(episodes))
         else:
             batch = self.learner._prepare_batch(data)
         settings = dict(args["settings"])

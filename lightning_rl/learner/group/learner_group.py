@@ -50,6 +50,7 @@ from lightning_rl.learner.learner import Learner
 
 if TYPE_CHECKING:
     from lightning_rl.env.episode import SingleAgentEpisode
+    from lightning_rl.env.multi_agent_episode import MultiAgentEpisode
 
 __all__ = ["LearnerGroup", "LearnerGroupError", "UpdateReturn", "free_local_port", "local_rank_environment"]
 
@@ -238,7 +239,7 @@ class LearnerGroup:
         self,
         batch: Mapping[str, Any] | None = None,
         batches: Sequence[Mapping[str, Any]] | None = None,
-        episodes: Sequence[SingleAgentEpisode] | None = None,
+        episodes: Sequence[SingleAgentEpisode] | Sequence[MultiAgentEpisode] | None = None,
         data_iterators: Sequence[Any] | None = None,
         training_data: TrainingData | None = None,
         *,
@@ -333,7 +334,7 @@ class LearnerGroup:
 
     def update_from_episodes(
         self,
-        episodes: Sequence[SingleAgentEpisode],
+        episodes: Sequence[SingleAgentEpisode] | Sequence[MultiAgentEpisode],
         *,
         async_update: bool = False,
         return_state: bool = False,
