@@ -154,7 +154,7 @@ class ProcessBackend:
         if not in_shared_memory and not self._warned_no_room:
             self._warned_no_room = True
             warnings.warn(
-                "LearnerGroup: shared memory (/dev/shm) has no room for this update's data, or none was found, so it is pickled to the learners (about 2x "
+                "LearnerGroup: shared memory (/dev/shm) has no room for this batch (or these episodes), or none was found, so it is pickled to the learners (about 2x "
                 "more memory per update); give the machine or container more shared memory (e.g. docker run "
                 "--shm-size)",
                 stacklevel=4,
