@@ -155,6 +155,9 @@ def test_a_module_whose_agents_play_in_one_learners_episodes_only_gets_its_whole
         expected = reference.update_from_episodes(episodes)
         assert_close(assert_ranks_agree(group), weights_of(reference))
         assert got["b"]["num_module_steps_trained"] == 8
+        assert got["b"]["gradients_default_optimizer_global_norm"] == pytest.approx(
+            expected["b"]["gradients_default_optimizer_global_norm"], rel=1e-5
+        )
     # With minibatches (and shuffled rows) the learners still take their steps together.
     group.update_from_episodes(episodes, num_epochs=2, minibatch_size=4, shuffle_batch_per_epoch=True)
     assert_ranks_agree(group)

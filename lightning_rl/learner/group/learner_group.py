@@ -66,9 +66,9 @@ class LearnerGroup:
 
     Every learner holds the same modules and weights; an update on N learners trains each on
     one of N contiguous shards of the batch and averages their gradients at every minibatch
-    step. For a mean-reduced loss and shards of equal size this equals one learner's update on
-    the whole batch (without minibatches; with them, each learner cuts its own shard into
-    minibatches). Use it as a context manager, or call ``shutdown``. A group is driven from one
+    step, each learner's loss of a module weighted by its share of that module's rows. For a
+    mean-reduced loss this equals one learner's update on the whole batch (without
+    minibatches; with them, each learner cuts its own shard into minibatches). Use it as a context manager, or call ``shutdown``. A group is driven from one
     thread.
 
     With learner processes, a learner built beforehand (``learner.build()``) starts every
@@ -260,9 +260,13 @@ class LearnerGroup:
                 modify it until its results are back.
             batches: Several such batches (all flat or all nested), concatenated row-wise into
                 one before the update.
-            episodes: Single-agent episodes for the Learner's one module. With N learners they
-                are dealt out in N contiguous groups of about equal env steps (an episode is
-                never split); each learner runs the Learner connector on its group.
+            episodes: Single-agent episodes for the Learner's one module, or multi-agent
+                episodes whose agents train the modules their episode maps them to (all of one
+                kind). With N learners they are dealt out in N contiguous groups of about equal
+                env steps (an episode is never split, a multi-agent one keeps its agents
+                together); each learner runs the Learner connector on its group. Their arrays
+                travel through shared memory; a multi-agent episode's mapping function stays
+                here (the learners get each agent's module).
             data_iterators: One iterable of batches (a ``DataLoader``, a generator) for a group
                 with ``num_learners=0``, whose learner runs ``update_from_iterator`` on it
                 (``num_epochs`` must be 1). Learner processes refuse it with a ``ValueError``
