@@ -26,6 +26,10 @@ from lightning_rl.cli.threads import HELP as THREADS_HELP
 HELD_OUT_SEED_OFFSET = 5_000_000
 #: ``export --format``'s choices: ``lightning_rl.policy.export.EXPORT_FORMATS`` (a test keeps them equal).
 EXPORT_FORMATS: tuple[str, ...] = ("onnx", "torch")
+OPPONENT_HELP = (
+    "multi-agent checkpoints: play --module_id in every seat in turn against random, heuristic (connect four), "
+    "self, or a checkpoint's path (its --module_id module, else its only one, else its main)"
+)
 
 
 def build_evaluate_parser() -> argparse.ArgumentParser:
@@ -53,6 +57,7 @@ def build_evaluate_parser() -> argparse.ArgumentParser:
         "--num_envs", type=num_envs_int, default=8, help="envs stepped together (default 8, at most MAX_NUM_ENVS)"
     )
     parser.add_argument("--json", type=output_file, default=None, help="also write the statistics to this JSON file")
+    parser.add_argument("--opponent", default=None, help=OPPONENT_HELP)
     parser.add_argument("--threads", type=nonnegative_int, default=None, help=THREADS_HELP)
     return parser
 
