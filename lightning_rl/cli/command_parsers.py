@@ -86,9 +86,16 @@ def build_record_parser() -> argparse.ArgumentParser:
     """The ``record`` command's arguments."""
     parser = OneLineArgumentParser(
         prog="lightning-rl record",
-        description="Play episodes with checkpoints' policies or random actions; write them as a Minari dataset.",
+        description="Play episodes with checkpoints' policies or random actions; write them as a Minari dataset "
+        "(a multi-agent checkpoint's games: as a directory of .npz files, --output).",
     )
-    parser.add_argument("--dataset_id", required=True, help="the Minari dataset to write, e.g. pendulum/sac-medium-v0")
+    parser.add_argument(
+        "--dataset_id", default=None, help="the Minari dataset to write, e.g. pendulum/sac-medium-v0 (single-agent)"
+    )
+    parser.add_argument(
+        "--output", type=Path, default=None, help="multi-agent checkpoints: the directory the games are written to"
+    )
+    parser.add_argument("--opponent", default=None, help=OPPONENT_HELP)
     parser.add_argument(
         "--ckpt_path",
         action="append",
