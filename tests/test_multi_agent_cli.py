@@ -1,4 +1,4 @@
-"""``lightning-rl evaluate``, ``record`` and ``export`` on multi-agent checkpoints (self-play connect four, simple_spread).
+"""``lightning-rl evaluate``, ``record`` and ``export`` on multi-agent checkpoints (connect four, simple_spread).
 
 evaluate: a module against random, heuristic, itself or another checkpoint, seated in both seats
 in turn, wins/draws/losses per seat, reproducible from ``--seed``; a cooperative checkpoint's
@@ -39,7 +39,7 @@ CODE_MODULE = "_code_from_checkpoint"
 
 @pytest.fixture(scope="module")
 def self_play_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``examples/ppo_connect_four_selfplay.yaml`` shrunk to 192 moves: modules ``main`` and ``main_v0``, barely trained."""
+    """``examples/ppo_connect_four_selfplay.yaml`` shrunk to 192 moves: ``main`` and ``main_v0``, barely trained."""
     from lightning_rl.cli import LightningRLCLI
 
     root = tmp_path_factory.mktemp("self_play")
@@ -268,6 +268,14 @@ def test_the_dataset_round_trips_every_array_of_the_episodes_played(tmp_path):
             for name in ("observations", "action_masks", "actions", "rewards", "terminations", "truncations"):
                 np.testing.assert_array_equal(getattr(got, name), getattr(expected, name))
                 assert getattr(got, name).dtype == getattr(expected, name).dtype
+
+    spaces_of = {"observation_spaces": spaces, "action_spaces": actions}
+    with pytest.raises(ValueError, match=r"info may not set \['episodes'\], which the format itself writes"):
+        write_multi_agent_dataset(tmp_path / "e", episodes, **spaces_of, info={"episodes": []})
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(ValueError, match="is not a multi-agent dataset .metadata.json missing.: not replaced"):
+        write_multi_agent_dataset(tmp_path / "mine", episodes, **spaces_of, info={}, overwrite=True)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["d", "mine"]  # no staging directory is left
 
 
 def test_export_names_the_modules_of_a_multi_module_checkpoint(self_play_checkpoint, tmp_path, capsys):

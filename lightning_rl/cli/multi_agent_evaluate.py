@@ -1,4 +1,4 @@
-"""``lightning-rl evaluate`` on a multi-agent checkpoint: greedy games in its PettingZoo env, returns per agent, win rate.
+"""``lightning-rl evaluate`` on a multi-agent checkpoint: greedy games in its PettingZoo env, returns, win rates.
 
     lightning-rl evaluate --ckpt_path last.ckpt --module_id main --opponent random [--num_episodes 100]
     lightning-rl evaluate --ckpt_path last.ckpt                       # simple_spread: every agent on its module
@@ -136,7 +136,7 @@ def _outcomes(results: Sequence[str]) -> dict[str, float]:
 
 
 def report_lines(stats: dict[str, Any], module_id: str | None) -> list[str]:
-    """What ``evaluate`` prints of :func:`match_statistics` (``module_id``: the module evaluated against an opponent)."""
+    """What ``evaluate`` prints of :func:`match_statistics` (``module_id``: the one played against an opponent)."""
     lines = []
     if module_id is not None:
         lines.append(f"{module_id}: win rate {stats['win_rate']:.3f} ({_counts(stats)})")

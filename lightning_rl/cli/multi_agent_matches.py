@@ -166,7 +166,9 @@ def pettingzoo_source(
         _check_env(named, f"--config {config}")
         seed = base_seed if section.seed is None else section.seed
         config_mapping = _mapping_name(section.init_args.get("policy_mapping_fn", "shared"))
-        return PettingZooSource(named, dict(section.init_args.get("env_kwargs") or {}), "--config", seed, config_mapping)
+        return PettingZooSource(
+            named, dict(section.init_args.get("env_kwargs") or {}), "--config", seed, config_mapping
+        )
     named = saved.get("env")
     if named is None:
         raise CommandError(f"{ckpt_path}: it holds no data-module settings naming an env; pass --env or --config")
@@ -217,9 +219,17 @@ def load_match(
     try:
         mapping = seat_mapping(main_id, opponent_id, runner.possible_agents)
     except ValueError as error:
-        raise CommandError(f"--opponent {opponent}: {source.env} is not a game of two or more players: {error}") from error
+        raise CommandError(
+            f"--opponent {opponent}: {source.env} is not a game of two or more players: {error}"
+        ) from error
     modules = MultiRLModule({main_id: main, opponent_id: opponent_module})
     return Match(modules, mapping, main_id, opponent, opponent_id, f"{main_id} against {opponent}")
+
+
+def agent_spaces(runner: MultiAgentEnvRunner) -> tuple[dict[str, gym.Space], dict[str, gym.Space]]:
+    """``({agent: observation space}, {agent: action space})`` of every possible agent, in the env's order."""
+    agents = runner.possible_agents
+    return {a: runner.observation_space(a) for a in agents}, {a: runner.action_space(a) for a in agents}
 
 
 def _team(
@@ -348,9 +358,3 @@ def _is_registry_id(env: str) -> bool:
 
 def _mapping_name(value: Any) -> str | None:
     return value if isinstance(value, str) and value in BUILT_IN_MAPPINGS else None
-
-
-def agent_spaces(runner: MultiAgentEnvRunner) -> tuple[dict[str, gym.Space], dict[str, gym.Space]]:
-    """``({agent: observation space}, {agent: action space})`` of every possible agent, in the env's order."""
-    agents = runner.possible_agents
-    return {a: runner.observation_space(a) for a in agents}, {a: runner.action_space(a) for a in agents}

@@ -26,7 +26,8 @@ An episode's metadata entry names its file, the module each agent (seat) was pla
 :func:`load_multi_agent_dataset` reads it all back.
 
 A dataset is written whole or not at all: into a hidden directory beside the target first,
-then renamed into place (an existing one is replaced only with ``overwrite``).
+then renamed into place; an existing one is replaced only with ``overwrite``, moved aside
+before the new one moves in and removed after.
 """
 
 from __future__ import annotations
@@ -54,6 +55,11 @@ METADATA_FILE = "metadata.json"
 #: The arrays each agent has in an episode file, ``action_masks`` only for masked observations.
 AGENT_ARRAYS = ("observations", "action_masks", "actions", "rewards", "terminations", "truncations")
 _WRITING_PREFIX = ".lightning_rl-writing-"
+_REPLACED_PREFIX = ".lightning_rl-replaced-"
+# The metadata keys the format writes itself.
+_RESERVED_KEYS = frozenset(
+    {"format", "format_version", "possible_agents", "observation_spaces", "action_spaces", "num_episodes", "episodes"}
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,19 +155,22 @@ def write_multi_agent_dataset(
         observation_spaces: ``{agent: space}`` of every possible agent, in the env's order.
         action_spaces: ``{agent: space}``.
         info: Plain JSON data about how the episodes were played (env, checkpoint, seeds...),
-            stored in ``metadata.json`` beside the format fields.
+            stored in ``metadata.json`` beside the format's own keys.
         overwrite: Replace an existing ``path``.
 
     Returns:
         ``path``.
 
     Raises:
-        ValueError: For no episodes, a running episode, an existing ``path`` without
-            ``overwrite``, or a missing parent directory.
+        ValueError: For no episodes, a running episode, ``info`` setting one of the format's
+            own keys, an existing ``path`` without ``overwrite``, or a missing parent directory.
     """
     target = Path(path)
     if not episodes:
         raise ValueError(f"{target}: no episodes to write")
+    reserved = sorted(set(info) & _RESERVED_KEYS)
+    if reserved:
+        raise ValueError(f"{target}: info may not set {reserved}, which the format itself writes")
     check_output_directory(target, overwrite=overwrite)
     entries = []
     stage = target.parent / f"{writer_tag(_WRITING_PREFIX)}{target.name}"
@@ -177,7 +186,9 @@ def write_multi_agent_dataset(
                     "id": episode.id_,
                     "env_steps": episode.env_steps(),
                     "agent_modules": {agent: t.module_id for agent, t in trajectories.items()},
-                    "agent_returns": {agent: float(t.rewards.sum(dtype=np.float64)) for agent, t in trajectories.items()},
+                    "agent_returns": {
+                        agent: float(t.rewards.sum(dtype=np.float64)) for agent, t in trajectories.items()
+                    },
                     "terminated": bool(episode.is_terminated),
                     "truncated": bool(episode.is_truncated),
                 }
@@ -193,9 +204,12 @@ def write_multi_agent_dataset(
             "episodes": entries,
         }
         (stage / METADATA_FILE).write_text(json.dumps(metadata, indent=2))
+        # The old dataset moves aside first and is removed last: the path always holds a whole one.
+        replaced = target.parent / f"{writer_tag(_REPLACED_PREFIX)}{target.name}"
         if target.exists():
-            shutil.rmtree(target)
+            target.rename(replaced)
         stage.rename(target)
+        shutil.rmtree(replaced, ignore_errors=True)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
@@ -242,9 +256,15 @@ def load_multi_agent_dataset(path: str | Path) -> MultiAgentDataset:
                 missing = [name for name in AGENT_ARRAYS if name != "action_masks" and f"{agent}/{name}" not in arrays]
                 if missing:
                     raise ValueError(f"{root / entry['file']}: agent {agent!r} has no arrays {missing}")
-                masks = arrays[f"{agent}/action_masks"] if f"{agent}/action_masks" in arrays else None
+                masks = f"{agent}/action_masks"
                 agents[agent] = AgentTrajectory(
-                    module_id, *(masks if name == "action_masks" else arrays[f"{agent}/{name}"] for name in AGENT_ARRAYS)
+                    module_id=module_id,
+                    observations=arrays[f"{agent}/observations"],
+                    action_masks=arrays[masks] if masks in arrays else None,
+                    actions=arrays[f"{agent}/actions"],
+                    rewards=arrays[f"{agent}/rewards"],
+                    terminations=arrays[f"{agent}/terminations"],
+                    truncations=arrays[f"{agent}/truncations"],
                 )
         episodes.append(RecordedEpisode(entry, agents))
     return MultiAgentDataset(
