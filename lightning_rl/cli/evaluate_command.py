@@ -2,6 +2,7 @@
 
     lightning-rl evaluate --ckpt_path last.ckpt --num_episodes 100 [--seed S] [--video] [--video_dir D]
                           [--env ID] [--config cfg.yaml] [--module_id M] [--num_envs N] [--json stats.json]
+
     lightning-rl evaluate --ckpt_path last.ckpt --module_id main --opponent random     # a multi-agent checkpoint
 
 A multi-agent checkpoint (a ``MultiAgentDataModule`` run) is played in its PettingZoo env by
