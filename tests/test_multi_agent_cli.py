@@ -152,6 +152,17 @@ def test_evaluate_plays_a_cooperative_checkpoint_with_every_agent_on_its_module(
     assert "the run's policy mapping 'shared'" in out and "agent_episode_return_mean: agent_0" in out
 
 
+def test_evaluate_takes_a_pettingzoo_env_from_env_or_config(spread_checkpoint, tmp_path, capsys):
+    play = ["--ckpt_path", str(spread_checkpoint), "--num_episodes", "2"]
+    stats, out = evaluated([*play, "--env", "mpe2.simple_spread_v3", "--seed", "1"], tmp_path, capsys)
+    assert stats["env"] == "mpe2.simple_spread_v3" and "(env from --env)" in out
+    assert stats["episode_len_mean"] == 25  # the env's own max_cycles, not the run's env_kwargs
+    config = Path(__file__).resolve().parent.parent / "examples" / "ppo_simple_spread.yaml"
+    stats, out = evaluated([*play, "--config", str(config)], tmp_path, capsys)
+    assert "(env from --config)" in out and stats["episode_len_mean"] == 25
+    assert stats["first_seed"] == 5_000_000  # the config's seed_everything 0, held out
+
+
 def _single_agent_looking(self_play_checkpoint: Path, tmp_path: Path) -> Path:
     """The self-play checkpoint with the data-module settings of a single-agent run."""
     checkpoint = torch.load(self_play_checkpoint, weights_only=True)
