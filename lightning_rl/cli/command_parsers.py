@@ -26,6 +26,10 @@ from lightning_rl.cli.threads import HELP as THREADS_HELP
 HELD_OUT_SEED_OFFSET = 5_000_000
 #: ``export --format``'s choices: ``lightning_rl.policy.export.EXPORT_FORMATS`` (a test keeps them equal).
 EXPORT_FORMATS: tuple[str, ...] = ("onnx", "torch")
+OPPONENT_HELP = (
+    "multi-agent checkpoints: play --module_id in every seat in turn against random, heuristic (connect four), "
+    "self, or a checkpoint's path (its --module_id module, else its only one, else its main)"
+)
 
 
 def build_evaluate_parser() -> argparse.ArgumentParser:
@@ -53,6 +57,7 @@ def build_evaluate_parser() -> argparse.ArgumentParser:
         "--num_envs", type=num_envs_int, default=8, help="envs stepped together (default 8, at most MAX_NUM_ENVS)"
     )
     parser.add_argument("--json", type=output_file, default=None, help="also write the statistics to this JSON file")
+    parser.add_argument("--opponent", default=None, help=OPPONENT_HELP)
     parser.add_argument("--threads", type=nonnegative_int, default=None, help=THREADS_HELP)
     return parser
 
@@ -81,9 +86,16 @@ def build_record_parser() -> argparse.ArgumentParser:
     """The ``record`` command's arguments."""
     parser = OneLineArgumentParser(
         prog="lightning-rl record",
-        description="Play episodes with checkpoints' policies or random actions; write them as a Minari dataset.",
+        description="Play episodes with checkpoints' policies or random actions; write them as a Minari dataset "
+        "(a multi-agent checkpoint's games: as a directory of .npz files, --output).",
     )
-    parser.add_argument("--dataset_id", required=True, help="the Minari dataset to write, e.g. pendulum/sac-medium-v0")
+    parser.add_argument(
+        "--dataset_id", default=None, help="the Minari dataset to write, e.g. pendulum/sac-medium-v0 (single-agent)"
+    )
+    parser.add_argument(
+        "--output", type=Path, default=None, help="multi-agent checkpoints: the directory the games are written to"
+    )
+    parser.add_argument("--opponent", default=None, help=OPPONENT_HELP)
     parser.add_argument(
         "--ckpt_path",
         action="append",

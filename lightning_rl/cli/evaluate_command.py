@@ -3,6 +3,11 @@
     lightning-rl evaluate --ckpt_path last.ckpt --num_episodes 100 [--seed S] [--video] [--video_dir D]
                           [--env ID] [--config cfg.yaml] [--module_id M] [--num_envs N] [--json stats.json]
 
+    lightning-rl evaluate --ckpt_path last.ckpt --module_id main --opponent random     # a multi-agent checkpoint
+
+A multi-agent checkpoint (a ``MultiAgentDataModule`` run) is played in its PettingZoo env by
+:mod:`lightning_rl.cli.multi_agent_evaluate`; the rest of this docstring is single-agent.
+
 The env is, in this order: ``--env`` (a registered gymnasium id, or ``module:Id``); the data
 section of ``--config`` (its ``env``, ``env_kwargs`` and evaluation wrappers); or the
 checkpoint's own data-module settings when they name a registered id with no wrappers (a
@@ -31,13 +36,15 @@ from typing import Any, Protocol
 
 import gymnasium as gym
 import numpy as np
-import yaml
 
 from lightning_rl.cli._command_line import CommandError, run_command, tell
 from lightning_rl.cli.command_parsers import HELD_OUT_SEED_OFFSET
 from lightning_rl.cli.command_parsers import build_evaluate_parser as build_parser
+from lightning_rl.cli.multi_agent_evaluate import evaluate_multi_agent
+from lightning_rl.cli.multi_agent_matches import MULTI_AGENT_DATA_MODULE, is_multi_agent_checkpoint
+from lightning_rl.cli.run_settings import read_data_section, run_base_seed
 from lightning_rl.cli.threads import apply_threads
-from lightning_rl.core.checkpoint import atomic_write
+from lightning_rl.core.checkpoint import atomic_write, checkpoint_file, read_checkpoint_file
 from lightning_rl.core.observation_layout import ObservationLayout
 from lightning_rl.core.spaces import space_to_dict
 from lightning_rl.data.evaluation_video import encode_gif
@@ -45,7 +52,7 @@ from lightning_rl.env.env_factory import make_env, resolve_env, resolve_wrappers
 from lightning_rl.env.episode import SingleAgentEpisode
 from lightning_rl.env.episode_quota import EpisodeQuota
 from lightning_rl.env.frame_recorder import EpisodeFrameRecorder, env_kwargs_for_video
-from lightning_rl.policy.loading import read_policy_checkpoint
+from lightning_rl.policy.loading import policy_module
 from lightning_rl.policy.policy import Policy
 
 #: The first episode's video, in ``--video_dir``.
@@ -157,7 +164,17 @@ def main(args: list[str]) -> None:
 
 def _evaluate(args: argparse.Namespace) -> None:
     apply_threads(args.threads)
-    module, normalization, content = read_policy_checkpoint(args.ckpt_path, args.module_id)
+    file = checkpoint_file(args.ckpt_path)
+    content = read_checkpoint_file(file)
+    if is_multi_agent_checkpoint(content, args.config, args.opponent):
+        evaluate_multi_agent(args, content)
+        return
+    if args.opponent is not None:
+        raise CommandError(
+            f"--opponent plays multi-agent checkpoints; {args.ckpt_path} is of a single-agent run (its data module "
+            f"is not {MULTI_AGENT_DATA_MODULE})"
+        )
+    module, normalization = policy_module(content, args.module_id, file)
     policy = Policy(module, observation_normalization=normalization)
     source = env_source(args.env, args.config, content, args.ckpt_path)
     first_seed = args.seed if args.seed is not None else (source.base_seed or 0) + HELD_OUT_SEED_OFFSET
@@ -194,9 +211,7 @@ def env_source(env: str | None, config: Path | None, checkpoint: Mapping[str, An
             code from the checkpoint, saying what to pass.
     """
     saved = dict(checkpoint.get("datamodule_hyper_parameters") or {})
-    saved_seed = _int_or_none(saved.get("seed"))
-    if saved_seed is None:
-        saved_seed = _seed_everything_of_run(Path(ckpt_path))
+    saved_seed = run_base_seed(checkpoint, ckpt_path)
     if env is not None:
         resolve_env(env)
         return EnvSource(env, {}, [], "--env", saved_seed)
@@ -221,58 +236,20 @@ def _why_not_rebuildable(saved: Mapping[str, Any]) -> str | None:
 
 
 def _env_from_config(config: Path, saved_seed: int | None) -> EnvSource:
-    try:
-        content = yaml.safe_load(config.read_text())
-    except (OSError, yaml.YAMLError) as error:
-        raise CommandError(f"--config {config}: cannot read it: {error}") from error
-    data = content.get("data") if isinstance(content, Mapping) else None
-    if not isinstance(data, Mapping):
-        raise CommandError(f"--config {config}: it has no data section")
-    init_args = (data.get("init_args") or {}) if ("class_path" in data or "init_args" in data) else data
-    env = init_args.get("env")
+    section = read_data_section(config)
+    env = section.init_args.get("env")
     if not isinstance(env, str):
         raise CommandError(f"--config {config}: its data section names no env id (env: {env!r})")
     resolve_env(env)
-    wrappers = init_args.get("evaluation_wrappers")
-    wrappers = init_args.get("wrappers") if wrappers is None else wrappers
-    seed = _int_or_none(init_args.get("seed"))
-    if seed is None:
-        seed = _int_or_none(content.get("seed_everything"))
+    wrappers = section.init_args.get("evaluation_wrappers")
+    wrappers = section.init_args.get("wrappers") if wrappers is None else wrappers
     return EnvSource(
         env,
-        dict(init_args.get("env_kwargs") or {}),
+        dict(section.init_args.get("env_kwargs") or {}),
         list(wrappers or []),
         "--config",
-        saved_seed if seed is None else seed,
+        saved_seed if section.seed is None else section.seed,
     )
-
-
-def _seed_everything_of_run(ckpt_path: Path) -> int | None:
-    """The ``seed_everything`` of the run that wrote ``ckpt_path``, from the config ``lightning-rl fit`` saved.
-
-    Lightning's CLI saves the run's config (``seed_everything`` always an int: a random one
-    when the config sets none) as ``version_N/config.yaml``, beside the ``checkpoints``
-    directory the checkpoint is in. It is read as data only.
-
-    Args:
-        ckpt_path: The checkpoint file (or Learner directory) being evaluated.
-
-    Returns:
-        The saved ``seed_everything``; ``None`` when there is no such config, it cannot be
-        read, or it holds no int seed.
-    """
-    if ckpt_path.parent.name != "checkpoints":
-        return None
-    try:
-        content = yaml.safe_load((ckpt_path.parent.parent / "config.yaml").read_text())
-    except (OSError, yaml.YAMLError):
-        return None
-    return _int_or_none(content.get("seed_everything")) if isinstance(content, Mapping) else None
-
-
-def _int_or_none(value: Any) -> int | None:
-    """``value`` if it is an int seed; ``None`` otherwise (``seed_everything: true`` is not a seed)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def play_episodes(

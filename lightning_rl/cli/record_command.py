@@ -16,6 +16,9 @@ random actions (with ``--random_fraction 1`` no checkpoint is needed). Every epi
 to its end (termination or truncation) and stored with its final observation and the env's
 own observations and rewards. The dataset goes to ``$MINARI_DATASETS_PATH`` (default
 ``~/.minari/datasets``); an existing id is refused unless ``--overwrite``.
+
+A multi-agent checkpoint's games (a ``MultiAgentDataModule`` run) go to ``--output DIR``
+instead (:mod:`lightning_rl.cli.multi_agent_record`).
 """
 
 from __future__ import annotations
@@ -44,10 +47,13 @@ from lightning_rl.cli.evaluate_command import (
     episode_stats,
     run_episodes,
 )
+from lightning_rl.cli.multi_agent_matches import MULTI_AGENT_DATA_MODULE, is_multi_agent_checkpoint
+from lightning_rl.cli.multi_agent_record import record_multi_agent
 from lightning_rl.cli.threads import apply_threads
+from lightning_rl.core.checkpoint import checkpoint_file, read_checkpoint_file
 from lightning_rl.data.minari_writer import check_dataset_id, registered_env_spec, write_minari_dataset
 from lightning_rl.env.episode import SingleAgentEpisode
-from lightning_rl.policy.loading import read_policy_checkpoint
+from lightning_rl.policy.loading import policy_module
 from lightning_rl.policy.policy import Policy
 
 #: The label of the episodes played with random actions, in the summary and the dataset's metadata.
@@ -83,6 +89,21 @@ def main(args: list[str]) -> None:
 
 def _record(args: argparse.Namespace) -> None:
     apply_threads(args.threads)
+    first = None
+    if args.ckpt_path:
+        file = checkpoint_file(args.ckpt_path[0])
+        first = read_checkpoint_file(file)
+        if is_multi_agent_checkpoint(first, args.config, args.opponent):
+            record_multi_agent(args, first)
+            return
+    for flag in ("opponent", "output"):
+        if getattr(args, flag) is not None:
+            raise CommandError(
+                f"--{flag} records multi-agent checkpoints (a {MULTI_AGENT_DATA_MODULE} run); "
+                + ("this one is single-agent" if first is not None else "pass its --ckpt_path")
+            )
+    if args.dataset_id is None:
+        raise CommandError("--dataset_id is required: the Minari dataset to write")
     check_dataset_id(args.dataset_id, overwrite=args.overwrite)  # before any episode is played
     num_random = round(args.random_fraction * args.num_episodes)
     num_policy = args.num_episodes - num_random
@@ -97,8 +118,10 @@ def _record(args: argparse.Namespace) -> None:
             "checkpoints; record at least one episode per checkpoint"
         )
     policies, contents = [], []
-    for path in args.ckpt_path if num_policy else []:
-        module, normalization, content = read_policy_checkpoint(path, args.module_id)
+    for index, path in enumerate(args.ckpt_path if num_policy else []):
+        file = checkpoint_file(path)
+        content = first if index == 0 else read_checkpoint_file(file)
+        module, normalization = policy_module(content, args.module_id, file)
         policy = Policy(module, observation_normalization=normalization)
         policy.net.eval()  # acting is inference, as Policy.from_checkpoint
         policies.append(policy)

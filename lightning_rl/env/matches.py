@@ -3,7 +3,7 @@
 An evaluation plays a module against an opponent over complete episodes:
 :func:`seat_mapping` is the policy mapping that seats them (each seat in turn for the module,
 so neither the first-move advantage nor a seat's asymmetry favours it), and :func:`win_rate`
-scores the episodes played.
+scores the episodes played (:func:`match_result` each one).
 """
 
 from __future__ import annotations
@@ -78,10 +78,18 @@ def win_rate(episodes: Sequence[MultiAgentEpisode], module_id: ModuleID) -> floa
     """
     if not episodes:
         raise ValueError(f"win_rate of {module_id!r}: no episodes to score")
-    return sum(_won(episode, module_id) for episode in episodes) / len(episodes)
+    return sum(match_result(episode, module_id) == "win" for episode in episodes) / len(episodes)
 
 
-def _won(episode: MultiAgentEpisode, module_id: ModuleID) -> bool:
+def match_result(episode: MultiAgentEpisode, module_id: ModuleID) -> str:
+    """``"win"``, ``"draw"`` or ``"loss"`` of ``module_id`` in one complete episode.
+
+    A win: the best return of ``module_id``'s agents is strictly larger than every other
+    agent's return; a loss: some other agent's return is strictly larger; else a draw.
+
+    Raises:
+        ValueError: If ``module_id`` had no agent or no opponent in the episode.
+    """
     returns = episode.agent_returns()
     own = [value for agent_id, value in returns.items() if episode.module_for(agent_id) == module_id]
     others = [value for agent_id, value in returns.items() if episode.module_for(agent_id) != module_id]
@@ -92,4 +100,6 @@ def _won(episode: MultiAgentEpisode, module_id: ModuleID) -> bool:
             f"win_rate of {module_id!r}: episode {episode.id_} has no {missing} of it to score (agents -> modules: "
             f"{modules})"
         )
-    return max(own) > max(others)
+    if max(own) == max(others):
+        return "draw"
+    return "win" if max(own) > max(others) else "loss"

@@ -80,11 +80,44 @@ def read_policy_checkpoint(
     """
     file = checkpoint_file(path)
     content = read_checkpoint_file(file)
-    try:
-        module, normalization = _build_module(content, module_id)
-    except ValueError as error:
-        raise ValueError(f"{file}: cannot load a policy from it: {error}") from error
+    module, normalization = policy_module(content, module_id, file)
     return module, normalization, content
+
+
+def policy_module(
+    content: Mapping[str, Any], module_id: str | None, where: str | os.PathLike
+) -> tuple[RLModule, ObservationNormalization | None]:
+    """:func:`read_policy_checkpoint` on a checkpoint's content already read (to build several of its modules).
+
+    Args:
+        content: What ``read_checkpoint_file`` returned.
+        module_id: As in :func:`read_policy_checkpoint`.
+        where: The file, named in errors.
+
+    Raises:
+        ValueError: One line naming ``where``, as :func:`read_policy_checkpoint`.
+    """
+    try:
+        return _build_module(content, module_id)
+    except ValueError as error:
+        raise ValueError(f"{os.fspath(where)}: cannot load a policy from it: {error}") from error
+
+
+def checkpoint_module_ids(content: Mapping[str, Any], where: str | os.PathLike) -> list[str]:
+    """The ids of the modules a checkpoint's content holds, in its spec's order (nothing is built).
+
+    Raises:
+        ValueError: One line naming ``where``, if the content holds no readable module spec.
+    """
+    try:
+        return list(_module_spec(content).rl_module_specs)
+    except ValueError as error:
+        raise ValueError(f"{os.fspath(where)}: cannot load a policy from it: {error}") from error
+
+
+def _module_spec(content: Mapping[str, Any]) -> MultiRLModuleSpec:
+    state = (content[CHECKPOINT_KEY] if CHECKPOINT_KEY in content else content)["state"]
+    return MultiRLModuleSpec.from_dict(state["module_spec"])
 
 
 def _build_module(
@@ -92,7 +125,7 @@ def _build_module(
 ) -> tuple[RLModule, ObservationNormalization | None]:
     lightning_format = CHECKPOINT_KEY in content
     state = (content[CHECKPOINT_KEY] if lightning_format else content)["state"]
-    spec = MultiRLModuleSpec.from_dict(state["module_spec"])
+    spec = _module_spec(content)
     module_id = choose_module_id(list(spec.rl_module_specs), module_id, "the checkpoint")
     module = spec.rl_module_specs[module_id].build()
     if lightning_format:

@@ -1,0 +1,85 @@
+"""``lightning-rl record`` on a multi-agent checkpoint: play games and write them as a multi-agent dataset directory.
+
+    lightning-rl record --ckpt_path last.ckpt --module_id main --opponent random \\
+        --num_episodes 200 --output games/main-vs-random
+
+Minari has no multi-agent format: the games go to ``--output`` as one compressed ``.npz`` per
+episode and a ``metadata.json`` (:mod:`lightning_rl.data.multi_agent_dataset`, read back with
+``load_multi_agent_dataset``). Who plays, the env and the seeds are ``evaluate``'s
+(:mod:`lightning_rl.cli.multi_agent_matches`); actions are greedy unless ``--explore``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import torch
+
+from lightning_rl.cli._command_line import CommandError, tell
+from lightning_rl.cli.command_parsers import HELD_OUT_SEED_OFFSET
+from lightning_rl.cli.multi_agent_matches import agent_spaces, load_match, pettingzoo_source
+from lightning_rl.data.multi_agent_dataset import check_output_directory, write_multi_agent_dataset
+
+
+def record_multi_agent(args: argparse.Namespace, checkpoint: dict[str, Any]) -> None:
+    """Play ``args.num_episodes`` games with the checkpoint's modules and write them to ``args.output``.
+
+    Args:
+        args: ``record``'s arguments.
+        checkpoint: The content of the (only) ``--ckpt_path``.
+
+    Raises:
+        CommandError: For flags of single-agent recording (``--dataset_id``, several
+            ``--ckpt_path``, ``--random_fraction``), a missing ``--output``, and as
+            ``pettingzoo_source`` and ``load_match``.
+        ValueError: For an existing ``--output`` without ``--overwrite``.
+    """
+    if args.dataset_id is not None:
+        raise CommandError("Minari has no multi-agent format: pass --output DIR instead of --dataset_id")
+    if args.output is None:
+        raise CommandError("--output DIR is required: where the multi-agent episodes are written")
+    if len(args.ckpt_path) > 1:
+        raise CommandError("a multi-agent recording plays one --ckpt_path; pass another checkpoint as --opponent PATH")
+    if args.random_fraction:
+        raise CommandError("--random_fraction is single-agent; pass --opponent random for a random player")
+    check_output_directory(args.output, overwrite=args.overwrite)  # before any game is played
+    ckpt_path = args.ckpt_path[0]
+    source = pettingzoo_source(args.env, args.config, checkpoint, ckpt_path)
+    first_seed = args.seed if args.seed is not None else (source.base_seed or 0) + HELD_OUT_SEED_OFFSET
+    # Sampled actions (--explore) come from torch's generator: seeded, a recording is repeatable.
+    torch.manual_seed(first_seed)
+    runner = source.make_runner(min(args.num_envs, args.num_episodes), first_seed)
+    try:
+        match = load_match(ckpt_path, checkpoint, args.module_id, args.opponent, runner, source, first_seed)
+        episodes = match.play(runner, args.num_episodes, explore=args.explore)
+        observation_spaces, action_spaces = agent_spaces(runner)
+    finally:
+        runner.close()
+    mode = "explore" if args.explore else "greedy"
+    info = {
+        "env": source.env,
+        "env_kwargs": source.env_kwargs,
+        "ckpt_path": str(ckpt_path),
+        "module_id": match.module_id,
+        "opponent": match.opponent,
+        "players": match.mapping_name,
+        "explore": bool(args.explore),
+        "first_seed": first_seed,
+        "num_envs": runner.num_envs,
+        "description": args.description or f"{len(episodes)} {mode} games of {source.env}: {match.mapping_name}",
+    }
+    path = write_multi_agent_dataset(
+        args.output,
+        episodes,
+        observation_spaces=observation_spaces,
+        action_spaces=action_spaces,
+        info=info,
+        overwrite=args.overwrite,
+    )
+    steps = sum(episode.env_steps() for episode in episodes)
+    tell(
+        f"{source.env} (env from {source.origin}): {len(episodes)} {mode} games, {match.mapping_name}, "
+        f"seeds {first_seed}..{first_seed + runner.num_envs - 1} (one per env copy)"
+    )
+    tell(f"wrote {path}: {len(episodes)} episodes, {steps} env steps")
