@@ -30,7 +30,7 @@ from lightning_rl.core.arguments import check_bool, check_choice, check_int, che
 from lightning_rl.core.rl_modules import MultiRLModule, RLModule
 from lightning_rl.env.agent_acting import AgentActing
 from lightning_rl.env.closes_once import ClosesOnce
-from lightning_rl.env.env_errors import EnvFaultError, NonFiniteEnvError, SampleTimeoutError, SubEnvError
+from lightning_rl.env.env_errors import EnvFaultError, NonFiniteEnvError, SubEnvError
 from lightning_rl.env.episode_quota import EpisodeQuota
 from lightning_rl.env.guarded_vector_env import rollout_alarm
 from lightning_rl.env.multi_agent_episode import AgentID, ModuleID, MultiAgentEpisode
@@ -87,8 +87,8 @@ class MultiAgentEnvRunner(ClosesOnce):
             or in ``"async"`` mode hangs past ``sample_timeout_s``), rebuild it (a new env from
             ``env`` and ``env_kwargs``, in a new worker in ``"async"`` mode), drop its unfinished
             episode, warn naming the copy, the agents, the step and the cause, and go on; counted
-            in :meth:`get_metrics`'s ``num_env_restarts_lifetime``. After a hung worker is
-            rebuilt, the rest of the call has ``sample_timeout_s`` again. Without it, the error
+            in :meth:`get_metrics`'s ``num_env_restarts_lifetime``. After a worker is rebuilt,
+            the rest of the call has ``sample_timeout_s`` again (building one gets at least 60 s). Without it, the error
             is raised. In ``"sync"`` mode a hang is not restarted: it ends the call.
         on_nonfinite: A NaN or infinite reward or observation of a step: ``"raise"`` a
             ``NonFiniteEnvError`` naming the copy, the agent and the step, or ``"drop_episode"``:
@@ -322,12 +322,12 @@ class MultiAgentEnvRunner(ClosesOnce):
         """
         for index, error in failed:
             warnings.warn(f"{error}; the env copy is rebuilt (restart_failed_sub_environments)", stacklevel=3)
-            if isinstance(error, SampleTimeoutError):
-                self._deadline.renew()  # the hang used up the call's time
             copy = self._copies[index]
             copy.env.discard()  # a failed worker is killed; a failed env in this process may not close cleanly
             copy.replace_env(self._new_envs([index])[0])
             self.num_env_restarts += 1
+            # A hang used up the call's time, and building a worker takes some: the rest of the call gets it afresh.
+            self._deadline.renew()
             copy.reset(seed=seed)
 
     def _count_dropped(self, dropped: list[tuple[int, NonFiniteEnvError]] | None) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import multiprocessing.connection
+import os
 import pickle
 import signal
 import time
@@ -40,6 +41,8 @@ from lightning_rl.env.pettingzoo_stepper import RESET, STEP, AgentSpaces, Pettin
 
 # The longest a wait for a worker goes without running the deadline's check_interrupt.
 WAIT_SLICE_S = 0.1
+# The least time a worker gets to start and build its env (imports included), whatever sample_timeout_s.
+_BUILD_TIMEOUT_S = 60.0
 # A worker asked to close gets this long to close its env and exit before it is killed.
 _CLOSE_GRACE_S = 5.0
 # The worker's answers, and the runner's last call.
@@ -63,11 +66,15 @@ class SampleDeadline:
         seconds: ``sample_timeout_s``; ``None`` for no end.
         check_interrupt: Called at least every :data:`WAIT_SLICE_S` while a worker is waited
             for; what it raises ends the wait (and the call).
+        name: What the limit is called in errors.
     """
 
-    def __init__(self, seconds: float | None, check_interrupt: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, seconds: float | None, check_interrupt: Callable[[], None] | None = None, name: str = "sample_timeout_s"
+    ) -> None:
         self.seconds = seconds
         self.check_interrupt = check_interrupt
+        self.name = name
         self._end: float | None = None
 
     @contextlib.contextmanager
@@ -126,12 +133,18 @@ class EnvWorker:
     def wait_ready(self) -> None:
         """Wait for the worker to build its env; read its spaces.
 
+        Building gets ``sample_timeout_s`` but at least 60 s: a worker's first imports may take
+        longer than a sample call should.
+
         Raises:
             WorkerRaised: If building the env raised (the worker exits).
             WorkerDied: If the worker exited first.
-            SampleTimeoutError: If it did not answer before the deadline (it is killed).
+            SampleTimeoutError: If it did not answer in that time (it is killed).
         """
-        self.spaces = self.receive()
+        seconds = None if self._deadline.seconds is None else max(self._deadline.seconds, _BUILD_TIMEOUT_S)
+        building = SampleDeadline(seconds, self._deadline.check_interrupt, name="the time to build an env")
+        with building.running():
+            self.spaces = self.receive(building)
 
     def send(self, call: str, argument: Any) -> None:
         """Ask the worker for ``reset(seed)`` (``RESET``) or ``step(env_actions)`` (``STEP``).
@@ -153,17 +166,18 @@ class EnvWorker:
             raise self._died() from None
         self._pending = True
 
-    def receive(self) -> Any:
-        """Wait for the answer to the last call, until the deadline; return it.
+    def receive(self, deadline: SampleDeadline | None = None) -> Any:
+        """Wait for the answer to the last call, until the deadline (the runner's, unless given); return it.
 
         Raises:
             WorkerRaised: What the env raised, as ``"TypeName: message"``.
             WorkerDied: If the worker exited without answering.
             SampleTimeoutError: If it did not answer before the deadline; the worker is killed.
         """
+        deadline = self._deadline if deadline is None else deadline
         waited_from = time.monotonic()
         while True:
-            remaining = self._deadline.remaining()
+            remaining = deadline.remaining()
             wait_s = WAIT_SLICE_S if remaining is None else min(remaining, WAIT_SLICE_S)
             ready = multiprocessing.connection.wait([self._connection, self._process.sentinel], timeout=wait_s)
             if self._connection in ready:
@@ -177,12 +191,12 @@ class EnvWorker:
                 return answer
             if ready:  # only the sentinel: it exited without a word
                 raise self._died()
-            if self._deadline.check_interrupt is not None:
-                self._deadline.check_interrupt()
+            if deadline.check_interrupt is not None:
+                deadline.check_interrupt()
             if remaining is not None and remaining <= WAIT_SLICE_S:
                 self.kill()
                 raise SampleTimeoutError(
-                    f"its worker process did not answer within sample_timeout_s={self._deadline.seconds} "
+                    f"its worker process did not answer within {deadline.name}={deadline.seconds} "
                     f"(waited {time.monotonic() - waited_from:.1f} s for it; it was killed)"
                 )
 
@@ -262,6 +276,7 @@ def start_env_workers(
 def _worker_main(payload: bytes, connection: multiprocessing.connection.Connection) -> None:
     """The target of a worker process: build the env, then answer the runner's calls until it closes or goes."""
     die_with_parent()
+    _let_the_fork_server_go()
     # A worker forked from the runner would inherit its Python handlers: Lightning's SIGTERM
     # handler only records the signal, so terminating the worker would not end it.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -290,6 +305,26 @@ def _worker_main(payload: bytes, connection: multiprocessing.connection.Connecti
                 connection.send((RAISED, _describe(error)))
     except (EOFError, BrokenPipeError, ConnectionResetError):
         return  # the runner closed the pipe or is gone
+
+
+def _let_the_fork_server_go() -> None:
+    """Close this worker's copy of the pipe by which the fork server knows that the runner's process lives.
+
+    ``multiprocessing`` hands every process the fork server starts the write end of that pipe
+    (so that it could ask the server for processes of its own). While a worker holds it, the
+    server does not see a runner killed with ``kill -9``, stays, and so never sets off its
+    workers' ``PR_SET_PDEATHSIG``: a worker hung in C code would outlive the runner. A worker
+    starts no processes; without its copy, the server exits with the runner and takes the
+    workers with it.
+    """
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver  # the module's one server: there is no public handle on this fd
+    alive_fd = getattr(server, "_forkserver_alive_fd", None)
+    if alive_fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(alive_fd)
+        server._forkserver_alive_fd = None
 
 
 def _describe(error: Exception) -> str:
