@@ -16,6 +16,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -155,6 +156,28 @@ def test_nan_rewards_from_a_worker_raise_or_drop_the_episode():
         for episode in episodes:
             for agent_episode in episode.agent_episodes.values():
                 assert np.isfinite(agent_episode.rewards).all()
+
+
+def test_a_fit_whose_env_hangs_in_c_code_ends_with_a_sample_timeout_and_an_async_fit_trains():
+    from lightning.pytorch import Trainer
+
+    from lightning_rl.algorithms.ppo import PPOLearner
+
+    def fit(env_kwargs: dict[str, Any]) -> MultiAgentDataModule:
+        data = MultiAgentDataModule(
+            Countdown, env_kwargs=env_kwargs, num_envs=2, seed=0, rollout_fragment_length=8, rollouts_per_epoch=2,
+            max_env_steps=32, evaluation_num_episodes=2, sample_timeout_s=2.0, vectorize_mode="async",
+        )  # fmt: skip
+        learner = PPOLearner(model_config={"fcnet_hiddens": [8]}, minibatch_size=8, num_epochs=1)
+        Trainer(
+            max_epochs=-1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+            enable_model_summary=False, num_sanity_val_steps=0,
+        ).fit(learner, datamodule=data)  # fmt: skip
+        return data
+
+    assert fit({}).num_env_steps_sampled_lifetime == 32
+    with pytest.raises(SampleTimeoutError, match=r"env copy 1 did not return from step 2 of its episode"):
+        fit({"fault": "hang"})
 
 
 def test_vectorize_mode_is_checked_and_reaches_the_runners():

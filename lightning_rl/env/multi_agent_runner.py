@@ -87,9 +87,10 @@ class MultiAgentEnvRunner(ClosesOnce):
             or in ``"async"`` mode hangs past ``sample_timeout_s``), rebuild it (a new env from
             ``env`` and ``env_kwargs``, in a new worker in ``"async"`` mode), drop its unfinished
             episode, warn naming the copy, the agents, the step and the cause, and go on; counted
-            in :meth:`get_metrics`'s ``num_env_restarts_lifetime``. After a worker is rebuilt,
-            the rest of the call has ``sample_timeout_s`` again (building one gets at least 60 s). Without it, the error
-            is raised. In ``"sync"`` mode a hang is not restarted: it ends the call.
+            in :meth:`get_metrics`'s ``num_env_restarts_lifetime``. After a worker is rebuilt
+            (building one gets at least 60 s), the rest of the call has ``sample_timeout_s``
+            again. Without it, the error is raised. In ``"sync"`` mode a hang is not restarted:
+            it ends the call.
         on_nonfinite: A NaN or infinite reward or observation of a step: ``"raise"`` a
             ``NonFiniteEnvError`` naming the copy, the agent and the step, or ``"drop_episode"``:
             throw that episode away (its chunks of this call are not returned nor counted, an
@@ -427,7 +428,7 @@ class MultiAgentEnvRunner(ClosesOnce):
         # A worker that a fault ended (it hung, or died, without restart_failed_sub_environments)
         # is replaced: each call starts with every copy whole, as a sync runner's copies are.
         ended = [index for index, copy in enumerate(self._copies) if not copy.env.alive]
-        for index, env in zip(ended, self._new_envs(ended) if ended else []):
+        for index, env in zip(ended, self._new_envs(ended)):
             self._copies[index].replace_env(env)
         # Each full reset gets seeds of its own, so neither evaluation nor a resumed run replays
         # the episodes of the first reset; the first reset uses `seed` itself.
