@@ -185,6 +185,10 @@ def test_vectorize_mode_is_checked_and_reaches_the_runners():
         MultiAgentDataModule(Countdown, vectorize_mode="envpool")
     with pytest.raises(ValueError, match="vectorize_mode must be one of"):
         MultiAgentEnvRunner(Countdown, vectorize_mode="threads")
+    with pytest.raises(ValueError, match="unknown PettingZoo env"):  # a wrong name fails here, not in a worker
+        MultiAgentEnvRunner("pettingzoo.classic.no_such_game_v0", vectorize_mode="async")
+    with pytest.raises(SubEnvError, match=r"env copy \d could not be built in its worker process: TypeError: .*'bogus'"):
+        MultiAgentEnvRunner(Countdown, env_kwargs={"bogus": 1}, num_envs=2, vectorize_mode="async")
     data = MultiAgentDataModule(Countdown, vectorize_mode="async")
     try:
         assert data.train_runner.vectorize_mode == "async"

@@ -66,15 +66,15 @@ class SampleDeadline:
         seconds: ``sample_timeout_s``; ``None`` for no end.
         check_interrupt: Called at least every :data:`WAIT_SLICE_S` while a worker is waited
             for; what it raises ends the wait (and the call).
-        name: What the limit is called in errors.
+        limit: The limit as errors name it; ``"sample_timeout_s=<seconds>"`` by default.
     """
 
     def __init__(
-        self, seconds: float | None, check_interrupt: Callable[[], None] | None = None, name: str = "sample_timeout_s"
+        self, seconds: float | None, check_interrupt: Callable[[], None] | None = None, limit: str | None = None
     ) -> None:
         self.seconds = seconds
         self.check_interrupt = check_interrupt
-        self.name = name
+        self.limit = f"sample_timeout_s={seconds}" if limit is None else limit
         self._end: float | None = None
 
     @contextlib.contextmanager
@@ -142,7 +142,8 @@ class EnvWorker:
             SampleTimeoutError: If it did not answer in that time (it is killed).
         """
         seconds = None if self._deadline.seconds is None else max(self._deadline.seconds, _BUILD_TIMEOUT_S)
-        building = SampleDeadline(seconds, self._deadline.check_interrupt, name="the time to build an env")
+        limit = f"{seconds} s (the time a worker gets to build its env: sample_timeout_s, at least {_BUILD_TIMEOUT_S} s)"
+        building = SampleDeadline(seconds, self._deadline.check_interrupt, limit=limit)
         with building.running():
             self.spaces = self.receive(building)
 
@@ -196,7 +197,7 @@ class EnvWorker:
             if remaining is not None and remaining <= WAIT_SLICE_S:
                 self.kill()
                 raise SampleTimeoutError(
-                    f"its worker process did not answer within {deadline.name}={deadline.seconds} "
+                    f"its worker process did not answer within {deadline.limit} "
                     f"(waited {time.monotonic() - waited_from:.1f} s for it; it was killed)"
                 )
 
