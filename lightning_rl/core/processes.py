@@ -1,4 +1,4 @@
-"""Child processes that die with their parent, even when the parent is killed with ``kill -9``.
+"""Child processes that die with their parent, even when the parent is killed with ``kill -9``, and start cleanly.
 
 A process started by this package (a tune trial's fit, a sampler of ``AsyncSamplingDataModule``)
 must not outlive the process that started it: an orphan keeps its envs, memory and cores. An
@@ -7,6 +7,10 @@ parent runs none of that, so the child asks the kernel to kill it when its paren
 """
 
 from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
 
 
 def die_with_parent() -> None:
@@ -25,3 +29,24 @@ def die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
     except (OSError, AttributeError):
         pass
+
+
+@contextlib.contextmanager
+def main_script_not_rerun() -> Iterator[None]:
+    """Start processes (``multiprocessing``'s spawn or forkserver) without running the parent's ``__main__`` script in them.
+
+    ``multiprocessing`` runs the parent's main script in each new process (as ``__mp_main__``)
+    to find functions defined there; a script without an ``if __name__ == "__main__":`` guard
+    would then start a fit in every child. The children here need nothing from it: what they
+    run comes by value (cloudpickle). So the script's path is hidden while the process starts.
+    """
+    main = sys.modules.get("__main__")
+    spec, path = getattr(main, "__spec__", None), getattr(main, "__file__", None)
+    if main is None or path is None or spec is not None:
+        yield  # ``python -m ...``: multiprocessing imports a module by name only if it is no __main__ module
+        return
+    del main.__file__
+    try:
+        yield
+    finally:
+        main.__file__ = path

@@ -24,8 +24,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from lightning_rl.core.arguments import check_bool, check_int, check_num_envs, check_number
+from lightning_rl.core.arguments import check_bool, check_choice, check_int, check_num_envs, check_number
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME
 from lightning_rl.core.data_contract import ENV_STEPS, DataOffer, SpacePair
 from lightning_rl.core.rl_modules import MultiRLModule
@@ -34,7 +35,11 @@ from lightning_rl.data.acting_module import learner_acting_modules
 from lightning_rl.data.ranked_datamodule import EVALUATION_SEED_OFFSET, RankedDataModule
 from lightning_rl.env.matches import seat_mapping, win_rate
 from lightning_rl.env.multi_agent_episode import MultiAgentEpisode
-from lightning_rl.env.multi_agent_runner import MultiAgentEnvRunner
+from lightning_rl.env.multi_agent_runner import (
+    MULTI_AGENT_VECTORIZE_MODES,
+    MultiAgentEnvRunner,
+    MultiAgentVectorizeMode,
+)
 from lightning_rl.env.nonfinite import ON_NONFINITE_CHOICES, OnNonFinite
 from lightning_rl.env.opponents import OPPONENTS
 from lightning_rl.env.pettingzoo_env import check_pettingzoo_env_name
@@ -100,9 +105,16 @@ class MultiAgentDataModule(RankedDataModule):
             infinite rewards and observations are errors naming the copy, the agent and the step.
         on_nonfinite: ``"raise"`` (default) for a NaN or infinite reward or observation, or
             ``"drop_episode"`` to throw that episode away and go on (see ``MultiAgentEnvRunner``).
-        restart_failed_sub_environments: Rebuild an env copy that raises, drop its unfinished
-            episode and go on (counted as ``env_runners/num_env_restarts_lifetime``), instead
-            of ending the fit with the ``SubEnvError``.
+        restart_failed_sub_environments: Rebuild an env copy that raises (or, with
+            ``vectorize_mode="async"``, whose worker dies or hangs past ``sample_timeout_s``),
+            drop its unfinished episode and go on (counted as
+            ``env_runners/num_env_restarts_lifetime``), instead of ending the fit with the error.
+        vectorize_mode: ``"sync"`` (default) steps the env copies one after the other in the
+            training process; ``"async"`` steps each in a worker process of its own, in
+            parallel, where a hang (even in C code, which ``"sync"`` cannot interrupt) ends
+            in ``sample_timeout_s`` and SIGTERM stops the fit at once (see
+            ``MultiAgentEnvRunner``). The modules act in the training process either way, and
+            a seed gives the same episodes in both modes.
 
     Raises:
         ValueError: Naming the argument, for an env path that names nothing, an unknown mapping
@@ -129,6 +141,7 @@ class MultiAgentDataModule(RankedDataModule):
         sample_timeout_s: float | None = 60.0,
         on_nonfinite: OnNonFinite = "raise",
         restart_failed_sub_environments: bool = False,
+        vectorize_mode: MultiAgentVectorizeMode = "sync",
     ) -> None:
         super().__init__(
             seed=seed, evaluation_num_episodes=evaluation_num_episodes, evaluation_num_envs=evaluation_num_envs
@@ -143,6 +156,7 @@ class MultiAgentDataModule(RankedDataModule):
         if on_nonfinite not in ON_NONFINITE_CHOICES:
             raise ValueError(f"on_nonfinite must be one of {list(ON_NONFINITE_CHOICES)}, got {on_nonfinite!r}")
         check_bool("restart_failed_sub_environments", restart_failed_sub_environments)
+        check_choice("vectorize_mode", vectorize_mode, choices=MULTI_AGENT_VECTORIZE_MODES)
         for name, value in (
             ("rollout_fragment_length", rollout_fragment_length),
             ("rollouts_per_epoch", rollouts_per_epoch),
@@ -346,7 +360,19 @@ class MultiAgentDataModule(RankedDataModule):
             sample_timeout_s=self.hparams.sample_timeout_s,
             on_nonfinite=self.hparams.on_nonfinite,
             restart_failed_sub_environments=self.hparams.restart_failed_sub_environments,
+            vectorize_mode=self.hparams.vectorize_mode,
+            check_interrupt=self._stop_on_sigterm,
         )
+
+    def _stop_on_sigterm(self) -> None:
+        """Raise Lightning's stop once the Trainer received SIGTERM (the runner calls it while it waits for envs).
+
+        Lightning's SIGTERM handler only notes the signal and stops at the end of the step: a
+        rollout waiting on a hung env worker would keep the fit for ``sample_timeout_s``.
+        """
+        trainer = self.trainer
+        if trainer is not None and trainer.received_sigterm:
+            raise SIGTERMException
 
     @contextlib.contextmanager
     def _sampling_stream(self, device: torch.device) -> Iterator[None]:

@@ -1,13 +1,16 @@
 """The MultiAgentEnvRunner's step loop: PettingZoo env copies, and one forward pass per module per step.
 
-Each env copy (:class:`EnvCopy`) hides whether its env is a ``ParallelEnv`` (every live agent
-acts at once) or an ``AECEnv`` (one agent acts per env step, the ``agent_selection``) behind
-the same three calls: :meth:`EnvCopy.reset`, :attr:`EnvCopy.waiting` (the agents that must act
-now, with their observations) and :meth:`EnvCopy.step`. :func:`step_copies` then takes one
-step of every copy: it gathers every (copy, agent) that must act, groups the rows by the module
-each agent is mapped to, runs ONE forward pass per module over all its rows (through
-:class:`~lightning_rl.env.agent_acting.AgentActing`, which keeps a recurrent module's state per
-agent per copy), and scatters the actions back.
+Each env copy (:class:`EnvCopy`) holds one env, stepped in this process or in a worker process
+of its own (:mod:`lightning_rl.env.pettingzoo_stepper`, :mod:`lightning_rl.env.multi_agent_worker`),
+and the episode running in it, behind the same calls whether the env is a ``ParallelEnv``
+(every live agent acts at once) or an ``AECEnv`` (one agent acts per env step, the
+``agent_selection``): :meth:`EnvCopy.reset`, :attr:`EnvCopy.waiting` (the agents that must act
+now, with their observations), :meth:`EnvCopy.send_step` and :meth:`EnvCopy.receive_step`.
+:func:`step_copies` then takes one step of every copy: it gathers every (copy, agent) that must
+act, groups the rows by the module each agent is mapped to, runs ONE forward pass per module
+over all its rows (through :class:`~lightning_rl.env.agent_acting.AgentActing`, which keeps a
+recurrent module's state per agent per copy), sends every copy its actions, and then records
+each copy's answer, so that copies in worker processes step in parallel.
 
 An agent whose observation space is PettingZoo's action-mask Dict (``{"action_mask",
 "observation"}``) is stored with the observation part in its episode's ``observations`` and
@@ -40,7 +43,8 @@ from lightning_rl.core.rl_modules import MultiRLModule, RLModule
 from lightning_rl.env.agent_acting import AgentActing
 from lightning_rl.env.env_errors import EnvFaultError, NonFiniteEnvError, SampleTimeoutError, SubEnvError
 from lightning_rl.env.multi_agent_episode import ALL_AGENTS, AgentID, ModuleID, MultiAgentEpisode
-from lightning_rl.env.pettingzoo_env import is_parallel_env
+from lightning_rl.env.multi_agent_worker import EnvWorker, WorkerDied, WorkerRaised
+from lightning_rl.env.pettingzoo_stepper import RESET, STEP, LocalEnv, StepResult
 
 # An agent's observation as the module sees it: (observation part, action mask or None).
 AgentObservation = tuple[np.ndarray, np.ndarray | None]
@@ -82,20 +86,23 @@ def check_agent_spaces(agent: AgentID, observation_space: gym.Space, action_spac
 
 
 class EnvCopy:
-    """One PettingZoo env and the episode running in it.
+    """One PettingZoo env, in this process or in a worker process, and the episode running in it.
 
     Faults are errors that name the copy, the agents and the step: an exception of the env a
-    ``SubEnvError``, a NaN or infinite reward or observation a ``NonFiniteEnvError`` (as the
-    single-agent runner's ``on_nonfinite="raise"``), a ``SampleTimeoutError`` raised inside the
-    env (the runner's ``sample_timeout_s``) says which copy did not return.
+    ``SubEnvError`` (also a worker process that died), a NaN or infinite reward or observation
+    a ``NonFiniteEnvError`` (as the single-agent runner's ``on_nonfinite="raise"``), and a
+    ``SampleTimeoutError`` (the runner's ``sample_timeout_s``) says which copy did not return.
 
     Args:
-        env: The ``ParallelEnv`` or ``AECEnv``.
+        env: The env, as a :class:`~lightning_rl.env.pettingzoo_stepper.LocalEnv` or a ready
+            :class:`~lightning_rl.env.multi_agent_worker.EnvWorker`.
         mapping_fn: The policy mapping function new episodes get.
         index: The copy's index in its runner, for errors.
     """
 
-    def __init__(self, env: Any, mapping_fn: Callable[[AgentID, MultiAgentEpisode], ModuleID], index: int = 0) -> None:
+    def __init__(
+        self, env: LocalEnv | EnvWorker, mapping_fn: Callable[[AgentID, MultiAgentEpisode], ModuleID], index: int = 0
+    ) -> None:
         self.index = index
         self.mapping_fn = mapping_fn
         self.episode = MultiAgentEpisode(agent_to_module_mapping_fn=mapping_fn)
@@ -105,25 +112,24 @@ class EnvCopy:
         self._returns: dict[AgentID, float] = {}
         self._ended_terminated: dict[AgentID, bool] = {}
         self._env_steps = 0
+        # The agents whose actions the step sent last (send_step) is taking, for errors.
+        self._stepping: list[AgentID] = []
         # Episode ids come from the last seeded reset: (its seed, episodes since), so a seeded
         # run's ids, and the match-ups a policy mapping draws from them, repeat run after run.
         self._id_seed: int | None = None
         self._episodes_since_seed = 0
         self.replace_env(env)
 
-    def replace_env(self, env: Any) -> None:
+    def replace_env(self, env: LocalEnv | EnvWorker) -> None:
         """Step ``env`` from now on (a rebuilt copy of a failed one); call :meth:`reset` next.
 
         The copy object stays the same, so what is kept per copy (a recurrent module's state
         rows) stays with it; its running episode is abandoned at the reset.
         """
         self.env = env
-        self.is_parallel = is_parallel_env(env)
-        # Reading `agents` / `agent_selection` through an AEC env's wrappers walks a chain of
-        # __getattr__ calls, several times per step; the unwrapped env holds the same attributes.
-        self._raw = env if self.is_parallel else env.unwrapped
-        self._masked = {agent: is_action_masked_space(env.observation_space(agent)) for agent in env.possible_agents}
-        self.action_spaces: dict[AgentID, gym.Space] = {agent: env.action_space(agent) for agent in env.possible_agents}
+        spaces = env.spaces
+        self._masked = {agent: is_action_masked_space(space) for agent, space in spaces.observation_spaces.items()}
+        self.action_spaces: dict[AgentID, gym.Space] = dict(spaces.action_spaces)
 
     def reset(self, seed: int | None) -> None:
         """Start a new episode (the running one is abandoned) with ``env.reset(seed=seed)``.
@@ -138,41 +144,45 @@ class EnvCopy:
         self._episodes_since_seed += 1
         self.episode = MultiAgentEpisode(agent_to_module_mapping_fn=self.mapping_fn, id_=episode_id)
         self._returns, self._ended_terminated, self._env_steps = {}, {}, 0
-        with self._faults("reset", list(self.env.possible_agents)):
-            if self.is_parallel:
-                observations, _ = self.env.reset(seed=seed)
-            else:
-                self.env.reset(seed=seed)
-                observations = self._aec_observe()[0]
+        with self._faults("reset", list(self.env.spaces.possible_agents)):
+            self.env.send(RESET, seed)
+            observations = self.env.receive()
         self._check_finite(observations, {}, "reset")
         split = {agent: self._split(agent, observation) for agent, observation in observations.items()}
         self.episode.add_env_reset({agent: obs for agent, (obs, _) in split.items()})
         self.waiting = split
 
-    def step(
-        self, actions: dict[AgentID, Any], env_actions: dict[AgentID, Any], extras: dict[AgentID, dict[str, Any]]
-    ) -> EpisodeRecord | None:
-        """Step the env with the waiting agents' actions and record the step.
+    def send_step(self, env_actions: dict[AgentID, Any]) -> None:
+        """Send the env the waiting agents' actions; :meth:`receive_step` records what it returns.
 
         Args:
-            actions: ``{agent_id: action}`` for every waiting agent, as the module chose them
+            env_actions: ``{agent_id: action}`` for every waiting agent, as the env takes them
+                (ints, clipped Box actions).
+        """
+        self._stepping = list(env_actions)
+        with self._faults(self._step_name(), self._stepping):
+            self.env.send(STEP, env_actions)
+
+    def receive_step(self, actions: dict[AgentID, Any], extras: dict[AgentID, dict[str, Any]]) -> EpisodeRecord | None:
+        """Wait for the step :meth:`send_step` asked for, and record it.
+
+        Args:
+            actions: ``{agent_id: action}`` of the step's agents, as the module chose them
                 (what the episode stores).
-            env_actions: The same actions as the env takes them (ints, clipped Box actions).
             extras: ``{agent_id: {key: value}}``, the model outputs to store with each action.
 
         Returns:
             The completed episode's record when this step ended it (``self.episode`` is then
             the done episode; call :meth:`reset` next), else ``None``.
         """
-        with self._faults(f"step {self._env_steps} of its episode", list(env_actions)):
-            if self.is_parallel:
-                observations, rewards, terminateds, truncateds, _ = self.env.step(env_actions)
-            else:
-                (agent,) = env_actions
-                self.env.step(env_actions[agent])
-                observations, rewards, terminateds, truncateds = self._aec_observe()
-        self._check_finite(observations, rewards, f"step {self._env_steps} of its episode")
-        done = not self._raw.agents
+        where = self._step_name()
+        with self._faults(where, self._stepping):
+            result: StepResult = self.env.receive()
+        observations, rewards, terminateds, truncateds = (
+            result.observations, result.rewards, result.terminateds, result.truncateds
+        )  # fmt: skip
+        self._check_finite(observations, rewards, where)
+        done = result.done
         split = {agent: self._split(agent, observation) for agent, observation in observations.items()}
         for agent in observations:
             if terminateds.get(agent) or truncateds.get(agent):
@@ -198,17 +208,26 @@ class EnvCopy:
             agent_modules={agent: self.episode.module_for(agent) for agent in self._returns},
         )
 
+    def _step_name(self) -> str:
+        return f"step {self._env_steps} of its episode"
+
     @contextlib.contextmanager
     def _faults(self, where: str, agents: list[AgentID]) -> Iterator[None]:
         """Turn what the env raises at ``where`` into an error naming this copy, ``agents`` and the step."""
         try:
             yield
         except SampleTimeoutError as error:
-            raise SampleTimeoutError(
-                f"{error}: env copy {self.index} did not return from {where} (agents {agents})"
-            ) from None
+            if self.env.in_worker:  # the worker's wait timed out (and killed it)
+                message = f"env copy {self.index} did not return from {where} (agents {agents}): {error}"
+            else:  # the rollout's alarm went off inside the env
+                message = f"{error}: env copy {self.index} did not return from {where} (agents {agents})"
+            raise SampleTimeoutError(message) from None
         except EnvFaultError:
             raise
+        except WorkerRaised as error:
+            raise SubEnvError(f"env copy {self.index} raised at {where} (agents {agents}): {error}") from None
+        except WorkerDied as error:
+            raise SubEnvError(f"env copy {self.index} failed at {where} (agents {agents}): {error}") from None
         except Exception as error:
             raise SubEnvError(
                 f"env copy {self.index} raised at {where} (agents {agents}): {type(error).__name__}: {error}"
@@ -235,22 +254,6 @@ class EnvCopy:
     def _seen_agents(self) -> list[AgentID]:
         return [*self._ended_terminated, *self.episode.agent_ids]
 
-    def _aec_observe(self) -> tuple[dict, dict, dict, dict]:
-        # After an AEC step, every agent the env selects observes: done agents (stepped with None
-        # right away, their final observation recorded) until a live one, who acts next. The
-        # reward `last()` gives is what that agent collected since it last acted.
-        observations, rewards, terminateds, truncateds = {}, {}, {}, {}
-        env, raw = self.env, self._raw
-        while raw.agents:
-            agent = raw.agent_selection
-            observation, reward, terminated, truncated, _ = env.last()
-            observations[agent], rewards[agent] = observation, float(reward)
-            terminateds[agent], truncateds[agent] = bool(terminated), bool(truncated)
-            if not (terminated or truncated):
-                break
-            env.step(None)
-        return observations, rewards, terminateds, truncateds
-
     def _split(self, agent: AgentID, observation: Any) -> AgentObservation:
         # Copies: some envs hand out views of arrays they change in place at the next step.
         if self._masked.get(agent, False):
@@ -265,7 +268,7 @@ def step_copies(
     *,
     explore: bool,
     dropped: list[tuple[int, NonFiniteEnvError]] | None = None,
-    failed: list[tuple[int, SubEnvError]] | None = None,
+    failed: list[tuple[int, EnvFaultError]] | None = None,
 ) -> list[tuple[int, EpisodeRecord]]:
     """Take one env step in every copy: one forward pass per module over all rows mapped to it.
 
@@ -279,9 +282,9 @@ def step_copies(
         dropped: ``None`` to raise a copy's ``NonFiniteEnvError``; a list to drop the episode
             instead (``on_nonfinite="drop_episode"``): the copy starts a new one, and ``(copy
             index, error)`` is appended.
-        failed: ``None`` to raise a copy's ``SubEnvError``; a list to append ``(copy index,
-            error)`` instead and go on with the other copies (``restart_failed_sub_environments``:
-            the caller rebuilds that copy).
+        failed: ``None`` to raise a copy's ``SubEnvError`` (or a worker's ``SampleTimeoutError``);
+            a list to append ``(copy index, error)`` instead and go on with the other copies
+            (``restart_failed_sub_environments``: the caller rebuilds that copy).
 
     Returns:
         ``(copy index, record)`` of each copy whose episode ended in this step.
@@ -306,26 +309,52 @@ def step_copies(
             actions[index][agent] = chosen[row]
             env_actions[index][agent] = _env_action(chosen[row], copies[index].action_spaces[agent])
             extras[index][agent] = {key: value[row] for key, value in out.items()}
-    ended = []
+    # Every copy gets its actions before any answer is awaited: copies in worker processes step at once.
+    sent = []
     for index, copy in enumerate(copies):
         try:
-            record = copy.step(actions[index], env_actions[index], extras[index])
-        except NonFiniteEnvError as error:
-            if dropped is None:
-                raise
-            dropped.append((index, error))
-            copy.reset(seed=None)  # the episode is thrown away; a NaN in the reset itself raises
+            copy.send_step(env_actions[index])
+        except EnvFaultError as error:
+            _go_on_after(copy, index, error, dropped, failed)
             continue
-        except SubEnvError as error:
-            if failed is None:
-                raise
-            failed.append((index, error))
+        sent.append(index)
+    ended = []
+    for index in sent:
+        try:
+            record = copies[index].receive_step(actions[index], extras[index])
+        except EnvFaultError as error:
+            _go_on_after(copies[index], index, error, dropped, failed)
             continue
         if record is not None:
             ended.append((index, record))
     if acting.stateful:
         _observe_rewards(copies, acting)
     return ended
+
+
+def _go_on_after(
+    copy: EnvCopy,
+    index: int,
+    error: EnvFaultError,
+    dropped: list[tuple[int, NonFiniteEnvError]] | None,
+    failed: list[tuple[int, EnvFaultError]] | None,
+) -> None:
+    """Raise ``error``, or note it in ``dropped`` or ``failed`` where the runner goes on from it.
+
+    A non-finite value drops the episode (the copy starts a new one). A failed copy is noted for
+    the runner to rebuild: an env that raised or whose worker died, and a worker that hung (it
+    was killed); a hang in this process ends the whole call instead (the rollout's alarm).
+    """
+    if isinstance(error, NonFiniteEnvError):
+        if dropped is None:
+            raise error
+        dropped.append((index, error))
+        copy.reset(seed=None)  # the episode is thrown away; a NaN in the reset itself raises
+        return
+    restartable = isinstance(error, SubEnvError) or (isinstance(error, SampleTimeoutError) and copy.env.in_worker)
+    if failed is None or not restartable:
+        raise error
+    failed.append((index, error))
 
 
 def _observe_rewards(copies: list[EnvCopy], acting: AgentActing) -> None:

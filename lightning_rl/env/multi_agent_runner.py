@@ -6,6 +6,11 @@ returns continues in the next call, as a new chunk with the same ``id_`` (see
 a ``ParallelEnv``, the ``agent_selection`` of an ``AECEnv``) in every copy is grouped with
 the others mapped to the same module, and each module runs ONE forward pass over its rows
 (:mod:`lightning_rl.env.multi_agent_rollout` holds the step loop).
+
+The env copies step in this process (``vectorize_mode="sync"``) or each in a worker process of
+its own (``"async"``, :mod:`lightning_rl.env.multi_agent_worker`), where they step in parallel
+and where a copy that hangs, even in C code, can be ended; the modules act in this process
+either way, and the episodes are the same for the same seed.
 """
 
 from __future__ import annotations
@@ -15,23 +20,25 @@ import functools
 import time
 import warnings
 from collections import deque
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
 
 import gymnasium as gym
 import numpy as np
 
-from lightning_rl.core.arguments import check_bool, check_int, check_num_envs, check_number, is_int
+from lightning_rl.core.arguments import check_bool, check_choice, check_int, check_num_envs, check_number, is_int
 from lightning_rl.core.rl_modules import MultiRLModule, RLModule
 from lightning_rl.env.agent_acting import AgentActing
 from lightning_rl.env.closes_once import ClosesOnce
-from lightning_rl.env.env_errors import NonFiniteEnvError, SubEnvError
+from lightning_rl.env.env_errors import EnvFaultError, NonFiniteEnvError, SubEnvError
 from lightning_rl.env.episode_quota import EpisodeQuota
 from lightning_rl.env.guarded_vector_env import rollout_alarm
 from lightning_rl.env.multi_agent_episode import AgentID, ModuleID, MultiAgentEpisode
 from lightning_rl.env.multi_agent_rollout import EnvCopy, EpisodeRecord, check_agent_spaces, step_copies
+from lightning_rl.env.multi_agent_worker import EnvWorker, SampleDeadline, start_env_workers
 from lightning_rl.env.nonfinite import ON_NONFINITE_CHOICES, OnNonFinite
-from lightning_rl.env.pettingzoo_env import PettingZooEnvCreator, make_pettingzoo_env
+from lightning_rl.env.pettingzoo_env import PettingZooEnvCreator, check_pettingzoo_env_name, make_pettingzoo_env
+from lightning_rl.env.pettingzoo_stepper import AgentSpaces, LocalEnv
 from lightning_rl.env.policy_mapping import PolicyMappingFn, module_spaces, resolve_policy_mapping_fn
 
 _STATE_KEYS = frozenset(
@@ -45,6 +52,9 @@ _STATE_KEYS = frozenset(
 )
 # Keys that states saved before they existed lack: restored as 0 when absent.
 _OPTIONAL_STATE_KEYS = frozenset({"num_env_restarts_lifetime"})
+
+MultiAgentVectorizeMode = Literal["sync", "async"]
+MULTI_AGENT_VECTORIZE_MODES = ("sync", "async")
 
 
 class MultiAgentEnvRunner(ClosesOnce):
@@ -66,28 +76,42 @@ class MultiAgentEnvRunner(ClosesOnce):
         episode_stats_window: How many of the latest completed episodes :meth:`get_metrics`'s
             means cover.
         sample_timeout_s: The most seconds one :meth:`sample` or :meth:`sample_episodes` call
-            may take (a ``SampleTimeoutError`` naming the copy that did not return; the envs
-            step in this process, so it is enforced in the main thread only); ``None`` waits
-            forever. An env that raises is a ``SubEnvError``, each naming the copy, the agent
-            and the step.
-        restart_failed_sub_environments: When an env copy raises, rebuild it (a new env from
-            ``env`` and ``env_kwargs``), drop its unfinished episode, warn naming the error, and go
-            on; counted in :meth:`get_metrics`'s ``num_env_restarts_lifetime``. Without it, the
-            ``SubEnvError`` is raised. A hang is not a failure here: it ends the call through
-            ``sample_timeout_s``.
+            may take: a ``SampleTimeoutError`` naming the copy, the agents and the step that did
+            not return; ``None`` waits forever. In ``"sync"`` mode the envs step in this process
+            and an alarm interrupts them, in the main thread only, and never inside C code
+            that does not return to Python (use ``"async"`` for such envs); in ``"async"`` mode
+            every wait for a worker keeps to it, and a worker that did not answer is killed.
+            An env that raises (or whose worker process dies) is a ``SubEnvError``, naming the
+            copy, the agents and the step.
+        restart_failed_sub_environments: When an env copy raises (or its worker process dies,
+            or in ``"async"`` mode hangs past ``sample_timeout_s``), rebuild it (a new env from
+            ``env`` and ``env_kwargs``, in a new worker in ``"async"`` mode), drop its unfinished
+            episode, warn naming the copy, the agents, the step and the cause, and go on; counted
+            in :meth:`get_metrics`'s ``num_env_restarts_lifetime``. After a worker is rebuilt
+            (building one gets at least 60 s), the rest of the call has ``sample_timeout_s``
+            again. Without it, the error is raised. In ``"sync"`` mode a hang is not restarted:
+            it ends the call.
         on_nonfinite: A NaN or infinite reward or observation of a step: ``"raise"`` a
             ``NonFiniteEnvError`` naming the copy, the agent and the step, or ``"drop_episode"``:
             throw that episode away (its chunks of this call are not returned nor counted, an
             evaluation plays another in its place), warn naming it, count it in
             :attr:`num_nonfinite_env_steps`, and start a new one in that copy. A non-finite
-            reset observation always raises.
+            reset observation always raises. Checked in this process, on what the env returned.
+        vectorize_mode: ``"sync"`` steps the copies one after the other in this process;
+            ``"async"`` steps each in a worker process of its own, all at once (workers die with
+            this process, use one torch thread, and only step their env; a callable ``env`` is
+            sent to them with cloudpickle).
+        check_interrupt: ``"async"`` only: called at least every 0.1 s while the runner waits
+            for a worker; what it raises ends the wait and the call (the data module's raises
+            Lightning's stop once the Trainer received SIGTERM).
 
     Raises:
         ValueError: Naming the argument, for ``num_envs`` or ``episode_stats_window`` below 1, a
             seed that is not an int, an unknown mapping name, an env path that does not resolve,
             an agent space that is not an array space (or an action-mask Dict around one), or
-            agents whose spaces clash on one module.
+            agents whose spaces clash on one module, or an unknown ``vectorize_mode``.
         ImportError: If PettingZoo is not installed.
+        SubEnvError: In ``"async"`` mode, naming the copy, if an env cannot be built in its worker.
     """
 
     def __init__(
@@ -102,8 +126,15 @@ class MultiAgentEnvRunner(ClosesOnce):
         sample_timeout_s: float | None = 60.0,
         on_nonfinite: OnNonFinite = "raise",
         restart_failed_sub_environments: bool = False,
+        vectorize_mode: MultiAgentVectorizeMode = "sync",
+        check_interrupt: Callable[[], None] | None = None,
     ) -> None:
         check_num_envs("num_envs", num_envs)
+        check_choice("vectorize_mode", vectorize_mode, choices=MULTI_AGENT_VECTORIZE_MODES)
+        if vectorize_mode == "async" and isinstance(env, str):
+            check_pettingzoo_env_name(env)  # a wrong name is a ValueError here, not a worker's error
+        self.vectorize_mode = vectorize_mode
+        self._env, self._env_kwargs = env, env_kwargs
         check_bool("restart_failed_sub_environments", restart_failed_sub_environments)
         self.restart_failed_sub_environments = restart_failed_sub_environments
         self.num_env_restarts = 0
@@ -114,6 +145,8 @@ class MultiAgentEnvRunner(ClosesOnce):
         self.num_nonfinite_env_steps = 0
         check_number("sample_timeout_s", sample_timeout_s, low=0, low_open=True, finite=True, optional=True)
         self.sample_timeout_s = None if sample_timeout_s is None else float(sample_timeout_s)
+        # The end of the current call, which every wait for a worker keeps to ("async").
+        self._deadline = SampleDeadline(self.sample_timeout_s, check_interrupt)
         check_int("episode_stats_window", episode_stats_window)
         if seed is not None and not is_int(seed):
             raise ValueError(f"seed must be an int or None, got {seed!r}")
@@ -123,10 +156,15 @@ class MultiAgentEnvRunner(ClosesOnce):
         self.policy_mapping_fn = resolve_policy_mapping_fn(policy_mapping_fn)
         self._copies: list[EnvCopy] = []
         try:
-            for index in range(self.num_envs):
-                self._copies.append(EnvCopy(self._make_env(), self.policy_mapping_fn, index))
-                if len(self._copies) == 1:
-                    self._read_spaces(self._copies[0].env)  # fail before building the other copies
+            if vectorize_mode == "async":
+                envs = self._new_envs(list(range(self.num_envs)))
+                self._copies = [EnvCopy(env, self.policy_mapping_fn, index) for index, env in enumerate(envs)]
+                self._read_spaces(envs[0].spaces)
+            else:
+                for index in range(self.num_envs):
+                    self._copies.append(EnvCopy(LocalEnv(self._make_env), self.policy_mapping_fn, index))
+                    if index == 0:
+                        self._read_spaces(self._copies[0].env.spaces)  # fail before building the other copies
         except BaseException:
             self.close()
             raise
@@ -148,10 +186,10 @@ class MultiAgentEnvRunner(ClosesOnce):
     # Agents, spaces and the mapping
     # ------------------------------------------------------------------------------------
 
-    def _read_spaces(self, env: Any) -> None:
-        self.possible_agents: list[AgentID] = list(env.possible_agents)
-        self._observation_spaces = {agent: env.observation_space(agent) for agent in self.possible_agents}
-        self._action_spaces = {agent: env.action_space(agent) for agent in self.possible_agents}
+    def _read_spaces(self, spaces: AgentSpaces) -> None:
+        self.possible_agents: list[AgentID] = list(spaces.possible_agents)
+        self._observation_spaces = dict(spaces.observation_spaces)
+        self._action_spaces = dict(spaces.action_spaces)
         for agent in self.possible_agents:
             check_agent_spaces(agent, self._observation_spaces[agent], self._action_spaces[agent])
         self.module_spaces()  # clashing spaces on one module fail here, before any sampling
@@ -257,10 +295,16 @@ class MultiAgentEnvRunner(ClosesOnce):
             self._count_dropped(dropped)
             self._restart(failed or ())
 
+    def _new_envs(self, indices: list[int]) -> list[LocalEnv | EnvWorker]:
+        """New envs for the copies ``indices``: in this process, or in workers started together."""
+        if self.vectorize_mode == "sync":
+            return [LocalEnv(self._make_env) for _ in indices]
+        return start_env_workers(self._env, self._env_kwargs, indices, self._deadline)
+
     def _dropped(self) -> list[tuple[int, NonFiniteEnvError]] | None:
         return [] if self.on_nonfinite == "drop_episode" else None
 
-    def _failed(self) -> list[tuple[int, SubEnvError]] | None:
+    def _failed(self) -> list[tuple[int, EnvFaultError]] | None:
         return [] if self.restart_failed_sub_environments else None
 
     def _reset_copy(self, index: int, seed: int | None) -> None:
@@ -272,18 +316,19 @@ class MultiAgentEnvRunner(ClosesOnce):
                 raise
             self._restart([(index, error)], seed=seed)
 
-    def _restart(self, failed: Sequence[tuple[int, SubEnvError]], seed: int | None = None) -> None:
+    def _restart(self, failed: Sequence[tuple[int, EnvFaultError]], seed: int | None = None) -> None:
         """Rebuild each failed copy from the env's factory and start a new episode in it.
 
-        A rebuilt copy whose first reset raises too is not rebuilt again: that error is raised.
+        A rebuilt copy whose first reset fails too is not rebuilt again: that error is raised.
         """
         for index, error in failed:
             warnings.warn(f"{error}; the env copy is rebuilt (restart_failed_sub_environments)", stacklevel=3)
             copy = self._copies[index]
-            with contextlib.suppress(Exception):  # the failed env may not close cleanly either
-                copy.env.close()
-            copy.replace_env(self._make_env())
+            copy.env.discard()  # a failed worker is killed; a failed env in this process may not close cleanly
+            copy.replace_env(self._new_envs([index])[0])
             self.num_env_restarts += 1
+            # A hang used up the call's time, and building a worker takes some: the rest of the call gets it afresh.
+            self._deadline.renew()
             copy.reset(seed=seed)
 
     def _count_dropped(self, dropped: list[tuple[int, NonFiniteEnvError]] | None) -> None:
@@ -292,6 +337,8 @@ class MultiAgentEnvRunner(ClosesOnce):
             warnings.warn(f"{error}; the episode is dropped (on_nonfinite='drop_episode')", stacklevel=3)
 
     def _timeout(self) -> contextlib.AbstractContextManager:
+        if self.vectorize_mode == "async":
+            return self._deadline.running()
         if self.sample_timeout_s is None:
             return contextlib.nullcontext()
         return rollout_alarm(self.sample_timeout_s, "run the fit in the main thread to bound a rollout")
@@ -378,6 +425,11 @@ class MultiAgentEnvRunner(ClosesOnce):
                 copy.reset(seed=None)
 
     def _full_reset(self) -> None:
+        # A worker that a fault ended (it hung, or died, without restart_failed_sub_environments)
+        # is replaced: each call starts with every copy whole, as a sync runner's copies are.
+        ended = [index for index, copy in enumerate(self._copies) if not copy.env.alive]
+        for index, env in zip(ended, self._new_envs(ended)):
+            self._copies[index].replace_env(env)
         # Each full reset gets seeds of its own, so neither evaluation nor a resumed run replays
         # the episodes of the first reset; the first reset uses `seed` itself.
         base = None if self.seed is None else self.seed + self._num_full_resets * self.num_envs
@@ -535,8 +587,14 @@ class MultiAgentEnvRunner(ClosesOnce):
 
     @property
     def envs(self) -> list[Any]:
-        """The PettingZoo env copies."""
-        return [copy.env for copy in self._copies]
+        """The PettingZoo env copies (``"sync"`` mode).
+
+        Raises:
+            RuntimeError: In ``"async"`` mode, where the envs live in the worker processes.
+        """
+        if self.vectorize_mode == "async":
+            raise RuntimeError("vectorize_mode='async': the env copies live in worker processes, not in this one")
+        return [copy.env.env for copy in self._copies]
 
     def _close_envs(self) -> None:
         for copy in self._copies:
@@ -544,5 +602,6 @@ class MultiAgentEnvRunner(ClosesOnce):
 
     def __repr__(self) -> str:
         return (
-            f"MultiAgentEnvRunner(num_envs={self.num_envs}, possible_agents={self.possible_agents}, seed={self.seed})"
+            f"MultiAgentEnvRunner(num_envs={self.num_envs}, vectorize_mode={self.vectorize_mode!r}, "
+            f"possible_agents={self.possible_agents}, seed={self.seed})"
         )

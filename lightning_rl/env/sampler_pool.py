@@ -25,20 +25,19 @@ The pool is driven from the driver's one thread, in ``take``: no thread of its o
 from __future__ import annotations
 
 import abc
-import contextlib
 import logging
 import math
 import multiprocessing as mp
 import multiprocessing.connection
-import sys
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import cloudpickle
 import torch
 
+from lightning_rl.core.processes import main_script_not_rerun
 from lightning_rl.core.rl_modules import RLModule
 from lightning_rl.env.env_settings import EnvSettings
 from lightning_rl.env.sampler import ERROR, READY, ROLLOUT, Rollout, sampler_process_main
@@ -313,7 +312,7 @@ class ProcessSamplerPool(SamplerPool):
             name=f"env-runner-{index}",
             daemon=True,
         )
-        with _main_script_not_rerun():
+        with main_script_not_rerun():
             process.start()
         sampler_end.close()  # the sampler holds it now; closed here, its death reads as EOF
         self._processes[index], self._connections[index] = process, driver_end
@@ -363,24 +362,3 @@ class ProcessSamplerPool(SamplerPool):
         process.join(timeout=10.0)
         connection.close()
         self._processes[index] = self._connections[index] = None
-
-
-@contextlib.contextmanager
-def _main_script_not_rerun() -> Iterator[None]:
-    """Start processes without running the driver's ``__main__`` script in them.
-
-    ``multiprocessing`` runs the parent's main script in each new process (as ``__mp_main__``)
-    to find functions defined there; a script without an ``if __name__ == "__main__":`` guard
-    would then start a fit in every sampler. A sampler needs nothing from it: what it runs comes
-    by value (cloudpickle). So the script's path is hidden while the process starts.
-    """
-    main = sys.modules.get("__main__")
-    spec, path = getattr(main, "__spec__", None), getattr(main, "__file__", None)
-    if main is None or path is None or spec is not None:
-        yield  # ``python -m ...``: multiprocessing imports a module by name only if it is no __main__ module
-        return
-    del main.__file__
-    try:
-        yield
-    finally:
-        main.__file__ = path
