@@ -125,7 +125,7 @@ class MetricsLogger:
 
         Args:
             key: A string or a tuple of strings (a path in the nested results).
-            value: A Python number, numpy value or tensor; tensors are detached.
+            value: A Python number, numpy value or tensor; tensors are detached (a CPU one is kept as its number).
             reduce: How values combine: ``mean``, ``sum``, ``min`` or ``max``.
             window: Reduce over the last ``window`` values only (an int >= 1), or over all
                 values since the last clear (``math.inf``).
