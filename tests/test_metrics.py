@@ -66,6 +66,16 @@ def test_reduce_turns_logged_values_into_nested_python_floats():
     assert type(results["p"]["loss"]) is float and type(results["steps"]) is float
 
 
+def test_a_cpu_tensor_is_logged_as_its_value_then_not_as_a_tensor_that_can_still_change():
+    # Kept as its number: no small tensor per step stays alive among a step's large ones until the
+    # reduce (that pinned about 24 bytes of freed heap per row of a LearnerGroup update on the CPU).
+    metrics = MetricsLogger()
+    value = torch.tensor(1.0)
+    metrics.log_value("loss", value, window=math.inf)
+    value += 10.0  # an in-place change after logging (an optimizer's step on a logged parameter)
+    assert metrics.reduce() == {"loss": 1.0}
+
+
 def test_a_tensor_with_several_elements_is_one_value():
     metrics = MetricsLogger()
     # Its mean for a mean (then averaged with the other values), its sum, its extreme.

@@ -26,6 +26,7 @@ from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
 from lightning_rl.core.rl_module_specs import RLModuleSpec
 from lightning_rl.data import OfflineDataModule
 from lightning_rl.data.dataset_rows import RowStream, episode_lengths, open_dataset
+from lightning_rl.data.dataset_screen import screen_episodes
 
 minari = pytest.importorskip("minari")
 from minari.data_collector import EpisodeBuffer  # noqa: E402
@@ -96,7 +97,8 @@ def make_cartpole_dataset(dataset_id: str, num_episodes: int, *, seed: int = 0) 
 def stream_of(dataset_id: str, columns: list[str], **kwargs: Any) -> RowStream:
     dataset = open_dataset(dataset_id)
     options = dict(seed=0, shuffle=False, window_rows=None, gamma=None) | kwargs
-    return RowStream(dataset, dataset_id, episode_lengths(dataset, dataset_id), columns=columns, **options)
+    screening = screen_episodes(dataset, dataset_id, episode_lengths(dataset, dataset_id), on_nonfinite="raise")
+    return RowStream(dataset, dataset_id, screening.episodes, columns=columns, **options)
 
 
 def row_ids(obs: torch.Tensor) -> list[tuple[int, int]]:

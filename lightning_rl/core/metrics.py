@@ -19,7 +19,8 @@
 =====================================  ===================================================
 
 Logging is cheap on the hot path: ``log_value`` appends a detached tensor (or a number) to a
-list, so a minibatch step never waits on the device. ``reduce`` reads every pending value of
+list, so a minibatch step never waits on the device; a CPU tensor, which has no device to wait
+for, is appended as its number. ``reduce`` reads every pending value of
 every key back in one transfer and folds them into plain-float statistics on this rank.
 These are plain floats, not torchmetrics objects: an off-policy Learner reduces after every
 env step, and torchmetrics' per-key update and reset bookkeeping cost as much as SAC's
@@ -124,7 +125,7 @@ class MetricsLogger:
 
         Args:
             key: A string or a tuple of strings (a path in the nested results).
-            value: A Python number, numpy value or tensor; tensors are detached.
+            value: A Python number, numpy value or tensor; tensors are detached (a CPU one is kept as its number).
             reduce: How values combine: ``mean``, ``sum``, ``min`` or ``max``.
             window: Reduce over the last ``window`` values only (an int >= 1), or over all
                 values since the last clear (``math.inf``).
@@ -143,6 +144,11 @@ class MetricsLogger:
             value = value.detach()
             if value.dim():
                 value = _tensor_statistic(path, reduce, value)
+            if value.device.type == "cpu":
+                # Read at once: a CPU tensor has no device to wait for, and one small tensor kept
+                # per step lands between the step's large ones in the allocator's heap, pinning
+                # an update's worth of freed pages (about 24 bytes per row of a BC update).
+                value = value.item()
         elif not isinstance(value, (int, float)):
             value = _tensor_statistic(path, reduce, torch.as_tensor(value))  # numpy values
         pending = self._pending.get(path)

@@ -26,6 +26,7 @@ visiting all sequences in its own order; it holds the dataset in memory.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import warnings
 from collections.abc import Sequence
@@ -82,7 +83,7 @@ def open_dataset(dataset_id: str) -> Any:
             f"datasets: {local or 'none'}. Nothing is downloaded: {RECORD_HINT}"
         ) from None
     except Exception as error:  # json, h5py, space and version errors alike: the dataset is unusable
-        raise _unreadable(dataset_id, error) from error
+        raise unreadable_dataset(dataset_id, error) from error
 
 
 def _check_spaces_are_stored(dataset_id: str) -> None:
@@ -102,7 +103,7 @@ def _check_spaces_are_stored(dataset_id: str) -> None:
     try:
         metadata = json.loads(path.read_text())
     except (OSError, ValueError) as error:
-        raise _unreadable(dataset_id, error) from error
+        raise unreadable_dataset(dataset_id, error) from error
     missing = [key for key in ("observation_space", "action_space") if not isinstance(metadata.get(key), str)]
     if missing:
         raise ValueError(
@@ -125,11 +126,12 @@ def episode_lengths(dataset: Any, dataset_id: str) -> np.ndarray:
         lengths = np.asarray([int(m["total_steps"]) for m in metadata], dtype=np.int64)
         total = int(dataset.total_steps)
     except Exception as error:
-        raise _unreadable(dataset_id, error) from error
+        raise unreadable_dataset(dataset_id, error) from error
     if len(lengths) == 0 or lengths.sum() == 0:
         raise ValueError(f"the Minari dataset {dataset_id!r} holds no steps; expected at least one recorded episode")
     if int(lengths.sum()) != total:
-        raise _unreadable(dataset_id, ValueError(f"its episodes hold {int(lengths.sum())} steps, its metadata {total}"))
+        mismatch = ValueError(f"its episodes hold {int(lengths.sum())} steps, its metadata {total}")
+        raise unreadable_dataset(dataset_id, mismatch)
     return lengths
 
 
@@ -146,61 +148,36 @@ def check_row_space(space: gym.Space, what: str, dataset_id: str) -> None:
         )
 
 
-def check_episode_values(episode: Any, observation_space: gym.Space, action_space: gym.Space, dataset_id: str) -> None:
-    """Raise unless every action of ``episode`` lies in ``action_space`` and its rewards and observations are finite.
+@dataclasses.dataclass(frozen=True)
+class DatasetEpisodes:
+    """The episodes a stream serves, in the dataset's order.
 
-    Runs on every episode as it is read (a small dataset when it is opened, a large one window by
-    window as it is streamed), so a value a Learner cannot train on stops the fit at once, naming
-    the episode and the step, instead of an index error steps later or NaN spreading through
-    value targets. Discrete, MultiDiscrete and MultiBinary actions must be in range; Box actions
-    must be finite (values past the bounds are kept: training episodes store the actions the
-    policy chose, before they were clipped to the bounds for the env).
+    Attributes:
+        indices: Their Minari episode ids, ``[E]`` int64.
+        lengths: Their steps, ``[E]`` int64 (``episode_lengths``' entries for them).
+    """
+
+    indices: np.ndarray
+    lengths: np.ndarray
+
+
+def check_episode_shape(episode: Any, dataset_id: str) -> None:
+    """Raise unless ``episode`` holds one more observation than steps, and one action, termination, truncation per step.
 
     Raises:
-        ValueError: Naming the dataset, the episode, the step and the value.
+        ValueError: Naming the dataset and the episode's counts (``_unreadable``).
     """
-    where = f"the Minari dataset {dataset_id!r}, episode {episode.id}"
-    rewards = np.asarray(episode.rewards, dtype=np.float64)
-    step = _first_step_where(~np.isfinite(rewards))
-    if step is not None:
-        raise ValueError(f"{where}, step {step}: the reward is {rewards[step]}; rewards must be finite")
-    observations = np.asarray(episode.observations)
-    if np.issubdtype(observations.dtype, np.floating):
-        step = _first_step_where(~np.isfinite(observations))
-        if step is not None:
-            which = "its final observation" if step == len(rewards) else "the observation"
-            raise ValueError(
-                f"{where}, step {step}: {which} holds {_bad_values(observations[step])}; observations must be finite"
-            )
-    actions = np.asarray(episode.actions)
-    if isinstance(action_space, gym.spaces.Box):
-        outside = ~np.isfinite(actions) if np.issubdtype(actions.dtype, np.floating) else np.zeros(actions.shape, bool)
-        what = "actions must be finite"
-    else:
-        if isinstance(action_space, gym.spaces.Discrete):
-            low, high = int(action_space.start), int(action_space.start + action_space.n - 1)
-        elif isinstance(action_space, gym.spaces.MultiDiscrete):
-            low, high = action_space.start, action_space.start + action_space.nvec - 1
-        else:  # MultiBinary
-            low, high = 0, 1
-        with np.errstate(invalid="ignore"):
-            outside = (actions < low) | (actions > high) | (actions != np.round(actions))
-        what = f"the action space is {action_space}"
-    step = _first_step_where(outside)
-    if step is not None:
-        raise ValueError(f"{where}, step {step}: action {actions[step].tolist()} is outside the action space ({what})")
-
-
-def _first_step_where(bad: np.ndarray) -> int | None:
-    """The first step (leading axis) where ``bad`` holds anywhere; ``None`` if nowhere."""
-    per_step = bad.reshape(len(bad), -1).any(axis=1) if bad.ndim > 1 else bad
-    return int(np.argmax(per_step)) if per_step.any() else None
-
-
-def _bad_values(observation: np.ndarray) -> str:
-    flat = observation.reshape(-1)
-    index = int(np.argmax(~np.isfinite(flat)))
-    return f"{flat[index]} at flat index {index}"
+    steps = len(episode.rewards)
+    lengths = (len(episode.observations), len(episode.actions), len(episode.terminations), len(episode.truncations))
+    if lengths != (steps + 1, steps, steps, steps):
+        raise unreadable_dataset(
+            dataset_id,
+            ValueError(
+                f"episode {episode.id} has {lengths[0]} observations, {lengths[1]} actions, {steps} rewards, "
+                f"{lengths[2]} terminations and {lengths[3]} truncations; expected one more observation "
+                "than steps and one of each other per step"
+            ),
+        )
 
 
 class EpisodeRows:
@@ -208,12 +185,13 @@ class EpisodeRows:
 
     ``observations`` holds each episode's ``T + 1`` observations back to back; row ``i``'s
     ``obs`` is ``observations[obs_index[i]]`` and its ``new_obs`` the next one. Rows are in
-    episode order, episode after episode.
+    episode order, episode after episode. Their values were checked when the dataset was
+    screened (``dataset_screen.screen_episodes``, which also chose the episodes).
 
     Args:
         dataset: The Minari dataset.
         dataset_id: Its id, for errors.
-        episode_indices: Which episodes, in this order.
+        episode_indices: Which episodes (Minari episode ids), in this order.
         gamma: The discount of ``value_targets``; ``None`` computes none.
     """
 
@@ -223,25 +201,9 @@ class EpisodeRows:
         try:
             episodes = list(dataset.iterate_episodes([int(i) for i in episode_indices]))
         except Exception as error:
-            raise _unreadable(dataset_id, error) from error
+            raise unreadable_dataset(dataset_id, error) from error
         for episode in episodes:
-            steps = len(episode.rewards)
-            lengths = (
-                len(episode.observations),
-                len(episode.actions),
-                len(episode.terminations),
-                len(episode.truncations),
-            )
-            if lengths != (steps + 1, steps, steps, steps):
-                raise _unreadable(
-                    dataset_id,
-                    ValueError(
-                        f"episode {episode.id} has {lengths[0]} observations, {lengths[1]} actions, {steps} rewards, "
-                        f"{lengths[2]} terminations and {lengths[3]} truncations; expected one more observation "
-                        "than steps and one of each other per step"
-                    ),
-                )
-            check_episode_values(episode, observation_space, action_space, dataset_id)
+            check_episode_shape(episode, dataset_id)
             observations.append(np.asarray(episode.observations))
             actions.append(np.asarray(episode.actions))
             rewards.append(np.asarray(episode.rewards, dtype=np.float32))
@@ -298,7 +260,7 @@ class RowStream:
     Args:
         dataset: The Minari dataset.
         dataset_id: Its id, for errors.
-        lengths: ``episode_lengths(dataset)``.
+        episodes: The episodes it serves (``screen_episodes``' choice).
         columns: The columns ``rows`` returns.
         seed: Seeds each pass's order (``(seed, pass)``) and each window's (``(seed, pass, window)``).
         shuffle: Whether passes are shuffled; without it rows come in the dataset's order.
@@ -312,7 +274,7 @@ class RowStream:
         self,
         dataset: Any,
         dataset_id: str,
-        lengths: np.ndarray,
+        episodes: DatasetEpisodes,
         *,
         columns: Sequence[str],
         seed: int,
@@ -322,13 +284,14 @@ class RowStream:
     ) -> None:
         self.dataset = dataset
         self.dataset_id = dataset_id
-        self.lengths = lengths
+        self.episode_indices = episodes.indices
+        self.lengths = episodes.lengths
         self.columns = list(columns)
         self.seed = seed
         self.shuffle = shuffle
         self.window_rows = window_rows
         self.gamma = gamma if Columns.VALUE_TARGETS in self.columns else None
-        self.num_rows = int(lengths.sum())
+        self.num_rows = int(self.lengths.sum())
         self._resident: EpisodeRows | None = None  # the whole dataset, when held in memory
         self._layouts: collections.OrderedDict[int, tuple[list[np.ndarray], np.ndarray]] = collections.OrderedDict()
         self._windows: collections.OrderedDict[tuple[int, int], tuple[EpisodeRows, torch.Tensor]] = (
@@ -378,7 +341,7 @@ class RowStream:
         return window_index, int(starts[window_index])
 
     def _layout(self, pass_index: int) -> tuple[list[np.ndarray], np.ndarray]:
-        """The episodes of each window of a pass, and each window's first row within it (streaming)."""
+        """The episodes (positions in ``lengths``) of each window of a pass, and each window's first row within it."""
         if pass_index not in self._layouts:
             num_episodes = len(self.lengths)
             episodes = (
@@ -402,12 +365,10 @@ class RowStream:
         if key not in self._windows:
             if self.in_memory:
                 if self._resident is None:
-                    self._resident = EpisodeRows(
-                        self.dataset, self.dataset_id, self.dataset.episode_indices, gamma=self.gamma
-                    )
+                    self._resident = EpisodeRows(self.dataset, self.dataset_id, self.episode_indices, gamma=self.gamma)
                 rows, generator = self._resident, self._generator(pass_index)
             else:
-                episodes = self._layout(pass_index)[0][window_index]
+                episodes = self.episode_indices[self._layout(pass_index)[0][window_index]]
                 rows = EpisodeRows(self.dataset, self.dataset_id, episodes, gamma=self.gamma)
                 self.num_windows_read += 1
                 generator = self._generator(pass_index, window_index)
@@ -435,7 +396,7 @@ class SequenceStream:
     Args:
         dataset: The Minari dataset.
         dataset_id: Its id, for errors.
-        lengths: ``episode_lengths(dataset)``.
+        episodes: The episodes it serves (``screen_episodes``' choice).
         columns: The dataset columns ``sequences`` returns (``DATASET_COLUMNS``).
         seed: Seeds each pass's order (``(seed, pass)``).
         shuffle: Whether passes are shuffled; without it sequences come in the dataset's order.
@@ -447,7 +408,7 @@ class SequenceStream:
         self,
         dataset: Any,
         dataset_id: str,
-        lengths: np.ndarray,
+        episodes: DatasetEpisodes,
         *,
         columns: Sequence[str],
         seed: int,
@@ -457,6 +418,8 @@ class SequenceStream:
     ) -> None:
         self.dataset = dataset
         self.dataset_id = dataset_id
+        self.episode_indices = episodes.indices
+        lengths = episodes.lengths
         self.columns = list(columns)
         self.seed = seed
         self.shuffle = shuffle
@@ -530,7 +493,7 @@ class SequenceStream:
 
     def _episode_rows(self) -> EpisodeRows:
         if self._rows is None:
-            self._rows = EpisodeRows(self.dataset, self.dataset_id, self.dataset.episode_indices, gamma=self.gamma)
+            self._rows = EpisodeRows(self.dataset, self.dataset_id, self.episode_indices, gamma=self.gamma)
         return self._rows
 
     def _order(self, pass_index: int) -> torch.Tensor:
@@ -561,7 +524,8 @@ def _as_tensor(values: np.ndarray, space: gym.Space) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(values, dtype=dtype))
 
 
-def _unreadable(dataset_id: str, error: BaseException) -> ValueError:
+def unreadable_dataset(dataset_id: str, error: BaseException) -> ValueError:
+    """The error for a dataset whose files cannot be read: naming it, the cause, and how to make it anew."""
     return ValueError(
         f"the Minari dataset {dataset_id!r} cannot be read ({type(error).__name__}: {error}); its files under "
         f"{datasets_root()} may be incomplete or corrupt: delete it and record it again ({RECORD_HINT})"

@@ -26,6 +26,12 @@ covering the memory the task needs (or whole episodes) keeps that cost small. Th
 position is then counted in sequences (``sequences_drawn`` in the checkpoint state), and
 ``num_env_steps_sampled_lifetime`` in the real (unpadded) steps of the sequences drawn.
 
+Before training, the dataset is read through once and every value checked
+(``dataset_screen.screen_episodes``): an action outside a discrete action space is an error;
+a NaN or infinite reward, observation or Box action, or an observation far outside its space's
+bounds, is an error too, or (``on_nonfinite="drop_episode"``) its episode is left out of the
+rows, with a warning naming it and ``env_runners/num_nonfinite_episodes_dropped`` logged.
+
 Evaluation (``val_dataloader``) plays episodes (greedy unless ``evaluation_explore``) in the
 dataset's environment with the Learner's module, through the same ``EnvSampling`` as the
 environment data modules, so ``eval/episode_return_mean``, ``EarlyStopping`` and
@@ -56,9 +62,11 @@ from lightning_rl.data.dataset_rows import (
     episode_lengths,
     open_dataset,
 )
+from lightning_rl.data.dataset_screen import Screening, screen_episodes
 from lightning_rl.data.env_sampling import EnvSampling
 from lightning_rl.data.ranked_datamodule import RankedDataModule, draw_base_seed
 from lightning_rl.env.env_settings import EnvSettings
+from lightning_rl.env.nonfinite import ON_NONFINITE_CHOICES, OnNonFinite
 
 #: Datasets whose rows take more bytes than this are streamed a window at a time (``in_memory=None``).
 IN_MEMORY_LIMIT_BYTES = 2 * 1024**3
@@ -69,6 +77,8 @@ _EVERY_MINIBATCH_ONE_STEP = {"minibatch_size": None}
 # Keys of ``state_dict``.
 _ROWS_DRAWN, _SEED, _NUM_ROWS = NUM_ENV_STEPS_SAMPLED_LIFETIME, "seed", "num_rows_per_pass"
 _SEQUENCES_DRAWN = "sequences_drawn"
+#: Logged as ``env_runners/{this}`` with every train item under ``on_nonfinite="drop_episode"``.
+NUM_NONFINITE_EPISODES_DROPPED = "num_nonfinite_episodes_dropped"
 
 
 class OfflineDataModule(RankedDataModule):
@@ -115,6 +125,14 @@ class OfflineDataModule(RankedDataModule):
             episodes; at most two windows are in memory). Rows are shuffled within a window,
             windows are whole episodes in a per-pass random order.
         sample_timeout_s: The most seconds one evaluation chunk may take (see ``EnvRunner``).
+        on_nonfinite: A NaN or infinite reward, observation or Box action in the dataset, or
+            an observation far outside its space's bounds (past them by more than their
+            width, or above 1e10 in magnitude; ``dataset_screen``): ``"raise"`` an error naming
+            the episode, the step and the value (the default), or ``"drop_episode"``: leave
+            that episode out of the rows, warn naming every episode dropped, and log their
+            count as ``env_runners/num_nonfinite_episodes_dropped``; an error if none is
+            left. The dataset is read through once to check it, before the first step. An
+            action outside a discrete action space is an error either way.
 
     Raises:
         ValueError: Naming the argument, for invalid values; for a dataset id that is not a
@@ -142,6 +160,7 @@ class OfflineDataModule(RankedDataModule):
         in_memory: bool | None = None,
         stream_window_rows: int = 100_000,
         sample_timeout_s: float | None = 60.0,
+        on_nonfinite: OnNonFinite = "raise",
     ) -> None:
         super().__init__(
             seed=seed, evaluation_num_episodes=evaluation_num_episodes, evaluation_num_envs=evaluation_num_envs
@@ -158,6 +177,8 @@ class OfflineDataModule(RankedDataModule):
         for name, value in (("shuffle", shuffle), ("evaluation_explore", evaluation_explore)):
             if not isinstance(value, bool):
                 raise ValueError(f"{name} must be a bool, got {value!r}")
+        if on_nonfinite not in ON_NONFINITE_CHOICES:
+            raise ValueError(f"on_nonfinite must be one of {list(ON_NONFINITE_CHOICES)}, got {on_nonfinite!r}")
         if in_memory is not None and not isinstance(in_memory, bool):
             raise ValueError(f"in_memory must be a bool or None, got {in_memory!r}")
         if not isinstance(module_id, str) or not module_id:
@@ -212,8 +233,13 @@ class OfflineDataModule(RankedDataModule):
 
     @property
     def num_rows(self) -> int:
-        """Rows (env steps) in the dataset: one pass."""
-        return int(self._lengths.sum())
+        """Rows (env steps) of one pass: the dataset's, less those of the episodes ``on_nonfinite`` dropped."""
+        return int(self._screening.episodes.lengths.sum())
+
+    @property
+    def num_nonfinite_episodes_dropped(self) -> int:
+        """Episodes left out for a non-finite or implausible value (``on_nonfinite="drop_episode"``)."""
+        return len(self._screening.dropped)
 
     @property
     def num_env_steps_sampled_lifetime(self) -> int:
@@ -225,7 +251,8 @@ class OfflineDataModule(RankedDataModule):
         """Whether the dataset is held in memory (else streamed a window of episodes at a time)."""
         if self.hparams.in_memory is not None:
             return self.hparams.in_memory
-        return self.num_rows * _bytes_per_row(self.observation_space, self.action_space) <= IN_MEMORY_LIMIT_BYTES
+        num_rows = int(self._lengths.sum())  # before any episode is dropped: deciding needs no read
+        return num_rows * _bytes_per_row(self.observation_space, self.action_space) <= IN_MEMORY_LIMIT_BYTES
 
     @property
     def sequences_per_minibatch(self) -> int:
@@ -246,7 +273,7 @@ class OfflineDataModule(RankedDataModule):
         if self._stream is None:
             if self._columns is None:
                 raise RuntimeError("the row stream is built once the Learner is known: call train_dataloader first")
-            source = (self._dataset, self.hparams.dataset_id, self._lengths)
+            source = (self._dataset, self.hparams.dataset_id, self._screening.episodes)
             common = dict(columns=self._columns, seed=self.base_seed, shuffle=self.hparams.shuffle, gamma=self._gamma)
             if self._max_seq_len is not None:
                 self._stream = SequenceStream(*source, max_seq_len=self._max_seq_len, **common)
@@ -254,6 +281,13 @@ class OfflineDataModule(RankedDataModule):
                 window_rows = None if self.in_memory else self.hparams.stream_window_rows
                 self._stream = RowStream(*source, window_rows=window_rows, **common)
         return self._stream
+
+    @functools.cached_property
+    def _screening(self) -> Screening:
+        """The dataset's values checked and the episodes to train on chosen: read through once, at first use."""
+        return screen_episodes(
+            self._dataset, self.hparams.dataset_id, self._lengths, on_nonfinite=self.hparams.on_nonfinite
+        )
 
     @functools.cached_property
     def sampling(self) -> EnvSampling:
@@ -301,8 +335,9 @@ class OfflineDataModule(RankedDataModule):
 
         Raises:
             ValueError: If the Learner's module does not fit the dataset's spaces, the Learner
-                requires a column a dataset cannot provide (see ``check_learner``), or the
-                dataset's episodes cannot be read.
+                requires a column a dataset cannot provide (see ``check_learner``), the
+                dataset's episodes cannot be read, or a value in them is bad (``on_nonfinite``:
+                the dataset is checked here, on first use).
         """
         self.check_learner()
         rank = self.placement()[0]
@@ -462,9 +497,13 @@ class OfflineDataModule(RankedDataModule):
             steps = self.stream.steps(start, start + iterations * world_size * self.sequences_per_minibatch)
         else:
             steps = iterations * world_size * self.hparams.batch_size
+        env_runners = {}
+        if self.hparams.on_nonfinite == "drop_episode":
+            env_runners[NUM_NONFINITE_EPISODES_DROPPED] = float(self.num_nonfinite_episodes_dropped)
         return TrainItem(
             TrainingData(data_iterators=[self._minibatches(iterations)]),
             timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: self._rows_drawn + steps},
+            env_runners=env_runners,
             update_settings=dict(_EVERY_MINIBATCH_ONE_STEP),
         )
 

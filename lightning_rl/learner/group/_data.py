@@ -158,8 +158,7 @@ def _split_columns(columns: Mapping[str, Any], n: int, where: str) -> list[dict[
     lengths = {column: (len(values) if values.ndim > 0 else 0) for column, values in arrays.items()}
     if len(set(lengths.values())) != 1 or 0 in lengths.values():
         raise ValueError(f"{where}: columns must have the same, non-zero number of rows; got {lengths}")
-    rows = next(iter(lengths.values()))
-    bounds = _bounds([1] * rows, n)
+    bounds = _even_bounds(next(iter(lengths.values())), n)
     return [
         {column: values[start:stop] for column, values in arrays.items()} if stop > start else None
         for start, stop in itertools.pairwise(bounds)
@@ -173,20 +172,29 @@ def split_episodes(episodes: list[Any], n: int) -> list[list[Any]]:
     steps stay together, so each module's rows on a learner come from whole episodes.
     """
     lengths = [max(len(episode), 0) for episode in episodes]
-    bounds = _bounds(lengths if sum(lengths) > 0 else [1] * len(lengths), n)
+    if all(length == 1 for length in lengths) or sum(lengths) == 0:
+        bounds = _even_bounds(len(episodes), n)
+    else:
+        bounds = _weighted_bounds(lengths, n)
     return [episodes[start:stop] for start, stop in itertools.pairwise(bounds)]
 
 
-def _bounds(weights: list[int], n: int) -> list[int]:
+def _even_bounds(count: int, n: int) -> list[int]:
+    """``n + 1`` cut points that split ``count`` items into contiguous parts, the first ``count % n`` one longer.
+
+    As ``np.array_split``, from the count alone: a batch's rows are never listed one by one (a
+    list of a million rows' weights held 8 bytes per row in the driver, kept by the allocator
+    past the update).
+    """
+    sizes = [count // n + (1 if part < count % n else 0) for part in range(n)]
+    return [0, *np.cumsum(sizes).tolist()]
+
+
+def _weighted_bounds(weights: list[int], n: int) -> list[int]:
     """``n + 1`` cut points that split items of these weights into contiguous, near-equal parts.
 
-    For unit weights, the first ``len % n`` parts hold one item more (as ``np.array_split``).
-    Otherwise each item goes to the part that contains its middle.
+    Each item goes to the part that contains its middle.
     """
-    count = len(weights)
-    if all(weight == 1 for weight in weights):
-        sizes = [count // n + (1 if part < count % n else 0) for part in range(n)]
-        return [0, *np.cumsum(sizes).tolist()]
     total = float(sum(weights))
     parts, before = [], 0.0
     for weight in weights:
