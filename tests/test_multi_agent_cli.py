@@ -9,6 +9,8 @@ agents on their own modules. record: the games as a directory of ``.npz`` files 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -25,10 +27,12 @@ from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 
 from lightning_rl.algorithms.ppo import PPOLearner  # noqa: E402
 from lightning_rl.cli import evaluate_command, export_command, record_command  # noqa: E402
+from lightning_rl.core.checkpoint import writer_tag  # noqa: E402
 from lightning_rl.data import MultiAgentDataModule  # noqa: E402
 from lightning_rl.data.multi_agent_dataset import (  # noqa: E402
     agent_trajectories,
     load_multi_agent_dataset,
+    recover_interrupted_write,
     write_multi_agent_dataset,
 )
 from lightning_rl.env.multi_agent_runner import MultiAgentEnvRunner  # noqa: E402
@@ -293,3 +297,34 @@ def test_export_names_the_modules_of_a_multi_module_checkpoint(self_play_checkpo
     args = ["--ckpt_path", str(self_play_checkpoint), "--format", "torch", "--output", str(tmp_path / "p.pt2")]
     error = usage_error(export_command.main, [*args, "--module_id", "nope"], capsys)
     assert "has no module 'nope'; it holds ['main', 'main_v0']" in error
+
+
+def _dead_writer_tag(prefix: str) -> str:
+    """``writer_tag(prefix)`` with the id of a process that has exited (a killed writer's)."""
+    exited = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return writer_tag(prefix).replace(f".{os.getpid()}.", f".{int(exited.stdout)}.")
+
+
+@pytest.mark.parametrize("killed", ["while staging", "between the renames", "before removing the old one"])
+def test_a_write_killed_at_any_point_is_finished_or_undone_by_the_next_run(killed, tmp_path):
+    # A writer killed between its two renames left the path without a dataset, the old one hidden.
+    target, marker = tmp_path / "games", "old"
+    target.mkdir()
+    (target / "metadata.json").write_text(marker)
+    stage = tmp_path / f"{_dead_writer_tag('.lightning_rl-writing-')}games"
+    replaced = tmp_path / f"{_dead_writer_tag('.lightning_rl-replaced-')}games"
+    other = tmp_path / f"{_dead_writer_tag('.lightning_rl-writing-')}other"  # another dataset's: left alone
+    for directory in (stage, other):
+        directory.mkdir()
+        (directory / "episode_000000.npz").write_bytes(b"")
+    if killed != "while staging":  # metadata.json is the staging directory's last file
+        (stage / "metadata.json").write_text("new")
+        target.rename(replaced)
+        marker = "new"
+    if killed == "before removing the old one":
+        stage.rename(target)
+
+    done = recover_interrupted_write(target)
+
+    assert (target / "metadata.json").read_text() == marker, done
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(["games", other.name]), done

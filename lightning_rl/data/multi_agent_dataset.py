@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -43,7 +44,7 @@ import gymnasium as gym
 import numpy as np
 
 from lightning_rl.core.action_masks import ACTION_MASK
-from lightning_rl.core.checkpoint import writer_tag
+from lightning_rl.core.checkpoint import writer_is_gone, writer_tag
 from lightning_rl.core.spaces import space_from_dict, space_to_dict
 from lightning_rl.env.multi_agent_episode import AgentID, ModuleID, MultiAgentEpisode
 
@@ -219,16 +220,58 @@ def write_multi_agent_dataset(
 def check_output_directory(path: Path, *, overwrite: bool) -> None:
     """Refuse to write ``path`` if it exists (unless ``overwrite``, and then only a dataset) or its parent does not.
 
+    A write of ``path`` that a killed process left part way is finished or undone first
+    (:func:`recover_interrupted_write`).
+
     Raises:
         ValueError: Naming ``path`` and the problem.
     """
     if not path.parent.is_dir():
         raise ValueError(f"{path}: its directory {path.parent} does not exist")
+    recover_interrupted_write(path)
     if path.exists():
         if not overwrite:
             raise ValueError(f"{path} exists; pass --overwrite to replace it")
         if not (path / METADATA_FILE).is_file():
             raise ValueError(f"{path} exists and is not a multi-agent dataset ({METADATA_FILE} missing): not replaced")
+
+
+def recover_interrupted_write(path: Path) -> list[str]:
+    """Finish or undo a write of the dataset ``path`` whose writer was killed, and sweep what it left.
+
+    :func:`write_multi_agent_dataset` writes a staging directory, moves an old dataset aside,
+    moves the staging directory in, and removes the old one; both directories beside ``path``
+    carry their writer's host and process id (``writer_tag``). Only those of a process of this
+    host that no longer runs are touched. If ``path`` is missing, a complete staging directory
+    (its ``metadata.json`` is written last) takes its place, else the old dataset moves back;
+    what is left is removed.
+
+    Returns:
+        One line per thing done (for logs and tests).
+    """
+    def left_by_a_gone_writer(prefix: str) -> list[Path]:
+        return [
+            Path(entry.path)
+            for entry in os.scandir(path.parent)
+            if writer_is_gone(entry.name, prefix) and entry.name[len(prefix) :].split(".", 2)[2] == path.name
+        ]
+
+    staged, replaced = left_by_a_gone_writer(_WRITING_PREFIX), left_by_a_gone_writer(_REPLACED_PREFIX)
+    done = []
+    if not path.exists():
+        complete = [stage for stage in staged if (stage / METADATA_FILE).is_file()]
+        if complete:
+            complete[0].rename(path)
+            staged.remove(complete[0])
+            done.append(f"{path}: moved the new dataset a killed writer had finished into place")
+        elif replaced:
+            replaced[0].rename(path)
+            replaced.pop(0)
+            done.append(f"{path}: restored the dataset a killed writer was replacing")
+    for leftover in staged + replaced:
+        shutil.rmtree(leftover, ignore_errors=True)
+        done.append(f"removed {leftover} (its writer no longer runs)")
+    return done
 
 
 def load_multi_agent_dataset(path: str | Path) -> MultiAgentDataset:
@@ -239,6 +282,8 @@ def load_multi_agent_dataset(path: str | Path) -> MultiAgentDataset:
             or an episode file lacks an agent's arrays.
     """
     root = Path(path)
+    if root.parent.is_dir():
+        recover_interrupted_write(root)
     try:
         metadata = json.loads((root / METADATA_FILE).read_text())
     except (OSError, json.JSONDecodeError) as error:
