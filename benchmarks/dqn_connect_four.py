@@ -48,9 +48,13 @@ EVAL_SEED_OFFSET = 1_000_000
 
 
 class _TrainingClock(Callback):
-    """The training loop's wall time and the config's evaluation curve."""
+    """The training loop's wall time and the config's evaluation curve, written to ``progress`` after each evaluation.
 
-    def __init__(self) -> None:
+    So a long run that is stopped early still leaves what it measured.
+    """
+
+    def __init__(self, progress: Path | None) -> None:
+        self.progress = progress
         self.started = self.ended = 0.0
         self.curve: list[tuple[int, float]] = []
 
@@ -62,8 +66,21 @@ class _TrainingClock(Callback):
 
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         value = trainer.callback_metrics.get("eval/episode_return_mean")
-        if value is not None:
-            self.curve.append((int(trainer.datamodule.num_env_steps_sampled_lifetime), round(float(value), 4)))
+        if value is None:
+            return
+        env_steps = int(trainer.datamodule.num_env_steps_sampled_lifetime)
+        self.curve.append((env_steps, round(float(value), 4)))
+        if self.progress is not None:
+            seconds = time.perf_counter() - self.started
+            partial = {
+                "finished": False,
+                "env_steps": env_steps,
+                "train_seconds": round(seconds, 1),
+                "env_steps_per_s": round(env_steps / seconds, 1),
+                "eval_during_training_vs_random": self.curve,
+            }
+            self.progress.parent.mkdir(parents=True, exist_ok=True)
+            self.progress.write_text(json.dumps(partial, indent=1) + "\n")
 
 
 def play(module: RLModule, opponent: str, games: int, seed: int) -> dict[str, Any]:
@@ -105,11 +122,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eval-games", type=int, default=400, help="games against each opponent after training")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
-    parser.add_argument("--json", type=Path, default=None, help="write the result here")
+    parser.add_argument("--json", type=Path, default=None, help="write the result here (the curve so far after each evaluation)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    clock = _TrainingClock()
+    clock = _TrainingClock(args.json)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as root:
         cli = LightningRLCLI(
@@ -134,6 +151,7 @@ def main() -> None:
     }
     result = {
         "benchmark": "dqn_connect_four",
+        "finished": True,
         "config": str(EXAMPLE.relative_to(REPO_ROOT)),
         "seed": args.seed,
         "env_steps": env_steps,

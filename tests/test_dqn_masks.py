@@ -33,6 +33,7 @@ pytest.importorskip("pettingzoo")
 from lightning_rl.env.against_opponent import AgainstOpponentEnv  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = str(REPO / "examples" / "dqn_connect_four.yaml")
 NUM_ACTIONS = 5
 OBS_PART = gym.spaces.Box(-10.0, 10.0, (NUM_ACTIONS,), np.float32)
 MASKED = gym.spaces.Dict({"action_mask": gym.spaces.Box(0, 1, (NUM_ACTIONS,), np.int8), "observation": OBS_PART})
@@ -294,12 +295,14 @@ def test_the_runner_acts_legally_and_replay_rows_carry_the_next_states_mask():
     assert np.isfinite(results[MODULE_ID]["qf_loss"])
 
 
-def test_the_example_config_fits_for_a_few_hundred_moves(tmp_path: Path):
-    from lightning_rl.cli import LightningRLCLI
+def test_the_example_config_fits_for_a_few_hundred_moves_and_its_checkpoint_evaluates(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    from lightning_rl.cli import LightningRLCLI, evaluate_command
 
     cli = LightningRLCLI(
         args=[
-            "fit", "--config", str(REPO / "examples" / "dqn_connect_four.yaml"),
+            "fit", "--config", EXAMPLE,
             "--trainer.default_root_dir", str(tmp_path),
             "--trainer.enable_progress_bar", "false",
             "--data.init_args.max_env_steps", "384",
@@ -313,3 +316,7 @@ def test_the_example_config_fits_for_a_few_hundred_moves(tmp_path: Path):
     assert cli.datamodule.num_env_steps_sampled_lifetime == 384
     assert cli.model.weights_seq_no == 2 * 4  # items 2 and 3 learn
     assert -1.0 <= float(cli.trainer.callback_metrics["eval/episode_return_mean"]) <= 1.0
+    # evaluate plays the config's env; the stored rows reach the policy as the env's masked dicts.
+    checkpoint = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    evaluate_command.main(["--ckpt_path", str(checkpoint), "--config", EXAMPLE, "--num_episodes", "3", "--num_envs", "2"])
+    assert "AgainstOpponentEnv" in capsys.readouterr().out

@@ -91,6 +91,8 @@ class OffPolicyLearner(Learner):
         **kwargs: Any,
     ) -> None:
         super().__init__(module_spec, minibatch_size=minibatch_size, **kwargs)
+        # The stored layout of each masked module's observations, by module id (see _module_columns).
+        self._masked_layouts: dict[str, ObservationLayout] = {}
 
     def build(self) -> None:
         """Build as ``Learner.build`` does, first refusing masked observations where the Learner cannot use them.
@@ -223,7 +225,9 @@ class OffPolicyLearner(Learner):
         space = self.module[module_id].observation_space
         if not is_action_masked_space(space) or Columns.ACTION_MASK in columns:
             return columns  # nothing to split, or a replay of the user's own kind that split them already
-        layout = ObservationLayout(space)
+        layout = self._masked_layouts.get(module_id)
+        if layout is None or layout.space is not space:  # read off the space once, not on every gradient step
+            layout = self._masked_layouts[module_id] = ObservationLayout(space)
         columns[Columns.OBS], columns[Columns.ACTION_MASK] = layout.split_masked_batch(columns[Columns.OBS])
         columns[Columns.NEXT_OBS], columns[NEXT_ACTION_MASK] = layout.split_masked_batch(columns[Columns.NEXT_OBS])
         return columns
