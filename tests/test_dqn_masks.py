@@ -16,18 +16,23 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from lightning.pytorch import Trainer
 
 from lightning_rl import Columns, RLModuleSpec
 from lightning_rl.algorithms.cql import CQLLearner, CQLModule
 from lightning_rl.algorithms.dqn import DQNLearner, DQNModule
 from lightning_rl.algorithms.iql import IQLLearner, IQLModule
 from lightning_rl.algorithms.off_policy import N_STEP, WEIGHTS
+from lightning_rl.algorithms.ppo import PPOLearner
 from lightning_rl.algorithms.sac import SACLearner, SACModule
+from lightning_rl.cli import LightningRLCLI, evaluate_command
 from lightning_rl.core.action_masks import NEXT_ACTION_MASK, masked_argmax, random_legal_actions
 from lightning_rl.core.observation_layout import ObservationLayout
+from lightning_rl.data import OnPolicyDataModule
 from lightning_rl.data.uniform_replay import ReplayBuffer
 from lightning_rl.env import EnvRunner
 from lightning_rl.policy import Policy
+from lightning_rl.policy.export import export_policy
 
 pytest.importorskip("pettingzoo")
 from lightning_rl.env.against_opponent import AgainstOpponentEnv  # noqa: E402
@@ -145,8 +150,6 @@ def test_a_masked_dqn_module_needs_the_mask():
 
 
 def test_policy_and_its_torch_export_of_a_masked_dqn_module_act_legally(tmp_path: Path):
-    from lightning_rl.policy.export import export_policy
-
     module = masked_dqn_module()
     with torch.no_grad():  # the unmasked favourite is always action 0, so the mask is what decides
         module.q_net.q[-1].bias[0] = 100.0
@@ -298,8 +301,6 @@ def test_the_runner_acts_legally_and_replay_rows_carry_the_next_states_mask():
 def test_the_example_config_fits_for_a_few_hundred_moves_and_its_checkpoint_evaluates(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ):
-    from lightning_rl.cli import LightningRLCLI, evaluate_command
-
     cli = LightningRLCLI(
         args=[
             "fit", "--config", EXAMPLE,
@@ -320,3 +321,11 @@ def test_the_example_config_fits_for_a_few_hundred_moves_and_its_checkpoint_eval
     checkpoint = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
     evaluate_command.main(["--ckpt_path", str(checkpoint), "--config", EXAMPLE, "--num_episodes", "3", "--num_envs", "2"])
     assert "AgainstOpponentEnv" in capsys.readouterr().out
+
+
+def test_on_policy_data_modules_refuse_a_masked_single_agent_env_naming_what_to_use():
+
+    data = OnPolicyDataModule(AgainstOpponentEnv, num_envs=1, rollout_fragment_length=8, seed=0)
+    trainer = Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    with pytest.raises(ValueError, match="OnPolicyDataModule cannot train on env .* action-mask Dict .* OffPolicyDataModule"):
+        trainer.fit(PPOLearner(minibatch_size=8), datamodule=data)
