@@ -13,6 +13,9 @@ config's own evaluations during training (``eval/episode_return_mean`` against r
 loop's env steps per second (``on_train_start`` to ``on_train_end``, evaluations included) and the
 wall time. Timings on a shared machine drift: they say what one run took, on the machine named.
 
+``--max-minutes`` stops training after that much wall time (a loaded machine's run is then
+evaluated where it got to; ``stopped_by_max_minutes`` says so).
+
 Run::
 
     python benchmarks/dqn_connect_four.py --env-steps 50000                     # a quick check
@@ -53,13 +56,19 @@ class _TrainingClock(Callback):
     So a long run that is stopped early still leaves what it measured.
     """
 
-    def __init__(self, progress: Path | None) -> None:
+    def __init__(self, progress: Path | None, max_seconds: float | None) -> None:
         self.progress = progress
+        self.max_seconds = max_seconds
         self.started = self.ended = 0.0
         self.curve: list[tuple[int, float]] = []
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.started = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
+        # A budget in wall time: on a loaded machine the run stops where it got to, and is evaluated there.
+        if self.max_seconds is not None and time.perf_counter() - self.started > self.max_seconds:
+            trainer.should_stop = True
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.ended = time.perf_counter()
@@ -122,11 +131,14 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eval-games", type=int, default=400, help="games against each opponent after training")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument(
+        "--max-minutes", type=float, default=None, help="stop training after this wall time and evaluate what it reached"
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the result here (the curve so far after each evaluation)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    clock = _TrainingClock(args.json)
+    clock = _TrainingClock(args.json, None if args.max_minutes is None else 60 * args.max_minutes)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as root:
         cli = LightningRLCLI(
@@ -161,6 +173,7 @@ def main() -> None:
         "eval_during_training_vs_random": clock.curve,
         "first_env_step_with_eval_return_ge_0.8": reached,
         "vs": vs,
+        "stopped_by_max_minutes": env_steps < args.env_steps,
         "target": f"win rate >= {TARGET_WIN_RATE} against random at {args.env_steps} env steps",
         "target_met": vs["random"]["win_rate"] >= TARGET_WIN_RATE,
         "machine": {
