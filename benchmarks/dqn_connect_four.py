@@ -132,9 +132,9 @@ def main() -> None:
     parser.add_argument("--eval-games", type=int, default=400, help="games against each opponent after training")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument(
-        "--max-minutes", type=float, default=None, help="stop training after this wall time and evaluate what it reached"
+        "--max-minutes", type=float, default=None, help="stop training after this wall time; evaluate what it reached"
     )
-    parser.add_argument("--json", type=Path, default=None, help="write the result here (the curve so far after each evaluation)")
+    parser.add_argument("--json", type=Path, default=None, help="the result (the curve so far after each evaluation)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 

@@ -20,8 +20,10 @@ Action masks (PettingZoo's ``{"action_mask", "observation"}`` observations, see
 :mod:`lightning_rl.core.action_masks`): with an ``action_mask`` column the greedy action is the
 argmax over the legal actions and a random one is uniform over them; the target's ``a*`` is
 chosen among the legal actions of ``s'`` (the ``next_action_mask`` column the replay rows carry),
-so the Q values of illegal actions, which are never trained, never reach a target. Names follow RLlib's DQN config (``double_q``, ``dueling``,
-``td_error_loss_fn``, ``epsilon``, ``target_network_update_freq``, ``n_step``).
+so the Q values of illegal actions, which are never trained, never reach a target.
+
+Names follow RLlib's DQN config (``double_q``, ``dueling``, ``td_error_loss_fn``, ``epsilon``,
+``target_network_update_freq``, ``n_step``).
 """
 
 from __future__ import annotations

@@ -420,7 +420,8 @@ class EnvDataModule(RankedDataModule):
             raise ValueError(
                 f"{type(self).__name__} cannot train on env {self.env!r}: its observations are PettingZoo's "
                 "action-mask Dict ('action_mask', 'observation'), which single-agent episodes do not yet split for "
-                "on-policy Learners; train it with OffPolicyDataModule (DQN), or play the game with MultiAgentDataModule"
+                "on-policy Learners; train it with OffPolicyDataModule (DQN), or play the game with "
+                "MultiAgentDataModule"
             )
         return self.observation_space, self.action_space
 
