@@ -29,6 +29,7 @@ from lightning_rl.cli import LightningRLCLI, evaluate_command
 from lightning_rl.core.action_masks import NEXT_ACTION_MASK, masked_argmax, random_legal_actions
 from lightning_rl.core.observation_layout import ObservationLayout
 from lightning_rl.data import OnPolicyDataModule
+from lightning_rl.data.prioritized_replay import PrioritizedReplayBuffer
 from lightning_rl.data.uniform_replay import ReplayBuffer
 from lightning_rl.env import EnvRunner
 from lightning_rl.policy import Policy
@@ -279,21 +280,25 @@ def test_the_same_seed_replays_the_same_games():
     assert len(first) != len(other) or not all(np.array_equal(a, b) for a, b in zip(first, other))
 
 
-def test_the_runner_acts_legally_and_replay_rows_carry_the_next_states_mask():
+@pytest.mark.parametrize("prioritized, n_step", [(False, 1), (True, 3)])
+def test_the_runner_acts_legally_and_replay_rows_carry_the_next_states_mask(prioritized: bool, n_step: int):
     env = AgainstOpponentEnv()
-    spec = RLModuleSpec(DQNModule, env.observation_space, env.action_space, model_config={"fcnet_hiddens": [16]})
-    learner = DQNLearner(spec, minibatch_size=64, epsilon=0.0)
+    spec = RLModuleSpec(
+        DQNModule, env.observation_space, env.action_space, model_config={"fcnet_hiddens": [16], "dueling": True}
+    )
+    learner = DQNLearner(spec, minibatch_size=64, epsilon=0.0, n_step=n_step, gradient_steps=2)
     learner.build()
     with EnvRunner(AgainstOpponentEnv, num_envs=2, rollout_fragment_length=60, seed=0) as runner:
         assert runner.stored_observation_space.shape == (7 + 6 * 7 * 2,)  # the mask stored beside the board
         # Greedy acting: compute_actions refuses any illegal action the module returns.
         episodes = runner.sample(learner.module[MODULE_ID])
-    buffer = ReplayBuffer(1000, seed=0)
+    buffer = PrioritizedReplayBuffer(1000, seed=0) if prioritized else ReplayBuffer(1000, seed=0)
     buffer.add_episodes(episodes)
     layout = ObservationLayout(runner.observation_space)
-    sample = buffer.sample(256)
+    sample = buffer.sample(256, n_step=n_step)
     _, next_masks = layout.split_masked_batch(sample[Columns.NEXT_OBS])
     terminated = sample[Columns.TERMINATEDS].astype(bool)
+    # A game's last position has no legal move; every other position (n steps on) has some.
     assert terminated.any() and not next_masks[terminated].any() and next_masks[~terminated].any(axis=1).all()
     results = learner.update_from_replay(buffer)
     assert np.isfinite(results[MODULE_ID]["qf_loss"])
