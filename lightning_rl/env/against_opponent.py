@@ -60,7 +60,7 @@ class AgainstOpponentEnv(gym.Env):
             AEC env with masked observations, naming what it got.
     """
 
-    metadata = {"render_modes": ["human", "rgb_array"]}
+    metadata = {"render_modes": ["human", "rgb_array"], "render_fps": 2}  # connect four's own
 
     def __init__(
         self,
@@ -80,6 +80,7 @@ class AgainstOpponentEnv(gym.Env):
             kwargs["render_mode"] = render_mode
         self.game = make_pettingzoo_env(game, kwargs)
         self.render_mode = render_mode
+        self.metadata = {**self.metadata, **getattr(self.game, "metadata", {})}
         agents = list(self.game.possible_agents)
         if is_parallel_env(self.game) or len(agents) != 2:
             raise ValueError(
