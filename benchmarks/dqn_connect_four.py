@@ -22,7 +22,7 @@ Run::
     nice -n 19 python benchmarks/dqn_connect_four.py --env-steps 500000 \\
         --json benchmarks/results/2026-11-27/dqn_connect_four.json
     python benchmarks/dqn_connect_four.py --env-steps 100000 \\
-        --fit-args --model.init_args.model_config.image_layout channels_last   # a variant
+        --model.init_args.n_step 3   # a variant: arguments it does not know go to lightning-rl fit
 """
 
 from __future__ import annotations
@@ -137,10 +137,8 @@ def main() -> None:
         "--max-minutes", type=float, default=None, help="stop training after this wall time; evaluate what it reached"
     )
     parser.add_argument("--json", type=Path, default=None, help="the result (the curve so far after each evaluation)")
-    parser.add_argument(
-        "--fit-args", nargs="*", default=[], help="more lightning-rl fit arguments (a variant of the config)"
-    )
-    args = parser.parse_args()
+    # Any other arguments go to lightning-rl fit: a variant of the config.
+    args, fit_args = parser.parse_known_args()
     torch.set_num_threads(args.threads)
 
     clock = _TrainingClock(args.json, None if args.max_minutes is None else 60 * args.max_minutes)
@@ -154,7 +152,7 @@ def main() -> None:
                 "--trainer.enable_progress_bar", "false",
                 "--trainer.logger", "false",
                 "--data.init_args.max_env_steps", str(args.env_steps),
-                *args.fit_args,
+                *fit_args,
             ],
             trainer_defaults={"callbacks": [clock]},
         )  # fmt: skip
@@ -171,7 +169,7 @@ def main() -> None:
         "benchmark": "dqn_connect_four",
         "finished": True,
         "config": str(EXAMPLE.relative_to(REPO_ROOT)),
-        "fit_args": args.fit_args,
+        "fit_args": fit_args,
         "seed": args.seed,
         "env_steps": env_steps,
         "train_seconds": round(train_seconds, 1),
