@@ -22,10 +22,9 @@ import pytest
 import torch
 import yaml
 from _dict_obs_env import DICT_SPACE, EPISODE_STEPS, NUM_MODES, DictObsEnv, TupleObsEnv
-from conftest import make_trainer
 from lightning.pytorch import Trainer
 
-from lightning_rl import Columns, Learner, Policy, RLModuleSpec
+from lightning_rl import Columns, Policy, RLModuleSpec
 from lightning_rl.algorithms.bc import BCLearner, BCModule
 from lightning_rl.algorithms.dqn import DQNLearner
 from lightning_rl.algorithms.ppo import PPOLearner, PPOModule
