@@ -2,7 +2,7 @@
 
 The layout (``core.observation_layout``) against ``gym.spaces.flatten`` row by row; the env
 runner's episodes, final observations and the batches built from them; what is refused by name
-(spaces that cannot be flattened, the action-mask Dict, normalization, EnvPool); PPO and DQN
+(spaces that cannot be flattened, normalization, EnvPool); PPO and DQN
 under ``Trainer.fit``; ``lightning-rl fit`` with an env factory path, then ``Policy`` on raw
 dicts, ``evaluate``, ``record`` and ONNX export of a checkpoint.
 """
@@ -22,10 +22,9 @@ import pytest
 import torch
 import yaml
 from _dict_obs_env import DICT_SPACE, EPISODE_STEPS, NUM_MODES, DictObsEnv, TupleObsEnv
-from conftest import make_trainer
 from lightning.pytorch import Trainer
 
-from lightning_rl import Columns, Learner, Policy, RLModuleSpec
+from lightning_rl import Columns, Policy, RLModuleSpec
 from lightning_rl.algorithms.bc import BCLearner, BCModule
 from lightning_rl.algorithms.dqn import DQNLearner
 from lightning_rl.algorithms.ppo import PPOLearner, PPOModule
@@ -135,10 +134,6 @@ def test_the_layout_of_an_array_space_is_the_space_itself() -> None:
         (S.Dict({"x": S.Dict({})}), r"is empty at observation\['x'\]"),
         (S.Text(4), "cannot be stored as one array per step"),
         (S.Dict({1: S.Discrete(2)}), "the key 1; Dict observation keys must be str"),
-        (
-            S.Dict({"action_mask": S.Box(0, 1, (3,), np.int8), "observation": S.Discrete(2)}),
-            "PettingZoo's action-mask Dict",
-        ),
     ],
 )
 def test_spaces_that_cannot_be_stored_flat_are_refused_by_name(space: gym.Space, message: str) -> None:
@@ -216,19 +211,9 @@ class TextObsEnv(DictObsEnv):
         self.observation_space = S.Dict({"name": S.Text(4), "mode": S.Discrete(NUM_MODES)})
 
 
-class MaskedObsEnv(DictObsEnv):
-    def __init__(self) -> None:
-        super().__init__()
-        self.observation_space = S.Dict(
-            {"action_mask": S.Box(0, 1, (NUM_MODES,), np.int8), "observation": S.Discrete(NUM_MODES)}
-        )
-
-
 def test_the_runner_refuses_what_it_cannot_store_or_normalize_naming_the_space() -> None:
     with pytest.raises(ValueError, match=r"EnvRunner cannot store this env's observations: .* holds Text\(.*'name'\]"):
         EnvRunner(TextObsEnv)
-    with pytest.raises(ValueError, match="action-mask Dict .* only the multi-agent runner reads"):
-        EnvRunner(MaskedObsEnv)
     with pytest.raises(ValueError, match=r"normalize_observations needs a Box .* Dict\('image'.*normalize the parts"):
         EnvRunner(DictObsEnv, normalize_observations=True)
     with EnvRunner(DictObsEnv, normalize_rewards=True) as runner:  # rewards alone are fine

@@ -14,8 +14,16 @@ observation after it. The loss is ``mean(w * L(Q(s, a) - y))`` with ``L`` the Hu
 
 Acting is epsilon-greedy: the module's ``epsilon`` buffer follows the Learner's schedule
 over sampled env steps and is saved with the weights, so a resumed run explores as the
-saved one did. Names follow RLlib's DQN config (``double_q``, ``dueling``,
-``td_error_loss_fn``, ``epsilon``, ``target_network_update_freq``, ``n_step``).
+saved one did.
+
+Action masks (PettingZoo's ``{"action_mask", "observation"}`` observations, see
+:mod:`lightning_rl.core.action_masks`): with an ``action_mask`` column the greedy action is the
+argmax over the legal actions and a random one is uniform over them; the target's ``a*`` is
+chosen among the legal actions of ``s'`` (the ``next_action_mask`` column the replay rows carry),
+so the Q values of illegal actions, which are never trained, never reach a target.
+
+Names follow RLlib's DQN config (``double_q``, ``dueling``, ``td_error_loss_fn``, ``epsilon``,
+``target_network_update_freq``, ``n_step``).
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightning_rl.algorithms.off_policy import OffPolicyLearner, bootstrap_discounts, row_weights
+from lightning_rl.core.action_masks import NEXT_ACTION_MASK, is_action_masked_space, masked_argmax, random_legal_actions
 from lightning_rl.core.arguments import ArgumentCheck, check_bool, check_choice
 from lightning_rl.core.columns import Columns
 from lightning_rl.core.encoders import OBSERVATION_ENCODER_KEYS, ObservationEncoder, build_observation_encoder
@@ -122,21 +131,45 @@ class DQNModule(RLModule, TargetNetworkAPI):
         return self.q_net(obs)
 
     def forward_inference(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """Greedy actions ``argmax_a Q(s, a)`` and the Q values."""
+        """Greedy actions ``argmax_a Q(s, a)`` (over the legal actions with an ``action_mask``) and the Q values.
+
+        Raises:
+            ValueError: If the module is built on a masked observation space and the batch
+                has no ``action_mask``, or the mask's shape is not ``[B, num_actions]``.
+        """
         q_values = self.compute_q_values(batch[Columns.OBS])
-        return {Columns.ACTIONS: q_values.argmax(-1) + self.action_start, Q_VALUES: q_values}
+        greedy = masked_argmax(q_values, self._action_mask(batch))
+        return {Columns.ACTIONS: greedy + self.action_start, Q_VALUES: q_values}
 
     def forward_exploration(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Epsilon-greedy actions: uniformly random with probability ``epsilon``, else greedy.
 
+        With an ``action_mask`` column both the random and the greedy action are legal ones.
         Uses torch's global generator (seeded by ``seed_everything``). Only the actions are
         returned: the env runner stores every per-row output of the acting pass, and replay
         does not need the Q values.
+
+        Raises:
+            ValueError: As :meth:`forward_inference`.
         """
-        greedy = self.compute_q_values(batch[Columns.OBS]).argmax(-1)
-        random_actions = torch.randint_like(greedy, self.num_actions)
+        mask = self._action_mask(batch)
+        greedy = masked_argmax(self.compute_q_values(batch[Columns.OBS]), mask)
+        if mask is None:
+            random_actions = torch.randint_like(greedy, self.num_actions)
+        else:
+            random_actions = random_legal_actions(mask.to(greedy.device))
         explore = torch.rand(greedy.shape, device=greedy.device) < self.epsilon
         return {Columns.ACTIONS: torch.where(explore, random_actions, greedy) + self.action_start}
+
+    def _action_mask(self, batch: Mapping[str, Any]) -> Tensor | None:
+        """The batch's ``action_mask`` (``None`` without one), after the base class's checks.
+
+        The base class checks (and would apply to distribution inputs) the mask: it refuses a
+        masked module's batch without one. DQN has no distribution inputs, so it masks its own
+        argmax with what this returns.
+        """
+        self.mask_action_dist_inputs(batch, {})
+        return batch.get(Columns.ACTION_MASK)
 
     def _forward_train(self, batch: dict[str, Any]) -> dict[str, Any]:
         """``Q(s, .)`` of ``obs`` and, if the batch has ``new_obs``, the online ``Q(s', .)`` too.
@@ -271,6 +304,19 @@ class DQNLearner(OffPolicyLearner):
         """DQN trains modules with target networks (``TargetNetworkAPI``)."""
         return [TargetNetworkAPI]
 
+    def required_batch_columns(self, module_id: str) -> list[str]:
+        """The transitions' columns; a module on a masked observation space also needs ``next_action_mask``.
+
+        Its target maximizes over the legal actions of ``new_obs``; without their mask it
+        would bootstrap from the never-trained Q values of illegal ones.
+        """
+        columns = super().required_batch_columns(module_id)
+        # The spec, not the built module: the data contract asks before the modules are built.
+        spec = self.module_spec.rl_module_specs.get(module_id)
+        if spec is not None and is_action_masked_space(spec.observation_space):
+            columns.append(NEXT_ACTION_MASK)
+        return columns
+
     def build(self) -> None:
         """Build modules and optimizers, and set every module's epsilon for the current timestep.
 
@@ -313,9 +359,10 @@ class DQNLearner(OffPolicyLearner):
         with torch.no_grad():
             q_target_next = module.forward_target(batch)[Q_TARGET_NEXT]
             # Double Q: the online network picks the action, the target network values it,
-            # which removes max's upward bias on noisy estimates.
+            # which removes max's upward bias on noisy estimates. Either picks among the next
+            # state's legal actions only; a terminal state without any is zeroed by its discount.
             chooser = fwd_out[Q_VALUES_NEXT] if config.double_q else q_target_next
-            next_actions = chooser.argmax(-1, keepdim=True)
+            next_actions = masked_argmax(chooser, batch.get(NEXT_ACTION_MASK)).unsqueeze(-1)
             q_next = q_target_next.gather(-1, next_actions).squeeze(-1)
             targets = batch[Columns.REWARDS] + bootstrap_discounts(batch, config.gamma) * q_next
 

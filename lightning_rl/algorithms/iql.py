@@ -282,6 +282,10 @@ class IQLLearner(OffPolicyLearner):
         ValueError: For a hyperparameter out of its range, naming it.
     """
 
+    masked_observations_refused: ClassVar[str | None] = (
+        "its actor picks continuous (Box) actions, which a mask of legal Discrete actions cannot restrict"
+    )
+
     hyperparameter_checks: ClassVar[Mapping[str, ArgumentCheck]] = {
         **dict.fromkeys(("actor_lr", "critic_lr", "value_lr"), partial(check_schedule, optional=True)),
         "expectile": partial(check_number, low=0, high=1, low_open=True, high_open=True),

@@ -25,9 +25,11 @@ from lightning.pytorch import Callback
 from torch import Tensor
 
 from lightning_rl.callbacks.target_network import TargetNetworkUpdate
+from lightning_rl.core.action_masks import NEXT_ACTION_MASK, is_action_masked_space
 from lightning_rl.core.arguments import ArgumentCheck, check_int, check_number, check_probability
 from lightning_rl.core.columns import Columns
 from lightning_rl.core.data_contract import DataRequirements
+from lightning_rl.core.observation_layout import ObservationLayout
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.data.prioritized_replay import PrioritizedReplayBuffer
 from lightning_rl.data.replay_n_step import BATCH_INDEXES, N_STEP, WEIGHTS
@@ -69,6 +71,13 @@ class OffPolicyLearner(Learner):
         "target_network_update_freq": check_int,
     }
 
+    masked_observations_refused: ClassVar[str | None] = None
+    """Why this Learner cannot train on action-masked observations; ``None`` where it can (DQN).
+
+    A subclass that sets it (SAC, IQL and CQL, whose actors pick continuous actions) refuses a
+    module on PettingZoo's ``{"action_mask", "observation"}`` space in ``build`` and ``add_module``.
+    """
+
     def __init__(
         self,
         module_spec: RLModuleSpec | MultiRLModuleSpec | None = None,
@@ -82,6 +91,34 @@ class OffPolicyLearner(Learner):
         **kwargs: Any,
     ) -> None:
         super().__init__(module_spec, minibatch_size=minibatch_size, **kwargs)
+        # The stored layout of each masked module's observations, by module id (see _module_columns).
+        self._masked_layouts: dict[str, ObservationLayout] = {}
+
+    def build(self) -> None:
+        """Build as ``Learner.build`` does, first refusing masked observations where the Learner cannot use them.
+
+        Raises:
+            ValueError: See :attr:`masked_observations_refused`.
+        """
+        spec = self.spec_to_build
+        if spec is not None:
+            for module_id, module_spec in spec.rl_module_specs.items():
+                self._refuse_masked_observations(module_id, module_spec)
+        super().build()
+
+    def add_module(self, *, module_id: str, module_spec: RLModuleSpec, **kwargs: Any) -> MultiRLModuleSpec:
+        """Add a module (see ``Learner.add_module``), refusing masked observations as :meth:`build` does."""
+        self._refuse_masked_observations(module_id, module_spec)
+        return super().add_module(module_id=module_id, module_spec=module_spec, **kwargs)
+
+    def _refuse_masked_observations(self, module_id: str, module_spec: RLModuleSpec) -> None:
+        reason = self.masked_observations_refused
+        if reason is not None and is_action_masked_space(module_spec.observation_space):
+            raise ValueError(
+                f"{type(self).__name__} cannot train module {module_id!r} on action-masked observations "
+                f"('action_mask' and 'observation'): {reason}; use DQNLearner, PPOLearner, BC or MARWIL for masked "
+                "Discrete actions"
+            )
 
     def cuda_graph_key(self) -> Hashable:
         """The off-policy losses read no Python number but constant hyperparameters: CUDA graphs last across updates."""
@@ -162,7 +199,8 @@ class OffPolicyLearner(Learner):
         for _ in range(config.gradient_steps):
             sample = dict(replay.sample(config.minibatch_size, n_step=config.n_step, gamma=config.gamma))
             batch_indexes = sample.pop(BATCH_INDEXES)
-            self._update(self._prepare_batch({module_id: dict(sample) for module_id in module_ids}), **update)
+            batch = {module_id: self._module_columns(module_id, sample) for module_id in module_ids}
+            self._update(self._prepare_batch(batch), **update)
             recorded = self._recorded_td_errors()
             if not recorded or not _uses_priorities(replay):
                 continue
@@ -174,6 +212,25 @@ class OffPolicyLearner(Learner):
             (td_errors,) = recorded.values()
             replay.update_priorities(batch_indexes, td_errors.float().cpu().numpy())
         return self.metrics.reduce()
+
+    def _module_columns(self, module_id: str, sample: Mapping[str, Any]) -> dict[str, Any]:
+        """A module's copy of the replay minibatch; a masked module's rows split into observations and masks.
+
+        The buffer stores an action-mask Dict observation flattened, its mask beside it (see
+        :class:`~lightning_rl.core.observation_layout.ObservationLayout`), so ``new_obs`` brings
+        the next state's mask along: here ``obs`` becomes ``obs`` and ``action_mask``, and
+        ``new_obs`` becomes ``new_obs`` and ``next_action_mask``.
+        """
+        columns = dict(sample)
+        space = self.module[module_id].observation_space
+        if not is_action_masked_space(space) or Columns.ACTION_MASK in columns:
+            return columns  # nothing to split, or a replay of the user's own kind that split them already
+        layout = self._masked_layouts.get(module_id)
+        if layout is None or layout.space is not space:  # read off the space once, not on every gradient step
+            layout = self._masked_layouts[module_id] = ObservationLayout(space)
+        columns[Columns.OBS], columns[Columns.ACTION_MASK] = layout.split_masked_batch(columns[Columns.OBS])
+        columns[Columns.NEXT_OBS], columns[NEXT_ACTION_MASK] = layout.split_masked_batch(columns[Columns.NEXT_OBS])
+        return columns
 
     def _sampling_config(self, module_ids: list[str]) -> Any:
         """The one config whose sampling settings every module shares; raise naming the modules that differ."""

@@ -378,6 +378,10 @@ class SACLearner(OffPolicyLearner):
             ``minibatch_size``, ``lr``, ``grad_clip``, ``grad_clip_by``, ``config_overrides_per_module``, ...).
     """
 
+    masked_observations_refused: ClassVar[str | None] = (
+        "its actor picks continuous (Box) actions, which a mask of legal Discrete actions cannot restrict"
+    )
+
     hyperparameter_checks: ClassVar[Mapping[str, ArgumentCheck]] = {
         **dict.fromkeys(("actor_lr", "critic_lr", "alpha_lr"), partial(check_schedule, optional=True)),
         **dict.fromkeys(

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -96,8 +97,18 @@ class PolicyActor:
     num_envs: int
 
     def act(self, observations: np.ndarray, rows: list[int]) -> np.ndarray:
-        """``Policy.act`` for the envs ``rows`` (a recurrent policy steps those rows' states)."""
+        """``Policy.act`` for the envs ``rows`` (a recurrent policy steps those rows' states).
+
+        The stored rows of a masked env (a single-agent one, e.g. ``AgainstOpponentEnv``) hold
+        the mask beside the observation: the policy gets them back as the env's dict.
+        """
+        if self.policy.is_masked:
+            observations = self._masked_layout.unflatten_batch(observations)
         return self.policy.act(observations, deterministic=self.deterministic, rows=rows)
+
+    @functools.cached_property
+    def _masked_layout(self) -> ObservationLayout:
+        return ObservationLayout(self.policy.observation_space)
 
     def start_episodes(self, rows: list[int]) -> None:
         """Reset the rows' recurrent state (every env: a fresh batch of ``num_envs`` rows)."""

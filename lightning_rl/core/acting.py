@@ -69,8 +69,9 @@ def compute_actions(
     actions = out.get(Columns.ACTIONS)
     if actions is not None:
         # The module chose its actions itself (Q-argmax, a squashed Gaussian's mean): only it
-        # can honour a mask, so a module that ignores it fails here, not in the env.
-        if action_mask is not None:
+        # can honour a mask, so a module that ignores it fails here, not in the env. Not while
+        # a graph is traced (export): the check's Python branch on tensor values cannot be traced.
+        if action_mask is not None and not (torch.compiler.is_compiling() or torch.compiler.is_exporting()):
             _check_legal(module, actions, action_mask)
         return out, actions
     if Columns.ACTION_DIST_INPUTS not in out:
@@ -246,7 +247,9 @@ def clip_actions(actions: torch.Tensor, action_space: gym.Space) -> torch.Tensor
 
 
 def _check_legal(module: RLModule, actions: torch.Tensor, action_mask: torch.Tensor) -> None:
-    legal = action_mask.bool().gather(1, actions.long().reshape(-1, 1)).squeeze(1)
+    # Mask columns are action indices: a Discrete space starting at k has action k in column 0.
+    indices = actions.long().reshape(-1, 1) - int(module.action_space.start)
+    legal = action_mask.bool().gather(1, indices).squeeze(1)
     if not bool(legal.all()):
         row = int((~legal).nonzero()[0])
         raise ValueError(

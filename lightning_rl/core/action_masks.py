@@ -31,6 +31,9 @@ ACTION_MASK = Columns.ACTION_MASK
 OBSERVATION = "observation"
 """The Dict-observation key holding the observation itself, beside ``ACTION_MASK``."""
 
+NEXT_ACTION_MASK = "next_action_mask"
+"""The replay column of which actions are legal in ``new_obs``: what a Q-learning target maximizes over."""
+
 _MASKED_KEYS = frozenset({ACTION_MASK, OBSERVATION})
 
 
@@ -111,3 +114,33 @@ def apply_action_mask(logits: Tensor, mask: Tensor) -> Tensor:
             f"have shape {tuple(logits.shape)}; a mask holds one value per action of a Discrete action space"
         )
     return torch.where(mask.to(logits.device).bool(), logits, torch.finfo(logits.dtype).min)
+
+
+def masked_argmax(values: Tensor, mask: Tensor | None) -> Tensor:
+    """The index of the largest value per row among the legal actions (all actions without a mask).
+
+    A row without any legal action (a terminal state's) gets some index, never an error: its
+    value must not matter to the caller (a Q target multiplies it by a zero discount).
+
+    Args:
+        values: ``[B, n]`` per-action values (Q values, logits).
+        mask: ``[B, n]``, true (or 1) where the action is legal, or ``None``.
+
+    Raises:
+        ValueError: If the shapes differ.
+    """
+    return (values if mask is None else apply_action_mask(values, mask)).argmax(-1)
+
+
+def random_legal_actions(mask: Tensor) -> Tensor:
+    """One action index per row, uniformly among the row's legal actions (torch's global generator).
+
+    Each legal action gets a uniform score in [0, 1), each illegal one -1; the argmax is then
+    uniform over the legal actions. A row without legal actions gets index 0.
+
+    Args:
+        mask: ``[B, n]``, true (or 1) where the action is legal.
+    """
+    legal = mask.bool()
+    scores = torch.rand(legal.shape, device=legal.device)
+    return torch.where(legal, scores, -1.0).argmax(-1)

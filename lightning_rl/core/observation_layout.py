@@ -17,8 +17,12 @@ row per key itself.
 :class:`ObservationLayout` does this for a whole vector-env batch at once (``{key: [N, ...]}``
 to ``[N, flatdim]``), one numpy copy per leaf and no Python loop over rows, so image
 observations stay fast; :func:`stored_observation_space` is the space of the stored column.
-PettingZoo's action-mask Dict (:mod:`~lightning_rl.core.action_masks`) is not flattened: the
-multi-agent runner splits it into the ``obs`` and ``action_mask`` columns, so it is refused here.
+PettingZoo's action-mask Dict (:mod:`~lightning_rl.core.action_masks`) is stored flattened like
+any Dict (the mask's columns beside the observation's), so that a single-agent env's final and
+next observations carry their masks through episodes and replay rows; where a stored row meets a
+module (acting, a replay minibatch), :meth:`ObservationLayout.split_masked_batch` splits it into
+the ``obs`` and ``action_mask`` columns the module takes. The multi-agent runner splits the mask
+off before storing.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from lightning_rl.core.action_masks import is_action_masked_space
+from lightning_rl.core.action_masks import ACTION_MASK, OBSERVATION, is_action_masked_space
 
 ARRAY_SPACES: tuple[type[gym.Space], ...] = (
     gym.spaces.Box,
@@ -82,16 +86,19 @@ class ObservationLayout:
         flattens: Whether observations are flattened (``space`` is a ``Dict`` or ``Tuple``).
         leaves: The array spaces of a flattened space, each with its columns in the flat row,
             in gymnasium's flatten order; empty for an array space.
+        masked: Whether ``space`` is PettingZoo's action-mask Dict (its rows split with
+            :meth:`split_masked_batch`).
 
     Raises:
-        ValueError: Naming the space, for PettingZoo's action-mask Dict, a ``Dict`` with a key
-            that is not a ``str``, an empty ``Dict`` or ``Tuple``, or any other space or leaf
-            (``Text``, ``Sequence``, ``Graph``, ``OneOf``).
+        ValueError: Naming the space, for a ``Dict`` with a key that is not a ``str``, an empty
+            ``Dict`` or ``Tuple``, or any other space or leaf (``Text``, ``Sequence``, ``Graph``,
+            ``OneOf``).
     """
 
     def __init__(self, space: gym.Space) -> None:
         self.space = space
         self.flattens = isinstance(space, _STRUCTURED_SPACES)
+        self.masked = is_action_masked_space(space)
         if not self.flattens:
             if not isinstance(space, ARRAY_SPACES):
                 raise ValueError(
@@ -101,12 +108,6 @@ class ObservationLayout:
             self.stored_space: gym.Space = space
             self.leaves: list[FlatLeaf] = []
             return
-        if is_action_masked_space(space):
-            raise ValueError(
-                f"observation space {space} is PettingZoo's action-mask Dict ('action_mask' and 'observation'), "
-                "which only the multi-agent runner reads (the mask goes to its own column); a single-agent env "
-                "must not use exactly these two keys"
-            )
         self.leaves = _leaves(space, space, (), 0)
         flat = gym.spaces.flatten_space(space)
         dtype = _stored_dtype(self.leaves)
@@ -188,6 +189,27 @@ class ObservationLayout:
 
         by_path = {leaf.path: unflatten(leaf) for leaf in self.leaves}
         return _build(self.space, (), by_path)
+
+    def split_masked_batch(self, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The ``obs`` and ``action_mask`` columns of stored rows of an action-mask Dict.
+
+        Args:
+            flat: ``[N, flatdim]`` rows in the stored layout of this (masked) space.
+
+        Returns:
+            The observation part ``[N, ...]`` in its own stored layout (an array space's values
+            in its dtype, a Dict's or Tuple's flat rows) and the masks ``[N, n]`` as bools.
+
+        Raises:
+            ValueError: If this layout's space is not an action-mask Dict.
+        """
+        if not self.masked:
+            raise ValueError(f"observation space {self.space} is not an action-mask Dict; there is no mask to split")
+        parts = self.unflatten_batch(flat)
+        observation = parts[OBSERVATION]
+        if isinstance(observation, (dict, tuple)):
+            observation = ObservationLayout(self.space[OBSERVATION]).flatten_batch(observation)
+        return observation, parts[ACTION_MASK].astype(bool)
 
     def batch_shape(self, obs: Any) -> tuple[int, ...]:
         """``()`` if ``obs`` is one observation of the space, ``(N,)`` if it is a batch of ``N``.

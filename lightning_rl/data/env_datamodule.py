@@ -24,11 +24,12 @@ import abc
 import contextlib
 import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import gymnasium as gym
 from lightning.fabric.utilities.cloud_io import get_filesystem
 
+from lightning_rl.core.action_masks import is_action_masked_space
 from lightning_rl.core.arguments import check_int
 from lightning_rl.core.columns import DEFAULT_MODULE_ID, NUM_ENV_STEPS_SAMPLED_LIFETIME
 from lightning_rl.core.data_contract import SpacePair
@@ -403,8 +404,25 @@ class EnvDataModule(RankedDataModule):
     # The data contract (``lightning_rl.core.data_contract``: this class is a ``DataSource``)
     # ------------------------------------------------------------------------------------
 
+    splits_masked_observations: ClassVar[bool] = False
+    """Whether the Learners this data module feeds get an action-mask Dict env's stored rows split
+    into ``obs`` and ``action_mask``: the off-policy replay's minibatches are; episodes for on-policy
+    Learners are not yet (their connectors read the stored rows whole)."""
+
     def _offered_spaces(self) -> SpacePair:
-        """The env's ``(observation_space, action_space)``, for every module without spaces (builds the train envs)."""
+        """The env's ``(observation_space, action_space)``, for every module without spaces (builds the train envs).
+
+        Raises:
+            ValueError: For an env with PettingZoo's action-mask Dict observations, unless
+                :attr:`splits_masked_observations`.
+        """
+        if is_action_masked_space(self.observation_space) and not self.splits_masked_observations:
+            raise ValueError(
+                f"{type(self).__name__} cannot train on env {self.env!r}: its observations are PettingZoo's "
+                "action-mask Dict ('action_mask', 'observation'), which single-agent episodes do not yet split for "
+                "on-policy Learners; train it with OffPolicyDataModule (DQN), or play the game with "
+                "MultiAgentDataModule"
+            )
         return self.observation_space, self.action_space
 
 

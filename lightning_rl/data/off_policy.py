@@ -84,6 +84,8 @@ class OffPolicyDataModule(EnvDataModule):
             its (``num_env_runners``, ...).
     """
 
+    splits_masked_observations = True  # the Learner splits each replay minibatch (OffPolicyLearner)
+
     def __init__(
         self,
         env: str | Callable[[], gym.Env] = "CartPole-v1",
@@ -260,7 +262,10 @@ class OffPolicyDataModule(EnvDataModule):
 
 
 class _UniformRandomModule(RLModule):
-    """Acts uniformly at random in the action space: off-policy warm-up before learning starts."""
+    """Acts uniformly at random in the action space: off-policy warm-up before learning starts.
+
+    With an ``action_mask`` column (a masked observation space), uniformly among the legal actions.
+    """
 
     def __init__(self, observation_space: gym.Space, action_space: gym.Space, *, seed: int) -> None:
         super().__init__(observation_space, action_space)
@@ -269,7 +274,13 @@ class _UniformRandomModule(RLModule):
     def _forward(self, batch: dict[str, Any]) -> dict[str, Any]:
         num_rows = len(batch[Columns.OBS])
         space = self.action_space
-        if isinstance(space, gym.spaces.Discrete):
+        mask = batch.get(Columns.ACTION_MASK)
+        if mask is not None:
+            # A random score per legal action, -1 for illegal ones: the argmax is uniform over the legal.
+            scores = self._rng.random((num_rows, space.n))
+            scores[~mask.bool().cpu().numpy()] = -1.0
+            actions = space.start + scores.argmax(axis=1)
+        elif isinstance(space, gym.spaces.Discrete):
             actions = space.start + self._rng.integers(0, space.n, size=num_rows)
         elif isinstance(space, gym.spaces.Box) and space.is_bounded():
             actions = self._rng.uniform(space.low, space.high, size=(num_rows, *space.shape)).astype(space.dtype)

@@ -64,7 +64,9 @@ class EnvRunner(ClosesOnce):
     are stored flattened: every observation the module acts on and every episode holds is
     ``gym.spaces.flatten(observation_space, obs)``, one row of :attr:`stored_observation_space`,
     while :attr:`observation_space`, which modules are built from, stays the Dict (see
-    :mod:`lightning_rl.core.observation_layout`).
+    :mod:`lightning_rl.core.observation_layout`). PettingZoo's action-mask Dict is stored so too,
+    the mask beside the observation; the module acts on the two apart (the ``obs`` and
+    ``action_mask`` columns), so its actions are legal.
 
     Args:
         env: A registered env id (built with ``gym.make(env, **env_kwargs)``; ``"module:Id"``
@@ -132,7 +134,7 @@ class EnvRunner(ClosesOnce):
             ``on_nonfinite``, a ``sample_timeout_s`` that is not a positive number, an env
             whose action space is not an array space (Box, Discrete, MultiDiscrete,
             MultiBinary) or whose observation space is neither one nor a Dict or Tuple of
-            them (PettingZoo's action-mask Dict included), observations to normalize that
+            them, observations to normalize that
             are not a Box, or
             invalid normalization arguments; with ``vectorize_mode="envpool"``, for what EnvPool
             cannot build (an id it lacks, a callable, wrappers, other ``env_kwargs``,

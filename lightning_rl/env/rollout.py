@@ -87,10 +87,7 @@ def run_rollout(
     rebuilt_at = -1
     with torch.inference_mode():
         while t < num_steps:
-            obs_t = torch.from_numpy(buffers.obs[t])
-            if not on_cpu:
-                obs_t = obs_t.to(device)
-            out, actions = acting.act(obs_t, explore=explore)
+            out, actions = _act(acting, vector, buffers.obs[t], device, explore=explore)
             action_np = buffers.write_outputs(t, out, actions, on_cpu)
             if clip is not None:
                 action_np = np.clip(action_np, *clip)
@@ -113,6 +110,22 @@ def run_rollout(
                 if episodes_ended >= stop_after_episodes:
                     return buffers, t
     return buffers, num_steps
+
+
+def _act(
+    acting: Acting, vector: GuardedVectorEnv, rows: np.ndarray, device: torch.device, *, explore: bool
+) -> tuple[dict, torch.Tensor]:
+    """The module's outputs and actions for one vector step's stored observation rows.
+
+    The rows of an action-mask Dict hold the mask beside the observation (so episodes and
+    replay keep both): the module gets them apart, as the ``obs`` and ``action_mask`` columns.
+    """
+    mask = None
+    if vector.layout.masked:
+        rows, mask_np = vector.layout.split_masked_batch(rows)
+        mask = torch.from_numpy(mask_np).to(device)
+    obs = torch.from_numpy(np.ascontiguousarray(rows)).to(device)
+    return acting.act(obs, explore=explore, action_mask=mask)
 
 
 def _observe_step(acting: Acting, buffers: RolloutBuffers, t: int) -> None:
