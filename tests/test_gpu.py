@@ -88,6 +88,9 @@ CONFIGS: dict[str, tuple[str | None, list[str]]] = {
     ]),
     "dqn_cartpole.yaml": (None, [*_OFF_POLICY, "--data.init_args.rollouts_per_epoch", "1"]),
     "dqn_lunarlander.yaml": ("Box2D", [*_OFF_POLICY, "--data.init_args.rollouts_per_epoch", "50"]),
+    "dqn_connect_four.yaml": ("pettingzoo", [
+        *_OFF_POLICY, "--data.init_args.train_freq", "16", "--data.init_args.rollouts_per_epoch", "4",
+    ]),
     "sac_pendulum.yaml": (None, [*_OFF_POLICY, "--data.init_args.rollouts_per_epoch", "300"]),
     "sac_hopper.yaml": ("mujoco", [*_OFF_POLICY, "--data.init_args.rollouts_per_epoch", "150"]),
     "sac_halfcheetah.yaml": ("mujoco", [*_OFF_POLICY, "--data.init_args.rollouts_per_epoch", "150"]),
