@@ -93,6 +93,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before a run is killed")
     parser.add_argument("--json", metavar="PATH", help="also write every run and the summary to this JSON file")
     parser.add_argument("--show-output", action="store_true", help="echo the children's other output lines")
+    parser.add_argument("--rollouts-per-epoch", type=int, help="connect_four: evaluate every this many rollouts "
+                        "(the data module's epoch; the config's 20 when unset)")  # fmt: skip
     parser.add_argument("--child", choices=["ours", "selfplay"], help=argparse.SUPPRESS)  # internal: run it here
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)  # the --child's seed
     args = parser.parse_args(argv)
@@ -273,6 +275,7 @@ def run_selfplay_child(args: argparse.Namespace) -> None:
                 "--trainer.default_root_dir", root,
                 "--trainer.enable_progress_bar", "false",
                 "--trainer.enable_model_summary", "false",
+                *(["--data.init_args.rollouts_per_epoch", str(args.rollouts_per_epoch)] if args.rollouts_per_epoch else []),
             ],
             run=False,
             save_config_callback=None,
@@ -321,7 +324,8 @@ def selfplay_main(args: argparse.Namespace) -> None:
             return True
 
         command = [sys.executable, str(Path(__file__).resolve()), "--child", "selfplay", "--config", args.config,
-                   "--env-steps", str(args.env_steps), "--seed", str(seed), "--threads", str(args.threads)]  # fmt: skip
+                   "--env-steps", str(args.env_steps), "--seed", str(seed), "--threads", str(args.threads),
+                   *(["--rollouts-per-epoch", str(args.rollouts_per_epoch)] if args.rollouts_per_epoch else [])]  # fmt: skip
         returncode, other_lines, _ = follow_child(
             command, record, handle, threads=args.threads, timeout=args.timeout, show_output=args.show_output
         )
