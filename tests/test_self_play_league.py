@@ -661,3 +661,25 @@ def test_a_connect_four_fit_with_pfsp_and_fixed_opponents_scores_its_games_and_r
     assert at_start.state == saved
     assert at_start.modules == ["fixed_heuristic", "fixed_random", MAIN, "main_v0", "main_v1"]
     assert not learner.should_module_be_updated("fixed_heuristic") and resumed_league.rollouts > saved["rollouts"]
+
+
+def test_under_pfsp_the_fixed_share_goes_mostly_to_the_fixed_opponent_main_beats_least():
+    pytest.importorskip("pettingzoo")
+    runner = MultiAgentEnvRunner("pettingzoo.classic.connect_four_v3", num_envs=1, seed=0)
+    spaces = {"observation_space": runner.observation_space("player_0"), "action_space": runner.action_space("player_0")}
+    learner = PPOLearner(MultiRLModuleSpec({MAIN: RLModuleSpec(module_class=PPOModule, **spaces)}), minibatch_size=None)
+    learner.build()
+    league = SelfPlayLeague(
+        fixed_opponents=["random", "heuristic"], fixed_opponent_share=0.5, opponent_sampling="pfsp",
+        win_rate_window=10**6,
+    )  # fmt: skip
+    league.setup(SimpleNamespace(datamodule=LeagueData()), learner, "fit")
+    league.on_train_start(SimpleNamespace(), learner)
+    league.win_rates.record({"fixed_random": (98.0, 98.0), "fixed_heuristic": (8.0, 98.0)})  # 0.99 and 0.09
+    weights = {"fixed_random": 0.01**2, "fixed_heuristic": 0.91**2}
+    probabilities = league.opponent_probabilities()
+    for module_id, weight in weights.items():
+        assert probabilities[module_id] == pytest.approx(0.5 * weight / sum(weights.values()))
+    opponents = [next((m for m in match_up if m != MAIN), MAIN) for match_up in _match_ups(league, 2000)]
+    assert opponents.count("fixed_heuristic") / 2000 == pytest.approx(probabilities["fixed_heuristic"], abs=0.03)
+    runner.close()

@@ -7,14 +7,17 @@
 Training episodes seat the main module against an opponent drawn per episode:
 
 1. with probability ``fixed_opponent_share``, one of ``fixed_opponents`` (the parameter-free
-   modules of :mod:`lightning_rl.env.opponents`, uniformly; in the Learner as
-   ``fixed_<name>``, never trained);
+   modules of :mod:`lightning_rl.env.opponents`, in the Learner as ``fixed_<name>``, never
+   trained);
 2. otherwise main itself (with probability ``main_probability``, and always while the league
-   is empty) or a league snapshot, drawn uniformly (``opponent_sampling="uniform"``) or by
-   prioritized fictitious self-play (``"pfsp"``, AlphaStar's): snapshot ``i`` with weight
-   ``(1 - p_i) ** pfsp_exponent``, ``p_i`` main's running win rate against it in training
-   games (:mod:`~lightning_rl.callbacks.opponent_win_rates`; about the last ``win_rate_window``
-   games, 0.5 before the first), so the snapshots main beats least are met most.
+   is empty) or a league snapshot.
+
+Within each pool (the fixed opponents, the league) the opponent is drawn uniformly
+(``opponent_sampling="uniform"``) or by prioritized fictitious self-play (``"pfsp"``,
+AlphaStar's): opponent ``i`` with weight ``(1 - p_i) ** pfsp_exponent``, ``p_i`` main's running
+win rate against it in training games (:mod:`~lightning_rl.callbacks.opponent_win_rates`; about
+the last ``win_rate_window`` games, 0.5 before the first), so the opponents main beats least are
+met most: once main beats random, the fixed share goes mostly to the heuristic.
 
 Every ``evaluate_every_n_rollouts`` train items main plays every league member and every fixed
 opponent. It is snapshotted (a frozen copy joins the league: ``Learner.add_module``, not in
@@ -107,8 +110,9 @@ class SelfPlayLeague(Callback):
         evaluation_explore: Whether evaluation episodes sample actions (``True``) or play
             greedily. Greedy main against a greedy snapshot repeats the same game for each
             seat, so sampling measures the policies far better.
-        opponent_sampling: How a league snapshot is drawn: ``"uniform"``, or ``"pfsp"`` (weight
-            ``(1 - p) ** pfsp_exponent`` on main's running win rate ``p`` against it).
+        opponent_sampling: How a league snapshot, and a fixed opponent, is drawn from its pool:
+            ``"uniform"``, or ``"pfsp"`` (weight ``(1 - p) ** pfsp_exponent`` on main's running
+            win rate ``p`` against it).
         pfsp_exponent: PFSP's exponent: 2 is AlphaStar's ``f_hard``; 1 is linear in main's
             loss rate; 0 is uniform.
         win_rate_window: About how many of the latest training games against an opponent its
@@ -117,7 +121,7 @@ class SelfPlayLeague(Callback):
             ``"heuristic"``) to train against and to measure main by at each evaluation
             (``league/win_rate_vs_<name>``).
         fixed_opponent_share: The chance that a training episode is against one of
-            ``fixed_opponents`` (uniform among them).
+            ``fixed_opponents`` (drawn among them by ``opponent_sampling``).
 
     Raises:
         ValueError: For an argument out of its range, naming it; at the start of ``fit``, for
@@ -359,14 +363,15 @@ class SelfPlayLeague(Callback):
         """The chance of each opponent (main itself included) in a training episode now, by module id."""
         probabilities: dict[ModuleID, float] = {}
         fixed = self.fixed_opponent_share if self._fixed_module_ids else 0.0
-        for module_id in self._fixed_module_ids:
-            probabilities[module_id] = fixed / len(self._fixed_module_ids)
+        weights = self._weights(self._fixed_module_ids)
+        for module_id, weight in zip(self._fixed_module_ids, weights):
+            probabilities[module_id] = fixed * weight / sum(weights)
         rest = 1.0 - fixed
         if not self.league:
             probabilities[self.main_module_id] = rest
             return probabilities
         probabilities[self.main_module_id] = rest * self.main_probability
-        weights = self._league_weights()
+        weights = self._weights(self.league)
         for module_id, weight in zip(self.league, weights):
             probabilities[module_id] = rest * (1.0 - self.main_probability) * weight / sum(weights)
         return probabilities
@@ -402,17 +407,21 @@ class SelfPlayLeague(Callback):
         # they were before fixed opponents existed.
         if self._fixed_module_ids and self.fixed_opponent_share > 0:
             if rng.random() < self.fixed_opponent_share:
-                return self._fixed_module_ids[rng.randrange(len(self._fixed_module_ids))]
+                return self._draw_from(self._fixed_module_ids, rng)
         if not self.league or rng.random() < self.main_probability:
             return self.main_module_id
-        if self.opponent_sampling == "pfsp":
-            return rng.choices(self.league, weights=self._league_weights())[0]
-        return self.league[rng.randrange(len(self.league))]
+        return self._draw_from(self.league, rng)
 
-    def _league_weights(self) -> list[float]:
+    def _draw_from(self, pool: list[ModuleID], rng: random.Random) -> ModuleID:
+        """One of ``pool`` (the league, or the fixed opponents), by ``opponent_sampling``."""
         if self.opponent_sampling == "pfsp":
-            return self.win_rates.pfsp_weights(self.league, self.pfsp_exponent)
-        return [1.0] * len(self.league)
+            return rng.choices(pool, weights=self._weights(pool))[0]
+        return pool[rng.randrange(len(pool))]
+
+    def _weights(self, pool: list[ModuleID]) -> list[float]:
+        if self.opponent_sampling == "pfsp":
+            return self.win_rates.pfsp_weights(pool, self.pfsp_exponent)
+        return [1.0] * len(pool)
 
     def _score_training_games(self, trainer: Trainer, learner: Learner, train_item: Any) -> Tally:
         """Score the train item's finished games, summed over the ranks; add them to the running estimates.
