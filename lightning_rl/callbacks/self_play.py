@@ -330,7 +330,8 @@ class SelfPlayLeague(Callback):
         ):
             raise ValueError(
                 "SelfPlayLeague: a checkpoint's state must hold league and retired (lists of module ids), "
-                f"snapshots_added and rollouts (ints) and last_win_rate (float or None), got {dict(state_dict)!r}"
+                f"snapshots_added and rollouts (ints), last_win_rate and last_min_win_rate (float or None), got "
+                f"{dict(state_dict)!r}"
             )
         self.win_rates.load_state_dict(state_dict.get("win_rates", {}))
         self.league, self.retired = list(league), list(retired)
