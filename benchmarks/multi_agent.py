@@ -35,9 +35,21 @@ loop's; ``gain`` is (ours - random) / (handwritten - random), how much of the ha
 loop's improvement over random ours gets. Timings on a shared machine drift by +-25%: compare
 within one invocation, and repeat it.
 
+``--game connect_four`` measures self-play instead: ``Trainer.fit`` of
+``examples/ppo_connect_four_selfplay.yaml`` (the league with PFSP, fixed opponents and the CNN;
+``--config`` for another), one run per seed, validation on (it is what measures): at each of
+the data module's evaluations (every epoch, ``evaluation_num_episodes`` games per fixed opponent,
+half in each seat, greedy) the win rates ``eval/win_rate_vs_random`` and
+``eval/win_rate_vs_heuristic``, and the league's state (size, snapshots added, main's mean and
+lowest win rate over the league, its win rates against the fixed opponents, the share of
+training games against them). The verdict is the issue's targets on every seed's final
+evaluation: >= 0.95 against random and >= 0.6 against the heuristic. "env steps/s" is over the
+whole training loop, evaluations included.
+
 Run::
 
     python benchmarks/multi_agent.py                                   # seeds 0 1 2, all variants
+    python benchmarks/multi_agent.py --game connect_four --seeds 0 1 --env-steps 1000000 --json c4.json
     python benchmarks/multi_agent.py --variants handwritten random --seeds 0 1 2
     python benchmarks/multi_agent.py --env-steps 200000 --json multi_agent.json
 """
@@ -61,24 +73,33 @@ REPO_ROOT = BENCH_DIR.parent
 VARIANTS = ("ours", "handwritten", "random")
 DEFAULT_CONFIG = "examples/ppo_simple_spread.yaml"
 DEFAULT_ENV_STEPS = 100_000  # the example's max_env_steps
+GAMES = ("simple_spread", "connect_four")
+SELFPLAY_CONFIG = "examples/ppo_connect_four_selfplay.yaml"
+SELFPLAY_TARGETS = {"win_rate_vs_random": 0.95, "win_rate_vs_heuristic": 0.6}  # the issue's, at the final evaluation
 AGENT_RETURN_PREFIX = "agent_episode_return_mean/"
 STEPS_PER_S_TARGET = 0.85  # ours' env steps/s / the hand-written loop's, at least
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--game", choices=GAMES, default="simple_spread", help="connect_four: self-play (see above)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     parser.add_argument("--env-steps", type=int, default=DEFAULT_ENV_STEPS, help="training budget of every run")
     parser.add_argument("--random-env-steps", type=int, default=8000, help="env steps of the random baseline")
     parser.add_argument("--threads", type=int, default=1, help="OMP/MKL threads and torch.set_num_threads of every run")
-    parser.add_argument("--config", default=DEFAULT_CONFIG, help="our run's config (relative to the repo root)")
+    parser.add_argument("--config", help=f"our run's config (relative to the repo root; default {DEFAULT_CONFIG}, "
+                        f"for connect_four {SELFPLAY_CONFIG})")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before a run is killed")
     parser.add_argument("--json", metavar="PATH", help="also write every run and the summary to this JSON file")
     parser.add_argument("--show-output", action="store_true", help="echo the children's other output lines")
-    parser.add_argument("--child", choices=["ours"], help=argparse.SUPPRESS)  # internal: run ours here
+    parser.add_argument("--rollouts-per-epoch", type=int, help="connect_four: evaluate every this many rollouts "
+                        "(the data module's epoch; the config's 20 when unset)")  # fmt: skip
+    parser.add_argument("--child", choices=["ours", "selfplay"], help=argparse.SUPPRESS)  # internal: run it here
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)  # the --child's seed
     args = parser.parse_args(argv)
+    if args.config is None:
+        args.config = SELFPLAY_CONFIG if args.game == "connect_four" else DEFAULT_CONFIG
     for name in ("env_steps", "random_env_steps", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -187,6 +208,153 @@ def run_ours_child(args: argparse.Namespace) -> None:
     result = ours_result(report.stats, report.end - report.start, args.seed)
     result["threads"] = torch.get_num_threads()
     print(json.dumps(result), flush=True)
+
+
+# ----------------------------------------------------------------------------------------
+# The `selfplay` child: Trainer.fit of the connect-four example, its win rates at each evaluation
+# ----------------------------------------------------------------------------------------
+
+
+def make_selfplay_callback() -> Any:
+    """A Lightning callback that times the training loop and keeps every evaluation's win rates and league state."""
+    import lightning.pytorch as pl
+
+    class ReportSelfPlay(pl.Callback):
+        """Prints ``TRAINING_START``; after each validation, one history row of the metrics logged so far."""
+
+        def __init__(self) -> None:
+            self.history: list[dict[str, Any]] = []
+            self.start = self.end = math.nan
+
+        def on_train_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
+            self.start = time.time()
+            print(f"TRAINING_START time={self.start:.6f}", flush=True)
+
+        def on_validation_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
+            metrics = trainer.callback_metrics
+            row = {"env_steps": trainer.datamodule.num_env_steps_sampled_lifetime,
+                   "wall_s": round(time.time() - self.start, 1)}  # fmt: skip
+            for key, value in sorted(metrics.items()):
+                if key.startswith(("eval/win_rate_vs_", "league/")):
+                    row[key] = round(float(value), 4)
+            self.history.append(row)
+            print(f"EVALUATION {json.dumps(row)}", flush=True)
+
+        def on_train_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
+            self.end = time.time()
+
+    return ReportSelfPlay()
+
+
+def run_selfplay_child(args: argparse.Namespace) -> None:
+    """``--child selfplay``: one Trainer.fit of the self-play config, ending with the result's JSON line."""
+    import logging
+    import tempfile
+    import warnings
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    sys.path.insert(0, str(REPO_ROOT))
+    try:
+        from lightning_rl.cli import LightningRLCLI
+        from lightning_rl.data import MultiAgentDataModule  # noqa: F401  (the config needs it)
+    except ImportError as error:
+        print(f"UNAVAILABLE reason={error}", flush=True)
+        return
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+    with tempfile.TemporaryDirectory() as root:  # the example's ModelCheckpoint writes here, not into the repo
+        cli = LightningRLCLI(
+            args=[
+                "--config", str(REPO_ROOT / args.config),
+                "--seed_everything", str(args.seed),
+                "--data.init_args.seed", str(args.seed),
+                "--data.init_args.max_env_steps", str(args.env_steps),
+                "--trainer.logger", "false",
+                "--trainer.default_root_dir", root,
+                "--trainer.enable_progress_bar", "false",
+                "--trainer.enable_model_summary", "false",
+                *(["--data.init_args.rollouts_per_epoch", str(args.rollouts_per_epoch)] if args.rollouts_per_epoch else []),
+            ],
+            run=False,
+            save_config_callback=None,
+        )  # fmt: skip
+        report = make_selfplay_callback()
+        cli.trainer.callbacks.append(report)
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    env_steps = cli.datamodule.num_env_steps_sampled_lifetime
+    wall_s = report.end - report.start
+    final = report.history[-1] if report.history else {}
+    result = {
+        "env_steps": env_steps,
+        "agent_steps": cli.datamodule.num_agent_steps_sampled_lifetime,
+        "wall_s": round(wall_s, 1),
+        "env_steps_per_s": round(env_steps / wall_s, 1),
+        "seed": args.seed,
+        "threads": torch.get_num_threads(),
+        "history": report.history,
+    }
+    for name in SELFPLAY_TARGETS:
+        values = [row[f"eval/{name}"] for row in report.history if f"eval/{name}" in row]
+        result[name] = final.get(f"eval/{name}")
+        result[f"best_{name}"] = max(values) if values else None
+    result["snapshots_added"] = final.get("league/snapshots_added")
+    print(json.dumps(result), flush=True)
+
+
+def selfplay_main(args: argparse.Namespace) -> None:
+    """The connect-four driver: one self-play run per seed, a table, and the verdict on the final win rates."""
+    info = print_versions()
+    print(f"connect-four self-play ({args.config}), seeds {args.seeds}, {args.env_steps} env steps, {args.threads} threads")
+    records = []
+    for seed in args.seeds:
+        record: dict[str, Any] = {"variant": "selfplay", "seed": seed, "status": "ERROR", "setup_s": None}
+
+        def handle(head: str, line: str, launch: float, record: dict[str, Any] = record) -> bool:
+            if head == "UNAVAILABLE":
+                record.update(status="UNAVAILABLE", reason=parse_fields(line).get("reason", ""))
+                return True
+            if head == "EVALUATION":
+                print(f"seed {seed}: {line.split(' ', 1)[1]}", flush=True)
+                return True
+            if not line.startswith("{"):
+                return False
+            record.update(json.loads(line), status="OK")
+            return True
+
+        command = [sys.executable, str(Path(__file__).resolve()), "--child", "selfplay", "--config", args.config,
+                   "--env-steps", str(args.env_steps), "--seed", str(seed), "--threads", str(args.threads),
+                   *(["--rollouts-per-epoch", str(args.rollouts_per_epoch)] if args.rollouts_per_epoch else [])]  # fmt: skip
+        returncode, other_lines, _ = follow_child(
+            command, record, handle, threads=args.threads, timeout=args.timeout, show_output=args.show_output
+        )
+        record["returncode"] = returncode
+        if returncode != 0 or record["status"] != "OK":
+            record["status"] = "ERROR" if record["status"] != "UNAVAILABLE" else record["status"]
+            record["error_tail"] = other_lines[-15:]
+            print(f"seed {seed}: {record['status']}; last output:", *record["error_tail"], sep="\n    | ")
+        records.append(record)
+
+    print(f"\n{'seed':<6}{'vs random (final/best)':>24}{'vs heuristic (final/best)':>27}{'snapshots':>11}"
+          f"{'env steps':>11}{'steps/s':>9}")  # fmt: skip
+    checks = []
+    for record in records:
+        if record["status"] != "OK":
+            continue
+        rnd, heu = record["win_rate_vs_random"], record["win_rate_vs_heuristic"]
+        print(f"{record['seed']:<6}{fmt(rnd, '.2f') + ' / ' + fmt(record['best_win_rate_vs_random'], '.2f'):>24}"
+              f"{fmt(heu, '.2f') + ' / ' + fmt(record['best_win_rate_vs_heuristic'], '.2f'):>27}"
+              f"{fmt(record['snapshots_added'], '.0f'):>11}{record['env_steps']:>11}{record['env_steps_per_s']:>9.0f}")  # fmt: skip
+        for name, target in SELFPLAY_TARGETS.items():
+            value = record[name]
+            checks.append((f"seed {record['seed']} {name} {fmt(value, '.2f')} >= {target}",
+                           value is not None and value >= target))  # fmt: skip
+    ok = bool(checks) and all(passed for _, passed in checks) and all(r["status"] == "OK" for r in records)
+    print(f"verdict: {'PASS' if ok else 'FAIL'}: " + "; ".join(f"{t} {'PASS' if p else 'FAIL'}" for t, p in checks))
+    if args.json:
+        config = {k: v for k, v in vars(args).items() if k not in ("child", "seed")}
+        write_json(args.json, {"config": config, "versions": info, "runs": records})
 
 
 # ----------------------------------------------------------------------------------------
@@ -306,6 +474,12 @@ def main() -> None:
     args = parse_args()
     if args.child == "ours":
         run_ours_child(args)
+        return
+    if args.child == "selfplay":
+        run_selfplay_child(args)
+        return
+    if args.game == "connect_four":
+        selfplay_main(args)
         return
 
     variants = list(dict.fromkeys(args.variants))

@@ -208,9 +208,14 @@ def test_the_multi_agent_example_configs_run_from_the_command_line(tmp_path, con
     assert logged in cli.trainer.callback_metrics
     assert (tmp_path / "lightning_logs/version_0/checkpoints/last.ckpt").exists()
     if config.startswith("ppo_connect_four"):
-        # 8 rollouts, the league evaluated after the 5th: main_v0 joined, frozen.
-        assert sorted(cli.model.module.keys()) == ["main", "main_v0"]
-        assert not cli.model.should_module_be_updated("main_v0")
+        # 8 rollouts, the league evaluated after the 5th: main_v0 joined, frozen, beside the fixed opponents.
+        assert sorted(cli.model.module.keys()) == ["fixed_heuristic", "fixed_random", "main", "main_v0"]
+        assert not any(cli.model.should_module_be_updated(m) for m in ("main_v0", "fixed_random", "fixed_heuristic"))
+        # The example's CNN: the [6, 7, 2] board as a 2-channel image, shared by the policy and the value head.
+        from lightning_rl.core.encoders import ImageEncoder
+
+        encoder = cli.model.module["main"].obs_encoder
+        assert isinstance(encoder, ImageEncoder) and (encoder.image.channels, encoder.image.height) == (2, 6)
 
 
 def test_evaluation_plays_exactly_the_games_it_starts_long_ones_included():

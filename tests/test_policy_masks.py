@@ -108,7 +108,7 @@ def self_play_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "--model.init_args.num_epochs", "1", "--model.init_args.model_config", '{"fcnet_hiddens": [16]}',
         ]
     )  # fmt: skip
-    assert sorted(cli.model.module.keys()) == ["main", "main_v0"]
+    assert sorted(cli.model.module.keys()) == ["fixed_heuristic", "fixed_random", "main", "main_v0"]
     return root / "checkpoints" / "last.ckpt"
 
 
@@ -145,7 +145,8 @@ def test_a_self_play_checkpoints_modules_play_connect_four_legally(self_play_che
 
 
 def test_without_module_id_a_self_play_checkpoint_names_its_modules(self_play_checkpoint: Path):
-    with pytest.raises(ValueError, match=r"holds 2 modules \['main', 'main_v0'\]; pass module_id="):
+    modules = r"\['main', 'fixed_random', 'fixed_heuristic', 'main_v0'\]"  # the league's fixed opponents included
+    with pytest.raises(ValueError, match=rf"holds 4 modules {modules}; pass module_id="):
         Policy.from_checkpoint(self_play_checkpoint)
 
 

@@ -32,11 +32,18 @@ OBS_SPACE = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
 ACT_SPACE = gym.spaces.Discrete(2)
 
 
-def _game(mapping: Any, main_result: float, episode_id: str | None = None) -> MultiAgentEpisode:
-    """A two-turn game over ``AGENTS``: main's agent ends with ``main_result``, the other with its negation."""
+def _game(
+    mapping: Any, main_result: float, episode_id: str | None = None, results: dict[str, float] | None = None
+) -> MultiAgentEpisode:
+    """A two-turn game over ``AGENTS``: main's agent ends with ``main_result``, the other with its negation.
+
+    ``results`` gives main's result against some opponents instead.
+    """
     episode = MultiAgentEpisode(episode_id, agent_to_module_mapping_fn=mapping)
     episode.add_env_reset({"player_0": 0})
     episode.add_env_step({"player_1": 0}, {"player_0": 1}, {})
+    opponents = {episode.module_for(agent) for agent in AGENTS} - {MAIN}
+    main_result = (results or {}).get(next(iter(opponents), MAIN), main_result)
     returns = {agent: main_result if episode.module_for(agent) == MAIN else -main_result for agent in AGENTS}
     done = {"player_0": True, "player_1": True, "__all__": True}
     episode.add_env_step({"player_0": 1, "player_1": 1}, {"player_1": 2}, returns, terminateds=done)
@@ -53,10 +60,11 @@ class LeagueData(LightningDataModule):
 
     possible_agents = AGENTS
 
-    def __init__(self, num_items: int = 4, main_result: float = 1.0) -> None:
+    def __init__(self, num_items: int = 4, main_result: float = 1.0, results: dict[str, float] | None = None) -> None:
         super().__init__()
         self.num_items = num_items
         self.main_result = main_result
+        self.results = results or {}  # main's result against these opponents, instead of main_result
         self.policy_mapping_fn: Any = None
         self.matches: list[tuple[str, int, bool]] = []  # (opponent, episodes, explore) per call
         self.main_seats: list[str] = []
@@ -79,7 +87,7 @@ class LeagueData(LightningDataModule):
         pass
 
     def play_episodes(self, *, num_episodes: int, policy_mapping_fn: Any, explore: bool = False) -> list:
-        episodes = [_game(policy_mapping_fn, self.main_result) for _ in range(num_episodes)]
+        episodes = [_game(policy_mapping_fn, self.main_result, results=self.results) for _ in range(num_episodes)]
         opponents = {episode.module_for(agent) for episode in episodes for agent in AGENTS} - {MAIN}
         self.matches.append((opponents.pop(), num_episodes, explore))
         self.main_seats += [agent for episode in episodes for agent in AGENTS if episode.module_for(agent) == MAIN]
@@ -100,7 +108,9 @@ class _BatchesForEveryModule:
 
     def __iter__(self) -> Any:
         for seed in range(self.num_items):
-            batch = {module_id: _ppo_batch(seed) for module_id in self.learner.module.keys()}
+            modules = self.learner.module
+            # Fixed opponents have no weights to train, and no forward_train to run.
+            batch = {module_id: _ppo_batch(seed) for module_id in modules.keys() if list(modules[module_id].parameters())}
             yield TrainItem(TrainingData(batch=batch), timesteps={"num_env_steps_sampled_lifetime": 32 * (seed + 1)})
 
 
@@ -389,19 +399,24 @@ def test_under_ddp_the_win_rate_is_averaged_over_ranks_and_every_rank_grows_the_
                 np.testing.assert_array_equal(value, rank_1["weights"][module_id][name], err_msg=f"{module_id}/{name}")
 
 
-def test_the_league_state_round_trips_and_a_malformed_one_is_refused():
+def test_the_league_state_round_trips_loads_a_state_from_before_the_estimates_and_refuses_malformed_ones():
     league = SelfPlayLeague()
-    state = {
+    old_state = {
         "league": ["main_v3", "main_v4"],
         "retired": ["main_v2"],
         "snapshots_added": 5,
         "rollouts": 50,
         "last_win_rate": 0.7,
     }
+    league.load_state_dict(old_state)  # a checkpoint written before PFSP: no estimates, no minimum
+    assert league.state_dict() == {**old_state, "last_min_win_rate": None, "win_rates": {}}
+    state = {**old_state, "last_min_win_rate": 0.55, "win_rates": {"main_v3": [3.5, 7.25], "fixed_random": [9.0, 9.0]}}
     league.load_state_dict(state)
-    assert league.state_dict() == state and league.league == ["main_v3", "main_v4"]
+    assert league.state_dict() == state and league.win_rates.estimate("main_v3") == pytest.approx(4.5 / 9.25)
     with pytest.raises(ValueError, match="league and retired \\(lists of module ids\\)"):
         league.load_state_dict({**state, "league": "main_v3"})
+    with pytest.raises(ValueError, match="win_rates must map opponent module ids to \\[wins, games\\]"):
+        league.load_state_dict({**state, "win_rates": {"main_v3": [8.0, 7.0]}})
 
 
 def test_fit_stops_at_the_start_without_the_main_module_or_a_multi_agent_data_module(tmp_path: Path):
@@ -470,3 +485,201 @@ def test_snapshots_added_mid_fit_on_connect_four_are_restored_on_resume(tmp_path
     for module_id in first_league.league:
         assert_same(_weights(resumed, module_id), _weights(first, module_id), module_id)
     assert not resumed.should_module_be_updated("main_v0") and resumed.should_module_be_updated(MAIN)
+
+
+# ----------------------------------------------------------------------------------------
+# PFSP, fixed opponents, the every-member rule
+# ----------------------------------------------------------------------------------------
+
+
+def _finished_game(episode_id: str, mapping: dict[str, str], returns: dict[str, float]) -> MultiAgentEpisode:
+    """A finished one-chunk game in which ``mapping``'s modules played and ended with ``returns``."""
+    episode = MultiAgentEpisode(episode_id, agent_to_module_mapping_fn=lambda agent, _: mapping[agent])
+    episode.add_env_reset({"player_0": 0})
+    episode.add_env_step({"player_1": 0}, {"player_0": 1}, {})
+    done = {"player_0": True, "player_1": True, "__all__": True}
+    episode.add_env_step({"player_0": 1, "player_1": 1}, {"player_1": 2}, returns, terminateds=done)
+    return episode
+
+
+def test_training_games_are_scored_per_opponent_over_their_chunks_draws_not_wins():
+    from lightning_rl.callbacks.opponent_win_rates import TrainingGameScorer
+
+    scorer = TrainingGameScorer(MAIN)
+    seats = {"player_0": MAIN, "player_1": "main_v0"}
+    # A game cut by the rollout: its first chunk holds main's reward, the game ends in the next rollout.
+    first = MultiAgentEpisode("long", agent_to_module_mapping_fn=lambda agent, _: seats[agent])
+    first.add_env_reset({"player_0": 0})
+    first.add_env_step({"player_1": 0}, {"player_0": 1}, {"player_0": 1.0})
+    assert scorer.score([first]) == {}
+    rest = first.cut()
+    done = {"player_0": True, "player_1": True, "__all__": True}
+    rest.add_env_step({"player_0": 1, "player_1": 1}, {"player_1": 2}, {"player_1": 0.5}, terminateds=done)
+    tally = scorer.score([
+        rest,
+        _finished_game("draw", seats, {"player_0": 0.0, "player_1": 0.0}),
+        _finished_game("loss", {"player_0": "fixed_random", "player_1": MAIN}, {"player_0": 1.0, "player_1": -1.0}),
+        _finished_game("self", {"player_0": MAIN, "player_1": MAIN}, {"player_0": 1.0, "player_1": -1.0}),
+    ])  # fmt: skip
+    # 1.0 + 0 against 0.5: a win; the draw is no win; main against itself counts as a game without wins.
+    assert tally == {"main_v0": [1.0, 2.0], "fixed_random": [0.0, 1.0], MAIN: [0.0, 1.0]}
+
+
+def test_running_estimates_decay_with_newer_games_and_start_at_one_half():
+    from lightning_rl.callbacks.opponent_win_rates import OpponentWinRates
+
+    rates = OpponentWinRates(window=10)
+    assert rates.estimate("main_v0") == 0.5
+    rates.record({"main_v0": (10.0, 10.0)})
+    assert rates.estimate("main_v0") == pytest.approx(11 / 12)
+    rates.record({"main_v0": (0.0, 20.0)})  # 20 newer losses: the 10 wins decay by 0.9 ** 20
+    decayed = 10 * 0.9**20
+    assert rates.estimate("main_v0") == pytest.approx((decayed + 1) / (decayed + 20 + 2))
+    assert rates.pfsp_weights(["main_v0", "new"], 2.0) == pytest.approx([(1 - rates.estimate("main_v0")) ** 2, 0.25])
+    with pytest.raises(ValueError, match="win_rate_window must be an int >= 1"):
+        OpponentWinRates(0)
+
+
+def test_pfsp_draws_each_snapshot_by_the_square_of_mains_loss_rate_against_it():
+    members = ["main_v0", "main_v1", "main_v2"]
+    league = _league_with_members(members, main_probability=0.0, opponent_sampling="pfsp", win_rate_window=10**6)
+    league.win_rates.record({"main_v0": (98.0, 98.0), "main_v1": (49.0, 98.0), "main_v2": (8.0, 98.0)})
+    # Estimates 0.99, 0.5 and 0.09: weights 0.0001, 0.25 and 0.8281.
+    expected = {member: (1 - league.win_rates.estimate(member)) ** 2 for member in members}
+    total = sum(expected.values())
+    assert league.opponent_probabilities() == pytest.approx({MAIN: 0.0, **{m: w / total for m, w in expected.items()}})
+    opponents = [module_id for match_up in _match_ups(league, 4000) for module_id in match_up if module_id != MAIN]
+    for member in members:
+        assert opponents.count(member) / 4000 == pytest.approx(expected[member] / total, abs=0.025)
+    assert opponents == [m for mu in _match_ups(league, 4000) for m in mu if m != MAIN]  # seeded: the same draws
+    uniform = _league_with_members(members, main_probability=0.0)
+    uniform.win_rates.record({"main_v0": (98.0, 98.0)})
+    assert uniform.opponent_probabilities() == pytest.approx({MAIN: 0.0, **{m: 1 / 3 for m in members}})
+
+
+def test_fixed_opponents_join_the_learner_untrained_and_take_their_share_of_training_games():
+    league = SelfPlayLeague(fixed_opponents=["random"], fixed_opponent_share=0.25, main_probability=0.4)
+    learner = _learner()
+    learner.build()
+    league.setup(SimpleNamespace(datamodule=LeagueData()), learner, "fit")
+    assert set(_match_ups(league, 50)) == {(MAIN, MAIN)}  # not in the Learner yet: never drawn
+    league.on_train_start(SimpleNamespace(), learner)
+    assert list(learner.module.keys()) == [MAIN, "fixed_random"] and not learner.should_module_be_updated("fixed_random")
+    assert isinstance(learner.module["fixed_random"], RandomLegalModule)
+    league.league = ["main_v0"]
+    match_ups = _match_ups(league, 4000)
+    opponents = [next((m for m in match_up if m != MAIN), MAIN) for match_up in match_ups]
+    assert opponents.count("fixed_random") / 4000 == pytest.approx(0.25, abs=0.02)
+    # The other games: main itself with main_probability, else the league.
+    assert opponents.count(MAIN) / 4000 == pytest.approx(0.75 * 0.4, abs=0.02)
+    assert league.opponent_probabilities() == pytest.approx({"fixed_random": 0.25, MAIN: 0.3, "main_v0": 0.45})
+
+
+def test_main_is_snapshotted_only_when_it_beats_every_member_not_on_average(tmp_path: Path):
+    # Main beats main_v0 and loses to main_v1: a mean of 0.5 reaches the threshold, the minimum does not.
+    league = SelfPlayLeague(evaluate_every_n_rollouts=1, evaluation_num_episodes=4, win_rate_threshold=0.5)
+    data = LeagueData(num_items=4, main_result=1.0, results={"main_v1": -1.0})
+    _, trainer = _fit(tmp_path, league, data)
+    assert league.league == ["main_v0", "main_v1"]
+    assert league.last_win_rate == 0.5 and league.last_min_win_rate == 0.0
+    # The epoch's mean over its evaluations against a league: 1.0 (main_v0 alone), then 0.0 twice.
+    assert trainer.callback_metrics["league/min_win_rate"].item() == pytest.approx(1 / 3)
+    assert data.matches[-2:] == [("main_v0", 2, True), ("main_v1", 2, True)]
+
+
+def test_fixed_opponents_are_played_at_each_evaluation_and_logged_without_gating_snapshots(tmp_path: Path):
+    league = SelfPlayLeague(
+        evaluate_every_n_rollouts=2, evaluation_num_episodes=4, fixed_opponents=["random"], fixed_opponent_share=0.5
+    )
+    data = LeagueData(num_items=4, main_result=1.0, results={"fixed_random": -1.0})
+    learner, trainer = _fit(tmp_path, league, data)
+    # Both evaluations played the fixed opponent; main lost to it, and was snapshotted all the same.
+    assert data.matches == [("fixed_random", 4, True), ("main_v0", 2, True), ("fixed_random", 2, True)]
+    assert league.league == ["main_v0", "main_v1"]
+    assert trainer.callback_metrics["league/win_rate_vs_random"].item() == 0.0
+    assert sorted(learner.module.keys()) == ["fixed_random", MAIN, "main_v0", "main_v1"]
+
+
+def test_arguments_of_pfsp_and_fixed_opponents_are_checked():
+    for kwargs, message in [
+        ({"opponent_sampling": "elo"}, "opponent_sampling must be one of \\('uniform', 'pfsp'\\)"),
+        ({"pfsp_exponent": -1.0}, "pfsp_exponent must be a finite number >= 0"),
+        ({"win_rate_window": 0}, "win_rate_window must be an int >= 1"),
+        ({"fixed_opponents": ["champion"]}, "fixed_opponents \\['champion'\\] unknown"),
+        ({"fixed_opponents": "random"}, "fixed_opponents must be a list of names"),
+        ({"fixed_opponents": ["random", "random"]}, "names one opponent twice"),
+        ({"fixed_opponent_share": 0.2}, "fixed_opponent_share is 0.2, but fixed_opponents is empty"),
+        ({"fixed_opponent_share": 1.5, "fixed_opponents": ["random"]}, "fixed_opponent_share must be a number in"),
+        ({"main_module_id": "fixed_random", "fixed_opponents": ["random"]}, "is a fixed opponent's module id"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            SelfPlayLeague(**kwargs)
+
+
+def _pfsp_connect_four_fit(root: Path, budget: int, ckpt_path: str | None = None, callbacks: list | None = None) -> Any:
+    """A short connect-four fit with PFSP and both fixed opponents (half the games); returns the league, Learner, Trainer."""
+    from lightning_rl.data import MultiAgentDataModule
+
+    torch.manual_seed(0)
+    league = SelfPlayLeague(
+        evaluate_every_n_rollouts=2, evaluation_num_episodes=3, win_rate_threshold=0.0, opponent_sampling="pfsp",
+        fixed_opponents=["random", "heuristic"], fixed_opponent_share=0.5,
+    )  # fmt: skip
+    data = MultiAgentDataModule(
+        "pettingzoo.classic.connect_four_v3", num_envs=4, rollout_fragment_length=24, seed=0,
+        rollouts_per_epoch=2, max_env_steps=budget, evaluation_num_episodes=2,
+    )  # fmt: skip
+    learner = PPOLearner(model_config={"fcnet_hiddens": [8]}, num_epochs=1, minibatch_size=None)
+    trainer = make_trainer(root, max_epochs=-1, callbacks=[league, *(callbacks or [])], enable_checkpointing=True)
+    trainer.fit(learner, datamodule=data, ckpt_path=ckpt_path)
+    return league, learner, trainer
+
+
+def test_a_connect_four_fit_with_pfsp_and_fixed_opponents_scores_its_games_and_resumes_them(tmp_path: Path):
+    pytest.importorskip("pettingzoo")
+    checkpoints = ModelCheckpoint(dirpath=tmp_path / "ckpts", save_last=True)
+    league, _, trainer = _pfsp_connect_four_fit(tmp_path / "a", budget=4 * 96, callbacks=[checkpoints])
+    # 4 rollouts of 96 moves: finished games against both fixed opponents were scored.
+    assert {"fixed_random", "fixed_heuristic"} <= set(league.win_rates.counts)
+    assert 0 < trainer.callback_metrics["league/fixed_opponent_share"].item() < 1
+    for key in ("league/win_rate_vs_random", "league/win_rate_vs_heuristic", "league/train_win_rate_min"):
+        assert key in trainer.callback_metrics
+    assert league.league == ["main_v0", "main_v1"]
+    saved = torch.load(checkpoints.last_model_path, weights_only=True, map_location="cpu")["callbacks"][league.state_key]
+    assert saved == league.state_dict() and saved["win_rates"]
+
+    class LeagueAtStart(Callback):
+        def on_train_start(self, trainer, pl_module) -> None:
+            self.state = trainer.callbacks[0].state_dict()
+            self.modules = sorted(pl_module.module.keys())
+
+    at_start = LeagueAtStart()
+    resumed_league, learner, _ = _pfsp_connect_four_fit(
+        tmp_path / "b", budget=6 * 96, ckpt_path=checkpoints.last_model_path, callbacks=[at_start]
+    )
+    # Restored as saved (the estimates included), the fixed opponents rebuilt once, untrained.
+    assert at_start.state == saved
+    assert at_start.modules == ["fixed_heuristic", "fixed_random", MAIN, "main_v0", "main_v1"]
+    assert not learner.should_module_be_updated("fixed_heuristic") and resumed_league.rollouts > saved["rollouts"]
+
+
+def test_under_pfsp_the_fixed_share_goes_mostly_to_the_fixed_opponent_main_beats_least():
+    pytest.importorskip("pettingzoo")
+    runner = MultiAgentEnvRunner("pettingzoo.classic.connect_four_v3", num_envs=1, seed=0)
+    spaces = {"observation_space": runner.observation_space("player_0"), "action_space": runner.action_space("player_0")}
+    learner = PPOLearner(MultiRLModuleSpec({MAIN: RLModuleSpec(module_class=PPOModule, **spaces)}), minibatch_size=None)
+    learner.build()
+    league = SelfPlayLeague(
+        fixed_opponents=["random", "heuristic"], fixed_opponent_share=0.5, opponent_sampling="pfsp",
+        win_rate_window=10**6,
+    )  # fmt: skip
+    league.setup(SimpleNamespace(datamodule=LeagueData()), learner, "fit")
+    league.on_train_start(SimpleNamespace(), learner)
+    league.win_rates.record({"fixed_random": (98.0, 98.0), "fixed_heuristic": (8.0, 98.0)})  # 0.99 and 0.09
+    weights = {"fixed_random": 0.01**2, "fixed_heuristic": 0.91**2}
+    probabilities = league.opponent_probabilities()
+    for module_id, weight in weights.items():
+        assert probabilities[module_id] == pytest.approx(0.5 * weight / sum(weights.values()))
+    opponents = [next((m for m in match_up if m != MAIN), MAIN) for match_up in _match_ups(league, 2000)]
+    assert opponents.count("fixed_heuristic") / 2000 == pytest.approx(probabilities["fixed_heuristic"], abs=0.03)
+    runner.close()
