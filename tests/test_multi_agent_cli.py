@@ -43,7 +43,7 @@ CODE_MODULE = "_code_from_checkpoint"
 
 @pytest.fixture(scope="module")
 def self_play_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``examples/ppo_connect_four_selfplay.yaml`` shrunk to 192 moves: ``main`` and ``main_v0``, barely trained."""
+    """``examples/ppo_connect_four_selfplay.yaml`` shrunk to 192 moves: ``main``, the fixed opponents, ``main_v0``."""
     from lightning_rl.cli import LightningRLCLI
 
     root = tmp_path_factory.mktemp("self_play")
@@ -180,8 +180,8 @@ def _single_agent_looking(self_play_checkpoint: Path, tmp_path: Path) -> Path:
 def test_evaluate_bad_input_is_one_line(self_play_checkpoint, spread_checkpoint, tmp_path, capsys):
     play = ["--ckpt_path", str(self_play_checkpoint), "--num_episodes", "2"]
     cases = [
-        ([*play, "--module_id", "nope", "--opponent", "random"], "has no module 'nope'; it holds ['main', 'main_v0']"),
-        ([*play, "--opponent", "random"], "holds 2 modules ['main', 'main_v0']; pass --module_id"),
+        ([*play, "--module_id", "nope", "--opponent", "random"], "has no module 'nope'; it holds ['main', 'fixed_random', 'fixed_heuristic', 'main_v0']"),
+        ([*play, "--opponent", "random"], "holds 4 modules ['main', 'fixed_random', 'fixed_heuristic', 'main_v0']; pass --module_id"),
         ([*play, "--module_id", "main", "--opponent", "rando"], "--opponent rando: expected one of ['random', "),
         (
             [*play, "--module_id", "main", "--opponent", str(spread_checkpoint)],
@@ -296,7 +296,7 @@ def test_the_dataset_round_trips_every_array_of_the_episodes_played(tmp_path):
 def test_export_names_the_modules_of_a_multi_module_checkpoint(self_play_checkpoint, tmp_path, capsys):
     args = ["--ckpt_path", str(self_play_checkpoint), "--format", "torch", "--output", str(tmp_path / "p.pt2")]
     error = usage_error(export_command.main, [*args, "--module_id", "nope"], capsys)
-    assert "has no module 'nope'; it holds ['main', 'main_v0']" in error
+    assert "has no module 'nope'; it holds ['main', 'fixed_random', 'fixed_heuristic', 'main_v0']" in error
 
 
 def _dead_writer_tag(prefix: str) -> str:
