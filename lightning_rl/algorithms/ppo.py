@@ -194,7 +194,8 @@ class PPOModule(RLModule):
             self._orthogonal_init()
         if isinstance(self.action_space, gym.spaces.Box) and not self.free_log_std:
             # The second half of the policy's outputs is the log std (DiagGaussian's layout):
-            # its bias is where the log std starts, the small output weights adding little.
+            # its bias is where the log std starts (the output weights, 0.01-gain with
+            # ortho_init, add little to it at first).
             with torch.no_grad():
                 _weight_layers(self.pi)[-1].bias[pi_out // 2 :].fill_(float(config["log_std_init"]))
 
