@@ -19,12 +19,16 @@ init arguments, see ``off_policy.effective_hparams``). SAC and DQN map as
   schedules ``learning_rate`` and ``clip_range`` may be our piecewise lists: SB3 calls them
             with ``progress_remaining = 1 - num_timesteps / total_timesteps`` after each
             rollout, which is turned back into the env-step count our schedule reads then.
-  network   ``net_arch=dict(pi=fcnet_hiddens, vf=fcnet_hiddens)``, ``activation_fn``, SB3's
-            default orthogonal init (gains sqrt(2), 0.01 for the policy head, 1 for the value
-            head, as ours), a state-independent log std starting at 0 (ours:
-            ``free_log_std``), Adam with eps 1e-5 (both).
+  network   ``policy_kwargs`` from the ``model_config`` (``sb3_policy_kwargs``):
+            ``net_arch=dict(pi=..., vf=...)`` from ``pi_fcnet_hiddens`` / ``vf_fcnet_hiddens``
+            (each ``fcnet_hiddens`` when unset), ``activation_fn`` from the activation both
+            networks share, ``ortho_init`` (SB3's gains sqrt(2), 0.01 for the policy head, 1
+            for the value head, as ours; off: PyTorch's default init in both), ``log_std_init``
+            (the state-independent log std's start, ours: ``free_log_std``); Adam with eps 1e-5
+            (both).
 
-Not mapped, so refused: shared actor/critic layers (``vf_share_layers``), a KL loss,
+Not mapped, so refused: shared actor/critic layers (``vf_share_layers``), policy and value
+networks of different activations (SB3 has one ``activation_fn``), a KL loss,
 ``shuffle_batch_per_epoch: false``, entropy schedules, clipping by value, env factories or
 wrappers (the env must be a registered id).
 """
@@ -42,6 +46,7 @@ from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecNormalize
 
+from lightning_rl.algorithms.ppo import separate_network_layers
 from lightning_rl.core.encoders import OBSERVATION_ENCODER_KEYS
 from lightning_rl.core.recurrent import RECURRENT_KEYS
 
@@ -52,8 +57,11 @@ from _sb3_off_policy import unsupported as unsupported_off_policy
 from off_policy import ChildClock, GreedyEvaluation
 
 
-# The PPOModule's model_config keys this file maps onto SB3's policy.
-MAPPED_MODEL_CONFIG = {"fcnet_hiddens", "fcnet_activation", "vf_share_layers", "free_log_std"}
+# The PPOModule's model_config keys this file maps onto SB3's policy (sb3_policy_kwargs).
+MAPPED_MODEL_CONFIG = {
+    "fcnet_hiddens", "fcnet_activation", "vf_share_layers", "free_log_std", "log_std_init", "ortho_init",
+    "pi_fcnet_hiddens", "pi_fcnet_activation", "vf_fcnet_hiddens", "vf_fcnet_activation",
+}  # fmt: skip
 # The observation encoder's keys act on image observations alone: at their defaults they leave
 # the flat observations of the runs SB3's MlpPolicy takes here as they are.
 ENCODER_DEFAULTS = {key: spec.default for key, spec in OBSERVATION_ENCODER_KEYS.items()}
@@ -65,6 +73,8 @@ RECURRENT_DEFAULTS = {key: spec.default for key, spec in RECURRENT_KEYS.items()}
 def unsupported_ppo(model: dict[str, Any], data: dict[str, Any]) -> str | None:
     """What of a PPO config has no SB3 equivalent here (the run is then refused), or None."""
     net = model["model_config"]
+    pi_activation = separate_network_layers(net, "pi")[1]
+    vf_activation = separate_network_layers(net, "vf")[1]
     checks = [
         (model["vf_clip_param"] is None, f"vf_clip_param={model['vf_clip_param']!r} (set it to null)"),
         (not model["use_kl_loss"], "use_kl_loss"),
@@ -73,7 +83,8 @@ def unsupported_ppo(model: dict[str, Any], data: dict[str, Any]) -> str | None:
         (model["shuffle_batch_per_epoch"], "shuffle_batch_per_epoch=False"),
         (isinstance(model["entropy_coeff"], (int, float)), f"entropy_coeff schedule {model['entropy_coeff']!r}"),
         (model["grad_clip"] is None or model["grad_clip_by"] == "global_norm", f"grad_clip_by={model['grad_clip_by']!r}"),
-        (net["fcnet_activation"] in ACTIVATIONS, f"activation {net['fcnet_activation']!r}"),
+        (pi_activation == vf_activation, f"policy and value activations {pi_activation!r} and {vf_activation!r}"),
+        (pi_activation in ACTIVATIONS, f"activation {pi_activation!r}"),
         (set(net) <= MAPPED_MODEL_CONFIG | ENCODER_DEFAULTS.keys() | RECURRENT_DEFAULTS.keys(),
          f"model_config keys {sorted(set(net) - MAPPED_MODEL_CONFIG - ENCODER_DEFAULTS.keys() - RECURRENT_DEFAULTS.keys())}"),
         (not net.get("use_lstm", False), "use_lstm (a recurrent policy: see benchmarks/memory_ppo.py)"),
@@ -101,9 +112,25 @@ def sb3_schedule(setting: float | list[list[float]], total_timesteps: int) -> fl
     return schedule
 
 
+def sb3_policy_kwargs(model_config: dict[str, Any]) -> dict[str, Any]:
+    """SB3's ``MlpPolicy`` ``policy_kwargs`` of the same networks as a ``PPOModule`` of ``model_config``.
+
+    Args:
+        model_config: The module's resolved ``model_config`` (every key set), one that
+            ``unsupported_ppo`` passes: separate networks of one activation, a free log std.
+    """
+    pi_hiddens, activation = separate_network_layers(model_config, "pi")
+    vf_hiddens, _ = separate_network_layers(model_config, "vf")  # its activation is the same (unsupported_ppo)
+    return {
+        "net_arch": {"pi": pi_hiddens, "vf": vf_hiddens},
+        "activation_fn": ACTIVATIONS[activation],
+        "ortho_init": model_config["ortho_init"],
+        "log_std_init": float(model_config["log_std_init"]),
+    }
+
+
 def ppo(model: dict[str, Any], data: dict[str, Any], env: VecEnv, budget: int, seed: int) -> PPO:
     """SB3's PPO with our run's settings (see the module docstring)."""
-    net = model["model_config"]
     rollout = data["num_envs"] * data["rollout_fragment_length"]
     return PPO(
         "MlpPolicy",
@@ -119,10 +146,7 @@ def ppo(model: dict[str, Any], data: dict[str, Any], env: VecEnv, budget: int, s
         ent_coef=model["entropy_coeff"],
         vf_coef=model["vf_loss_coeff"],
         max_grad_norm=math.inf if model["grad_clip"] is None else model["grad_clip"],
-        policy_kwargs={
-            "net_arch": {"pi": list(net["fcnet_hiddens"]), "vf": list(net["fcnet_hiddens"])},
-            "activation_fn": ACTIVATIONS[net["fcnet_activation"]],
-        },
+        policy_kwargs=sb3_policy_kwargs(model["model_config"]),
         device="cpu",
         seed=seed,
     )

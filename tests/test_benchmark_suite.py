@@ -82,3 +82,54 @@ def test_a_tiny_run_of_ours_and_sb3_writes_both_files_with_the_same_evaluation_s
         assert all(point["num_episodes"] == 2 for point in record["evals"])
     # SB3 copied the flags: 2 envs x 128 steps, seeded with the run's seed.
     assert records["sb3"]["hparams"]["data"]["num_envs"] == 2 and records["sb3"]["hparams"]["data"]["seed"] == 3
+
+
+def _resolved(**model_config) -> dict:
+    from lightning_rl.algorithms.ppo import PPOModule
+    from lightning_rl.core.module_checks import model_config_with_defaults
+
+    return model_config_with_defaults(model_config, PPOModule.model_config_keys)
+
+
+def test_sb3s_policy_kwargs_are_built_from_the_model_config(monkeypatch):
+    pytest.importorskip("stable_baselines3")
+    from torch import nn
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    sb3_suite = importlib.import_module("_sb3_suite")
+
+    zoo = _resolved(pi_fcnet_hiddens=[256, 256], vf_fcnet_hiddens=[64], fcnet_activation="relu", log_std_init=-2,
+                    ortho_init=False)  # fmt: skip
+    kwargs = sb3_suite.sb3_policy_kwargs(zoo)
+    assert kwargs == {
+        "net_arch": {"pi": [256, 256], "vf": [64]}, "activation_fn": nn.ReLU, "ortho_init": False, "log_std_init": -2.0,
+    }  # fmt: skip
+    # SB3's policy of these kwargs has our module's parameters, shape for shape, and its log std.
+    import gymnasium as gym
+    import torch
+    from stable_baselines3.common.policies import ActorCriticPolicy
+
+    from lightning_rl.algorithms.ppo import PPOModule
+
+    obs, actions = gym.spaces.Box(-1, 1, (11,)), gym.spaces.Box(-1, 1, (3,))
+    policy, ours = ActorCriticPolicy(obs, actions, lambda _: 1e-3, **kwargs), PPOModule(obs, actions, zoo)
+    assert sorted(p.shape for p in policy.parameters()) == sorted(p.shape for p in ours.parameters())
+    torch.testing.assert_close(policy.log_std.detach(), ours.log_std.detach())
+    defaults = sb3_suite.sb3_policy_kwargs(_resolved())
+    assert defaults == {"net_arch": {"pi": [256, 256], "vf": [256, 256]}, "activation_fn": nn.Tanh,
+                        "ortho_init": True, "log_std_init": 0.0}  # fmt: skip
+
+
+def test_sb3_refuses_policy_and_value_networks_of_different_activations(monkeypatch):
+    pytest.importorskip("stable_baselines3")
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    sb3_suite = importlib.import_module("_sb3_suite")
+    model = {"vf_clip_param": None, "use_kl_loss": False, "shuffle_batch_per_epoch": True, "entropy_coeff": 0.0,
+             "grad_clip": 0.5, "grad_clip_by": "global_norm"}  # fmt: skip
+    data = {"env": "Hopper-v5", "wrappers": None, "evaluation_wrappers": None}
+    same = _resolved(pi_fcnet_activation="relu", fcnet_activation="relu")
+    assert sb3_suite.unsupported_ppo({**model, "model_config": same}, data) is None
+    different = _resolved(pi_fcnet_activation="relu")
+    assert sb3_suite.unsupported_ppo({**model, "model_config": different}, data) == (
+        "policy and value activations 'relu' and 'tanh'"
+    )

@@ -194,7 +194,7 @@ class FakeReplay:
         self.priority_updates.append((batch_indexes, td_errors))
 
 
-def test_td_errors_of_each_step_reach_the_replay_priorities():
+def test_td_errors_of_each_step_reach_the_replay_priorities_and_the_q_statistics_the_results():
     learner = linear_learner(gamma=0.5, lr=0.0, gradient_steps=2, minibatch_size=4)
     replay = FakeReplay(TD_ROWS)
     results = learner.update_from_replay(replay)
@@ -204,6 +204,10 @@ def test_td_errors_of_each_step_reach_the_replay_priorities():
     np.testing.assert_allclose(td_errors, np.array(Q_TAKEN) - np.array(TARGETS[True]), rtol=1e-6)
     assert results[MODULE_ID]["td_error_mean"] == pytest.approx(np.abs(td_errors).mean())
     assert results[MODULE_ID]["qf_mean"] == pytest.approx(np.mean(Q_TAKEN))
+    assert (results[MODULE_ID]["qf_max"], results[MODULE_ID]["qf_min"]) == (max(Q_TAKEN), min(Q_TAKEN))
+    # Online Q(s') = s', target Q(s') = s' reversed: each action's gap is |s'0 - s'1|.
+    gaps = [abs(row["new_obs"][0] - row["new_obs"][1]) for row in TD_ROWS]
+    assert results[MODULE_ID]["target_qf_gap_mean"] == pytest.approx(np.mean(gaps))
     assert results[MODULE_ID]["qf_loss"] == pytest.approx(results[MODULE_ID]["total_loss"])
 
 

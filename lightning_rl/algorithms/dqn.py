@@ -63,7 +63,11 @@ Q_TARGET_NEXT = "q_target_next"
 # Result keys (RLlib's names).
 QF_LOSS_KEY = "qf_loss"
 QF_MEAN_KEY = "qf_mean"
+QF_MAX_KEY = "qf_max"
+QF_MIN_KEY = "qf_min"
 TD_ERROR_MEAN_KEY = "td_error_mean"
+# Not RLlib's: how far the target network has drifted from the online one since its last update.
+TARGET_QF_GAP_KEY = "target_qf_gap_mean"
 CURR_EPSILON_KEY = "curr_epsilon"
 
 DEFAULT_DQN_ACTIVATION = "relu"
@@ -268,6 +272,13 @@ class DQNLearner(OffPolicyLearner):
             every 500 gradient steps, gradients clipped to global norm 10.
         **kwargs: The other ``OffPolicyLearner`` and ``Learner`` arguments (``gamma``, ``n_step``,
             ``gradient_steps``, ``tau``, ``grad_clip_by``, ``config_overrides_per_module``, ...).
+
+    Results per module, besides the Learner's: ``qf_loss``; ``qf_mean``, ``qf_max`` and ``qf_min``
+    of the replayed ``Q(s, a)`` (mean over the update's minibatches, largest, smallest);
+    ``td_error_mean`` (mean ``|Q(s, a) - y|``); ``target_qf_gap_mean``, the mean
+    ``|Q(s', a) - Q_target(s', a)|`` over the minibatches' next observations and all actions,
+    how far the target network lags the online one (0 right after a hard update, growing
+    until the next); ``curr_epsilon``.
     """
 
     hyperparameter_checks: ClassVar[Mapping[str, ArgumentCheck]] = {
@@ -377,5 +388,12 @@ class DQNLearner(OffPolicyLearner):
         log = self.metrics.log_value
         log((module_id, QF_LOSS_KEY), qf_loss, window=math.inf, clear_on_reduce=True)
         log((module_id, QF_MEAN_KEY), q_selected.detach().mean(), window=math.inf, clear_on_reduce=True)
+        # Reduced on the device (no sync): the update's largest and smallest Q(s, a), where
+        # overestimation shows first.
+        log((module_id, QF_MAX_KEY), q_selected, reduce="max", window=math.inf, clear_on_reduce=True)
+        log((module_id, QF_MIN_KEY), q_selected, reduce="min", window=math.inf, clear_on_reduce=True)
         log((module_id, TD_ERROR_MEAN_KEY), td_errors.detach().abs().mean(), window=math.inf, clear_on_reduce=True)
+        if Q_VALUES_NEXT in fwd_out:  # both networks' Q(s', .) are at hand: the lag costs no forward pass
+            gap = (fwd_out[Q_VALUES_NEXT] - q_target_next).abs().mean()
+            log((module_id, TARGET_QF_GAP_KEY), gap, window=math.inf, clear_on_reduce=True)
         return qf_loss

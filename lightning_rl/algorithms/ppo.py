@@ -71,9 +71,18 @@ class PPOModule(RLModule):
         - ``fcnet_hiddens``, ``fcnet_activation``: the MLPs' hidden layers (defaults as for all modules).
         - ``vf_share_layers``: one observation encoder and hidden stack for both heads (default
           ``False``: an encoder and an MLP each).
+        - ``pi_fcnet_hiddens``, ``pi_fcnet_activation``, ``vf_fcnet_hiddens``,
+          ``vf_fcnet_activation``: the hidden layers of the separate policy and value MLPs,
+          when they differ (default ``None``: ``fcnet_hiddens`` and ``fcnet_activation``);
+          an error with ``vf_share_layers: True``. SB3's ``net_arch=dict(pi=..., vf=...)``.
         - ``free_log_std``: for Box actions, learn one state-independent log standard deviation
           per action number (``prod(shape)`` of them) (default ``True``) instead of predicting
           it from the observation.
+        - ``log_std_init``: for Box actions, the log standard deviation at the start (default
+          0): the free log std's value, or else the bias of the policy outputs that predict it.
+          An error for other action spaces. SB3's ``log_std_init``.
+        - ``ortho_init``: orthogonal initial weights, with the gains below (default ``True``);
+          ``False`` keeps PyTorch's default initialization of every layer. SB3's ``ortho_init``.
         - ``conv_filters``, ``conv_activation``, ``image_layout``: the CNN of image observations
           (:mod:`lightning_rl.core.encoders`).
 
@@ -84,20 +93,50 @@ class PPOModule(RLModule):
     Shared, the networks are ``obs_encoder`` -> ``encoder`` (the MLP) -> ``pi`` and ``vf``;
     separate, ``pi_obs_encoder`` -> ``pi`` and ``vf_obs_encoder`` -> ``vf`` (``pi`` and ``vf``
     whole MLPs). Observation encoders of flat observations have no weights.
-    Weights start orthogonal (gain sqrt(2) for hidden and convolution layers, 0.01 for the
-    policy output, 1 for the value output), as in the PPO implementations that tuned these
-    settings (CleanRL's Atari PPO for the convolutions). ``inference_only`` modules with
-    separate networks skip the value encoder and MLP.
+    With ``ortho_init`` (the default), weights start orthogonal (gain sqrt(2) for hidden and
+    convolution layers, 0.01 for the policy output, 1 for the value output) and biases at 0,
+    as in the PPO implementations that tuned these settings (SB3; CleanRL's Atari PPO for the
+    convolutions). ``inference_only`` modules with separate networks skip the value encoder
+    and MLP.
+
+    Raises:
+        ValueError: Besides the base's: for ``pi_``/``vf_`` network keys with
+            ``vf_share_layers: True``, and for ``log_std_init`` with an action space other than Box.
     """
 
     model_config_keys = {
         "fcnet_hiddens": ModelConfigKey.layer_sizes(DEFAULT_FCNET_HIDDENS),
         "fcnet_activation": ModelConfigKey.activation(DEFAULT_FCNET_ACTIVATION),
         "vf_share_layers": ModelConfigKey.flag(False),
+        "pi_fcnet_hiddens": ModelConfigKey.layer_sizes(()).or_none("fcnet_hiddens"),
+        "pi_fcnet_activation": ModelConfigKey.activation(DEFAULT_FCNET_ACTIVATION).or_none("fcnet_activation"),
+        "vf_fcnet_hiddens": ModelConfigKey.layer_sizes(()).or_none("fcnet_hiddens"),
+        "vf_fcnet_activation": ModelConfigKey.activation(DEFAULT_FCNET_ACTIVATION).or_none("fcnet_activation"),
         "free_log_std": ModelConfigKey.flag(True),
+        "log_std_init": ModelConfigKey.number(0.0),
+        "ortho_init": ModelConfigKey.flag(True),
         **OBSERVATION_ENCODER_KEYS,
         **RECURRENT_KEYS,
     }
+
+    @classmethod
+    def check_model_config(
+        cls, model_config: Mapping[str, Any] | None, observation_space: gym.Space | None = None
+    ) -> None:
+        """The base's checks, then that the separate networks' keys come without ``vf_share_layers``.
+
+        Raises:
+            ValueError: As ``RLModule.check_model_config``; for ``pi_fcnet_*`` or ``vf_fcnet_*``
+                keys set beside ``vf_share_layers: True`` (one shared network has no separate sizes).
+        """
+        super().check_model_config(model_config, observation_space)
+        config = model_config or {}
+        separate = [key for key in _SEPARATE_NETWORK_KEYS if config.get(key) is not None]
+        if config.get("vf_share_layers") and separate:
+            raise ValueError(
+                f"{cls.__name__}: model_config keys {separate} shape separate policy and value networks, "
+                "but vf_share_layers=True shares one: drop them or set vf_share_layers to False"
+            )
 
     @classmethod
     def check_action_space(cls, action_space: gym.Space) -> None:
@@ -105,9 +144,16 @@ class PPOModule(RLModule):
         distribution_class_for_space(action_space)
 
     def setup(self) -> None:
+        if "log_std_init" in self.model_config and not isinstance(self.action_space, gym.spaces.Box):
+            raise ValueError(
+                f"{type(self).__name__}: model_config['log_std_init'] is the log std of a Gaussian over Box "
+                f"actions, but the action space is {self.action_space}; drop the key"
+            )
         config = self.resolved_model_config()  # every key set: the defaults above fill the gaps
         hiddens = list(config["fcnet_hiddens"])
         activation = config["fcnet_activation"]
+        pi_hiddens, pi_activation = separate_network_layers(config, "pi")
+        vf_hiddens, vf_activation = separate_network_layers(config, "vf")
         self.vf_share_layers = config["vf_share_layers"]
         self.recurrent = is_recurrent_config(config)
         dist_inputs = distribution_class_for_space(self.action_space).required_input_dim(self.action_space)
@@ -133,7 +179,7 @@ class PPOModule(RLModule):
             if self.recurrent:
                 self.pi_core = RecurrentCore(pi_dim, config, self.action_space, prefix="pi_")
                 pi_dim = self.pi_core.out_dim
-            self.pi = build_mlp(pi_dim, hiddens, activation, pi_out)
+            self.pi = build_mlp(pi_dim, pi_hiddens, pi_activation, pi_out)
             self.vf = None
             if not self.inference_only:
                 self.vf_obs_encoder = build_observation_encoder(self.observation_space, config)
@@ -141,12 +187,19 @@ class PPOModule(RLModule):
                 if self.recurrent:
                     self.vf_core = RecurrentCore(vf_dim, config, self.action_space, prefix="vf_")
                     vf_dim = self.vf_core.out_dim
-                self.vf = build_mlp(vf_dim, hiddens, activation, 1)
+                self.vf = build_mlp(vf_dim, vf_hiddens, vf_activation, 1)
         if self.free_log_std:
-            self.log_std = nn.Parameter(torch.zeros(pi_out))
-        self._init_weights()
+            self.log_std = nn.Parameter(torch.full((pi_out,), float(config["log_std_init"])))
+        if config["ortho_init"]:
+            self._orthogonal_init()
+        if isinstance(self.action_space, gym.spaces.Box) and not self.free_log_std:
+            # The second half of the policy's outputs is the log std (DiagGaussian's layout):
+            # its bias is where the log std starts (the output weights, 0.01-gain with
+            # ortho_init, add little to it at first).
+            with torch.no_grad():
+                _weight_layers(self.pi)[-1].bias[pi_out // 2 :].fill_(float(config["log_std_init"]))
 
-    def _init_weights(self) -> None:
+    def _orthogonal_init(self) -> None:
         # The observation encoders first: on flat observations they have no layers, so the
         # MLPs draw exactly the initial weights they drew before encoders existed.
         for part in (self.obs_encoder, self.pi_obs_encoder, self.vf_obs_encoder, self.encoder, self.pi, self.vf):
@@ -301,8 +354,10 @@ class PPOLearner(AdaptiveKLCoeffMixin, Learner):
         module_spec: What to build; ``None`` builds a :class:`PPOModule` from ``model_config``
             with the spaces of the Trainer's data module.
         model_config: The ``PPOModule``'s settings when ``module_spec`` is ``None``
-            (``fcnet_hiddens``, ``fcnet_activation``, ``vf_share_layers``, ``free_log_std``,
-            ``conv_filters``, ``conv_activation``, ``image_layout``).
+            (``fcnet_hiddens``, ``fcnet_activation``, ``vf_share_layers``, ``pi_fcnet_hiddens``,
+            ``pi_fcnet_activation``, ``vf_fcnet_hiddens``, ``vf_fcnet_activation``, ``free_log_std``,
+            ``log_std_init``, ``ortho_init``, ``conv_filters``, ``conv_activation``, ``image_layout``
+            and the recurrent keys: see :class:`PPOModule`).
         num_epochs, minibatch_size, shuffle_batch_per_epoch, grad_clip: The ``Learner``'s, here
             with PPO's usual defaults (10 shuffled passes of 64-row minibatches, global norm 0.5).
         gamma: Discount factor.
@@ -575,6 +630,32 @@ def _explained_variance(predictions: Tensor, targets: Tensor) -> Tensor:
     """1 - Var(targets - predictions) / Var(targets); 1 is perfect, <= 0 no better than a constant."""
     target_var = targets.var(unbiased=False)
     return 1 - (targets - predictions).var(unbiased=False) / target_var.clamp(min=1e-8)
+
+
+_SEPARATE_NETWORK_KEYS = ("pi_fcnet_hiddens", "pi_fcnet_activation", "vf_fcnet_hiddens", "vf_fcnet_activation")
+
+
+def separate_network_layers(config: Mapping[str, Any], network: str) -> tuple[list[int], str]:
+    """The hidden layer sizes and activation of a ``PPOModule``'s separate policy or value MLP.
+
+    ``pi_fcnet_hiddens`` / ``vf_fcnet_hiddens`` and their activations where set, else
+    ``fcnet_hiddens`` and ``fcnet_activation``.
+
+    Args:
+        config: A resolved ``model_config`` (every key set, as ``resolved_model_config()`` returns).
+        network: ``"pi"`` or ``"vf"``.
+
+    Raises:
+        ValueError: For another ``network``.
+    """
+    if network not in ("pi", "vf"):
+        raise ValueError(f"network must be 'pi' or 'vf', got {network!r}")
+    hiddens = config[f"{network}_fcnet_hiddens"]
+    activation = config[f"{network}_fcnet_activation"]
+    return (
+        list(config["fcnet_hiddens"] if hiddens is None else hiddens),
+        config["fcnet_activation"] if activation is None else activation,
+    )
 
 
 def _weight_layers(part: nn.Module | None) -> list[nn.Linear | nn.Conv2d]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -112,6 +113,19 @@ class ModelConfigKey:
         """One of a few names, such as ``image_layout``'s."""
         return cls(default, f"one of {list(choices)}", lambda value: isinstance(value, str) and value in choices)
 
+    @classmethod
+    def number(cls, default: float) -> ModelConfigKey:
+        """A finite int or float, such as ``log_std_init``."""
+        return cls(default, "a finite number", _is_finite_number)
+
+    def or_none(self, meaning: str) -> ModelConfigKey:
+        """This kind of value, or ``None`` (the default), which means ``meaning``.
+
+        Args:
+            meaning: What ``None`` stands for, for the message (``"fcnet_hiddens"``).
+        """
+        return ModelConfigKey(None, f"{self.expected}, or None for {meaning}", _none_or(self.is_valid))
+
 
 def check_known_keys(given: Iterable[Any], valid: Iterable[str], what: str, *, where: str = "") -> None:
     """Raise ValueError for the first of ``given`` not in ``valid``, naming the closest valid one.
@@ -177,6 +191,14 @@ def model_config_with_defaults(
     given = dict(model_config or {})
     # Deep copies, so no module shares (and could change) a default list or the caller's lists.
     return {key: copy.deepcopy(given.get(key, spec.default)) for key, spec in accepted.items()}
+
+
+def _is_finite_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _none_or(is_valid: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda value: value is None or is_valid(value)
 
 
 def _is_layer_sizes(value: Any) -> bool:
