@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -135,3 +136,34 @@ def resealed(checkpoint: dict[str, Any]) -> dict[str, Any]:
     if LEARNER_CHECKSUM_KEY in checkpoint[CHECKPOINT_KEY]:
         add_learner_checksum(checkpoint)
     return with_checksum(checkpoint) if CHECKSUM_KEY in checkpoint else checkpoint
+
+
+def usage_error(main: Any, args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """The one line a command's ``main(args)`` prints for bad input (exit status 2)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1, error
+    return error
+
+
+def fit_small_self_play(root: Path) -> Any:
+    """``examples/ppo_connect_four_selfplay.yaml`` shrunk to 192 moves, fit in ``root``; the CLI object.
+
+    Its ``root / "checkpoints" / "last.ckpt"`` holds ``main``, the league's fixed opponents and ``main_v0``.
+    """
+    from lightning_rl.cli import LightningRLCLI
+
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    return LightningRLCLI(
+        args=[
+            "fit", "--config", str(examples / "ppo_connect_four_selfplay.yaml"),
+            "--trainer.default_root_dir", str(root),
+            "--trainer.enable_progress_bar", "false", "--trainer.logger", "false",
+            "--data.init_args.num_envs", "2", "--data.init_args.rollout_fragment_length", "16",
+            "--data.init_args.rollouts_per_epoch", "6", "--data.init_args.evaluation_num_episodes", "2",
+            "--data.init_args.max_env_steps", "192", "--model.init_args.minibatch_size", "32",
+            "--model.init_args.num_epochs", "1", "--model.init_args.model_config", '{"fcnet_hiddens": [16]}',
+        ]
+    )  # fmt: skip

@@ -20,7 +20,7 @@ import torch
 import yaml
 from _algorithms import ROWS
 from _policy_common import fit_from_the_command_line, observations, run_export
-from conftest import resealed
+from conftest import resealed, usage_error
 
 from lightning_rl import Policy
 from lightning_rl.cli import evaluate_command, export_command
@@ -58,15 +58,6 @@ def played_returns(policy: Policy, env_id: str, seeds: range) -> list[float]:
         returns.append(total)
     return returns
 
-
-def usage_error(main, args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    """The one line a command prints for bad input (exit status 2)."""
-    with pytest.raises(SystemExit) as exit_info:
-        main(args)
-    assert exit_info.value.code == 2
-    error = capsys.readouterr().err
-    assert error.count("\n") == 1, error
-    return error
 
 
 @pytest.mark.parametrize("seed, num_envs", [(None, 2), (11, 1)])

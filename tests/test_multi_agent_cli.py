@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import resealed
+from conftest import fit_small_self_play, resealed, usage_error
 
 pytest.importorskip("pettingzoo")
 pytest.importorskip("mpe2")
@@ -43,22 +43,9 @@ CODE_MODULE = "_code_from_checkpoint"
 
 @pytest.fixture(scope="module")
 def self_play_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``examples/ppo_connect_four_selfplay.yaml`` shrunk to 192 moves: ``main``, the fixed opponents, ``main_v0``."""
-    from lightning_rl.cli import LightningRLCLI
-
+    """``examples/ppo_connect_four_selfplay.yaml`` shrunk to 192 moves (``conftest.fit_small_self_play``)."""
     root = tmp_path_factory.mktemp("self_play")
-    examples = Path(__file__).resolve().parent.parent / "examples"
-    LightningRLCLI(
-        args=[
-            "fit", "--config", str(examples / "ppo_connect_four_selfplay.yaml"),
-            "--trainer.default_root_dir", str(root),
-            "--trainer.enable_progress_bar", "false", "--trainer.logger", "false",
-            "--data.init_args.num_envs", "2", "--data.init_args.rollout_fragment_length", "16",
-            "--data.init_args.rollouts_per_epoch", "6", "--data.init_args.evaluation_num_episodes", "2",
-            "--data.init_args.max_env_steps", "192", "--model.init_args.minibatch_size", "32",
-            "--model.init_args.num_epochs", "1", "--model.init_args.model_config", '{"fcnet_hiddens": [16]}',
-        ]
-    )  # fmt: skip
+    fit_small_self_play(root)
     return root / "checkpoints" / "last.ckpt"
 
 
@@ -87,15 +74,6 @@ def evaluated(args: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str
     evaluate_command.main([*args, "--json", str(path)])
     return json.loads(path.read_text()), capsys.readouterr().out
 
-
-def usage_error(main, args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    """The one line a command prints for bad input (exit status 2)."""
-    with pytest.raises(SystemExit) as exit_info:
-        main(args)
-    assert exit_info.value.code == 2
-    error = capsys.readouterr().err
-    assert error.count("\n") == 1, error
-    return error
 
 
 def test_evaluate_seats_main_against_random_in_both_seats_reproducibly(self_play_checkpoint, tmp_path, capsys):

@@ -8,6 +8,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from conftest import fit_small_self_play
 
 from lightning_rl.algorithms.ppo import PPOModule
 from lightning_rl.policy import Policy
@@ -93,21 +94,8 @@ def self_play_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     Six rollouts: the league evaluates main after the fifth and snapshots it as ``main_v0``.
     """
     pytest.importorskip("pettingzoo")
-    from lightning_rl.cli import LightningRLCLI
-
     root = tmp_path_factory.mktemp("self_play")
-    examples = Path(__file__).resolve().parent.parent / "examples"
-    cli = LightningRLCLI(
-        args=[
-            "fit", "--config", str(examples / "ppo_connect_four_selfplay.yaml"),
-            "--trainer.default_root_dir", str(root),
-            "--trainer.enable_progress_bar", "false", "--trainer.logger", "false",
-            "--data.init_args.num_envs", "2", "--data.init_args.rollout_fragment_length", "16",
-            "--data.init_args.rollouts_per_epoch", "6", "--data.init_args.evaluation_num_episodes", "2",
-            "--data.init_args.max_env_steps", "192", "--model.init_args.minibatch_size", "32",
-            "--model.init_args.num_epochs", "1", "--model.init_args.model_config", '{"fcnet_hiddens": [16]}',
-        ]
-    )  # fmt: skip
+    cli = fit_small_self_play(root)
     assert sorted(cli.model.module.keys()) == ["fixed_heuristic", "fixed_random", "main", "main_v0"]
     return root / "checkpoints" / "last.ckpt"
 
