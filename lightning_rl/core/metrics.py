@@ -20,7 +20,7 @@
 
 Logging is cheap on the hot path: ``log_value`` appends a detached tensor (or a number) to a
 list, so a minibatch step never waits on the device; a CPU tensor, which has no device to wait
-for, is appended as its number. ``reduce`` reads every pending value of
+for, is appended as its number (except inside ``recording``, whose replays rewrite it). ``reduce`` reads every pending value of
 every key back in one transfer and folds them into plain-float statistics on this rank.
 These are plain floats, not torchmetrics objects: an off-policy Learner reduces after every
 env step, and torchmetrics' per-key update and reset bookkeeping cost as much as SAC's
@@ -106,6 +106,8 @@ class MetricsLogger:
         # The arguments each key was last logged with, as given: the hot path compares these
         # and only resolves and validates settings it has not seen.
         self._logged_as: dict[Path, tuple[Any, ...]] = {}
+        # Inside ``recording``, CPU tensors stay tensors: a replay writes the values into them.
+        self._recording = False
 
     def log_value(
         self,
@@ -144,7 +146,7 @@ class MetricsLogger:
             value = value.detach()
             if value.dim():
                 value = _tensor_statistic(path, reduce, value)
-            if value.device.type == "cpu":
+            if value.device.type == "cpu" and not self._recording:
                 # Read at once: a CPU tensor has no device to wait for, and one small tensor kept
                 # per step lands between the step's large ones in the allocator's heap, pinning
                 # an update's worth of freed pages (about 24 bytes per row of a BC update).
@@ -182,9 +184,11 @@ class MetricsLogger:
         """
         before = {path: len(values) for path, values in self._pending.items()}
         record = RecordedValues()
+        self._recording = True
         try:
             yield record
         finally:
+            self._recording = False
             for path in list(self._pending):
                 values = self._pending[path]
                 taken = values[before.get(path, 0) :]
