@@ -1,5 +1,7 @@
 """``SelfPlayLeague``: self-play against frozen snapshots of the main module, a league that grows as main improves.
 
+For example::
+
     trainer = Trainer(callbacks=[SelfPlayLeague(main_module_id="main", opponent_sampling="pfsp",
                                                 fixed_opponents=["random", "heuristic"], fixed_opponent_share=0.2)])
     trainer.fit(PPOLearner(...), datamodule=MultiAgentDataModule("pettingzoo.classic.connect_four_v3", ...))
