@@ -1,9 +1,10 @@
 """Child processes that die with their parent, even when the parent is killed with ``kill -9``, and start cleanly.
 
-A process started by this package (a tune trial's fit, a sampler of ``AsyncSamplingDataModule``)
-must not outlive the process that started it: an orphan keeps its envs, memory and cores. An
-ordinary exit is handled by whoever started it (``kill()``, ``atexit``); a ``kill -9`` of the
-parent runs none of that, so the child asks the kernel to kill it when its parent dies.
+A process started by this package (a tune trial's fit, a sampler of ``AsyncSamplingDataModule``, a
+PettingZoo env worker) must not outlive the process that started it: an orphan keeps its envs,
+memory and cores. An ordinary exit is handled by whoever started it (``kill()``, ``atexit``); a
+``kill -9`` of the parent runs none of that, so the child asks the kernel to kill it when its
+parent dies.
 """
 
 from __future__ import annotations
@@ -29,6 +30,30 @@ def die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
     except (OSError, AttributeError):
         pass
+
+
+def release_fork_server() -> None:
+    """Close this child's copy of the pipe by which the fork server knows that its parent lives.
+
+    Call it first thing in a process the fork server started that starts no processes itself
+    (a sampler of ``AsyncSamplingDataModule``, a PettingZoo env worker).
+
+    ``multiprocessing`` hands every process the fork server starts the write end of that pipe
+    (so that it could ask the server for processes of its own). While a child holds it, the
+    server does not see a parent killed with ``kill -9``, stays, and so never sets off its
+    children's ``PR_SET_PDEATHSIG`` (:func:`die_with_parent`): a child hung in C code would
+    outlive the parent. Without the child's copy, the server exits with the parent and takes
+    the children with it.
+    """
+    import os
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver  # the module's one server: there is no public handle on this fd
+    alive_fd = getattr(server, "_forkserver_alive_fd", None)
+    if alive_fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(alive_fd)
+        server._forkserver_alive_fd = None
 
 
 @contextlib.contextmanager

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import multiprocessing.connection
-import os
 import pickle
 import signal
 import time
@@ -34,7 +33,7 @@ from typing import Any
 
 import cloudpickle
 
-from lightning_rl.core.processes import die_with_parent, main_script_not_rerun
+from lightning_rl.core.processes import die_with_parent, main_script_not_rerun, release_fork_server
 from lightning_rl.env.env_errors import SampleTimeoutError, SubEnvError
 from lightning_rl.env.pettingzoo_env import PettingZooEnvCreator, make_pettingzoo_env
 from lightning_rl.env.pettingzoo_stepper import RESET, STEP, AgentSpaces, PettingZooStepper
@@ -277,7 +276,7 @@ def start_env_workers(
 def _worker_main(payload: bytes, connection: multiprocessing.connection.Connection) -> None:
     """The target of a worker process: build the env, then answer the runner's calls until it closes or goes."""
     die_with_parent()
-    _let_the_fork_server_go()
+    release_fork_server()
     # A worker forked from the runner would inherit its Python handlers: Lightning's SIGTERM
     # handler only records the signal, so terminating the worker would not end it.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -306,26 +305,6 @@ def _worker_main(payload: bytes, connection: multiprocessing.connection.Connecti
                 connection.send((RAISED, _describe(error)))
     except (EOFError, BrokenPipeError, ConnectionResetError):
         return  # the runner closed the pipe or is gone
-
-
-def _let_the_fork_server_go() -> None:
-    """Close this worker's copy of the pipe by which the fork server knows that the runner's process lives.
-
-    ``multiprocessing`` hands every process the fork server starts the write end of that pipe
-    (so that it could ask the server for processes of its own). While a worker holds it, the
-    server does not see a runner killed with ``kill -9``, stays, and so never sets off its
-    workers' ``PR_SET_PDEATHSIG``: a worker hung in C code would outlive the runner. A worker
-    starts no processes; without its copy, the server exits with the runner and takes the
-    workers with it.
-    """
-    from multiprocessing import forkserver
-
-    server = forkserver._forkserver  # the module's one server: there is no public handle on this fd
-    alive_fd = getattr(server, "_forkserver_alive_fd", None)
-    if alive_fd is not None:
-        with contextlib.suppress(OSError):
-            os.close(alive_fd)
-        server._forkserver_alive_fd = None
 
 
 def _describe(error: Exception) -> str:

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lightning_rl.core.processes import die_with_parent
+from lightning_rl.core.processes import die_with_parent, release_fork_server
 from lightning_rl.core.rl_modules import RLModule
 from lightning_rl.env.env_runner import EnvRunner
 from lightning_rl.env.env_settings import EnvSettings
@@ -132,7 +132,7 @@ class Sampler:
 def sampler_process_main(index: int, start: int, payload: bytes, weights: SharedWeights, connection: Any) -> None:
     """The target of a sampler process: one rollout per request on ``connection``, until the driver goes.
 
-    The process dies with the driver (``die_with_parent``; also when ``connection`` closes) and
+    The process dies with the driver (``die_with_parent``, ``release_fork_server``; also when ``connection`` closes) and
     leaves Ctrl-C to it (the driver kills its samplers as it stops). Before each rollout it takes
     the weights the driver last wrote to ``weights``. An error is sent back as text, then the
     process exits (the driver restarts it).
@@ -145,6 +145,7 @@ def sampler_process_main(index: int, start: int, payload: bytes, weights: Shared
         connection: This sampler's end of its pipe to the driver: requests in, ``(kind, payload)`` out.
     """
     die_with_parent()
+    release_fork_server()  # so a kill -9 of the driver ends the fork server, and with it this process
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         settings, module = pickle.loads(payload)  # cloudpickle's output loads with pickle
