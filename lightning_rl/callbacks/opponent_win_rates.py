@@ -6,7 +6,7 @@ these estimates (prioritized fictitious self-play, AlphaStar's PFSP):
 - :class:`TrainingGameScorer` adds up each training game's returns over the chunks the
   rollouts cut it into and, once the game is over, scores it for main against its opponent
   module (a win is main's best return strictly above every other agent's; a draw is no win,
-  as :func:`~lightning_rl.env.matches.win_rate` counts).
+  as :func:`~lightning_rl.env.matches.result_of_returns` scores it).
 - :class:`OpponentWinRates` keeps, per opponent, counts of main's wins and games that decay
   by ``1 - 1 / window`` per newer game against that opponent (so they span about the last
   ``window`` games), and estimates main's win rate as ``(wins + 1) / (games + 2)``: the mean
@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from lightning_rl.core.arguments import check_int, check_number, is_real
+from lightning_rl.env.matches import result_of_returns
 from lightning_rl.env.multi_agent_episode import AgentID, ModuleID, MultiAgentEpisode
 
 Tally = dict[ModuleID, list[float]]
@@ -72,9 +73,7 @@ class TrainingGameScorer:
             return None
         if not opponents:
             return self.main_module_id, 0.0
-        own = [value for agent_id, value in returns.items() if mapping.get(agent_id) == self.main_module_id]
-        others = [value for agent_id, value in returns.items() if mapping.get(agent_id) != self.main_module_id]
-        won = bool(own) and bool(others) and max(own) > max(others)
+        won = result_of_returns(returns, mapping.get, self.main_module_id) == "win"
         return opponents.pop(), float(won)
 
 

@@ -8,7 +8,7 @@ scores the episodes played (:func:`match_result` each one).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from lightning_rl.env.multi_agent_episode import AgentID, ModuleID, MultiAgentEpisode
 
@@ -82,24 +82,41 @@ def win_rate(episodes: Sequence[MultiAgentEpisode], module_id: ModuleID) -> floa
 
 
 def match_result(episode: MultiAgentEpisode, module_id: ModuleID) -> str:
-    """``"win"``, ``"draw"`` or ``"loss"`` of ``module_id`` in one complete episode.
-
-    A win: the best return of ``module_id``'s agents is strictly larger than every other
-    agent's return; a loss: some other agent's return is strictly larger; else a draw.
+    """``"win"``, ``"draw"`` or ``"loss"`` of ``module_id`` in one complete episode (see :func:`result_of_returns`).
 
     Raises:
         ValueError: If ``module_id`` had no agent or no opponent in the episode.
     """
     returns = episode.agent_returns()
-    own = [value for agent_id, value in returns.items() if episode.module_for(agent_id) == module_id]
-    others = [value for agent_id, value in returns.items() if episode.module_for(agent_id) != module_id]
-    if not own or not others:
+    result = result_of_returns(returns, episode.module_for, module_id)
+    if result is None:
         modules = {agent_id: episode.module_for(agent_id) for agent_id in returns}
-        missing = "agent" if not own else "opponent"
+        missing = "opponent" if module_id in modules.values() else "agent"
         raise ValueError(
             f"win_rate of {module_id!r}: episode {episode.id_} has no {missing} of it to score (agents -> modules: "
             f"{modules})"
         )
+    return result
+
+
+def result_of_returns(
+    returns: Mapping[AgentID, float], module_of: Callable[[AgentID], ModuleID | None], module_id: ModuleID
+) -> str | None:
+    """``"win"``, ``"draw"`` or ``"loss"`` of ``module_id`` in a game whose agents ended with ``returns``.
+
+    A win: the best return of ``module_id``'s agents is strictly larger than every other
+    agent's return; a loss: some other agent's return is strictly larger; else a draw.
+    ``None`` if ``module_id`` had no agent or no opponent in the game.
+
+    Args:
+        returns: ``{agent_id: return}`` over the whole game.
+        module_of: The module that played an agent.
+        module_id: The module whose result it is.
+    """
+    own = [value for agent_id, value in returns.items() if module_of(agent_id) == module_id]
+    others = [value for agent_id, value in returns.items() if module_of(agent_id) != module_id]
+    if not own or not others:
+        return None
     if max(own) == max(others):
         return "draw"
     return "win" if max(own) > max(others) else "loss"
