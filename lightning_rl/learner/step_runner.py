@@ -725,11 +725,10 @@ def agree_with_other_ranks(
     num_rows_per_pass = int(rows.max()) if rows.numel() else 0
     one_step_per_pass = minibatch_size is None or minibatch_size >= num_rows_per_pass
     shares = rows if one_step_per_pass else (rows > 0).to(rows.dtype)
-    num_ranks = len(gathered)
+    mine, totals = shares[dist.get_rank()].tolist(), shares.sum(dim=0).tolist()
     loss_weights = {}
-    for index, module_id in enumerate(module_ids):
-        mine = float(local[index]) if one_step_per_pass else float(local[index] > 0)
-        weight = num_ranks * mine / float(shares[:, index].sum()) if mine > 0 else 1.0
+    for module_id, share, total in zip(module_ids, mine, totals):
+        weight = len(shares) * share / total if share > 0 else 1.0
         if weight != 1.0:
             loss_weights[module_id] = weight
     trained = {module_id for module_id, count in zip(module_ids, rows.max(dim=0).values.tolist()) if count > 0}
