@@ -165,7 +165,7 @@ def check_episode_shape(episode: Any, dataset_id: str) -> None:
     """Raise unless ``episode`` holds one more observation than steps, and one action, termination, truncation per step.
 
     Raises:
-        ValueError: Naming the dataset and the episode's counts (``_unreadable``).
+        ValueError: Naming the dataset and the episode's counts (``unreadable_dataset``).
     """
     steps = len(episode.rewards)
     lengths = (len(episode.observations), len(episode.actions), len(episode.terminations), len(episode.truncations))
