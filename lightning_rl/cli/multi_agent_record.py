@@ -15,16 +15,18 @@ Stopped by SIGTERM (a scheduler's stop) or Ctrl-C, it writes the games that ende
 from __future__ import annotations
 
 import argparse
+import signal
 from typing import Any
 
 import torch
 
 from lightning_rl.cli._command_line import CommandError, tell
 from lightning_rl.cli.command_parsers import HELD_OUT_SEED_OFFSET
-from lightning_rl.cli.multi_agent_matches import agent_spaces, load_match, pettingzoo_source
+from lightning_rl.cli.multi_agent_matches import Match, agent_spaces, load_match, pettingzoo_source
 from lightning_rl.cli.stop_signals import Stopped, stop_on_sigterm, stop_signal
 from lightning_rl.data.multi_agent_dataset import check_output_directory, write_multi_agent_dataset
 from lightning_rl.env.multi_agent_episode import MultiAgentEpisode
+from lightning_rl.env.multi_agent_runner import MultiAgentEnvRunner
 
 
 def record_multi_agent(args: argparse.Namespace, checkpoint: dict[str, Any]) -> None:
@@ -57,19 +59,12 @@ def record_multi_agent(args: argparse.Namespace, checkpoint: dict[str, Any]) -> 
     # Sampled actions (--explore) come from torch's generator: seeded, a recording is repeatable.
     torch.manual_seed(first_seed)
     runner = source.make_runner(min(args.num_envs, args.num_episodes), first_seed)
-    played: list[MultiAgentEpisode] = []  # each game as it ends, so a stop keeps the ones that ended
-    stop: Stopped | KeyboardInterrupt | None = None
     try:
         match = load_match(ckpt_path, checkpoint, args.module_id, args.opponent, runner, source, first_seed)
         observation_spaces, action_spaces = agent_spaces(runner)
-        try:
-            with stop_on_sigterm():
-                match.play(runner, args.num_episodes, explore=args.explore, on_episode=played.append)
-        except (KeyboardInterrupt, Stopped) as signalled:
-            stop = signalled
+        played, stopped_by = _play(match, runner, args)
     finally:
         runner.close()
-    stopped_by = None if stop is None else stop_signal(stop)
     if stopped_by is not None:
         # A scheduler's SIGTERM or Ctrl-C: write the games that ended (a second signal now ends
         # the process at once; what it was writing is swept by the next write).
@@ -109,3 +104,16 @@ def record_multi_agent(args: argparse.Namespace, checkpoint: dict[str, Any]) -> 
     tell(f"wrote {path}: {len(played)} episodes, {steps} env steps")
     if stopped_by is not None:
         raise SystemExit(128 + stopped_by)
+
+
+def _play(
+    match: Match, runner: MultiAgentEnvRunner, args: argparse.Namespace
+) -> tuple[list[MultiAgentEpisode], signal.Signals | None]:
+    """The games in the order they ended, and the signal that stopped them (``None`` when all were played)."""
+    played: list[MultiAgentEpisode] = []  # each game as it ends, so a stop keeps the ones that ended
+    try:
+        with stop_on_sigterm():
+            match.play(runner, args.num_episodes, explore=args.explore, on_episode=played.append)
+    except (KeyboardInterrupt, Stopped) as stop:
+        return played, stop_signal(stop)
+    return played, None
