@@ -22,7 +22,7 @@ import torch.multiprocessing as mp
 
 from lightning_rl.learner.group.learner_group import free_local_port
 
-#: How far past ``timeout`` ranks that keep working may run: a loaded machine slows them, a hang makes no progress.
+#: How far past ``timeout`` a rank may run, not counting its waits for a CPU: a busy machine only makes it wait.
 SLOW_MACHINE_FACTOR = 10
 
 
@@ -34,10 +34,13 @@ def run_on_ranks(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeou
 
     The deadline holds on a loaded machine and still catches a hang: ranks fail the test when
     none of them (nor their children) used any CPU for ``timeout`` seconds (a hang: a collective
-    no one joins, a lock, a dead peer), or once they ran ``SLOW_MACHINE_FACTOR * timeout``
-    seconds in all (a loop that never ends). On a machine with a load average of 12 on 2 cores
-    a rank still gets about a sixth of a core, so slow work is never mistaken for a hang. Where
-    ``/proc`` is missing (not Linux), ``timeout`` is a plain wall-clock limit.
+    no one joins, a lock, a dead peer), or once a rank ran ``SLOW_MACHINE_FACTOR * timeout``
+    seconds not counting the time it waited for a CPU (a loop that never ends, spinning or
+    polling). A starved rank (a load of 12 on 2 cores, or a test run under ``nice``) uses little
+    CPU per second, but some in every few, and most of its time is spent waiting for a CPU,
+    which the ceiling does not count; so slow work is never mistaken for a hang. The waits are
+    read from ``/proc/<pid>/schedstat``; without it the ceiling is wall time. Where ``/proc`` is
+    missing (not Linux), ``timeout`` is a plain wall-clock limit.
 
     Raises:
         AssertionError: naming the rank, if a rank raised, died, or made no progress as above;
@@ -103,8 +106,13 @@ class _Progress:
         now = time.monotonic()
         if not self.measured:
             return None if now - self.started < self.timeout else f"did not finish within {self.timeout} s"
-        if now - self.started > SLOW_MACHINE_FACTOR * self.timeout:
-            return f"did not finish within {SLOW_MACHINE_FACTOR} x {self.timeout} s"
+        for rank in running:
+            ran = now - self.started - _seconds_waiting_for_a_cpu(self.processes[rank].pid)
+            if ran > SLOW_MACHINE_FACTOR * self.timeout:
+                return (
+                    f"did not finish: rank {rank} ran {ran:.0f} s (its waits for a CPU not counted), more than "
+                    f"{SLOW_MACHINE_FACTOR} x {self.timeout} s: a loop that never ends"
+                )
         cpu = sum(_cpu_seconds(self.processes[rank].pid) for rank in running)
         if cpu > self.cpu:
             self.cpu, self.last_progress = cpu, now
@@ -129,6 +137,16 @@ def _cpu_seconds(pid: int | None) -> float:
     except (OSError, ValueError):
         return 0.0  # exited: its results (or its exit code) tell the rest
     return total + sum(_cpu_seconds(int(child)) for child in children)
+
+
+def _seconds_waiting_for_a_cpu(pid: int | None) -> float:
+    """Seconds process ``pid``'s main thread has waited, runnable, for a CPU; 0 where unknown (or it exited)."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as schedstat:
+            # Nanoseconds on a CPU, nanoseconds waiting on a run queue, time slices (kernel's sched-stats.rst).
+            return int(schedstat.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def _dump_stacks(processes: list[Any]) -> None:

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from _process_tree import signal_once_hanging, still_running
 from conftest import make_trainer
 from lightning.pytorch import Callback, Trainer
 from ranks import run_on_ranks
@@ -140,7 +142,7 @@ class _HangOnce(gym.Wrapper):
     def step(self, action: Any) -> Any:
         self.steps += 1
         if self.steps > self.after and not os.path.exists(self.marker):
-            Path(self.marker).touch()
+            Path(self.marker).write_text(str(os.getpid()))  # the hung process
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
             time.sleep(3600)
         return self.env.step(action)
@@ -351,6 +353,42 @@ def test_killing_the_driver_with_sigkill_leaves_no_sampler_running(tmp_path: Pat
         driver.kill()
         driver.wait(timeout=30)
     assert not wait_until_gone(everything)
+
+
+def test_sigterm_stops_a_fit_waiting_for_a_hung_sampler_at_once_and_leaves_no_process(tmp_path: Path):
+    # The pool waited out sample_timeout_s (here 600 s) before Lightning saw the SIGTERM it had noted.
+    marker = tmp_path / "hung"
+    config = tmp_path / "fit.yaml"
+    config.write_text(textwrap.dedent(f"""
+        seed_everything: 0
+        trainer:
+          max_epochs: 1
+          logger: false
+          enable_checkpointing: false
+          enable_progress_bar: false
+          enable_model_summary: false
+          num_sanity_val_steps: 0
+          limit_val_batches: 0
+          default_root_dir: {str(tmp_path)!r}
+        model:
+          class_path: lightning_rl.algorithms.ppo.PPOLearner
+          init_args: {{model_config: {{fcnet_hiddens: [8]}}, minibatch_size: 16, num_epochs: 1}}
+        data:
+          class_path: lightning_rl.data.AsyncSamplingDataModule
+          init_args:
+            env: test_async_sampling.hang_once
+            env_kwargs: {{marker: {str(marker)!r}}}
+            num_envs: 1
+            num_env_runners: 1
+            rollout_fragment_length: 16
+            rollouts_per_epoch: 4
+            sample_timeout_s: 600
+    """))
+    command = [sys.executable, "-m", "lightning_rl", "fit", "--config", str(config)]
+    returncode, output, below = signal_once_hanging(command, marker, signal.SIGTERM)
+    assert returncode == 128 + signal.SIGTERM, output[-3000:]
+    assert "stopped by SIGTERM" in output
+    assert still_running(below) == []  # the hung sampler, the fork server
 
 
 # ----------------------------------------------------------------------------------------

@@ -9,13 +9,10 @@ name without this module's imports.
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -23,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 from _faulty_pettingzoo import OBS, Countdown
+from _process_tree import signal_once_hanging, still_running
 
 from lightning_rl.core.rl_modules import MultiRLModule
 from lightning_rl.data import MultiAgentDataModule
@@ -31,8 +29,6 @@ from lightning_rl.env.multi_agent_episode import MultiAgentEpisode
 from lightning_rl.env.multi_agent_rollout import seeded_episode_id
 
 torch.set_num_threads(1)
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def module() -> MultiRLModule:
@@ -198,66 +194,6 @@ def test_vectorize_mode_is_checked_and_reaches_the_runners():
         data.teardown("fit")
 
 
-def _descendants(pid: int) -> dict[int, str]:
-    """``{pid: start time}`` of every process below ``pid``, read from /proc."""
-    parents, started = {}, {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue  # it exited meanwhile
-            parents[int(entry)], started[int(entry)] = int(fields[1]), fields[19]
-    found, frontier = {}, [pid]
-    while frontier:
-        parent = frontier.pop()
-        for child, its_parent in parents.items():
-            if its_parent == parent and child not in found:
-                found[child] = started[child]
-                frontier.append(child)
-    return found
-
-
-def _still_running(processes: dict[int, str]) -> list[int]:
-    running = []
-    for pid, start in processes.items():
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[19] == start and fields[0] != "Z":
-            running.append(pid)
-    return running
-
-
-def _signal_once_hanging(command: list[str], marker: Path, signum: int) -> tuple[int, str, dict[int, str]]:
-    """Run ``command`` until its env worker hangs (``marker`` appears), send it ``signum``, wait for its exit.
-
-    Returns:
-        Its exit status, its output, and the processes that were below it when it was signalled.
-    """
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]), "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environment)
-    try:
-        deadline = time.monotonic() + 300
-        while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert marker.exists(), f"the env never reached its hang:\n{process.communicate(timeout=60)[0][-3000:]}"
-        time.sleep(0.5)  # the worker is in its sleep() now
-        below = _descendants(process.pid)
-        assert int(marker.read_text()) in below  # the hung worker is found
-        process.send_signal(signum)
-        output, _ = process.communicate(timeout=60)  # the hang lasts 1000 s
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
-    deadline = time.monotonic() + 30  # the fork server and the workers exit with it
-    while _still_running(below) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return process.returncode, output, below
-
-
 def test_sigterm_stops_a_fit_whose_env_hangs_in_c_code_and_leaves_no_worker(tmp_path):
     marker = tmp_path / "hanging"
     config = tmp_path / "fit.yaml"
@@ -290,10 +226,10 @@ def test_sigterm_stops_a_fit_whose_env_hangs_in_c_code_and_leaves_no_worker(tmp_
             vectorize_mode: async
     """))
     command = [sys.executable, "-m", "lightning_rl", "fit", "--config", str(config)]
-    returncode, output, workers = _signal_once_hanging(command, marker, signal.SIGTERM)
+    returncode, output, workers = signal_once_hanging(command, marker, signal.SIGTERM)
     assert returncode == 128 + signal.SIGTERM, output[-3000:]
     assert "stopped by SIGTERM" in output
-    assert _still_running(workers) == []
+    assert still_running(workers) == []
 
 
 def test_the_workers_die_with_a_runner_killed_with_sigkill_while_one_hangs_in_c_code(tmp_path):
@@ -311,6 +247,6 @@ def test_the_workers_die_with_a_runner_killed_with_sigkill_while_one_hangs_in_c_
         )
         runner.sample(RandomLegalModule(OBS, gym.spaces.Discrete(2), model_config={{"seed": 0}}), num_env_steps=5)
     """))
-    returncode, output, workers = _signal_once_hanging([sys.executable, str(script)], marker, signal.SIGKILL)
+    returncode, output, workers = signal_once_hanging([sys.executable, str(script)], marker, signal.SIGKILL)
     assert returncode == -signal.SIGKILL, output[-3000:]
-    assert _still_running(workers) == []
+    assert still_running(workers) == []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,9 @@ from conftest import fit_small_self_play, resealed, usage_error
 
 pytest.importorskip("pettingzoo")
 pytest.importorskip("mpe2")
+
+from pettingzoo.classic import connect_four_v3  # noqa: E402
+from pettingzoo.utils import BaseWrapper  # noqa: E402
 
 from lightning.pytorch import Trainer, seed_everything  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
@@ -306,3 +310,59 @@ def test_a_write_killed_at_any_point_is_finished_or_undone_by_the_next_run(kille
 
     assert (target / "metadata.json").read_text() == marker, done
     assert sorted(path.name for path in tmp_path.iterdir()) == sorted(["games", other.name]), done
+
+
+class _SigtermAfterGames(BaseWrapper):
+    """Connect four that sends this process SIGTERM at the reset after ``$STOP_AFTER_GAMES`` games (a scheduler's stop)."""
+
+    def __init__(self, env) -> None:
+        super().__init__(env)
+        self.stop_after, self.resets = int(os.environ["STOP_AFTER_GAMES"]), 0
+
+    def reset(self, seed=None, options=None):
+        self.resets += 1  # the first reset starts the first game
+        if self.resets == self.stop_after + 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return super().reset(seed=seed, options=options)
+
+
+def stopped_connect_four() -> BaseWrapper:
+    return _SigtermAfterGames(connect_four_v3.env())
+
+
+def test_record_stopped_by_sigterm_writes_the_games_that_ended(self_play_checkpoint, tmp_path, capsys):
+    # The games were played in one runner call: a scheduler's SIGTERM (or Ctrl-C) wrote nothing.
+    play = ["--ckpt_path", str(self_play_checkpoint), "--module_id", "main", "--opponent", "random"]
+    play += ["--seed", "5", "--num_envs", "1"]
+    stopped_games = tmp_path / "stopped"
+    command = [sys.executable, "-m", "lightning_rl", "record", *play, "--num_episodes", "20"]
+    command += ["--env", "test_multi_agent_cli.stopped_connect_four", "--output", str(stopped_games)]
+    tests = Path(__file__).resolve().parent
+    pythonpath = os.pathsep.join([str(tests.parent), str(tests), os.environ.get("PYTHONPATH", "")])
+    stopped = subprocess.run(
+        command,
+        env={**os.environ, "PYTHONPATH": pythonpath, "STOP_AFTER_GAMES": "5", "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-2000:]
+    assert "stopped by SIGTERM after 5 of 20 games: writing them" in stopped.stdout
+    assert f"wrote {stopped_games}: 5 episodes" in stopped.stdout
+    dataset = load_multi_agent_dataset(stopped_games)
+    assert dataset.metadata["num_episodes"] == 5 and dataset.metadata["num_episodes_requested"] == 20
+    assert dataset.metadata["stopped_by"] == "SIGTERM"
+    assert [path.name for path in tmp_path.iterdir()] == ["stopped"]  # no staging directory is left
+
+    # They are the first 5 games of an unstopped recording: same seeds, main in each seat in turn.
+    whole_games = tmp_path / "whole"
+    record_command.main([*play, "--num_episodes", "5", "--output", str(whole_games)])
+    whole = load_multi_agent_dataset(whole_games)
+    assert whole.metadata["stopped_by"] is None
+    for got, expected in zip(dataset.episodes, whole.episodes, strict=True):
+        assert got.metadata["agent_modules"] == expected.metadata["agent_modules"]
+        for agent, trajectory in expected.agents.items():
+            np.testing.assert_array_equal(got.agents[agent].actions, trajectory.actions)
+    seats = [next(a for a, m in e.metadata["agent_modules"].items() if m == "main") for e in dataset.episodes]
+    assert seats == ["player_0", "player_1", "player_0", "player_1", "player_0"]

@@ -35,7 +35,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -122,10 +122,23 @@ class Match:
     opponent_id: ModuleID | None
     mapping_name: str
 
-    def play(self, runner: MultiAgentEnvRunner, num_episodes: int, explore: bool) -> list[MultiAgentEpisode]:
-        """Play ``num_episodes`` whole games in ``runner``'s copies; greedy unless ``explore``."""
+    def play(
+        self,
+        runner: MultiAgentEnvRunner,
+        num_episodes: int,
+        explore: bool,
+        on_episode: Callable[[MultiAgentEpisode], None] | None = None,
+    ) -> list[MultiAgentEpisode]:
+        """Play ``num_episodes`` whole games in ``runner``'s copies; greedy unless ``explore``.
+
+        ``on_episode`` gets each game as it ends (``MultiAgentEnvRunner.sample_episodes``).
+        """
         return runner.sample_episodes(
-            self.modules, num_episodes=num_episodes, explore=explore, policy_mapping_fn=self.mapping
+            self.modules,
+            num_episodes=num_episodes,
+            explore=explore,
+            policy_mapping_fn=self.mapping,
+            on_episode=on_episode,
         )
 
 

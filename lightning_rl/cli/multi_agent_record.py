@@ -7,19 +7,26 @@ Minari has no multi-agent format: the games go to ``--output`` as one compressed
 episode and a ``metadata.json`` (:mod:`lightning_rl.data.multi_agent_dataset`, read back with
 ``load_multi_agent_dataset``). Who plays, the env and the seeds are ``evaluate``'s
 (:mod:`lightning_rl.cli.multi_agent_matches`); actions are greedy unless ``--explore``.
+
+Stopped by SIGTERM (a scheduler's stop) or Ctrl-C, it writes the games that ended, with
+``stopped_by`` in ``metadata.json``, and exits with status ``128 + signal``.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 from typing import Any
 
 import torch
 
 from lightning_rl.cli._command_line import CommandError, tell
 from lightning_rl.cli.command_parsers import HELD_OUT_SEED_OFFSET
-from lightning_rl.cli.multi_agent_matches import agent_spaces, load_match, pettingzoo_source
+from lightning_rl.cli.multi_agent_matches import Match, agent_spaces, load_match, pettingzoo_source
+from lightning_rl.cli.stop_signals import Stopped, stop_on_sigterm, stop_signal
 from lightning_rl.data.multi_agent_dataset import check_output_directory, write_multi_agent_dataset
+from lightning_rl.env.multi_agent_episode import MultiAgentEpisode
+from lightning_rl.env.multi_agent_runner import MultiAgentEnvRunner
 
 
 def record_multi_agent(args: argparse.Namespace, checkpoint: dict[str, Any]) -> None:
@@ -34,6 +41,8 @@ def record_multi_agent(args: argparse.Namespace, checkpoint: dict[str, Any]) -> 
             ``--ckpt_path``, ``--random_fraction``), a missing ``--output``, and as
             ``pettingzoo_source`` and ``load_match``.
         ValueError: For an existing ``--output`` without ``--overwrite``.
+        SystemExit: ``128 + signal`` when SIGTERM or SIGINT stopped the games (after writing
+            the ones that ended).
     """
     if args.dataset_id is not None:
         raise CommandError("Minari has no multi-agent format: pass --output DIR instead of --dataset_id")
@@ -52,10 +61,17 @@ def record_multi_agent(args: argparse.Namespace, checkpoint: dict[str, Any]) -> 
     runner = source.make_runner(min(args.num_envs, args.num_episodes), first_seed)
     try:
         match = load_match(ckpt_path, checkpoint, args.module_id, args.opponent, runner, source, first_seed)
-        episodes = match.play(runner, args.num_episodes, explore=args.explore)
         observation_spaces, action_spaces = agent_spaces(runner)
+        played, stopped_by = _play(match, runner, args)
     finally:
         runner.close()
+    if stopped_by is not None:
+        # A scheduler's SIGTERM or Ctrl-C: write the games that ended (a second signal now ends
+        # the process at once; what it was writing is swept by the next write).
+        if not played:
+            tell(f"stopped by {stopped_by.name} before any game ended: nothing written")
+            raise SystemExit(128 + stopped_by)
+        tell(f"stopped by {stopped_by.name} after {len(played)} of {args.num_episodes} games: writing them")
     mode = "explore" if args.explore else "greedy"
     info = {
         "env": source.env,
@@ -67,19 +83,37 @@ def record_multi_agent(args: argparse.Namespace, checkpoint: dict[str, Any]) -> 
         "explore": bool(args.explore),
         "first_seed": first_seed,
         "num_envs": runner.num_envs,
-        "description": args.description or f"{len(episodes)} {mode} games of {source.env}: {match.mapping_name}",
+        # The games asked for, and the signal that stopped the recording before they all ended (or null).
+        "num_episodes_requested": args.num_episodes,
+        "stopped_by": None if stopped_by is None else stopped_by.name,
+        "description": args.description or f"{len(played)} {mode} games of {source.env}: {match.mapping_name}",
     }
     path = write_multi_agent_dataset(
         args.output,
-        episodes,
+        played,
         observation_spaces=observation_spaces,
         action_spaces=action_spaces,
         info=info,
         overwrite=args.overwrite,
     )
-    steps = sum(episode.env_steps() for episode in episodes)
+    steps = sum(episode.env_steps() for episode in played)
     tell(
-        f"{source.env} (env from {source.origin}): {len(episodes)} {mode} games, {match.mapping_name}, "
+        f"{source.env} (env from {source.origin}): {len(played)} {mode} games, {match.mapping_name}, "
         f"seeds {first_seed}..{first_seed + runner.num_envs - 1} (one per env copy)"
     )
-    tell(f"wrote {path}: {len(episodes)} episodes, {steps} env steps")
+    tell(f"wrote {path}: {len(played)} episodes, {steps} env steps")
+    if stopped_by is not None:
+        raise SystemExit(128 + stopped_by)
+
+
+def _play(
+    match: Match, runner: MultiAgentEnvRunner, args: argparse.Namespace
+) -> tuple[list[MultiAgentEpisode], signal.Signals | None]:
+    """The games in the order they ended, and the signal that stopped them (``None`` when all were played)."""
+    played: list[MultiAgentEpisode] = []  # each game as it ends, so a stop keeps the ones that ended
+    try:
+        with stop_on_sigterm():
+            match.play(runner, args.num_episodes, explore=args.explore, on_episode=played.append)
+    except (KeyboardInterrupt, Stopped) as stop:
+        return played, stop_signal(stop)
+    return played, None

@@ -24,12 +24,8 @@ instead (:mod:`lightning_rl.cli.multi_agent_record`).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import signal
-import threading
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -49,6 +45,7 @@ from lightning_rl.cli.evaluate_command import (
 )
 from lightning_rl.cli.multi_agent_matches import MULTI_AGENT_DATA_MODULE, is_multi_agent_checkpoint
 from lightning_rl.cli.multi_agent_record import record_multi_agent
+from lightning_rl.cli.stop_signals import Stopped, stop_on_sigterm, stop_signal
 from lightning_rl.cli.threads import apply_threads
 from lightning_rl.core.checkpoint import checkpoint_file, read_checkpoint_file
 from lightning_rl.data.minari_writer import check_dataset_id, registered_env_spec, write_minari_dataset
@@ -134,47 +131,20 @@ def _record(args: argparse.Namespace) -> None:
     sources = _episode_sources(policies, args, num_random, num_policy, spaces[1], first_seed)
     played: list[list[SingleAgentEpisode]] = [[] for _ in sources]
     try:
-        with _stop_on_sigterm():
+        with stop_on_sigterm():
             _play(sources, source, first_seed, args.num_envs, played)
-    except (KeyboardInterrupt, _Stopped) as stop:
+    except (KeyboardInterrupt, Stopped) as stop:
         # A scheduler's SIGTERM or Ctrl-C: write the episodes that ended (a second signal now
         # ends the process at once; what it was writing is swept by the next write).
-        signum = stop.signum if isinstance(stop, _Stopped) else signal.SIGINT
-        name = signal.Signals(signum).name
+        signum = stop_signal(stop)
         done = sum(len(episodes) for episodes in played)
         if not done:
-            tell(f"stopped by {name} before any episode ended: nothing written")
+            tell(f"stopped by {signum.name} before any episode ended: nothing written")
         else:
-            tell(f"stopped by {name} after {done} of {args.num_episodes} episodes: writing them")
+            tell(f"stopped by {signum.name} after {done} of {args.num_episodes} episodes: writing them")
             _write_and_report(source, spaces, sources, played, first_seed, args)
         raise SystemExit(128 + signum) from None
     _write_and_report(source, spaces, sources, played, first_seed, args)
-
-
-class _Stopped(Exception):
-    """SIGTERM arrived while the episodes were played."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(f"stopped by signal {signum}")
-        self.signum = signum
-
-
-@contextlib.contextmanager
-def _stop_on_sigterm() -> Iterator[None]:
-    """SIGTERM raises ``_Stopped`` in the main thread for the block (Ctrl-C raises KeyboardInterrupt already)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum: int, frame: Any) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second one ends the process
-        raise _Stopped(signum)
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _env_source(args: argparse.Namespace, contents: Sequence[dict]) -> EnvSource:

@@ -321,6 +321,7 @@ class AsyncSamplingDataModule(EnvDataModule):
             sample_timeout_s=self.hparams.sample_timeout_s,
             max_restarts=self.hparams.max_num_env_runner_restarts,
             starts=self._sampler_starts,
+            check_interrupt=self.stop_if_sigterm_received,  # a scheduler's stop ends a wait for rollouts at once
         )
         if self.hparams.sampler_backend == "ray":
             from lightning_rl.env.ray_sampler_pool import RaySamplerPool

@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lightning_rl.core.arguments import check_bool, check_choice, check_int, check_num_envs, check_number
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME
@@ -361,18 +360,8 @@ class MultiAgentDataModule(RankedDataModule):
             on_nonfinite=self.hparams.on_nonfinite,
             restart_failed_sub_environments=self.hparams.restart_failed_sub_environments,
             vectorize_mode=self.hparams.vectorize_mode,
-            check_interrupt=self._stop_on_sigterm,
+            check_interrupt=self.stop_if_sigterm_received,
         )
-
-    def _stop_on_sigterm(self) -> None:
-        """Raise Lightning's stop once the Trainer received SIGTERM (the runner calls it while it waits for envs).
-
-        Lightning's SIGTERM handler only notes the signal and stops at the end of the step: a
-        rollout waiting on a hung env worker would keep the fit for ``sample_timeout_s``.
-        """
-        trainer = self.trainer
-        if trainer is not None and trainer.received_sigterm:
-            raise SIGTERMException
 
     @contextlib.contextmanager
     def _sampling_stream(self, device: torch.device) -> Iterator[None]:

@@ -11,6 +11,10 @@ things for that, and this base holds them once:
 - **The env-step budget**: ``max_env_steps`` over all ranks and the whole run ends every
   rank's fit after the same rollout (``_rollouts_left``, ``Rollouts``).
 - **Evaluation**: each rank plays an equal share of ``evaluation_num_episodes``.
+- **Stopping on SIGTERM while sampling waits** (``stop_if_sigterm_received``): Lightning's
+  SIGTERM handler only notes the signal, and the fit stops after the current step; a data
+  module that waits for envs elsewhere (worker processes, samplers) calls this while it waits,
+  so a scheduler's stop ends the fit at once, not when the wait times out.
 - **The data contract** (``lightning_rl.core.data_contract``): every data module here is a
   ``DataSource``; a subclass says what it offers (``data_offer``) and, if it needs them, takes
   the Learner's requirements (``accept_requirements``).
@@ -29,6 +33,7 @@ from typing import Any
 
 import numpy as np
 from lightning.pytorch import LightningDataModule
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lightning_rl.core.arguments import check_int, check_num_envs
 from lightning_rl.core.data_contract import DataOffer, DataRequirements
@@ -108,6 +113,19 @@ class RankedDataModule(LightningDataModule, abc.ABC):
                 for the evaluation envs; data modules pick their own for what else they seed).
         """
         return self.base_seed + offset + self.placement()[0] * RANK_SEED_STRIDE
+
+    def stop_if_sigterm_received(self) -> None:
+        """Raise Lightning's stop once the attached Trainer received SIGTERM; call it while waiting for envs.
+
+        Lightning's handler only notes the signal and stops the fit at the end of the step: a
+        rollout waiting on a hung env (until ``sample_timeout_s``) would keep the fit that long.
+
+        Raises:
+            SIGTERMException: If the Trainer received SIGTERM (Lightning ends the fit on it).
+        """
+        trainer = self.trainer
+        if trainer is not None and trainer.received_sigterm:
+            raise SIGTERMException
 
     def _gather(self, local: np.ndarray) -> np.ndarray:
         """Every rank's ``local`` vector, ``[world_size, len(local)]``, in rank order (a collective call)."""

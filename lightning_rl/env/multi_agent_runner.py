@@ -350,6 +350,7 @@ class MultiAgentEnvRunner(ClosesOnce):
         num_episodes: int,
         explore: bool = False,
         policy_mapping_fn: str | PolicyMappingFn | None = None,
+        on_episode: Callable[[MultiAgentEpisode], None] | None = None,
     ) -> list[MultiAgentEpisode]:
         """Reset every copy and run until ``num_episodes`` complete episodes are collected.
 
@@ -363,6 +364,8 @@ class MultiAgentEnvRunner(ClosesOnce):
             explore: As in :meth:`sample`; greedy by default.
             policy_mapping_fn: The mapping for these episodes (e.g. the main module against an
                 opponent); the runner's own when ``None``.
+            on_episode: Called with each of the returned episodes as soon as it ends, so a caller
+                stopped part way (a signal) keeps the episodes that ended.
 
         Returns:
             ``num_episodes`` whole episodes (``env_t_started == 0``), in the order they ended:
@@ -393,6 +396,8 @@ class MultiAgentEnvRunner(ClosesOnce):
                     for position, _ in ended:
                         index = active[position]
                         finished.append(self._copies[index].episode.to_numpy())
+                        if on_episode is not None and len(finished) <= num_episodes:
+                            on_episode(finished[-1])
                         if quota.end(index):
                             self._reset_copy(index, seed=None)
                     # A failed copy is rebuilt with a new episode, which counts in its place, or idles.

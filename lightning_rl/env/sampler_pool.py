@@ -19,6 +19,10 @@ sampler that fails ``MAX_FAILURES_IN_A_ROW`` times without one rollout between (
 raises on every reset), or more than ``max_restarts`` restarts in all, stops the pool with a
 ``SamplerFailedError`` naming the sampler and the last cause.
 
+**Stopping.** While ``take`` waits for a rollout it calls ``check_interrupt`` every poll
+(:data:`_POLL_S`); what that raises ends the wait (the data module's raises Lightning's stop
+once the Trainer received SIGTERM, so a fit stops at once even while every sampler hangs).
+
 The pool is driven from the driver's one thread, in ``take``: no thread of its own.
 """
 
@@ -31,7 +35,7 @@ import multiprocessing as mp
 import multiprocessing.connection
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import cloudpickle
@@ -72,6 +76,8 @@ class SamplerPool(abc.ABC):
         sample_timeout_s: The longest a sampler may hold a request without answering; ``None`` waits forever.
         max_restarts: The most restarts over the pool's life.
         starts: How many times each sampler was started before (a resumed run); ``None`` for none.
+        check_interrupt: Called at every poll while ``take`` waits for a rollout; what it raises
+            ends the wait. ``None`` for nothing to check.
     """
 
     def __init__(
@@ -84,6 +90,7 @@ class SamplerPool(abc.ABC):
         sample_timeout_s: float | None,
         max_restarts: int,
         starts: Sequence[int] | None = None,
+        check_interrupt: Callable[[], None] | None = None,
     ) -> None:
         self.settings = list(settings)
         self.module = module
@@ -91,6 +98,7 @@ class SamplerPool(abc.ABC):
         self.max_queued = max_queued
         self.sample_timeout_s = sample_timeout_s
         self.max_restarts = max_restarts
+        self.check_interrupt = check_interrupt
         self._per_sampler = math.ceil(max_queued / self.num_samplers)
         self._ready: deque[Rollout] = deque()
         #: How many times each sampler was started (its next start's ``start``).
@@ -174,6 +182,7 @@ class SamplerPool(abc.ABC):
         Raises:
             SamplerFailedError: If a sampler failed ``MAX_FAILURES_IN_A_ROW`` times in a row, or
                 the pool restarted more than ``max_restarts`` samplers.
+            BaseException: What ``check_interrupt`` raises while it waits.
         """
         if self._closed:
             raise RuntimeError("this sampler pool is closed")
@@ -188,6 +197,8 @@ class SamplerPool(abc.ABC):
             self._request_up_to_the_bound()
             if not block:
                 return None
+            if self.check_interrupt is not None:
+                self.check_interrupt()
             self._handle(self._receive(_POLL_S))
             self._restart_hung()
 
