@@ -2,18 +2,47 @@
 
 One ``LearnerGroup(num_learners=N)`` (BC, a small MLP, so that training adds little) trains on
 one batch of ``--mb`` megabytes (float32 observations and int64 actions), ``--updates`` times.
-A thread samples the memory of the driver and all its descendants every few milliseconds:
-each process's private and file pages (``Pss_Anon + Pss_File`` of ``/proc/<pid>/smaps_rollup``)
-plus every shared-memory block any of them maps, once, at its size. The printed multiple is
+One thread samples the memory of the driver and all its descendants every few milliseconds,
+in four parts: the driver's private pages (``Pss_Anon`` of ``/proc/<pid>/smaps_rollup``), its
+descendants' private pages, every process's file pages (``RssFile`` of ``/proc/<pid>/status``)
+and every shared-memory block any of them maps, once, at its size. The printed multiple is
 
-    (peak during the update - the idle baseline before the batch was built) / batch bytes
+    1 + (peak during the update - the reading once the batch is built) / batch bytes
 
-so the driver's batch itself is 1x; the target is 2x (the batch + one copy of its shards).
+so the driver's batch is exactly 1x, and the target is 2x (the batch + one copy of its
+shards); each part's change is printed beside it, and the old multiple, over the idle reading
+taken before the batch was built, after it.
 
-Shared blocks are counted from ``/proc/<pid>/maps`` and not as summed ``Pss_Shmem``: the
-processes are read one after another, and a block's pages move PSS from the driver to a
-learner as the learner touches them, so a sum read while they do counts some pages 1.5 times:
-about +0.4x on a loaded machine (2.51x where this count reads 2.08x), where reading them takes longer.
+Why each reading is taken as it is (each was found to add to the multiple without being the
+group's memory):
+
+- Shared blocks are counted from ``/proc/<pid>/maps``, not as summed ``Pss_Shmem``: the
+  processes are read one after another, and a block's pages move PSS from the driver to a
+  learner as the learner touches them, so a sum read meanwhile counts some pages 1.5 times
+  (2.51x where this count reads 2.08x, under load).
+- Since 2026-11-27 (evening), four more:
+  - The sampling thread runs for the whole benchmark, started before any reading: one thread
+    per update (as before) put its new stack and its allocator arena, 0.3-0.4 MB of the
+    driver's, into every update's peak.
+  - File pages are each process's ``RssFile``, not ``Pss_File``: the PSS of a shared
+    library's pages is split among every process on the machine that maps it, so it moved by
+    up to 1 MB per process, either way, as other people's Python processes started and ended.
+  - The baseline is the reading once the batch is built, the batch counted at its size:
+    building it (numpy's random generator) left 0-0.9 MB of scratch in the driver that the
+    idle reading did not hold. Nothing of the group runs between the two readings.
+  - The warm-up update takes ``--warmup-steps`` (8) full minibatch steps per learner, not one:
+    a learner's heap (glibc) keeps growing by 1-2.5 MB over its first full-size steps, the
+    activations and gradients of an 8,192-row minibatch (0.5 MB tensors), and then holds it.
+
+What is left over the batch and its shards (0.9-1.4 MB at 256 MB, 2.2-5.0 MB at 1 GB) is the
+learners' own private memory, their heap (``mallinfo2``): free chunks glibc keeps between and
+above the minibatch steps' tensors, and memory in use that grows by about 2 KB per minibatch
+step under DDP until it levels off, about 3.3 MB per learner after some 2,000 steps (measured
+over 4,500; one learner does not grow; a plain Lightning DDP fit with manual optimization grows
+alike, plain torch DDP does not). It depends on the steps taken so far, not on the batch. No
+copy of a shard or of a column is made in either process: a learner's prepared batch is
+tensors on the driver's blocks (``test_learner_group_transport.py``), its minibatches views of
+them (without shuffling), and the driver's growth during an update reads 0.0 MB.
 
 Run (Linux): ``PYTHONPATH=. python benchmarks/learner_group_memory.py --mb 256``
 
@@ -32,7 +61,15 @@ the same day and machine under a load average of 10 (other jobs), each tree run 
     256 MB   2.05x / 2.09x / 2.09x    2.01x / 2.02x / 2.02x
     1 GB     2.06x / 2.09x / 2.09x    2.01x / 2.01x / 2.01x
 
-The rest, 3-13 MB, does not grow with the batch (mostly the learners' private memory, 1-2 MB each).
+The same evening (load average 10, ``--updates 3``, niced), the measurement above (old) and
+this one (new) on the same code, run in turn:
+
+    batch    old                      new (over the idle reading)
+    256 MB   2.01x / 2.01x / 2.02x    2.0035x / 2.0045x / 2.0055x (2.0035x / 2.0045x / 2.0055x)
+    1 GB     2.01x / 2.02x / 2.03x    2.0022x / 2.0022x / 2.0049x (the same)
+    1 GB     (a second run, new only)  2.0023x / 2.0037x / 2.0037x (the same)
+
+No library code changed between the two columns: the drop is the measurement's alone.
 """
 
 from __future__ import annotations
@@ -41,8 +78,27 @@ import argparse
 import os
 import threading
 import time
+from typing import NamedTuple
 
 import numpy as np
+
+
+class Reading(NamedTuple):
+    """The memory of the driver and its descendants at one moment, in MB, by part."""
+
+    driver: float  # the driver's private pages (Pss_Anon)
+    learners: float  # the private pages of its descendants (learners, resource tracker)
+    files: float  # file pages, each process's own count (RssFile)
+    shared: float  # the shared-memory blocks any of them maps, each once, at its size
+
+    @property
+    def total(self) -> float:
+        return self.driver + self.learners + self.files + self.shared
+
+    def minus(self, other: Reading) -> str:
+        """Each part's change since ``other``, as text."""
+        parts = zip(("driver", "learners", "file pages", "shared blocks"), self, other)
+        return ", ".join(f"{name} {now - before:+.1f}" for name, now, before in parts)
 
 
 def main() -> None:
@@ -51,6 +107,9 @@ def main() -> None:
     parser.add_argument("--num-learners", type=int, default=2)
     parser.add_argument("--updates", type=int, default=2, help="updates on the same batch, each measured")
     parser.add_argument("--minibatch-size", type=int, default=8192)
+    parser.add_argument(
+        "--warmup-steps", type=int, default=8, help="full minibatch steps per learner in the warm-up update (default 8)"
+    )
     parser.add_argument("--obs-dim", type=int, default=64)
     args = parser.parse_args()
 
@@ -68,7 +127,7 @@ def main() -> None:
     group = LearnerGroup(
         BCLearner(module_spec=spec, lr=1e-4), num_learners=args.num_learners, num_threads_per_learner=1, timeout_s=600
     )
-    root = os.getpid()
+    sampler = PeakSampler(os.getpid())
     row_bytes = args.obs_dim * 4 + 8
     rows = int(args.mb * 2**20 // row_bytes)
 
@@ -80,51 +139,90 @@ def main() -> None:
         }
 
     settings = dict(minibatch_size=args.minibatch_size, shuffle_batch_per_epoch=False)
-    # Warm-up, through the same path (shared memory, several minibatches): the first update's
-    # one-off allocations and code pages are no part of what a batch costs.
-    group.update_from_batch(batch_of(2 * args.minibatch_size + 1), **settings)
+    # Warm-up, through the same path (shared memory, full minibatches): the first updates' one-off
+    # allocations, code pages and the learners' heap for a minibatch step are no part of what a batch costs.
+    warmup_rows = args.warmup_steps * args.num_learners * args.minibatch_size + 1
+    group.update_from_batch(batch_of(warmup_rows), **settings)
     time.sleep(1.0)
-    idle_mb = tree_memory_mb(root)
+    idle = read_tree(sampler.root)
     batch = batch_of(rows)
     batch_mb = sum(a.nbytes for a in batch.values()) / 2**20
-    with_batch_mb = tree_memory_mb(root)
+    with_batch = read_tree(sampler.root)
     print(
-        f"LearnerGroup(num_learners={args.num_learners}): batch {batch_mb:.0f} MB ({rows} rows), "
-        f"idle {idle_mb:.0f} MB, with the batch {with_batch_mb:.0f} MB ({(with_batch_mb - idle_mb) / batch_mb:.2f}x)"
+        f"LearnerGroup(num_learners={args.num_learners}): batch {batch_mb:.1f} MB ({rows} rows), idle "
+        f"{idle.total:.1f} MB, with the batch {with_batch.total:.1f} MB (+{with_batch.total - idle.total:.1f} MB: "
+        f"{with_batch.minus(idle)})"
     )
     for update in range(args.updates):
-        peak = [0.0]
-        stop = threading.Event()
-
-        def sample() -> None:
-            while not stop.is_set():
-                peak[0] = max(peak[0], tree_memory_mb(root))
-                time.sleep(0.005)
-
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
+        sampler.reset()
         start = time.monotonic()
         group.update_from_batch(batch, **settings)
         seconds = time.monotonic() - start
-        stop.set()
-        sampler.join()
+        peak = sampler.peak()
+        added = peak.total - with_batch.total
         print(
-            f"update {update + 1}: {seconds:.1f} s, peak {peak[0]:.0f} MB over idle {peak[0] - idle_mb:.0f} MB "
-            f"= {(peak[0] - idle_mb) / batch_mb:.2f}x the batch"
+            f"update {update + 1}: {seconds:.1f} s, peak {peak.total:.1f} MB = {1 + added / batch_mb:.4f}x the batch "
+            f"(the batch + {added:.1f} MB: {peak.minus(with_batch)}); "
+            f"over the idle reading: {(peak.total - idle.total) / batch_mb:.4f}x"
         )
+    sampler.stop()
     group.shutdown()
 
 
-def tree_memory_mb(root: int) -> float:
-    """The memory of ``root`` and its descendants, in MB: private and file pages (PSS), shared blocks once each."""
-    tree = _descendants(root) | {root}
-    private_kb, blocks = 0, {}
-    for pid in tree:
+class PeakSampler:
+    """The largest reading of ``root``'s tree since ``reset``, read every few milliseconds by one thread.
+
+    One thread for the whole run, started before the idle reading: its stack and its
+    allocator arena (about 0.4 MB) are then in every reading, not counted as the update's.
+    """
+
+    def __init__(self, root: int) -> None:
+        self.root = root
+        self._lock = threading.Lock()
+        self._peak: Reading | None = None
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            reading = read_tree(self.root)
+            with self._lock:
+                if self._peak is None or reading.total > self._peak.total:
+                    self._peak = reading
+            time.sleep(0.005)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._peak = None
+
+    def peak(self) -> Reading:
+        with self._lock:
+            peak = self._peak
+        return peak if peak is not None else read_tree(self.root)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join()
+
+
+def read_tree(root: int) -> Reading:
+    """The memory of ``root`` and its descendants: private pages, file pages, shared blocks once each."""
+    driver_kb = descendants_kb = files_kb = 0
+    blocks: dict[tuple[str, str], int] = {}
+    for pid in _descendants(root) | {root}:
         try:
             with open(f"/proc/{pid}/smaps_rollup") as file:
                 for line in file:
-                    if line.startswith(("Pss_Anon:", "Pss_File:")):
-                        private_kb += int(line.split()[1])
+                    if line.startswith("Pss_Anon:"):
+                        if pid == root:
+                            driver_kb += int(line.split()[1])
+                        else:
+                            descendants_kb += int(line.split()[1])
+            with open(f"/proc/{pid}/status") as file:
+                for line in file:
+                    if line.startswith("RssFile:"):
+                        files_kb += int(line.split()[1])
             with open(f"/proc/{pid}/maps") as file:
                 for line in file:
                     fields = line.split()
@@ -133,7 +231,7 @@ def tree_memory_mb(root: int) -> float:
                         blocks[(fields[3], fields[4])] = max(blocks.get((fields[3], fields[4]), 0), end - start)
         except OSError:
             continue  # exited meanwhile
-    return private_kb / 1024 + sum(blocks.values()) / 2**20
+    return Reading(driver_kb / 1024, descendants_kb / 1024, files_kb / 1024, sum(blocks.values()) / 2**20)
 
 
 def _descendants(root: int) -> set[int]:
