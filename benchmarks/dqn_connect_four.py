@@ -22,7 +22,7 @@ Run::
     nice -n 19 python benchmarks/dqn_connect_four.py --env-steps 500000 \\
         --json benchmarks/results/2026-11-27/dqn_connect_four.json
     python benchmarks/dqn_connect_four.py --env-steps 100000 \\
-        --model.init_args.n_step 3   # a variant: arguments it does not know go to lightning-rl fit
+        --model.init_args.n_step 1   # a variant: arguments it does not know go to lightning-rl fit
 """
 
 from __future__ import annotations
