@@ -2,7 +2,9 @@
 
 The learners must train on tensors backed by the driver's shared-memory blocks (no pickled
 copy of the arrays), and every block must be unlinked after an update, after a learner
-raises or dies, and after ``shutdown``.
+raises or dies, and after ``shutdown``. A batch whose tensors are already in shared memory
+must not be copied at all: the learners map the caller's own storage, copy-on-write, and the
+update equals the copying one.
 """
 
 from __future__ import annotations
@@ -23,29 +25,40 @@ from lightning_rl.learner.group.learner_group import LearnerGroup, LearnerGroupE
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="reads /dev/shm and /proc (Linux)")
 
 
-def _shm_ranges() -> list[tuple[int, int]]:
-    """The address ranges of this process's mappings of ``/dev/shm`` files."""
-    ranges = []
+def _shm_mappings() -> list[tuple[int, int, int]]:
+    """``(start, stop, inode)`` of this process's mappings of ``/dev/shm`` files."""
+    mappings = []
     with open("/proc/self/maps") as maps:
         for line in maps:
             if "/dev/shm/" in line:
                 start, stop = (int(x, 16) for x in line.split()[0].split("-"))
-                ranges.append((start, stop))
-    return ranges
+                mappings.append((start, stop, int(line.split()[4])))
+    return mappings
+
+
+def _shm_ranges() -> list[tuple[int, int]]:
+    """The address ranges of this process's mappings of ``/dev/shm`` files."""
+    return [(start, stop) for start, stop, _ in _shm_mappings()]
 
 
 class RecordingLearner(BCLearner):
-    """BC that records whether each column of its prepared batch lives in shared memory; raises on ``"fail"``."""
+    """BC that records whether (and in which file) each column of its prepared batch lives in shared memory;
+    raises on ``"fail"``."""
 
     def _prepare_batch(self, batch: Any) -> Any:
         prepared = super()._prepare_batch(batch)
-        ranges = _shm_ranges()
-        self.columns_in_shm = {
-            column: any(lo <= tensor.data_ptr() < hi for lo, hi in ranges)
+        mappings = _shm_mappings()
+        tensors = {
+            column: tensor
             for columns in prepared.values()
             for column, tensor in columns.items()
             if isinstance(tensor, torch.Tensor)
         }
+        self.column_files = {
+            column: next((inode for lo, hi, inode in mappings if lo <= tensor.data_ptr() < hi), None)
+            for column, tensor in tensors.items()
+        }
+        self.columns_in_shm = {column: inode is not None for column, inode in self.column_files.items()}
         return prepared
 
     def compute_loss_for_module(self, *, module_id: str, config: Any, batch: Any, fwd_out: Any) -> Any:
@@ -62,8 +75,8 @@ def created_blocks(monkeypatch) -> list[str]:
     names: list[str] = []
     original = _shared.SharedShards.__init__
 
-    def spy(self: SharedShards, shards: list[Any]) -> None:
-        original(self, shards)
+    def spy(self: SharedShards, shards: list[Any], caller_memory: Any = ()) -> None:
+        original(self, shards, caller_memory)
         names.extend(block.name for block in self.blocks)
 
     monkeypatch.setattr(_shared.SharedShards, "__init__", spy)
@@ -104,20 +117,6 @@ def test_shards_round_trip_through_shared_memory_without_copies():
     shared.release()  # idempotent
 
 
-def test_learners_train_on_shared_memory_and_no_block_outlives_an_update_or_shutdown(created_blocks):
-    group = _group()
-    try:
-        group.update_from_batch(random_batch(64), minibatch_size=16)
-        assert created_blocks and not _left(created_blocks)
-        per_rank = group.foreach_learner(lambda learner: learner.columns_in_shm)
-        assert per_rank == [{"obs": True, "actions": True}] * 2
-        group.update_from_batch(random_batch(64), async_update=True)
-        group.update_from_batch(random_batch(64), async_update=True)
-    finally:
-        group.shutdown()
-    assert len(created_blocks) == 6 and not _left(created_blocks)
-
-
 @pytest.mark.parametrize("mode", [1, 2], ids=["learner raises", "learner dies"])
 def test_no_block_outlives_a_failing_learner(created_blocks, mode):
     group = _group()
@@ -142,3 +141,77 @@ def test_a_batch_that_shared_memory_has_no_room_for_is_pickled_with_a_warning(cr
         assert not created_blocks
     finally:
         group.shutdown()
+
+
+def _shared_batch(rows: int) -> dict[str, torch.Tensor]:
+    """``random_batch(rows)`` as tensors moved into torch's shared memory by their owner (``share_memory_()``)."""
+    return {column: torch.from_numpy(values.copy()).share_memory_() for column, values in random_batch(rows).items()}
+
+
+def _file_of(tensor: torch.Tensor) -> int:
+    """The inode of the shared-memory file a tensor's storage lives in."""
+    return os.fstat(tensor.untyped_storage()._get_shared_fd()).st_ino
+
+
+def test_shards_of_a_shared_batch_point_into_the_callers_storage_and_map_copy_on_write():
+    batch = _shared_batch(10)
+    batch["strided"] = torch.arange(40, dtype=torch.float32).reshape(10, 4).share_memory_()[:, 1]  # not contiguous
+    batch["private"] = torch.arange(10)
+    expected = {column: values.clone() for column, values in batch.items()}
+    memory = _shared.caller_shared_memory(batch)
+    assert sorted(m.stop - m.start for m in memory) == sorted(
+        batch[c].untyped_storage().nbytes() for c in ("obs", "actions", "strided")
+    )
+    shards = [{c: v.numpy()[:5] for c, v in batch.items()}, {c: v.numpy()[5:] for c, v in batch.items()}]
+    shared = SharedShards(shards, memory)
+    try:
+        described = shared.shards[1]
+        assert described["obs"].path == f"/proc/{os.getpid()}/fd/{batch['obs'].untyped_storage()._get_shared_fd()}"
+        assert described["obs"].offset == 5 * 4 * 4  # rows 5.. of the caller's storage, not a copy
+        assert len(shared.blocks) == 2  # one per shard, for the strided and private columns only
+        assert all(described[c].path.startswith("/dev/shm/") for c in ("strided", "private"))
+        attached = attach_shared(described)
+        for column, values in expected.items():
+            np.testing.assert_array_equal(attached[column], values.numpy()[5:])
+        assert attached["obs"].ctypes.data != batch["obs"].data_ptr()  # its own mapping of the same file
+        attached["obs"][...] = -1.0  # what a Learner writing into its batch in place does
+        attached["actions"][...] = -1
+    finally:
+        shared.release()
+    for column, values in expected.items():
+        assert torch.equal(batch[column], values), column  # copy-on-write: the caller's tensors are unchanged
+    assert batch["obs"].is_shared() and not shared.caller_memory
+
+
+def test_learners_map_a_copy_or_the_callers_shared_batch_alike_and_no_block_outlives_an_update_or_shutdown(
+    created_blocks,
+):
+    group = _group()
+    try:
+        state = group.get_state()
+        results_copied, weights_copied = group.update_from_batch(random_batch(64), minibatch_size=16, return_state=True)
+        assert len(created_blocks) == 2 and not _left(created_blocks)  # one block per shard, unlinked once answered
+        assert group.foreach_learner(lambda learner: learner.columns_in_shm) == [{"obs": True, "actions": True}] * 2
+
+        # The same update on the same batch, moved into shared memory by its owner: read where it is.
+        group.set_state(state)
+        batch = _shared_batch(64)
+        results_shared, weights_shared = group.update_from_batch(batch, minibatch_size=16, return_state=True)
+        assert len(created_blocks) == 2  # no block of the update: nothing copied
+        files = {column: _file_of(values) for column, values in batch.items()}
+        assert group.foreach_learner(lambda learner: learner.column_files) == [files] * 2
+        for column, values in random_batch(64).items():
+            np.testing.assert_array_equal(batch[column].numpy(), values)
+
+        group.update_from_batch(random_batch(64), async_update=True)
+        group.update_from_batch(batch, async_update=True)
+        group.update_from_batch(random_batch(64), async_update=True)
+    finally:
+        group.shutdown()
+    assert len(created_blocks) == 6 and not _left(created_blocks)
+    assert results_shared == results_copied
+    for module_id, weights in weights_copied.items():
+        for name, values in weights.items():
+            np.testing.assert_array_equal(weights_shared[module_id][name], values)
+    for values in batch.values():  # the learners mapped files that have no name in /dev/shm to leave behind
+        assert os.readlink(f"/proc/self/fd/{values.untyped_storage()._get_shared_fd()}").endswith("(deleted)")

@@ -3,7 +3,8 @@
 The driver side: send the Learner by value (``pickle_learner``, cloudpickle), start the
 processes (``_worker.learner_process_main``), send every rank its command, and wait, bounded,
 for all ranks' replies. An update's batch, or its episodes, is cut into N shards (``_data``),
-whose arrays travel in shared memory (``_shared``; episodes as arrays, ``_episodes``). A learner that raises or dies breaks the group: the call names
+whose arrays travel in shared memory (``_shared``; episodes as arrays, ``_episodes``): a
+batch's tensors already in shared memory as they are, everything else copied once. A learner that raises or dies breaks the group: the call names
 the rank and the cause, the other processes are killed, and every later call says the group is
 broken. The driver never waits unbounded: on a timeout it asks the silent ranks where they
 are (``Activity``), so the error names the rank that hangs apart from those that wait for it.
@@ -16,7 +17,7 @@ import pickle
 import queue
 import time
 import warnings
-from typing import Any
+from typing import Any, NamedTuple
 
 from lightning_rl.learner.group._data import split_batch, split_episodes
 from lightning_rl.learner.group._episodes import episodes_to_wire
@@ -35,7 +36,7 @@ from lightning_rl.learner.group._protocol import (
     free_local_port,
     like,
 )
-from lightning_rl.learner.group._shared import SharedShards
+from lightning_rl.learner.group._shared import CallerMemory, SharedShards, caller_shared_memory
 from lightning_rl.learner.group._worker import learner_process_main
 from lightning_rl.learner.learner import Learner
 
@@ -44,6 +45,13 @@ _JOIN_S = 10.0  # how long shutdown waits for a process to exit by itself before
 _PROBE_S = 2.0  # how long a timed-out driver waits for the learners' status answers
 # The Learner attributes a user sets under another name, for ``pickle_learner``'s error.
 _ATTRIBUTE_NAMES = {"_should_module_be_updated": "policies_to_train"}
+
+
+class PreparedUpdate(NamedTuple):
+    """An update's data, ready to send: one shard per rank, and the caller's shared storages its arrays lie in."""
+
+    shards: list[Any]
+    caller_memory: list[CallerMemory]
 
 
 class ProcessBackend:
@@ -127,30 +135,31 @@ class ProcessBackend:
 
     # -- requests --------------------------------------------------------------------------
 
-    def prepare_update(self, kind: str, data: Any) -> list[Any]:
+    def prepare_update(self, kind: str, data: Any) -> PreparedUpdate:
         """One shard of the data per rank (checked here, before anything is sent); episodes as nested dicts of arrays."""
         if kind == "update_from_episodes":
-            return [episodes_to_wire(shard) for shard in split_episodes(data, self._n)]
-        return split_batch(data, self._n)
+            return PreparedUpdate([episodes_to_wire(shard) for shard in split_episodes(data, self._n)], [])
+        return PreparedUpdate(split_batch(data, self._n), caller_shared_memory(data))
 
-    def run_update(self, kind: str, shards: list[Any], settings: dict[str, Any], return_state: bool) -> Any:
+    def run_update(self, kind: str, update: PreparedUpdate, settings: dict[str, Any], return_state: bool) -> Any:
         """Train every rank on its shard and wait: rank 0's results, or ``(results, weights)``."""
-        return self.wait(self._submit_update(kind, shards, settings, return_state))
+        return self.wait(self._submit_update(kind, update, settings, return_state))
 
-    def submit_update(self, kind: str, shards: list[Any], settings: dict[str, Any], return_state: bool) -> Request:
+    def submit_update(self, kind: str, update: PreparedUpdate, settings: dict[str, Any], return_state: bool) -> Request:
         """Send the update and return its handle without waiting."""
-        return Request(self, self._submit_update(kind, shards, settings, return_state))
+        return Request(self, self._submit_update(kind, update, settings, return_state))
 
     def call(self, kind: str, args: dict[str, Any]) -> Any:
         """Run a non-update command on every rank and wait (``foreach_learner``: all ranks' results)."""
         payload = dumps_by_value(args, f"the arguments of {kind}")  # the same for every rank: pickled once
         return self.wait(self._send(kind, [payload] * self._n))
 
-    def _submit_update(self, kind: str, shards: list[Any], settings: dict[str, Any], return_state: bool) -> int:
+    def _submit_update(self, kind: str, update: PreparedUpdate, settings: dict[str, Any], return_state: bool) -> int:
         # A batch's arrays, and the episodes' (``episodes_to_wire``), travel in shared memory
-        # (written once, mapped by the learners), not pickled into the queue; data that /dev/shm
-        # has no room for is pickled (writing past its size would be a SIGBUS).
-        in_shared_memory = SharedShards.fits(shards)
+        # (the caller's own, or written once; mapped by the learners), not pickled into the queue;
+        # data that /dev/shm has no room for is pickled (writing past its size would be a SIGBUS).
+        shards = update.shards
+        in_shared_memory = SharedShards.fits(shards, update.caller_memory)
         if not in_shared_memory and not self._warned_no_room:
             self._warned_no_room = True
             warnings.warn(
@@ -159,7 +168,7 @@ class ProcessBackend:
                 "--shm-size)",
                 stacklevel=4,
             )
-        shared = SharedShards(shards if in_shared_memory else [])
+        shared = SharedShards(shards, update.caller_memory) if in_shared_memory else SharedShards([])
         try:
             payloads = [
                 dumps_data({"data": shard, "settings": settings, "return_state": return_state}, f"the data of {kind}")
@@ -172,7 +181,7 @@ class ProcessBackend:
 
     def _send(self, kind: str, payloads: list[bytes], shared: SharedShards | None = None) -> int:
         request_id = self._next_id
-        if shared is not None and shared.blocks:
+        if shared is not None and (shared.blocks or shared.caller_memory):
             self._shared[request_id] = shared
         self._next_id += 1
         self._what[request_id] = (kind, f"{kind} (request {request_id})")

@@ -1,23 +1,36 @@
-"""An update's batch shards through shared memory: the driver writes each shard once, the learners map it.
+"""An update's batch shards through shared memory: each shard's arrays written once, or none, and mapped by the learners.
 
 Pickling a shard's arrays into a queue made copies on both sides (the pickled bytes in the
 driver, the bytes received and the arrays unpickled from them in each learner): about 4x the
-batch at the peak of an update. Instead the driver copies each shard's arrays into one
-``multiprocessing.shared_memory`` block and sends a :class:`SharedArray` (block name, offset,
-dtype, shape) in place of each array; the learner maps the block and builds numpy arrays on
-it without copying (``torch.from_numpy`` keeps sharing those pages). Summed over the
-processes (PSS, shared pages counted once) an update then holds the driver's batch and one
-copy of its shards: about 2x the batch.
+batch at the peak of an update. Instead each array reaches the learners as a
+:class:`SharedArray` (a file, an offset, dtype, shape) in place of the array; the learner maps
+the file and builds numpy arrays on it without copying (``torch.from_numpy`` keeps sharing
+those pages). The file is one of two kinds:
 
-Lifetime: the driver owns the blocks (``SharedShards``) and unlinks them as soon as every rank
-has answered the update, and on every error, kill and shutdown path. Creating a block registers
-it with Python's resource tracker, a helper process that unlinks what a killed driver left
-behind once the driver and its learners are gone. A learner never registers or unlinks a
-block: it only maps it, and its mapping ends when its last array on it is freed (an unlinked
-block's pages are freed by the kernel once no process maps it).
+- **The caller's own shared memory.** A tensor already in torch's shared memory
+  (``Tensor.share_memory_()``, or received from a ``DataLoader`` worker) lives in a file that
+  torch keeps open in this process and has unlinked from ``/dev/shm`` (its default
+  ``"file_descriptor"`` strategy on Linux); a learner opens it as ``/proc/<driver pid>/fd/<fd>``
+  (``caller_shared_memory``). Nothing is copied: summed over the processes (PSS, shared pages
+  counted once) an update holds the batch once.
+- **A block of the update.** Every other array (numpy, private tensors, a tensor view that
+  is not contiguous, storages torch shares by name) is copied into one
+  ``multiprocessing.shared_memory`` block per shard: the batch and one copy, about 2x.
+
+Either way the learners map the file copy-on-write: a Learner that writes into its batch in
+place gets its own pages and never changes the caller's tensors or the other learners' rows.
+
+Lifetime: the driver owns the update's blocks (``SharedShards``), and holds the caller's
+shared storages (so their files stay open), until every rank has answered the update; blocks
+are unlinked then, and on every error, kill and shutdown path. Creating a block registers it
+with Python's resource tracker, a helper process that unlinks what a killed driver left behind
+once the driver and its learners are gone; the caller's files have no name to leave behind. A
+learner never registers or unlinks anything: it only maps, and its mapping ends when its last
+array on it is freed (an unlinked file's pages are freed by the kernel once no process maps
+or holds it open).
 
 Arrays of Python objects, and anything that is not a numpy array, stay in the pickled payload.
-Where ``/dev/shm`` has no room for the shards (a container's default is 64 MB), writing to a
+Where ``/dev/shm`` has no room for the blocks (a container's default is 64 MB), writing to a
 block would kill the driver with SIGBUS: ``fits`` says so beforehand, and the driver sends
 that update pickled, as before.
 """
@@ -27,11 +40,12 @@ from __future__ import annotations
 import mmap
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from multiprocessing import shared_memory
 from typing import Any, NamedTuple
 
 import numpy as np
+import torch
 
 _ALIGN = 64  # each array starts at a multiple of this (cache line; any dtype's alignment)
 _SHM_DIR = "/dev/shm"  # where POSIX shared memory lives on Linux
@@ -39,26 +53,66 @@ _HEADROOM = 1.1  # leave others (and the rounding to pages) a margin of the free
 
 
 class SharedArray(NamedTuple):
-    """Where a learner finds one array of its shard: ``shape`` of ``dtype`` at ``offset`` in block ``name``."""
+    """Where a learner finds one array of its shard: ``shape`` of ``dtype`` at ``offset`` in the file at ``path``."""
 
-    name: str
+    path: str
     offset: int
     dtype: str
     shape: tuple[int, ...]
 
 
+class CallerMemory(NamedTuple):
+    """One storage of the caller's tensors in torch's shared memory: bytes ``start:stop`` of the driver's address
+    space are bytes ``0:stop - start`` of the file a learner opens at ``path``."""
+
+    path: str
+    start: int
+    stop: int
+    storage: torch.UntypedStorage  # held until every rank has answered: its file stays open that long
+
+
+def caller_shared_memory(batch: Any) -> list[CallerMemory]:
+    """The storages of ``batch``'s tensors that live in torch's shared memory and that a learner can open.
+
+    A storage torch shares with its ``"file_descriptor"`` strategy (Linux's default) keeps its
+    file open here, so a learner opens ``/proc/<this pid>/fd/<fd>``. Storages shared by name
+    (the ``"file_system"`` strategy) have no such file and are left out: their tensors are
+    copied, as private ones are.
+    """
+    found: dict[int, CallerMemory] = {}
+
+    def visit(value: Any) -> None:
+        if not (isinstance(value, torch.Tensor) and value.layout == torch.strided and value.device.type == "cpu"):
+            return
+        storage = value.untyped_storage()
+        if storage.nbytes() == 0 or storage.data_ptr() in found or not storage.is_shared():
+            return
+        try:
+            fd = storage._get_shared_fd()
+        except RuntimeError:  # shared by name, or mapped from a file: not reachable through an open file here
+            return
+        start = storage.data_ptr()
+        found[start] = CallerMemory(f"/proc/{os.getpid()}/fd/{fd}", start, start + storage.nbytes(), storage)
+
+    _walk(batch, visit)
+    return list(found.values())
+
+
 class SharedShards:
-    """The driver's shared-memory blocks of one update: one per shard that holds arrays.
+    """The shared memory of one update: the caller's storages it points into, and a block per shard for the rest.
 
     Args:
         shards: The update's shards (``split_batch``'s dicts of columns, or of module batches).
+        caller_memory: The caller's shared storages (``caller_shared_memory``): arrays that lie
+            whole and contiguous inside one of them are sent as a place in it, not copied.
 
     Raises:
         OSError: When a block cannot be created (e.g. ``/dev/shm`` is full); nothing is left behind.
     """
 
-    def __init__(self, shards: list[Any]) -> None:
+    def __init__(self, shards: list[Any], caller_memory: Sequence[CallerMemory] = ()) -> None:
         self.blocks: list[shared_memory.SharedMemory] = []
+        self.caller_memory = list(caller_memory)
         try:
             self.shards = [self._share(shard) for shard in shards]
         except BaseException:
@@ -66,9 +120,9 @@ class SharedShards:
             raise
 
     @staticmethod
-    def fits(shards: list[Any]) -> bool:
-        """Whether shared memory has room for the shards' arrays (False where it cannot be measured)."""
-        needed = sum(_layout(_arrays(shard))[1] for shard in shards)
+    def fits(shards: list[Any], caller_memory: Sequence[CallerMemory] = ()) -> bool:
+        """Whether shared memory has room for the arrays to copy (False where it cannot be measured)."""
+        needed = sum(_layout(_to_copy(_arrays(shard), caller_memory))[1] for shard in shards)
         try:
             return shutil.disk_usage(_SHM_DIR).free >= needed * _HEADROOM
         except OSError:
@@ -76,19 +130,21 @@ class SharedShards:
 
     def _share(self, shard: Any) -> Any:
         arrays = _arrays(shard)
-        if not arrays:
-            return shard
-        offsets, size = _layout(arrays)
-        block = shared_memory.SharedMemory(create=True, size=size)
-        self.blocks.append(block)
-        where = {}
-        for array, offset in zip(arrays, offsets):
-            np.ndarray(array.shape, array.dtype, buffer=block.buf, offset=offset)[...] = array
-            where[id(array)] = SharedArray(block.name, offset, array.dtype.str, tuple(array.shape))
+        where = {id(array): place for array in arrays if (place := _place_in(array, self.caller_memory)) is not None}
+        copied = [array for array in arrays if id(array) not in where]
+        if copied:
+            offsets, size = _layout(copied)
+            block = shared_memory.SharedMemory(create=True, size=size)
+            self.blocks.append(block)
+            path = os.path.join(_SHM_DIR, block.name)
+            for array, offset in zip(copied, offsets):
+                np.ndarray(array.shape, array.dtype, buffer=block.buf, offset=offset)[...] = array
+                where[id(array)] = SharedArray(path, offset, array.dtype.str, tuple(array.shape))
         return _walk(shard, lambda value: where.get(id(value), value))
 
     def release(self) -> None:
-        """Unmap and unlink every block (idempotent): the learners' mappings keep the pages until they drop them."""
+        """Unmap and unlink every block and let go of the caller's storages (idempotent); the learners' mappings
+        keep the pages until they drop them."""
         for block in self.blocks:
             try:
                 block.close()
@@ -99,37 +155,55 @@ class SharedShards:
             except FileNotFoundError:
                 pass
         self.blocks = []
+        self.caller_memory = []
 
 
 def attach_shared(data: Any) -> Any:
-    """``data`` with each :class:`SharedArray` replaced by a numpy array on the driver's block (no copy).
+    """``data`` with each :class:`SharedArray` replaced by a numpy array on its file (no copy).
 
     Raises:
-        FileNotFoundError: When a block is gone (the driver released the update).
+        FileNotFoundError: When a file is gone (the driver released the update).
     """
     mappings: dict[str, mmap.mmap] = {}
 
     def attach(value: Any) -> Any:
         if not isinstance(value, SharedArray):
             return value
-        if value.name not in mappings:
-            mappings[value.name] = _map(value.name)
-        return np.ndarray(value.shape, np.dtype(value.dtype), buffer=mappings[value.name], offset=value.offset)
+        if value.path not in mappings:
+            mappings[value.path] = _map(value.path)
+        return np.ndarray(value.shape, np.dtype(value.dtype), buffer=mappings[value.path], offset=value.offset)
 
     return _walk(data, attach)
 
 
-def _map(name: str) -> mmap.mmap:
-    """Map block ``name`` without ``SharedMemory``: attaching one would register it with the resource
-    tracker (Python < 3.13), and its ``close`` fails while arrays on it live; an ``mmap`` lives as long
-    as its arrays."""
-    import _posixshmem  # what SharedMemory opens blocks with on POSIX
+def _map(path: str) -> mmap.mmap:
+    """Map the file at ``path`` copy-on-write, read from the driver's pages until written.
 
-    fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
+    Copy-on-write because the file may be the caller's own tensors: a Learner that changes its
+    batch in place must not change them. Opened by path, not with ``SharedMemory``: attaching one
+    would register it with the resource tracker (Python < 3.13), and its ``close`` fails while
+    arrays on it live; an ``mmap`` lives as long as its arrays.
+    """
+    fd = os.open(path, os.O_RDONLY)
     try:
-        return mmap.mmap(fd, os.fstat(fd).st_size)
+        return mmap.mmap(fd, os.fstat(fd).st_size, access=mmap.ACCESS_COPY)
     finally:
         os.close(fd)
+
+
+def _place_in(array: np.ndarray, caller_memory: Sequence[CallerMemory]) -> SharedArray | None:
+    """Where ``array`` lies in the caller's shared memory, if it lies whole and contiguous in one storage."""
+    if not array.flags.c_contiguous:
+        return None
+    start = array.ctypes.data
+    for memory in caller_memory:
+        if memory.start <= start and start + array.nbytes <= memory.stop:
+            return SharedArray(memory.path, start - memory.start, array.dtype.str, tuple(array.shape))
+    return None
+
+
+def _to_copy(arrays: list[np.ndarray], caller_memory: Sequence[CallerMemory]) -> list[np.ndarray]:
+    return [array for array in arrays if _place_in(array, caller_memory) is None]
 
 
 def _arrays(shard: Any) -> list[np.ndarray]:

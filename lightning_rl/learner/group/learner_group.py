@@ -256,8 +256,14 @@ class LearnerGroup:
             batch: ``{column: array}`` for a single-module Learner, or ``{module_id: {column:
                 array}}``; numpy arrays or tensors. With N learners, each module's rows are cut
                 into N contiguous near-equal shards (a module with fewer rows than learners is
-                missing from some shards). An async update may read the data later: do not
-                modify it until its results are back.
+                missing from some shards). With learner processes the learners read the batch
+                from shared memory: tensors already there (``tensor.share_memory_()``, torch's
+                default ``"file_descriptor"`` strategy on Linux, contiguous rows) are read where
+                they are, with no copy; everything else (numpy arrays, private tensors, views
+                that are not contiguous) is copied there once per update, which holds the batch
+                twice. The learners never change your arrays (their mappings are
+                copy-on-write). An async update may read the data later: do not modify it until
+                its results are back.
             batches: Several such batches (all flat or all nested), concatenated row-wise into
                 one before the update.
             episodes: Single-agent episodes for the Learner's one module, or multi-agent
