@@ -1,7 +1,11 @@
 """Memory of the LearnerGroup's batch transport: peak memory of the driver and its learners during an update.
 
 One ``LearnerGroup(num_learners=N)`` (BC, a small MLP, so that training adds little) trains on
-one batch of ``--mb`` megabytes (float32 observations and int64 actions), ``--updates`` times.
+one batch of ``--mb`` megabytes (float32 observations and int64 actions), ``--updates`` times,
+through one of the two paths of the group's transport (``--batch``): ``numpy`` arrays, which
+the group copies into shared memory for each update (target 2x: the batch and one copy), or
+``shared`` torch tensors built in shared memory (``Tensor.share_memory_()``), which the
+learners read where they are (target 1x).
 One thread samples the memory of the driver and all its descendants every few milliseconds,
 in four parts: the driver's private pages (``Pss_Anon`` of ``/proc/<pid>/smaps_rollup``), its
 descendants' private pages, every process's file pages (``RssFile`` of ``/proc/<pid>/status``)
@@ -78,9 +82,10 @@ import argparse
 import os
 import threading
 import time
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
+import torch
 
 
 class Reading(NamedTuple):
@@ -111,6 +116,12 @@ def main() -> None:
         "--warmup-steps", type=int, default=8, help="full minibatch steps per learner in the warm-up update (default 8)"
     )
     parser.add_argument("--obs-dim", type=int, default=64)
+    parser.add_argument(
+        "--batch",
+        choices=("numpy", "shared"),
+        default="numpy",
+        help="numpy arrays (copied into shared memory per update) or torch tensors already in shared memory",
+    )
     args = parser.parse_args()
 
     import gymnasium as gym
@@ -131,7 +142,13 @@ def main() -> None:
     row_bytes = args.obs_dim * 4 + 8
     rows = int(args.mb * 2**20 // row_bytes)
 
-    def batch_of(n: int) -> dict[str, np.ndarray]:
+    def batch_of(n: int) -> dict[str, Any]:
+        if args.batch == "shared":
+            # Built in shared memory: moving an empty tensor there copies untouched (unbacked) pages.
+            generator = torch.Generator().manual_seed(0)
+            obs = torch.empty((n, args.obs_dim), dtype=torch.float32).share_memory_().normal_(generator=generator)
+            actions = torch.empty(n, dtype=torch.int64).share_memory_().random_(0, 4, generator=generator)
+            return {"obs": obs, "actions": actions}
         rng = np.random.default_rng(0)
         return {
             "obs": rng.standard_normal((n, args.obs_dim), dtype=np.float32),
@@ -146,10 +163,14 @@ def main() -> None:
     time.sleep(1.0)
     idle = read_tree(sampler.root)
     batch = batch_of(rows)
-    batch_mb = sum(a.nbytes for a in batch.values()) / 2**20
+    batch_mb = sum(a.numel() * a.element_size() if args.batch == "shared" else a.nbytes for a in batch.values()) / 2**20
     with_batch = read_tree(sampler.root)
+    path = {
+        "numpy": "numpy arrays, copied into one shared-memory block per learner each update",
+        "shared": "torch tensors in shared memory, read by the learners where they are",
+    }[args.batch]
     print(
-        f"LearnerGroup(num_learners={args.num_learners}): batch {batch_mb:.1f} MB ({rows} rows), idle "
+        f"LearnerGroup(num_learners={args.num_learners}), batch of {path}: {batch_mb:.1f} MB ({rows} rows), idle "
         f"{idle.total:.1f} MB, with the batch {with_batch.total:.1f} MB (+{with_batch.total - idle.total:.1f} MB: "
         f"{with_batch.minus(idle)})"
     )

@@ -75,8 +75,8 @@ def created_blocks(monkeypatch) -> list[str]:
     names: list[str] = []
     original = _shared.SharedShards.__init__
 
-    def spy(self: SharedShards, shards: list[Any], caller_memory: Any = ()) -> None:
-        original(self, shards, caller_memory)
+    def spy(self: SharedShards, shards: list[Any], *caller_memory: Any) -> None:
+        original(self, shards, *caller_memory)
         names.extend(block.name for block in self.blocks)
 
     monkeypatch.setattr(_shared.SharedShards, "__init__", spy)
@@ -148,6 +148,10 @@ def _shared_batch(rows: int) -> dict[str, torch.Tensor]:
     return {column: torch.from_numpy(values.copy()).share_memory_() for column, values in random_batch(rows).items()}
 
 
+def _numpy(values: torch.Tensor | np.ndarray) -> np.ndarray:
+    return values.numpy() if isinstance(values, torch.Tensor) else values
+
+
 def _file_of(tensor: torch.Tensor) -> int:
     """The inode of the shared-memory file a tensor's storage lives in."""
     return os.fstat(tensor.untyped_storage()._get_shared_fd()).st_ino
@@ -157,12 +161,12 @@ def test_shards_of_a_shared_batch_point_into_the_callers_storage_and_map_copy_on
     batch = _shared_batch(10)
     batch["strided"] = torch.arange(40, dtype=torch.float32).reshape(10, 4).share_memory_()[:, 1]  # not contiguous
     batch["private"] = torch.arange(10)
-    expected = {column: values.clone() for column, values in batch.items()}
+    batch["numpy_view"] = torch.arange(10.0).share_memory_().numpy()  # found through its base
+    expected = {column: _numpy(values).copy() for column, values in batch.items()}
     memory = _shared.caller_shared_memory(batch)
-    assert sorted(m.stop - m.start for m in memory) == sorted(
-        batch[c].untyped_storage().nbytes() for c in ("obs", "actions", "strided")
-    )
-    shards = [{c: v.numpy()[:5] for c, v in batch.items()}, {c: v.numpy()[5:] for c, v in batch.items()}]
+    assert sorted(m.stop - m.start for m in memory) == sorted([10 * 4 * 4, 10 * 8, 40 * 4, 10 * 4])  # whole storages
+    arrays = {c: _numpy(v) for c, v in batch.items()}
+    shards = [{c: v[:5] for c, v in arrays.items()}, {c: v[5:] for c, v in arrays.items()}]
     shared = SharedShards(shards, memory)
     try:
         described = shared.shards[1]
@@ -171,15 +175,16 @@ def test_shards_of_a_shared_batch_point_into_the_callers_storage_and_map_copy_on
         assert len(shared.blocks) == 2  # one per shard, for the strided and private columns only
         assert all(described[c].path.startswith("/dev/shm/") for c in ("strided", "private"))
         attached = attach_shared(described)
+        assert described["numpy_view"].path.startswith("/proc/")
         for column, values in expected.items():
-            np.testing.assert_array_equal(attached[column], values.numpy()[5:])
+            np.testing.assert_array_equal(attached[column], values[5:])
         assert attached["obs"].ctypes.data != batch["obs"].data_ptr()  # its own mapping of the same file
         attached["obs"][...] = -1.0  # what a Learner writing into its batch in place does
         attached["actions"][...] = -1
     finally:
         shared.release()
     for column, values in expected.items():
-        assert torch.equal(batch[column], values), column  # copy-on-write: the caller's tensors are unchanged
+        np.testing.assert_array_equal(_numpy(batch[column]), values)  # copy-on-write: the caller's are unchanged
     assert batch["obs"].is_shared() and not shared.caller_memory
 
 

@@ -8,7 +8,8 @@ the file and builds numpy arrays on it without copying (``torch.from_numpy`` kee
 those pages). The file is one of two kinds:
 
 - **The caller's own shared memory.** A tensor already in torch's shared memory
-  (``Tensor.share_memory_()``, or received from a ``DataLoader`` worker) lives in a file that
+  (``Tensor.share_memory_()``, or received from a ``DataLoader`` worker), or a numpy view of
+  one (``tensor.numpy()``), lives in a file that
   torch keeps open in this process and has unlinked from ``/dev/shm`` (its default
   ``"file_descriptor"`` strategy on Linux); a learner opens it as ``/proc/<driver pid>/fd/<fd>``
   (``caller_shared_memory``). Nothing is copied: summed over the processes (PSS, shared pages
@@ -72,7 +73,7 @@ class CallerMemory(NamedTuple):
 
 
 def caller_shared_memory(batch: Any) -> list[CallerMemory]:
-    """The storages of ``batch``'s tensors that live in torch's shared memory and that a learner can open.
+    """The storages of ``batch``'s tensors (or numpy views of tensors) in torch's shared memory that a learner can open.
 
     A storage torch shares with its ``"file_descriptor"`` strategy (Linux's default) keeps its
     file open here, so a learner opens ``/proc/<this pid>/fd/<fd>``. Storages shared by name
@@ -82,6 +83,8 @@ def caller_shared_memory(batch: Any) -> list[CallerMemory]:
     found: dict[int, CallerMemory] = {}
 
     def visit(value: Any) -> None:
+        while isinstance(value, np.ndarray):  # a view's base, down to the tensor that holds the memory (if any)
+            value = value.base
         if not (isinstance(value, torch.Tensor) and value.layout == torch.strided and value.device.type == "cpu"):
             return
         storage = value.untyped_storage()
