@@ -165,12 +165,10 @@ def main() -> None:
     batch = batch_of(rows)
     batch_mb = sum(a.numel() * a.element_size() if args.batch == "shared" else a.nbytes for a in batch.values()) / 2**20
     with_batch = read_tree(sampler.root)
-    path = {
-        "numpy": "numpy arrays, copied into one shared-memory block per learner each update",
-        "shared": "torch tensors in shared memory, read by the learners where they are",
-    }[args.batch]
+    # What the batch is; which path of the transport it takes is the library's (2x: copied, 1x: read in place).
+    kind = {"numpy": "numpy arrays (private memory)", "shared": "torch tensors in shared memory (share_memory_())"}
     print(
-        f"LearnerGroup(num_learners={args.num_learners}), batch of {path}: {batch_mb:.1f} MB ({rows} rows), idle "
+        f"LearnerGroup(num_learners={args.num_learners}), a batch of {kind[args.batch]}: {batch_mb:.1f} MB ({rows} rows), idle "
         f"{idle.total:.1f} MB, with the batch {with_batch.total:.1f} MB (+{with_batch.total - idle.total:.1f} MB: "
         f"{with_batch.minus(idle)})"
     )

@@ -4,9 +4,9 @@ The driver side: send the Learner by value (``pickle_learner``, cloudpickle), st
 processes (``_worker.learner_process_main``), send every rank its command, and wait, bounded,
 for all ranks' replies. An update's batch, or its episodes, is cut into N shards (``_data``),
 whose arrays travel in shared memory (``_shared``; episodes as arrays, ``_episodes``): a
-batch's tensors already in shared memory as they are, everything else copied once. A learner that raises or dies breaks the group: the call names
-the rank and the cause, the other processes are killed, and every later call says the group is
-broken. The driver never waits unbounded: on a timeout it asks the silent ranks where they
+batch's tensors already in shared memory as they are, everything else copied once. A learner
+that raises or dies breaks the group: the call names the rank and the cause, the other
+processes are killed, and every later call says the group is broken. The driver never waits unbounded: on a timeout it asks the silent ranks where they
 are (``Activity``), so the error names the rank that hangs apart from those that wait for it.
 """
 

@@ -9,11 +9,12 @@ those pages). The file is one of two kinds:
 
 - **The caller's own shared memory.** A tensor already in torch's shared memory
   (``Tensor.share_memory_()``, or received from a ``DataLoader`` worker), or a numpy view of
-  one (``tensor.numpy()``), lives in a file that
-  torch keeps open in this process and has unlinked from ``/dev/shm`` (its default
-  ``"file_descriptor"`` strategy on Linux); a learner opens it as ``/proc/<driver pid>/fd/<fd>``
-  (``caller_shared_memory``). Nothing is copied: summed over the processes (PSS, shared pages
-  counted once) an update holds the batch once.
+  one (``tensor.numpy()``), lives in a file that torch keeps open in this process and has
+  unlinked from ``/dev/shm`` (its default ``"file_descriptor"`` strategy on Linux); a learner
+  opens it as ``/proc/<driver pid>/fd/<fd>`` (``caller_shared_memory``). Nothing is copied:
+  summed over the processes (PSS, shared pages counted once) an update holds the batch once.
+  The group never moves a caller's private tensors there itself: a numpy view taken of a
+  tensor before its storage moves keeps pointing at the freed private memory.
 - **A block of the update.** Every other array (numpy, private tensors, a tensor view that
   is not contiguous, storages torch shares by name) is copied into one
   ``multiprocessing.shared_memory`` block per shard: the batch and one copy, about 2x.
