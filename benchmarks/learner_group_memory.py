@@ -74,6 +74,17 @@ this one (new) on the same code, run in turn:
     1 GB     (a second run, new only)  2.0023x / 2.0037x / 2.0037x (the same)
 
 No library code changed between the two columns: the drop is the measurement's alone.
+
+Later that evening (load average 7-9, ``--updates 3``, niced, each run in turn), this script on
+the library before (3c5de3a) and after the learners read a batch already in shared memory
+where it is:
+
+    batch                    before                       after
+    256 MB numpy (copied)    2.0040x / 2.0059x / 2.0069x  2.0035x / 2.0080x / 2.0080x
+    256 MB --batch shared    2.0045x / 2.0054x / 2.0054x  1.0033x / 1.0060x / 1.0075x
+    1 GB --batch shared      2.0020x / 2.0035x / 2.0044x  1.0022x / 1.0022x / 1.0023x
+
+After the change a shared batch adds no block (shared +0.0 MB): only the learners' heap.
 """
 
 from __future__ import annotations
