@@ -208,10 +208,10 @@ def test_learners_map_a_copy_or_the_callers_shared_batch_alike_and_no_block_outl
         for column, values in random_batch(64).items():
             np.testing.assert_array_equal(batch[column].numpy(), values)
 
-        group.update_from_batch(random_batch(64), async_update=True)
-        group.update_from_batch(_shared_batch(64), async_update=True)  # dropped by the caller: the group holds it
-        group.update_from_batch(random_batch(64), async_update=True)
-        assert len(group.collect_async_results()) == 3
+        finished = group.update_from_batch(random_batch(64), async_update=True)
+        finished += group.update_from_batch(_shared_batch(64), async_update=True)  # dropped by the caller at once
+        finished += group.update_from_batch(random_batch(64), async_update=True)
+        assert len(finished + group.collect_async_results()) == 3
     finally:
         group.shutdown()
     assert len(created_blocks) == 6 and not _left(created_blocks)
