@@ -19,6 +19,7 @@ from conftest import bc_spec, random_batch
 
 from lightning_rl.algorithms.bc import BCLearner
 from lightning_rl.learner.group import _shared
+from lightning_rl.learner.group._data import update_source
 from lightning_rl.learner.group._shared import SharedArray, SharedShards, attach_shared
 from lightning_rl.learner.group.learner_group import LearnerGroup, LearnerGroupError
 
@@ -188,6 +189,22 @@ def test_shards_of_a_shared_batch_point_into_the_callers_storage_and_map_copy_on
     assert batch["obs"].is_shared() and not shared.caller_memory
 
 
+def test_batches_for_learner_processes_are_joined_in_shared_memory_and_equal_the_private_join():
+    halves = [random_batch(5, seed=0), {column: torch.from_numpy(values) for column, values in random_batch(3).items()}]
+    _, private = update_source(**_only(batches=halves), num_learners=0)
+    _, joined = update_source(**_only(batches=halves), num_learners=2)
+    assert set(joined) == set(private)
+    for column, values in private.items():
+        assert joined[column].is_shared() and not isinstance(values, torch.Tensor)
+        np.testing.assert_array_equal(joined[column].numpy(), values)
+    assert _shared.caller_shared_memory(joined)  # what the transport reads in place
+
+
+def _only(**source: Any) -> dict[str, Any]:
+    """``update_source``'s data arguments with only ``source`` given."""
+    return {"batch": None, "batches": None, "episodes": None, "data_iterators": None, "training_data": None} | source
+
+
 def test_learners_map_a_copy_or_the_callers_shared_batch_alike_and_no_block_outlives_an_update_or_shutdown(
     created_blocks,
 ):
@@ -208,6 +225,13 @@ def test_learners_map_a_copy_or_the_callers_shared_batch_alike_and_no_block_outl
         for column, values in random_batch(64).items():
             np.testing.assert_array_equal(batch[column].numpy(), values)
 
+        # The same rows as two batches: the group joins them in shared memory and the learners read the join there.
+        group.set_state(state)
+        halves = [{c: v[:40] for c, v in random_batch(64).items()}, {c: v[40:] for c, v in random_batch(64).items()}]
+        results_joined, weights_joined = group.update(batches=halves, minibatch_size=16, return_state=True)
+        assert len(created_blocks) == 2
+        assert all(None not in files.values() for files in group.foreach_learner(lambda learner: learner.column_files))
+
         finished = group.update_from_batch(random_batch(64), async_update=True)
         finished += group.update_from_batch(_shared_batch(64), async_update=True)  # dropped by the caller at once
         finished += group.update_from_batch(random_batch(64), async_update=True)
@@ -215,9 +239,10 @@ def test_learners_map_a_copy_or_the_callers_shared_batch_alike_and_no_block_outl
     finally:
         group.shutdown()
     assert len(created_blocks) == 6 and not _left(created_blocks)
-    assert results_shared == results_copied
+    assert results_shared == results_copied and results_joined == results_copied
     for module_id, weights in weights_copied.items():
         for name, values in weights.items():
             np.testing.assert_array_equal(weights_shared[module_id][name], values)
+            np.testing.assert_array_equal(weights_joined[module_id][name], values)
     for values in batch.values():  # the learners mapped files that have no name in /dev/shm to leave behind
         assert os.readlink(f"/proc/self/fd/{values.untyped_storage()._get_shared_fd()}").endswith("(deleted)")

@@ -119,11 +119,22 @@ def _sequence_steps(module_id: str, columns: Mapping[str, Any]) -> dict[str, tor
     }
 
 
-def concat_batches(batches: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+# Allocates a joined column: ``empty(shape, dtype)`` -> an uninitialized CPU tensor.
+EmptyTensor = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]
+
+
+def concat_batches(batches: Sequence[Mapping[str, Any]], *, empty: EmptyTensor | None = None) -> dict[str, Any]:
     """Join batches row-wise: all ``{column: array}`` or all ``{module_id: {column: array}}``.
 
     In nested batches a module may be missing from some; its rows are those of the batches
     that hold it. Tensors stay tensors when every part is one; anything else becomes numpy.
+
+    Args:
+        batches: The batches to join.
+        empty: Where to write each joined column (e.g. a tensor in shared memory): the column is
+            then that tensor, written in place, whatever the parts are. A column it cannot hold
+            (parts on another device, of a dtype torch lacks, of no rows dimension) is joined
+            as without it.
 
     Raises:
         ValueError: For an empty list, a batch that is not a dict, mixed layouts, or a module
@@ -135,11 +146,11 @@ def concat_batches(batches: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     if len(layouts) > 1:
         raise ValueError("batches must all map columns to arrays, or all map module ids to column dicts, not a mix")
     if layouts == {"columns"}:
-        return _concat_columns(batches, "batches")
+        return _concat_columns(batches, "batches", empty)
     joined: dict[str, Any] = {}
     for module_id in dict.fromkeys(module_id for batch in batches for module_id in batch):
         parts = [batch[module_id] for batch in batches if module_id in batch]
-        joined[module_id] = _concat_columns(parts, f"module {module_id!r} of batches")
+        joined[module_id] = _concat_columns(parts, f"module {module_id!r} of batches", empty)
     return joined
 
 
@@ -152,18 +163,38 @@ def _layout(batch: Any, index: int) -> str:
     return "modules" if nested == {True} else "columns"
 
 
-def _concat_columns(parts: Sequence[Mapping[str, Any]], where: str) -> dict[str, Any]:
+def _concat_columns(parts: Sequence[Mapping[str, Any]], where: str, empty: EmptyTensor | None) -> dict[str, Any]:
     columns = list(parts[0])
     for part in parts[1:]:
         if set(part) != set(columns):
             raise ValueError(f"{where}: every batch must have the same columns, got {sorted(columns)} and {sorted(part)}")
-    return {column: _concat([part[column] for part in parts]) for column in columns}
+    return {column: _concat([part[column] for part in parts], empty) for column in columns}
 
 
-def _concat(arrays: list[Any]) -> Any:
+def _concat(arrays: list[Any], empty: EmptyTensor | None) -> Any:
     if all(isinstance(array, torch.Tensor) for array in arrays):
-        return torch.cat(arrays)
-    return np.concatenate([array.detach().cpu().numpy() if isinstance(array, torch.Tensor) else np.asarray(array) for array in arrays])
+        if empty is None or any(array.device.type != "cpu" or array.dim() == 0 for array in arrays):
+            return torch.cat(arrays)
+        dtype = arrays[0].dtype
+        for array in arrays[1:]:
+            dtype = torch.promote_types(dtype, array.dtype)  # what torch.cat would return
+        return torch.cat(arrays, out=empty(_joined_shape(arrays), dtype))
+    parts = [array.detach().cpu().numpy() if isinstance(array, torch.Tensor) else np.asarray(array) for array in arrays]
+    dtype = np.result_type(*parts)  # what np.concatenate would return
+    if empty is None or any(part.ndim == 0 for part in parts) or dtype.hasobject:
+        return np.concatenate(parts)
+    try:
+        torch_dtype = torch.from_numpy(np.empty(0, dtype)).dtype
+    except TypeError:  # a dtype torch lacks (strings, dates)
+        return np.concatenate(parts)
+    joined = empty(_joined_shape(parts), torch_dtype)
+    np.concatenate(parts, out=joined.numpy())
+    return joined
+
+
+def _joined_shape(arrays: list[Any]) -> tuple[int, ...]:
+    """The shape of ``arrays`` joined along their first dimension (a mismatch is left for the join to refuse)."""
+    return (sum(int(array.shape[0]) for array in arrays), *arrays[0].shape[1:])
 
 
 def _module_batches(batch: Mapping[str, Any], module: MultiRLModule) -> dict[str, Mapping[str, Any]]:

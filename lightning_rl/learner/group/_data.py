@@ -1,7 +1,8 @@
 """The data of one LearnerGroup update: its one source, batches joined, shards for N learners.
 
 ``LearnerGroup.update`` takes RLlib's data arguments; ``update_source`` reduces them to one
-batch, one list of episodes or (for a local learner) one iterator, and ``update_settings``
+batch (``batches`` joined, for learner processes in shared memory, where they read it), one
+list of episodes or (for a local learner) one iterator, and ``update_settings``
 checks the epoch and minibatch settings. With N learner processes, ``split_batch`` cuts a batch into N
 contiguous near-equal shards of rows and ``split_episodes`` deals episodes out in N groups of
 about equal env steps (an episode is never split).
@@ -14,11 +15,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
 from lightning_rl.core.train_item import TrainingData, given_sources, only_iterator
 from lightning_rl.learner.batches import concat_batches
 from lightning_rl.learner.group._episodes import check_episode_kinds
 from lightning_rl.learner.group._protocol import to_numpy
+from lightning_rl.learner.group._shared import can_build_in_place, has_room, shared_empty
 
 
 def update_source(
@@ -57,7 +60,19 @@ def _as_batch(source: str, batch: Any, num_learners: int) -> tuple[str, Any]:
 
 
 def _joined_batches(source: str, batches: Any, num_learners: int) -> tuple[str, Any]:
-    return "batch", concat_batches(batches)
+    # Learner processes read a batch in shared memory where it is: the group's own join is
+    # written there, so the update holds the caller's batches and the join (2x), not also a copy.
+    in_place = num_learners > 0 and can_build_in_place() and has_room(_nbytes(batches))
+    return "batch", concat_batches(batches, empty=shared_empty if in_place else None)
+
+
+def _nbytes(value: Any) -> int:
+    """The bytes of the arrays and tensors in nested dicts and lists (0 for anything else)."""
+    if isinstance(value, Mapping):
+        return sum(_nbytes(item) for item in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_nbytes(item) for item in value)
+    return int(value.nbytes) if isinstance(value, (np.ndarray, torch.Tensor)) else 0
 
 
 def _episode_list(source: str, episodes: Any, num_learners: int) -> tuple[str, Any]:

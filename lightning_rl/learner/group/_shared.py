@@ -126,11 +126,7 @@ class SharedShards:
     @staticmethod
     def fits(shards: list[Any], caller_memory: Sequence[CallerMemory] = ()) -> bool:
         """Whether shared memory has room for the arrays to copy (False where it cannot be measured)."""
-        needed = sum(_layout(_to_copy(_arrays(shard), caller_memory))[1] for shard in shards)
-        try:
-            return shutil.disk_usage(_SHM_DIR).free >= needed * _HEADROOM
-        except OSError:
-            return False
+        return has_room(sum(_layout(_to_copy(_arrays(shard), caller_memory))[1] for shard in shards))
 
     def _share(self, shard: Any) -> Any:
         arrays = _arrays(shard)
@@ -160,6 +156,31 @@ class SharedShards:
                 pass
         self.blocks = []
         self.caller_memory = []
+
+
+def has_room(nbytes: int) -> bool:
+    """Whether ``/dev/shm`` has room for ``nbytes`` more (False where it cannot be measured).
+
+    Writing past its size kills the writer with SIGBUS, so every write there asks first.
+    """
+    try:
+        return shutil.disk_usage(_SHM_DIR).free >= nbytes * _HEADROOM
+    except OSError:
+        return False
+
+
+def can_build_in_place() -> bool:
+    """Whether a tensor ``shared_empty`` makes is one the learners can read in place (torch's sharing strategy)."""
+    return torch.multiprocessing.get_sharing_strategy() == "file_descriptor"
+
+
+def shared_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialized CPU tensor in torch's shared memory, for data the group builds itself (``update(batches=...)``
+    joins them here): the learners then read it where it is, and no private copy of it ever exists.
+
+    Its pages are allocated as they are written (moving an untouched tensor there copies nothing).
+    """
+    return torch.empty(shape, dtype=dtype).share_memory_()
 
 
 def attach_shared(data: Any) -> Any:
