@@ -2,10 +2,12 @@
 
 One ``LearnerGroup(num_learners=N)`` (BC, a small MLP, so that training adds little) trains on
 one batch of ``--mb`` megabytes (float32 observations and int64 actions), ``--updates`` times,
-through one of the two paths of the group's transport (``--batch``): ``numpy`` arrays, which
-the group copies into shared memory for each update (target 2x: the batch and one copy), or
+through one of the paths of the group's transport (``--batch``): ``numpy`` arrays, which the
+group copies into shared memory for each update (target 2x: the batch and one copy),
 ``shared`` torch tensors built in shared memory (``Tensor.share_memory_()``), which the
-learners read where they are (target 1x).
+learners read where they are (target 1x), or ``batches``: the numpy batch passed as
+``update(batches=[first half, second half])``, which the group joins (in shared memory, where
+the learners read the join: target 2x).
 One thread samples the memory of the driver and all its descendants every few milliseconds,
 in four parts: the driver's private pages (``Pss_Anon`` of ``/proc/<pid>/smaps_rollup``), its
 descendants' private pages, every process's file pages (``RssFile`` of ``/proc/<pid>/status``)
@@ -129,9 +131,10 @@ def main() -> None:
     parser.add_argument("--obs-dim", type=int, default=64)
     parser.add_argument(
         "--batch",
-        choices=("numpy", "shared"),
+        choices=("numpy", "shared", "batches"),
         default="numpy",
-        help="numpy arrays (copied into shared memory per update) or torch tensors already in shared memory",
+        help="numpy arrays (copied into shared memory per update), torch tensors already in shared memory, or the "
+        "numpy batch passed as batches= in two halves (joined by the group)",
     )
     args = parser.parse_args()
 
@@ -167,17 +170,28 @@ def main() -> None:
         }
 
     settings = dict(minibatch_size=args.minibatch_size, shuffle_batch_per_epoch=False)
+
+    def train_on(batch: dict[str, Any]) -> None:
+        if args.batch == "batches":
+            half = len(batch["actions"]) // 2
+            group.update(batches=[{k: v[:half] for k, v in batch.items()}, {k: v[half:] for k, v in batch.items()}], **settings)
+        else:
+            group.update(batch=batch, **settings)
     # Warm-up, through the same path (shared memory, full minibatches): the first updates' one-off
     # allocations, code pages and the learners' heap for a minibatch step are no part of what a batch costs.
     warmup_rows = args.warmup_steps * args.num_learners * args.minibatch_size + 1
-    group.update_from_batch(batch_of(warmup_rows), **settings)
+    train_on(batch_of(warmup_rows))
     time.sleep(1.0)
     idle = read_tree(sampler.root)
     batch = batch_of(rows)
     batch_mb = sum(a.numel() * a.element_size() if args.batch == "shared" else a.nbytes for a in batch.values()) / 2**20
     with_batch = read_tree(sampler.root)
     # What the batch is; which path of the transport it takes is the library's (2x: copied, 1x: read in place).
-    kind = {"numpy": "numpy arrays (private memory)", "shared": "torch tensors in shared memory (share_memory_())"}
+    kind = {
+        "numpy": "numpy arrays (private memory)",
+        "shared": "torch tensors in shared memory (share_memory_())",
+        "batches": "numpy arrays (private memory) passed as batches= in two halves",
+    }
     print(
         f"LearnerGroup(num_learners={args.num_learners}), a batch of {kind[args.batch]}: {batch_mb:.1f} MB ({rows} rows), idle "
         f"{idle.total:.1f} MB, with the batch {with_batch.total:.1f} MB (+{with_batch.total - idle.total:.1f} MB: "
@@ -186,7 +200,7 @@ def main() -> None:
     for update in range(args.updates):
         sampler.reset()
         start = time.monotonic()
-        group.update_from_batch(batch, **settings)
+        train_on(batch)
         seconds = time.monotonic() - start
         peak = sampler.peak()
         added = peak.total - with_batch.total
