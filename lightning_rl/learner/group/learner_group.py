@@ -265,7 +265,8 @@ class LearnerGroup:
                 copy-on-write). An async update may read the data later: do not modify it until
                 its results are back.
             batches: Several such batches (all flat or all nested), concatenated row-wise into
-                one before the update.
+                one before the update; with learner processes the group writes the
+                concatenation into shared memory, where the learners read it (no further copy).
             episodes: Single-agent episodes for the Learner's one module, or multi-agent
                 episodes whose agents train the modules their episode maps them to (all of one
                 kind). With N learners they are dealt out in N contiguous groups of about equal
