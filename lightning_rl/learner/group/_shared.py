@@ -178,7 +178,8 @@ def shared_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """An uninitialized CPU tensor in torch's shared memory, for data the group builds itself (``update(batches=...)``
     joins them here): the learners then read it where it is, and no private copy of it ever exists.
 
-    Its pages are allocated as they are written (moving an untouched tensor there copies nothing).
+    Moving a fresh ``torch.empty`` there reads only pages never written (no private memory is
+    allocated for them) and writes the shared pages once.
     """
     return torch.empty(shape, dtype=dtype).share_memory_()
 
