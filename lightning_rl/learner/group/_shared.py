@@ -92,8 +92,10 @@ def caller_shared_memory(batch: Any) -> list[CallerMemory]:
         if storage.nbytes() == 0 or storage.data_ptr() in found or not storage.is_shared():
             return
         try:
+            # torch's own accessor (private): the storage's open file under the "file_descriptor"
+            # strategy. Shared by name, mapped from a file, or a torch without it: copied instead.
             fd = storage._get_shared_fd()
-        except RuntimeError:  # shared by name, or mapped from a file: not reachable through an open file here
+        except (RuntimeError, AttributeError):
             return
         start = storage.data_ptr()
         found[start] = CallerMemory(f"/proc/{os.getpid()}/fd/{fd}", start, start + storage.nbytes(), storage)
