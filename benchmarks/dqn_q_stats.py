@@ -324,12 +324,16 @@ def run(args: argparse.Namespace) -> Path:
 PANELS = (
     ("evals", "return_mean", "eval return (10 greedy episodes)"),
     ("q_stats", "probe_v_mean", "probe: mean max_a Q"),
+    ("q_stats", "probe_v_max", "probe: largest max_a Q"),
+    ("q_stats", "replay_q_mean", "replay: mean Q(s, a)"),
     ("q_stats", "replay_q_max", "replay: max Q(s, a)"),
     ("q_stats", "replay_td_abs_mean", "replay: mean |TD error| (own target)"),
     ("q_stats", "probe_target_gap", "probe: mean |Q - Q_target|"),
+    ("q_stats", "replay_target_gap", "replay: mean |Q - Q_target| on s'"),
     ("q_stats", "probe_greedy_changed", "probe: greedy action changed"),
     ("q_stats", "param_norm", "online weights' L2 norm"),
     ("q_stats", "replay_terminated_share", "replay: terminated share"),
+    ("q_stats", "replay_reward_mean", "replay: mean reward"),
 )
 
 
@@ -349,7 +353,7 @@ def plot(args: argparse.Namespace) -> Path:
     runs = [r for r in runs if r.get("q_stats")]
     if not runs:
         raise SystemExit(f"no {TASK}-*.json run files with q_stats in {out}")
-    figure, axes = plt.subplots(4, 2, figsize=(12, 13), sharex=True)
+    figure, axes = plt.subplots(6, 2, figsize=(12, 19), sharex=True)
     for axis, (series, key, title) in zip(axes.flat, PANELS):
         for r in runs:
             points = [(p["env_steps"], p[key]) for p in r[series] if p.get(key) is not None]
