@@ -42,6 +42,8 @@ the losses that use them; here all losses see the weights as they were at the st
 non-Lagrangian mode (``alpha_learning_rate=0``) multiplies the penalty by its fixed ``initial_alpha``;
 here ``lagrangian=False`` uses ``cql_weight`` alone, and d3rlpy's default is the Lagrangian mode.
 RLlib names: ``cql_weight`` is ``min_q_weight``, ``num_cql_actions`` is ``num_actions``.
+``benchmarks/cql_parity.py`` checks one step against d3rlpy's own code from the same weights and
+batch: the same target and TD loss, gaps and gradients up to the sampling noise.
 """
 
 from __future__ import annotations
