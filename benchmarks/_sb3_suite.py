@@ -36,13 +36,14 @@ wrappers (the env must be a registered id).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 from stable_baselines3 import PPO
 from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecNormalize
 
@@ -152,13 +153,15 @@ def ppo(model: dict[str, Any], data: dict[str, Any], env: VecEnv, budget: int, s
     )
 
 
-def run_sb3(record: dict[str, Any], clock: ChildClock) -> None:
+def run_sb3(record: dict[str, Any], clock: ChildClock, callbacks: Sequence[BaseCallback] = ()) -> None:
     """Train SB3 on the run ``record`` describes, evaluating as ours does.
 
     Args:
         record: The run file's record; SB3's ``notes`` (where it differs) are added to it.
         clock: Told when training starts, around each evaluation and at the end (the
             suite's ``RunRecorder``, which writes ``record`` each time).
+        callbacks: More SB3 callbacks for ``learn``, after the evaluation's (e.g.
+            ``dqn_q_stats.py``'s recorder).
 
     Raises:
         SystemExit: If the config has no SB3 equivalent here (naming what).
@@ -202,7 +205,7 @@ def run_sb3(record: dict[str, Any], clock: ChildClock) -> None:
             return agent.predict(obs, deterministic=True)[0]
 
     callback = EvaluateAndTime(clock, evaluation, data, act)
-    agent.learn(total_timesteps=budget, callback=callback)
+    agent.learn(total_timesteps=budget, callback=[callback, *callbacks])
     callback.evaluate()  # after the last update (its rollout's evaluation would come at the next rollout's start)
     clock.training_end(agent.num_timesteps, torch.get_num_threads())
     env.close()

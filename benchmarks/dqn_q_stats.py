@@ -1,9 +1,8 @@
 """Q-value statistics of our DQN and Stable-Baselines3's over training, on the same states (issue 36).
 
-Trains one library's DQN on ``examples/dqn_lunarlander.yaml`` exactly as ``benchmarks/suite.py``
-does (ours: ``Trainer.fit`` of the config with the suite's overrides; SB3: the suite's
-``_sb3_off_policy.dqn`` built from our effective hyperparameters, evaluated by the suite's
-``GreedyEvaluation``), so a seed here is the suite's seed: the same eval returns come out.
+Trains one library's DQN on ``examples/dqn_lunarlander.yaml`` through the suite's own run
+functions (``suite.run_ours``, ``_sb3_suite.run_sb3``) with one more callback each, so a seed
+here is the suite's seed: the same eval returns come out.
 Every ``--every`` env steps (at ``k * every + offset``, see below) it reads the networks and
 the replay buffer, without touching any random generator of the run, and records:
 
@@ -63,8 +62,8 @@ from torch import Tensor, nn
 
 # Siblings: this directory is on sys.path when a benchmark runs as a script.
 from _children import versions
-from off_policy import GreedyEvaluation, build_cli, effective_hparams, make_timing_callback
-from suite import RunRecorder, write_record
+from off_policy import effective_hparams
+from suite import RunRecorder, run_ours, write_record
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
@@ -229,15 +228,13 @@ def sb3_replay(buffer: Any) -> Callable[[np.ndarray], Transitions]:
     return rows
 
 
-def run_ours(record: dict[str, Any], recorder: RunRecorder, stats: QStatistics, path: Path) -> None:
-    """The suite's ``ours`` child (``suite.run_child``) with a callback that records ``stats``."""
+def ours_callback(stats: QStatistics, record: dict[str, Any], path: Path) -> Any:
+    """A Lightning callback for the suite's ``run_ours``: after each train item's update, a record when one is due."""
     import lightning.pytorch as pl
 
     from lightning_rl.core.columns import DEFAULT_MODULE_ID
 
     class RecordQStatistics(pl.Callback):
-        """After each train item's update: a record when one is due."""
-
         def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any,
                                batch_idx: int) -> None:  # fmt: skip
             data = trainer.datamodule
@@ -249,28 +246,15 @@ def run_ours(record: dict[str, Any], recorder: RunRecorder, stats: QStatistics, 
                          len(data.replay_buffer))  # fmt: skip
             write_record(path, record)
 
-    cli = build_cli(REPO_ROOT / CONFIG, record["seed"], record["max_env_steps"], record["extra_args"])
-    cli.trainer.callbacks.append(make_timing_callback(recorder, torch.get_num_threads()))
-    cli.trainer.callbacks.append(RecordQStatistics())
-    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    return RecordQStatistics()
 
 
-def run_sb3(record: dict[str, Any], recorder: RunRecorder, stats: QStatistics, path: Path) -> None:
-    """The suite's SB3 DQN run (``_sb3_suite.run_sb3``) with a callback that records ``stats``."""
-    from _sb3_off_policy import EvaluateAndTime, dqn
-    from stable_baselines3.common.callbacks import BaseCallback, CallbackList
-    from stable_baselines3.common.env_util import make_vec_env
-    from stable_baselines3.common.vec_env import DummyVecEnv
-
-    seed, budget = record["seed"], record["max_env_steps"]
-    model, data = record["hparams"]["model"], record["hparams"]["data"]
-    env = make_vec_env(data["env"], n_envs=data["num_envs"], seed=seed, vec_env_cls=DummyVecEnv,
-                       env_kwargs=data["env_kwargs"])  # fmt: skip
-    agent, record["notes"] = dqn(model, data, env, budget, seed)
+def sb3_callback(stats: QStatistics, record: dict[str, Any], path: Path) -> Any:
+    """An SB3 callback for the suite's ``run_sb3``: at each rollout's start, i.e. after the previous rollout's
+    update, a record when one is due."""
+    from stable_baselines3.common.callbacks import BaseCallback
 
     class RecordQStatistics(BaseCallback):
-        """At each rollout's start, i.e. after the previous rollout's update: a record when one is due."""
-
         def _on_rollout_start(self) -> None:
             buffer = self.model.replay_buffer
             size = buffer.buffer_size if buffer.full else buffer.pos
@@ -282,13 +266,7 @@ def run_sb3(record: dict[str, Any], recorder: RunRecorder, stats: QStatistics, p
         def _on_step(self) -> bool:
             return True
 
-    evaluation = GreedyEvaluation(data, seed)
-    evaluate = EvaluateAndTime(recorder, evaluation, data, lambda obs: agent.predict(obs, deterministic=True)[0])
-    agent.learn(total_timesteps=budget, callback=CallbackList([evaluate, RecordQStatistics()]))
-    evaluate.evaluate()  # after the last update, as the suite
-    recorder.training_end(agent.num_timesteps, torch.get_num_threads())
-    env.close()
-    evaluation.close()
+    return RecordQStatistics()
 
 
 def run(args: argparse.Namespace) -> Path:
@@ -312,7 +290,12 @@ def run(args: argparse.Namespace) -> Path:
     }  # fmt: skip
     write_record(path, record)
     recorder = RunRecorder(path, record)
-    (run_ours if args.library == "ours" else run_sb3)(record, recorder, stats, path)
+    if args.library == "ours":
+        run_ours(record, recorder, [ours_callback(stats, record, path)])
+    else:
+        from _sb3_suite import run_sb3
+
+        run_sb3(record, recorder, [sb3_callback(stats, record, path)])
     write_record(path, record)
     return path
 

@@ -67,6 +67,7 @@ import statistics
 import subprocess
 import sys
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -187,8 +188,17 @@ def run_child(path: Path) -> None:
 
         run_sb3(record, recorder)
         return
+    run_ours(record, recorder)
+
+
+def run_ours(record: dict[str, Any], recorder: RunRecorder, callbacks: Sequence[Any] = ()) -> None:
+    """Fit our config on the run ``record`` describes, timed by ``recorder``, with more Lightning ``callbacks``
+    after the timing one (e.g. ``dqn_q_stats.py``'s recorder)."""
+    import torch
+
     cli = build_cli(REPO_ROOT / record["config"], record["seed"], record["max_env_steps"], record["extra_args"])
     cli.trainer.callbacks.append(make_timing_callback(recorder, torch.get_num_threads()))
+    cli.trainer.callbacks.extend(callbacks)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
 
 
