@@ -1,7 +1,7 @@
 """Standard suites side by side: our example configs beside Stable-Baselines3 with the same hyperparameters.
 
-One task per example config (``TASKS`` below): PPO on Hopper-v5 and HalfCheetah-v5, SAC on
-HalfCheetah-v5 and Hopper-v5, PPO and DQN on LunarLander-v3, PPO on MinAtar Breakout. A task
+One task per example config (``TASKS`` below): PPO on Hopper-v5 (rl-baselines3-zoo's settings,
+and CleanRL's) and HalfCheetah-v5, SAC on HalfCheetah-v5 and Hopper-v5, PPO and DQN on LunarLander-v3, PPO on MinAtar Breakout. A task
 is run for each seed and library:
 
   ours   ``Trainer.fit`` of the example config through ``LightningRLCLI`` (what
@@ -114,6 +114,8 @@ class Task:
 TASKS: dict[str, Task] = {
     "ppo_hopper": Task("PPO Hopper-v5", "examples/ppo_hopper.yaml", "ppo", 1_000_000, (0, 1, 2),
                        min_return=2000.0, vs_sb3=("return", "wall")),
+    "ppo_hopper_cleanrl": Task("PPO Hopper-v5 (CleanRL settings)", "examples/ppo_hopper_cleanrl.yaml", "ppo",
+                               1_000_000, (0, 1, 2), min_return=2000.0, vs_sb3=("return", "wall")),
     "ppo_halfcheetah": Task("PPO HalfCheetah-v5", "examples/ppo_halfcheetah.yaml", "ppo", 1_000_000, (0, 1, 2)),
     "sac_halfcheetah": Task("SAC HalfCheetah-v5", "examples/sac_halfcheetah.yaml", "sac", 100_000, (0, 1),
                             vs_sb3=("return", "speed")),

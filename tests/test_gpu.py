@@ -61,6 +61,9 @@ CONFIGS: dict[str, tuple[str | None, list[str]]] = {
     "ppo_hopper.yaml": ("mujoco", [
         *_PPO, "--data.init_args.rollout_fragment_length", "128", "--data.init_args.max_env_steps", "256",
     ]),
+    "ppo_hopper_cleanrl.yaml": ("mujoco", [
+        *_PPO, "--data.init_args.rollout_fragment_length", "128", "--data.init_args.max_env_steps", "256",
+    ]),
     "ppo_halfcheetah.yaml": ("mujoco", [
         *_PPO, "--data.init_args.rollout_fragment_length", "128", "--data.init_args.max_env_steps", "256",
     ]),

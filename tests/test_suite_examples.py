@@ -31,6 +31,7 @@ _OFF_POLICY = [
 # config -> (the package its env needs, flags that shrink it)
 CONFIGS = {
     "ppo_hopper.yaml": ("mujoco", [*_PPO, "--data.init_args.rollout_fragment_length", "128"]),
+    "ppo_hopper_cleanrl.yaml": ("mujoco", [*_PPO, "--data.init_args.rollout_fragment_length", "128"]),
     "ppo_halfcheetah.yaml": ("mujoco", [*_PPO, "--data.init_args.rollout_fragment_length", "128"]),
     "ppo_lunarlander.yaml": ("Box2D", [
         *_PPO, "--data.init_args.num_envs", "2", "--data.init_args.rollout_fragment_length", "64",
