@@ -267,6 +267,18 @@ def test_record_random_only_needs_no_checkpoint_and_takes_the_env_from_a_config(
     assert episode.truncations[-1] and not episode.terminations.any()  # Pendulum's 200-step time limit
 
 
+def test_record_random_episodes_on_a_masked_env_play_only_legal_moves():
+    pytest.importorskip("pettingzoo")
+    env = "lightning_rl.env.against_opponent.AgainstOpponentEnv"  # connect four: an illegal move loses at once
+    record_command.main(["--env", env, "--random_fraction", "1", "--num_episodes", "12", "--dataset_id", "c4/random-v0"])
+    episodes = list(minari.load_dataset("c4/random-v0").iterate_episodes())
+    assert len(episodes) == 12
+    for episode in episodes:
+        masks = episode.observations["action_mask"][:-1]  # the final observation is never acted on
+        assert masks[np.arange(len(episode.actions)), episode.actions].all()
+        assert len(set(episode.actions.tolist())) > 1  # random, not the first legal column every time
+
+
 def test_record_refuses_an_existing_dataset_without_overwrite(ppo_checkpoints, capsys):
     args = ["--env", "CartPole-v1", "--random_fraction", "1", "--dataset_id", "cartpole/random-v0"]
     record_command.main([*args, "--num_episodes", "2"])

@@ -12,7 +12,8 @@ per env reset where each episode starts); episode ``i`` resets with
 seed ``S + i``, ``S`` held out from training by default. ``--ckpt_path`` may be given several
 times, for a mix of policies: the policy episodes are spread evenly over them, in the order
 given, and ``--random_fraction F`` of all episodes (rounded) come first, played with uniformly
-random actions (with ``--random_fraction 1`` no checkpoint is needed). Every episode is played
+random actions (legal ones on an env with action masks; with ``--random_fraction 1`` no
+checkpoint is needed). Every episode is played
 to its end (termination or truncation) and stored with its final observation and the env's
 own observations and rewards. The dataset goes to ``$MINARI_DATASETS_PATH`` (default
 ``~/.minari/datasets``); an existing id is refused unless ``--overwrite``.
@@ -47,7 +48,9 @@ from lightning_rl.cli.multi_agent_matches import MULTI_AGENT_DATA_MODULE, is_mul
 from lightning_rl.cli.multi_agent_record import record_multi_agent
 from lightning_rl.cli.stop_signals import Stopped, stop_on_sigterm, stop_signal
 from lightning_rl.cli.threads import apply_threads
+from lightning_rl.core.action_masks import ACTION_MASK, is_action_masked_space
 from lightning_rl.core.checkpoint import checkpoint_file, read_checkpoint_file
+from lightning_rl.core.observation_layout import ObservationLayout
 from lightning_rl.data.minari_writer import check_dataset_id, registered_env_spec, write_minari_dataset
 from lightning_rl.env.episode import SingleAgentEpisode
 from lightning_rl.policy.loading import policy_module
@@ -128,7 +131,7 @@ def _record(args: argparse.Namespace) -> None:
     first_seed = args.seed if args.seed is not None else (source.base_seed or 0) + HELD_OUT_SEED_OFFSET
     # Sampled actions (--explore) come from torch's generator: seeded, a recording is repeatable.
     torch.manual_seed(first_seed)
-    sources = _episode_sources(policies, args, num_random, num_policy, spaces[1], first_seed)
+    sources = _episode_sources(policies, args, num_random, num_policy, spaces, first_seed)
     played: list[list[SingleAgentEpisode]] = [[] for _ in sources]
     try:
         with stop_on_sigterm():
@@ -171,12 +174,12 @@ def _episode_sources(
     args: argparse.Namespace,
     num_random: int,
     num_policy: int,
-    action_space: gym.Space,
+    spaces: tuple[gym.Space, gym.Space],
     seed: int,
 ) -> list[EpisodeSource]:
     sources = []
     if num_random:
-        sources.append(EpisodeSource(RANDOM_SOURCE, _RandomActions(action_space, seed), num_random))
+        sources.append(EpisodeSource(RANDOM_SOURCE, _RandomActions(*spaces, seed), num_random))
     share, extra = divmod(num_policy, max(len(policies), 1))
     mode = "explore" if args.explore else "greedy"
     for index, (policy, path) in enumerate(zip(policies, args.ckpt_path)):
@@ -260,15 +263,24 @@ def _summary(episodes: Sequence[SingleAgentEpisode]) -> str:
 
 
 class _RandomActions:
-    """Uniformly random actions of ``action_space`` (seeded with ``seed``), one per observation."""
+    """Uniformly random actions of ``action_space`` (seeded with ``seed``), one per observation.
 
-    def __init__(self, action_space: gym.Space, seed: int) -> None:
+    On a masked env (a Dict observation of ``"observation"`` and ``"action_mask"``, such as
+    ``AgainstOpponentEnv``) each action is drawn among the ones its observation's mask allows:
+    an illegal move would end a board game with a loss, which is no random play.
+    """
+
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space, seed: int) -> None:
         self.space = action_space
         self.space.seed(seed)
+        self._layout = ObservationLayout(observation_space) if is_action_masked_space(observation_space) else None
 
     def act(self, observations: np.ndarray, rows: list[int]) -> np.ndarray:
-        """One random action per observation."""
-        return np.stack([self.space.sample() for _ in range(len(observations))])
+        """One random action per observation (a legal one where the env masks actions)."""
+        if self._layout is None:
+            return np.stack([self.space.sample() for _ in range(len(observations))])
+        masks = np.asarray(self._layout.unflatten_batch(observations)[ACTION_MASK], dtype=np.int8)
+        return np.stack([self.space.sample(mask=mask) for mask in masks])
 
     def start_episodes(self, rows: list[int]) -> None:
         """Random actions keep no state."""
