@@ -1,8 +1,8 @@
 """Standard suites side by side: our example configs beside Stable-Baselines3 with the same hyperparameters.
 
 One task per example config (``TASKS`` below): PPO on Hopper-v5 (rl-baselines3-zoo's settings,
-and CleanRL's) and HalfCheetah-v5, SAC on HalfCheetah-v5 and Hopper-v5, PPO and DQN on LunarLander-v3, PPO on MinAtar Breakout. A task
-is run for each seed and library:
+and CleanRL's) and HalfCheetah-v5, SAC on HalfCheetah-v5 and Hopper-v5, PPO and DQN on
+LunarLander-v3, PPO on MinAtar Breakout. A task is run for each seed and library:
 
   ours   ``Trainer.fit`` of the example config through ``LightningRLCLI`` (what
          ``lightning-rl fit --config`` runs), with the run's seed (``seed_everything`` and the

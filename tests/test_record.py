@@ -270,7 +270,9 @@ def test_record_random_only_needs_no_checkpoint_and_takes_the_env_from_a_config(
 def test_record_random_episodes_on_a_masked_env_play_only_legal_moves():
     pytest.importorskip("pettingzoo")
     env = "lightning_rl.env.against_opponent.AgainstOpponentEnv"  # connect four: an illegal move loses at once
-    record_command.main(["--env", env, "--random_fraction", "1", "--num_episodes", "12", "--dataset_id", "c4/random-v0"])
+    record_command.main(
+        ["--env", env, "--random_fraction", "1", "--num_episodes", "12", "--dataset_id", "c4/random-v0"]
+    )
     episodes = list(minari.load_dataset("c4/random-v0").iterate_episodes())
     assert len(episodes) == 12
     for episode in episodes:
