@@ -125,8 +125,16 @@ def wait_until_gone(pids: set[int], seconds: float = 10.0) -> set[int]:
 
 
 def kill_a_sampler(data: AsyncSamplingDataModule) -> None:
-    """``kill -9`` the first sampler whose process id the pool knows (a Ray actor's, once it answered)."""
-    os.kill(next(pid for pid in data.pool.pids if pid is not None), signal.SIGKILL)
+    """``kill -9`` the first sampler whose process id the pool knows (a Ray actor's, once it answered), and wait
+    until it is dead.
+
+    The wait matters: SIGKILL lands asynchronously, and a tiny update takes a few milliseconds, so on a
+    busy machine the fit could take (or reuse) its remaining rollouts before the process has exited
+    and the pool had anything to notice.
+    """
+    pid = next(pid for pid in data.pool.pids if pid is not None)
+    os.kill(pid, signal.SIGKILL)
+    assert not wait_until_gone({pid}), f"sampler {pid} still runs 10 s after SIGKILL"
 
 
 # Env factories the samplers build (module-level: sent by reference, imported in the samplers).
