@@ -216,6 +216,25 @@ def test_cql_weight_zero_trains_exactly_as_sac_step_for_step():
         )
 
 
+def test_critics_first_steps_critics_and_multiplier_as_the_joint_step_then_the_actor_without_the_penalty():
+    settings = dict(lagrangian=True, lagrangian_lr=0.05, initial_alpha=0.3, **SAME_LRS)
+    joint, ordered = built(**settings), built(**settings, update_order="critics_first")
+    results = []
+    for learner in (joint, ordered):
+        torch.manual_seed(5)
+        results.append(learner.update_from_batch(dataset_rows())[MODULE_ID])
+    stepped, joint_module = ordered.module[MODULE_ID], joint.module[MODULE_ID]
+    # The first phase is the joint step's critic part, penalty and multiplier included.
+    for name in ("qf", "qf_twin"):
+        assert_same_tensors(getattr(stepped, name).state_dict(), getattr(joint_module, name).state_dict())
+    assert stepped.log_alpha_prime.item() == joint_module.log_alpha_prime.item() != pytest.approx(0.0)
+    assert results[1]["cql_penalty"] == results[0]["cql_penalty"]
+    assert results[1]["qf_loss"] == results[0]["qf_loss"]
+    # The second trains the actor against the stepped critics: another gradient, no penalty in it.
+    assert not torch.equal(stepped.pi[0].weight.grad, joint_module.pi[0].weight.grad)
+    assert stepped.qf[0].weight.grad is None  # the actor phase's backward pass reached no critic
+
+
 # ---- The Lagrangian multiplier -------------------------------------------------------
 
 
@@ -420,11 +439,15 @@ def test_cql_pushes_q_of_actions_outside_the_data_below_those_inside_while_sac_e
 # ---- Two ranks -----------------------------------------------------------------------
 
 
-def _cql_fit_on_rank(rank: int, world_size: int, root: str, strategy: str, lagrangian: bool) -> dict[str, Any]:
+def _cql_fit_on_rank(
+    rank: int, world_size: int, root: str, strategy: str, lagrangian: bool, update_order: str
+) -> dict[str, Any]:
     from lightning.pytorch import Trainer
 
     torch.manual_seed(0)  # the same initial weights on both ranks (DDP and FSDP2 also start from rank 0's)
-    learner = CQLLearner(spec(), lagrangian=lagrangian, lagrangian_lr=0.05, lagrangian_threshold=-20.0)
+    learner = CQLLearner(
+        spec(), lagrangian=lagrangian, lagrangian_lr=0.05, lagrangian_threshold=-20.0, update_order=update_order
+    )
     items = [
         TrainItem(TrainingData(batch={k: v.numpy() for k, v in dataset_rows(8, seed=10 * rank + i).items()}))
         for i in range(3)
@@ -436,14 +459,35 @@ def _cql_fit_on_rank(rank: int, world_size: int, root: str, strategy: str, lagra
     )  # fmt: skip
     trainer.fit(learner, train_dataloaders=loader_of(items))
     state = learner.get_state(components=["rl_module"])["rl_module"][MODULE_ID]  # whole weights, also sharded
-    return {name: value.detach().cpu().numpy().copy() for name, value in state.items()}
+    weights = {name: value.detach().cpu().numpy().copy() for name, value in state.items()}
+    steps = {
+        name: sorted({int(s["step"]) for s in optimizer.state.values()})
+        for name, optimizer in learner.get_optimizers_for_module(MODULE_ID)
+    }
+    return {"weights": weights, "optimizer_steps": steps}
 
 
-@pytest.mark.parametrize(("strategy", "lagrangian"), [("ddp", False), ("fsdp2", True)])
-def test_two_ranks_keep_the_same_weights_and_multiplier(tmp_path: Path, strategy: str, lagrangian: bool):
+@pytest.mark.parametrize(
+    ("strategy", "lagrangian", "update_order"),
+    [
+        ("ddp", False, "joint"),
+        ("fsdp2", True, "joint"),
+        ("ddp", True, "critics_first"),
+        ("fsdp2", True, "critics_first"),
+    ],
+)
+def test_two_ranks_keep_the_same_weights_and_multiplier(
+    tmp_path: Path, strategy: str, lagrangian: bool, update_order: str
+):
     from ranks import run_on_ranks
 
-    rank0, rank1 = run_on_ranks(_cql_fit_on_rank, str(tmp_path), strategy, lagrangian, world_size=2, timeout=240)
+    args = (str(tmp_path), strategy, lagrangian, update_order)
+    rank0, rank1 = run_on_ranks(_cql_fit_on_rank, *args, world_size=2, timeout=240)
+    # Each optimizer stepped once per item, also in critics_first's phases, where DDP's anchor gives
+    # the other phase's parameters zero gradients (stepped, Adam would move them on its momentum).
+    optimizers = ["policy", "qf", "alpha"] + (["alpha_prime"] if lagrangian else [])
+    assert rank0["optimizer_steps"] == rank1["optimizer_steps"] == {name: [3] for name in optimizers}
+    rank0, rank1 = rank0["weights"], rank1["weights"]
     assert rank0.keys() == rank1.keys()
     for name, value in rank0.items():
         np.testing.assert_allclose(value, rank1[name], rtol=0, atol=1e-6, err_msg=name)

@@ -156,6 +156,23 @@ def test_three_optimizers_with_disjoint_params_cover_actor_critics_and_log_alpha
     assert trainable == set().union(*groups.values())
 
 
+def _hand_actor_and_alpha_losses(
+    module: SACModule, batch: dict[str, torch.Tensor], draws_before: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SAC's actor and temperature losses by hand (the paper's formulas), from the Gaussian draw of
+    ``a~ ~ pi(s)`` after ``draws_before`` others."""
+    obs = batch[Columns.OBS]
+    alpha = module.log_alpha.exp().detach()
+    mean, log_std = module.action_dist_params(obs)
+    for _ in range(draws_before):
+        torch.randn_like(mean)
+    pre_tanh = mean + log_std.exp() * torch.randn_like(mean)
+    logp = squashed_gaussian_logp(pre_tanh, mean, log_std)
+    resampled = torch.cat([obs, torch.tanh(pre_tanh)], -1)
+    policy_loss = (alpha * logp - torch.min(module.qf(resampled), module.qf_twin(resampled)).squeeze(-1)).mean()
+    return policy_loss, -(module.log_alpha * (logp.detach() - 2.0)).mean()  # target entropy -dim(A) = -2
+
+
 def test_each_optimizer_steps_with_exactly_the_gradient_of_its_own_loss():
     learner = built(initial_alpha=0.3, gamma=0.9)
     module = learner.module[MODULE_ID]
@@ -167,11 +184,7 @@ def test_each_optimizer_steps_with_exactly_the_gradient_of_its_own_loss():
     torch.manual_seed(7)
     obs, next_obs = batch[Columns.OBS], batch[Columns.NEXT_OBS]
     alpha = module.log_alpha.exp().detach()
-    mean, log_std = module.action_dist_params(obs)
-    pre_tanh = mean + log_std.exp() * torch.randn_like(mean)
-    logp = squashed_gaussian_logp(pre_tanh, mean, log_std)
-    resampled = torch.cat([obs, torch.tanh(pre_tanh)], -1)
-    policy_loss = (alpha * logp - torch.min(module.qf(resampled), module.qf_twin(resampled)).squeeze(-1)).mean()
+    policy_loss, alpha_loss = _hand_actor_and_alpha_losses(module, batch, draws_before=0)
     with torch.no_grad():
         next_mean, next_log_std = module.action_dist_params(next_obs)
         next_pre_tanh = next_mean + next_log_std.exp() * torch.randn_like(next_mean)
@@ -183,7 +196,6 @@ def test_each_optimizer_steps_with_exactly_the_gradient_of_its_own_loss():
     q_in = torch.cat([obs, module.normalize_actions(batch[Columns.ACTIONS])], -1)
     w = batch[WEIGHTS]
     qf_loss = 0.5 * sum((w * (q(q_in).squeeze(-1) - y) ** 2).mean() for q in (module.qf, module.qf_twin))
-    alpha_loss = -(module.log_alpha * (logp.detach() - 2.0)).mean()  # target entropy -dim(A) = -2
     expected = {
         "policy": torch.autograd.grad(policy_loss, actor),
         "qf": torch.autograd.grad(qf_loss, critics),
@@ -202,6 +214,55 @@ def test_each_optimizer_steps_with_exactly_the_gradient_of_its_own_loss():
     assert results["alpha_loss"] == pytest.approx(alpha_loss.item(), rel=1e-5)
     assert results["alpha_value"] == pytest.approx(0.3)
     assert results["log_alpha_value"] == pytest.approx(math.log(0.3))
+
+
+def test_critics_first_steps_the_critics_then_trains_actor_and_alpha_against_the_stepped_critics():
+    lrs = dict(actor_lr=1e-2, critic_lr=1e-2, alpha_lr=1e-2, initial_alpha=0.3, gamma=0.9)
+    joint, ordered = built(**lrs), built(**lrs, update_order="critics_first")
+    ordered.module.load_state_dict(joint.module.state_dict())
+    before = copy.deepcopy(joint.module[MODULE_ID])
+    batch = replay_batch()
+    for learner in (joint, ordered):
+        torch.manual_seed(7)
+        learner.update_from_batch(batch)
+
+    # The critic phase is the joint step's critic part: the same draws, gradients and Adam step.
+    stepped = ordered.module[MODULE_ID]
+    for name in ("qf", "qf_twin"):
+        assert_same(getattr(stepped, name).state_dict(), getattr(joint.module[MODULE_ID], name).state_dict())
+    assert not torch.equal(stepped.qf[0].weight, before.qf[0].weight)
+
+    # The second phase runs forward again (its draw comes after the critic phase's a~ and a')
+    # and differentiates the actor's and alpha's losses against the critics the first phase stepped.
+    against_stepped = copy.deepcopy(before)
+    for name in ("qf", "qf_twin"):
+        getattr(against_stepped, name).load_state_dict(getattr(stepped, name).state_dict())
+    torch.manual_seed(7)
+    policy_loss, alpha_loss = _hand_actor_and_alpha_losses(against_stepped, batch, draws_before=2)
+    want_actor = torch.autograd.grad(policy_loss, list(against_stepped.pi.parameters()))
+    want_alpha = torch.autograd.grad(alpha_loss, [against_stepped.log_alpha])
+    for got, want in zip([p.grad for p in optimizer_params(ordered, "policy")], want_actor):
+        torch.testing.assert_close(got, want)
+    torch.testing.assert_close(stepped.log_alpha.grad, want_alpha[0])
+    # Against the critics as they were, the same draw gives another actor gradient.
+    torch.manual_seed(7)
+    stale_loss, _ = _hand_actor_and_alpha_losses(before, batch, draws_before=2)
+    stale = torch.autograd.grad(stale_loss, list(before.pi.parameters()))
+    assert not torch.allclose(stale[0], want_actor[0])
+
+
+@pytest.mark.parametrize("update_order", ["joint", "critics_first"])
+def test_each_optimizer_steps_once_per_minibatch_step_in_either_order(update_order: str):
+    learner = built(update_order=update_order)
+    results = learner.update_from_batch(replay_batch(rows=32), minibatch_size=8, num_epochs=2)
+    for name in ("policy", "qf", "alpha"):
+        states = learner.get_optimizer(MODULE_ID, name).state.values()
+        assert [int(state["step"]) for state in states] == [8] * len(states), name
+    assert learner.weights_seq_no == 8
+    # Each loss is logged once per step, in the phase that computes it, and the total is their sum.
+    module_results = results[MODULE_ID]
+    parts = module_results["qf_loss"] + module_results["policy_loss"] + module_results["alpha_loss"]
+    assert module_results["total_loss"] == pytest.approx(parts, rel=1e-5)
 
 
 def test_each_optimizer_takes_its_own_learning_rate_schedule_and_clip():
@@ -317,11 +378,30 @@ def test_critic_targets_bootstrap_truncated_rows_but_not_terminated_ones():
         ({"actor_lr": [[5, 1e-3]]}, "actor_lr"),
         ({"tau": 0.0}, "tau"),
         ({"model_config": {"fcnet_hiddens": [8]}}, "either module_spec or model_config"),
+        ({"update_order": "actor_first"}, "update_order"),
+        ({"update_order": "critics_first", "cuda_graphs": True}, "cuda_graphs=True cannot replay"),
     ],
 )
 def test_invalid_sac_hyperparameters_fail_at_construction_naming_them(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SACLearner(sac_spec(), **kwargs)
+
+
+def test_update_order_is_the_whole_learners_not_a_modules():
+    with pytest.raises(ValueError, match="module 'b'.*update_order sets the phases of every minibatch step"):
+        SACLearner(sac_spec(), config_overrides_per_module={"b": {"update_order": "critics_first"}})
+
+
+class _TwoPhases(SACLearner):
+    def gradient_phases(self) -> tuple[frozenset[str] | None, ...]:
+        return (frozenset({"qf"}), frozenset({"policy", "alpha"}))
+
+
+def test_cuda_graphs_refuse_a_learner_with_several_gradient_phases():
+    learner = _TwoPhases(sac_spec(), cuda_graphs=True)
+    learner.build()
+    with pytest.raises(ValueError, match=r"steps its optimizers in 2 phases \(qf then alpha\+policy\)"):
+        learner.update_from_batch(replay_batch())
 
 
 def test_a_module_that_is_not_a_sac_module_is_refused():

@@ -35,10 +35,12 @@ where it and RLlib's differ:
 
 Scales: d3rlpy sums the critics' TD losses and their penalties; SAC's critic loss here is half
 that sum, so the penalty is the *mean* over the critics: each term keeps d3rlpy's proportion,
-which is what Adam's steps depend on. Differences that remain, from the Learner's one backward
-pass per step: d3rlpy steps the critics, then the actor against the updated critics, and tunes
-the temperature (on ``alpha``, here on ``log_alpha``, as SAC here does) and ``alpha'`` before
-the losses that use them; here all losses see the weights as they were at the step's start. d3rlpy's
+which is what Adam's steps depend on. Update order: d3rlpy steps the critics, then the actor
+against the updated critics; here that is ``update_order="critics_first"`` (the critics and
+``alpha'`` in the first gradient phase, the actor and the temperature in the second), and the
+default ``"joint"`` computes every loss from the weights the step starts from. What remains:
+d3rlpy tunes the temperature (on ``alpha``, here on ``log_alpha``, as SAC here does) and
+``alpha'`` before the losses that use them, here they step with them. d3rlpy's
 non-Lagrangian mode (``alpha_learning_rate=0``) multiplies the penalty by its fixed ``initial_alpha``;
 here ``lagrangian=False`` uses ``cql_weight`` alone, and d3rlpy's default is the Lagrangian mode.
 RLlib names: ``cql_weight`` is ``min_q_weight``, ``num_cql_actions`` is ``num_actions``.
@@ -58,6 +60,7 @@ from torch import Tensor, nn
 
 from lightning_rl.algorithms.sac import (
     ACTION_LOGP_NEXT,
+    QF_OPTIMIZER,
     QF_PREDS,
     QF_TARGET_NEXT,
     QF_TWIN_PREDS,
@@ -228,6 +231,9 @@ class CQLLearner(SACLearner):
         "initial_lagrangian_alpha": partial(check_number, low=0, high=ALPHA_PRIME_MAX, low_open=True),
     }
 
+    # With update_order="critics_first", the penalty's multiplier steps with the critics whose penalty it weighs.
+    critic_phase_optimizers: ClassVar[frozenset[str]] = frozenset({QF_OPTIMIZER, ALPHA_PRIME_OPTIMIZER})
+
     def __init__(
         self,
         module_spec: RLModuleSpec | MultiRLModuleSpec | None = None,
@@ -301,13 +307,15 @@ class CQLLearner(SACLearner):
         self, *, module_id: str, config: LearnerConfig, batch: dict[str, Tensor], fwd_out: dict[str, Any]
     ) -> Tensor:
         module = self.module[module_id]
-        # SAC's loss reads the target's next-state value from fwd_out: the backup configured here.
-        fwd_out = dict(fwd_out)
-        fwd_out[QF_TARGET_NEXT], fwd_out[ACTION_LOGP_NEXT] = module.next_state_values(
-            batch[Columns.NEXT_OBS], soft=config.soft_q_backup
-        )
+        critics = self.in_gradient_phase(QF_OPTIMIZER)  # False in update_order="critics_first"'s actor phase
+        if critics:
+            # SAC's loss reads the target's next-state value from fwd_out: the backup configured here.
+            fwd_out = dict(fwd_out)
+            fwd_out[QF_TARGET_NEXT], fwd_out[ACTION_LOGP_NEXT] = module.next_state_values(
+                batch[Columns.NEXT_OBS], soft=config.soft_q_backup
+            )
         loss = super().compute_loss_for_module(module_id=module_id, config=config, batch=batch, fwd_out=fwd_out)
-        if config.cql_weight == 0:
+        if config.cql_weight == 0 or not critics:
             return loss
 
         sampled = module.conservative_q_values(batch[Columns.OBS], batch[Columns.NEXT_OBS], config.num_cql_actions)

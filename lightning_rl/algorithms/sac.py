@@ -9,12 +9,17 @@ entropy. Per replay minibatch ``(s, a, r, s')`` (``r`` an n-step return)::
     actor loss   = mean(alpha * log pi(a~|s) - min_i Q_i(s, a~)),   a~ ~ pi(s) reparameterized
     alpha loss   = -mean(log_alpha * (log pi(a~|s) + target_entropy))
 
-with ``w`` the replay's importance weights (ones when uniform). The Learner backpropagates
-the sum once, so each loss is written to reach only its own parameters: the actor loss
-evaluates the critics with detached weights, ``alpha`` enters the actor loss and the target
-detached, and the alpha loss uses a detached log-probability. Each optimizer ("policy",
-"qf", "alpha", RLlib's names) therefore steps with exactly the gradient of its own loss.
-The alpha loss is on ``log_alpha`` (as in Stable-Baselines3, CleanRL and RLlib).
+with ``w`` the replay's importance weights (ones when uniform). By default
+(``update_order="joint"``, RLlib's) the Learner backpropagates the sum once, so each loss is
+written to reach only its own parameters: the actor loss evaluates the critics with detached
+weights, ``alpha`` enters the actor loss and the target detached, and the alpha loss uses a
+detached log-probability. Each optimizer ("policy", "qf", "alpha", RLlib's names) therefore
+steps with exactly the gradient of its own loss, and all three losses see the weights the
+step started from. With ``update_order="critics_first"`` (Stable-Baselines3's and d3rlpy's
+order) a minibatch step has two gradient phases: the critics step first, then a second
+forward pass trains the actor, and the temperature, against the updated critics
+(``Learner.gradient_phases``). The alpha loss is on ``log_alpha`` (as in Stable-Baselines3,
+CleanRL and RLlib).
 
 The policy acts in ``[-1, 1]^d``, ``d = prod(shape)`` numbers of a Box of any shape; the
 module rescales its actions affinely to the Box's ``[low, high]`` and reshapes them to the
@@ -37,7 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightning_rl.algorithms.off_policy import OffPolicyLearner, bootstrap_discounts, row_weights
-from lightning_rl.core.arguments import ArgumentCheck, check_number, is_real
+from lightning_rl.core.arguments import ArgumentCheck, check_choice, check_number, is_real
 from lightning_rl.core.columns import Columns
 from lightning_rl.core.encoders import OBSERVATION_ENCODER_KEYS, build_observation_encoder
 from lightning_rl.core.mlp import build_mlp
@@ -81,6 +86,8 @@ QF_MEAN_KEY = "qf_mean"
 LOGP_MEAN_KEY = "logp_mean"
 
 TargetEntropy = float | Literal["auto"]
+UPDATE_ORDERS = ("joint", "critics_first")
+UpdateOrder = Literal["joint", "critics_first"]
 
 
 def check_target_entropy(name: str, value: Any, *, where: str = "") -> None:
@@ -374,6 +381,12 @@ class SACLearner(OffPolicyLearner):
         target_entropy: The entropy the temperature steers the policy towards; ``"auto"``
             for ``-dim(A)`` (minus the number of action dims).
         tau: The target critics' Polyak step size (the ``OffPolicyLearner``'s, which copies by default).
+        update_order: ``"joint"`` (RLlib's): one backward pass of the three losses, all computed
+            from the weights the step starts from. ``"critics_first"`` (Stable-Baselines3's and
+            d3rlpy's): the critics step first, then the actor and the temperature step
+            against the updated critics, after a second forward pass (about a third more
+            compute per gradient step). The same for every module (not overridable per module);
+            not with ``cuda_graphs``.
         **kwargs: The other ``OffPolicyLearner`` and ``Learner`` arguments (``gamma``, ``n_step``,
             ``minibatch_size``, ``lr``, ``grad_clip``, ``grad_clip_by``, ``config_overrides_per_module``, ...).
     """
@@ -390,7 +403,12 @@ class SACLearner(OffPolicyLearner):
         ),
         "initial_alpha": partial(check_number, low=0, low_open=True, finite=True),
         "target_entropy": check_target_entropy,
+        "update_order": partial(check_choice, choices=UPDATE_ORDERS),
     }
+
+    #: The optimizers of the first (critic) phase with ``update_order="critics_first"``; the
+    #: second steps "policy" and "alpha". A subclass adds the optimizers that belong with the critics.
+    critic_phase_optimizers: ClassVar[frozenset[str]] = frozenset({QF_OPTIMIZER})
 
     def __init__(
         self,
@@ -406,10 +424,38 @@ class SACLearner(OffPolicyLearner):
         initial_alpha: float = 1.0,
         target_entropy: TargetEntropy = "auto",
         tau: float = 0.005,
+        update_order: UpdateOrder = "joint",
         **kwargs: Any,
     ) -> None:
         spec = algorithm_module_spec(module_spec, model_config, SACModule, kwargs.get("module"))
         super().__init__(spec, tau=tau, **kwargs)
+
+    @classmethod
+    def _check_config(cls, config: Mapping[str, Any], where: str) -> None:
+        """The tables' checks, and that ``update_order="critics_first"`` comes without ``cuda_graphs``."""
+        super()._check_config(config, where)
+        if config["update_order"] == "critics_first" and config["cuda_graphs"]:
+            raise ValueError(
+                f"{where}: update_order='critics_first' takes two forward and backward passes per gradient step, "
+                "the second through the critics the first stepped, which cuda_graphs=True cannot replay; "
+                "set cuda_graphs=False or update_order='joint'"
+            )
+
+    def check_config_overrides(self, module_id: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
+        """As the ``Learner``'s, and ``update_order`` is refused: every module's steps follow one order."""
+        if "update_order" in overrides:
+            raise ValueError(
+                f"config overrides for module {module_id!r}: update_order sets the phases of every minibatch "
+                "step, which all modules share; set it for the whole Learner"
+            )
+        return super().check_config_overrides(module_id, overrides)
+
+    def gradient_phases(self) -> tuple[frozenset[str] | None, ...]:
+        """One phase for ``update_order="joint"``; the critics', then the actor's and temperature's, for
+        ``"critics_first"``."""
+        if self.config.update_order == "joint":
+            return (None,)
+        return (self.critic_phase_optimizers, frozenset({POLICY_OPTIMIZER, ALPHA_OPTIMIZER}))
 
     def configure_optimizers_for_module(self, module_id: str, config: LearnerConfig) -> None:
         """Set ``log_alpha`` to ``log(initial_alpha)``; register the "policy", "qf" and "alpha" Adams.
@@ -474,36 +520,44 @@ class SACLearner(OffPolicyLearner):
     def compute_loss_for_module(
         self, *, module_id: str, config: LearnerConfig, batch: dict[str, Tensor], fwd_out: dict[str, Any]
     ) -> Tensor:
+        """The losses of the optimizers the current gradient phase steps, summed (all three with ``"joint"``)."""
         log_alpha = self.module[module_id].log_alpha
         alpha = log_alpha.exp().detach()  # a constant in the critic target and the actor loss
-        target_entropy = self.target_entropy(module_id)
-
-        # Critics: soft Bellman targets from the target critics at a' ~ pi(s').
-        with torch.no_grad():
-            next_value = fwd_out[QF_TARGET_NEXT] - alpha * fwd_out[ACTION_LOGP_NEXT]
-            q_target = batch[Columns.REWARDS] + bootstrap_discounts(batch, config.gamma) * next_value
-        td_error = fwd_out[QF_PREDS] - q_target
-        td_error_twin = fwd_out[QF_TWIN_PREDS] - q_target
-        weights = row_weights(batch)
-        qf_loss = 0.5 * ((weights * td_error.pow(2)).mean() + (weights * td_error_twin.pow(2)).mean())
-
-        # Actor: reparameterized a~ ~ pi(s) against the (weight-detached) critics.
-        logp = fwd_out[ACTION_LOGP_RESAMPLED]
-        policy_loss = (alpha * logp - fwd_out[QF_RESAMPLED]).mean()
-
-        # Temperature: raise alpha while the policy's entropy (-logp) is below the target.
-        alpha_loss = -(log_alpha * (logp + target_entropy).detach()).mean()
-
-        self.record_td_errors(module_id, 0.5 * (td_error.abs() + td_error_twin.abs()))
         log = self.metrics.log_value
-        log((module_id, QF_LOSS_KEY), qf_loss, window=math.inf, clear_on_reduce=True)
-        log((module_id, POLICY_LOSS_KEY), policy_loss, window=math.inf, clear_on_reduce=True)
-        log((module_id, ALPHA_LOSS_KEY), alpha_loss, window=math.inf, clear_on_reduce=True)
-        log((module_id, ALPHA_VALUE_KEY), alpha, window=1, clear_on_reduce=True)
-        # A copy: the optimizer step changes the parameter in place before the values are reduced.
-        log((module_id, LOG_ALPHA_VALUE_KEY), log_alpha.detach().clone(), window=1, clear_on_reduce=True)
-        log((module_id, TARGET_ENTROPY_KEY), target_entropy, window=1, clear_on_reduce=True)
-        with torch.no_grad():
-            log((module_id, QF_MEAN_KEY), 0.5 * (fwd_out[QF_PREDS].mean() + fwd_out[QF_TWIN_PREDS].mean()), window=math.inf, clear_on_reduce=True)
-            log((module_id, LOGP_MEAN_KEY), logp.mean(), window=math.inf, clear_on_reduce=True)
-        return qf_loss + policy_loss + alpha_loss
+        losses = []
+
+        if self.in_gradient_phase(QF_OPTIMIZER):
+            # Critics: soft Bellman targets from the target critics at a' ~ pi(s').
+            with torch.no_grad():
+                next_value = fwd_out[QF_TARGET_NEXT] - alpha * fwd_out[ACTION_LOGP_NEXT]
+                q_target = batch[Columns.REWARDS] + bootstrap_discounts(batch, config.gamma) * next_value
+            td_error = fwd_out[QF_PREDS] - q_target
+            td_error_twin = fwd_out[QF_TWIN_PREDS] - q_target
+            weights = row_weights(batch)
+            qf_loss = 0.5 * ((weights * td_error.pow(2)).mean() + (weights * td_error_twin.pow(2)).mean())
+            losses.append(qf_loss)
+            self.record_td_errors(module_id, 0.5 * (td_error.abs() + td_error_twin.abs()))
+            log((module_id, QF_LOSS_KEY), qf_loss, window=math.inf, clear_on_reduce=True)
+            with torch.no_grad():
+                q_mean = 0.5 * (fwd_out[QF_PREDS].mean() + fwd_out[QF_TWIN_PREDS].mean())
+            log((module_id, QF_MEAN_KEY), q_mean, window=math.inf, clear_on_reduce=True)
+
+        logp = fwd_out[ACTION_LOGP_RESAMPLED]
+        if self.in_gradient_phase(POLICY_OPTIMIZER):
+            # Actor: reparameterized a~ ~ pi(s) against the (weight-detached) critics.
+            policy_loss = (alpha * logp - fwd_out[QF_RESAMPLED]).mean()
+            losses.append(policy_loss)
+            log((module_id, POLICY_LOSS_KEY), policy_loss, window=math.inf, clear_on_reduce=True)
+            log((module_id, LOGP_MEAN_KEY), logp.detach().mean(), window=math.inf, clear_on_reduce=True)
+
+        if self.in_gradient_phase(ALPHA_OPTIMIZER):
+            # Temperature: raise alpha while the policy's entropy (-logp) is below the target.
+            target_entropy = self.target_entropy(module_id)
+            alpha_loss = -(log_alpha * (logp + target_entropy).detach()).mean()
+            losses.append(alpha_loss)
+            log((module_id, ALPHA_LOSS_KEY), alpha_loss, window=math.inf, clear_on_reduce=True)
+            log((module_id, ALPHA_VALUE_KEY), alpha, window=1, clear_on_reduce=True)
+            # A copy: the optimizer step changes the parameter in place before the values are reduced.
+            log((module_id, LOG_ALPHA_VALUE_KEY), log_alpha.detach().clone(), window=1, clear_on_reduce=True)
+            log((module_id, TARGET_ENTROPY_KEY), target_entropy, window=1, clear_on_reduce=True)
+        return sum(losses[1:], losses[0])

@@ -542,6 +542,31 @@ class Learner(UpdateApiMixin, OptimizersMixin, MultiModuleMixin, StateMixin, Lig
         for callback in self._learner_callbacks():
             callback.on_before_gradient_based_update(attached_trainer(self), self, timesteps)
 
+    def gradient_phases(self) -> tuple[frozenset[str] | None, ...]:
+        """Override point: which optimizers each phase of a minibatch step steps, in order.
+
+        Each phase is a forward pass, the losses, a backward pass, clipping and the steps of
+        the phase's optimizers (by the names they were registered with, in every module that
+        has them; ``None`` for all). A later phase's forward pass sees the weights the earlier
+        phases stepped: ``(frozenset({"qf"}), frozenset({"policy", "alpha"}))`` trains an
+        actor against critics already updated on the same minibatch (Stable-Baselines3's
+        and d3rlpy's SAC). The default, ``(None,)``, is one phase that steps every optimizer
+        with the gradients of one backward pass (RLlib's). The losses read the current phase
+        with :meth:`in_gradient_phase`.
+
+        Called at the start of every minibatch step; the answer must be the same on every DDP rank.
+        """
+        return (None,)
+
+    def in_gradient_phase(self, optimizer_name: str) -> bool:
+        """Whether the current phase of the minibatch step steps the optimizers named ``optimizer_name``.
+
+        A loss returns only the terms of the optimizers its phase steps (see :meth:`gradient_phases`);
+        outside a minibatch step, and in a Learner with one phase, every optimizer's.
+        """
+        phase = self._step_runner.gradient_phase
+        return phase is None or optimizer_name in phase
+
     def compute_losses(self, *, fwd_out: dict[str, Any], batch: MultiModuleBatch) -> dict[str, torch.Tensor]:
         """Override point: the loss of every module in ``fwd_out``; override for losses that span modules.
 
@@ -610,15 +635,16 @@ class Learner(UpdateApiMixin, OptimizersMixin, MultiModuleMixin, StateMixin, Lig
         """Override point: clip one module's gradients, optimizer by optimizer, and log their global norms.
 
         Each optimizer clips at its own threshold when it was registered with one, else at
-        the module's ``grad_clip``.
+        the module's ``grad_clip``. Optimizers the current gradient phase does not step are
+        left alone (see ``gradient_phases``).
 
         The norm logged as ``gradients_{optimizer_name}_global_norm`` is taken before clipping.
         """
         registry = self._optimizer_registry
         for optimizer_name, optimizer in self.get_optimizers_for_module(module_id):
             gradients = self.filter_param_dict_for_optimizer(module_gradients_dict, optimizer)
-            if not gradients:
-                continue
+            if not gradients or not self.in_gradient_phase(optimizer_name):
+                continue  # (under DDP the other phases' parameters hold the anchor's zeros)
             grad_clip = registry.grad_clip.get(optimizer, config.grad_clip)
             global_norm = clip_gradients(gradients, grad_clip=grad_clip, grad_clip_by=config.grad_clip_by)
             key = (module_id, f"gradients_{optimizer_name}_global_norm")

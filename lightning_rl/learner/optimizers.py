@@ -188,9 +188,17 @@ class OptimizerRegistry:
             param.grad = None
 
     def attach_gradients(
-        self, gradients_dict: Mapping[ParamRef, torch.Tensor], module_ids: Collection[str]
+        self,
+        gradients_dict: Mapping[ParamRef, torch.Tensor],
+        module_ids: Collection[str],
+        optimizer_names: Collection[str] | None = None,
     ) -> tuple[list[tuple[str, Optimizer]], list[torch.Tensor]]:
         """Point each parameter's ``.grad`` at its gradient, for the optimizers of ``module_ids``.
+
+        Args:
+            gradients_dict: ``{param_ref: gradient}``.
+            module_ids: The modules whose optimizers may step.
+            optimizer_names: Only the optimizers registered under these names (``None``: all).
 
         Returns:
             The ``(module_id, optimizer)`` pairs that have gradients, and the global norm of
@@ -201,6 +209,8 @@ class OptimizerRegistry:
         norms: list[torch.Tensor] = []
         for module_id in module_ids:
             for full_name in self.by_module[module_id]:
+                if optimizer_names is not None and full_name[len(module_id) + 1 :] not in optimizer_names:
+                    continue
                 optimizer = self.named[full_name]
                 grads = []
                 for param in self.params_of[optimizer]:

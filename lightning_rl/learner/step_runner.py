@@ -90,6 +90,8 @@ class StepHooks(Protocol):
 
     def config_for_module(self, module_id: str) -> Mapping[str, Any]: ...
 
+    def gradient_phases(self) -> tuple[frozenset[str] | None, ...]: ...
+
     def compute_losses(self, *, fwd_out: dict[str, Any], batch: MultiModuleBatch) -> dict[str, torch.Tensor]: ...
 
     def compute_gradients(self, loss_per_module: Mapping[str, torch.Tensor], **kwargs: Any) -> dict[Any, torch.Tensor]: ...
@@ -172,6 +174,9 @@ class StepRunner:
         step_outputs: Tensors the last minibatch step handed back to the Learner (e.g. an
             off-policy loss's TD errors, for prioritized replay), by key; emptied when a step
             starts. Through this dict, a step replayed from a CUDA graph hands them back too.
+        gradient_phase: The names of the optimizers the running phase of a minibatch step
+            steps (``Learner.gradient_phases``); ``None`` (all) outside the steps and in a
+            Learner with one phase.
     """
 
     def __init__(
@@ -202,6 +207,7 @@ class StepRunner:
         self.non_finite = NonFiniteSteps()
         self.weights_seq_no = 0
         self.step_outputs: dict[Hashable, torch.Tensor] = {}
+        self.gradient_phase: frozenset[str] | None = None
 
     # ------------------------------------------------------------------------------------
     # Set-up: what is compiled, and how the running Trainer takes a step
@@ -427,13 +433,32 @@ class StepRunner:
         return not self.non_finite.all_skipped
 
     def compute_and_apply(self, minibatch: MultiModuleBatch) -> dict[str, torch.Tensor]:
-        """A minibatch step but its last check: forward, losses, gradients, their application, loss logging.
+        """A minibatch step but its last check: each gradient phase's forward, losses, gradients and their
+        application, then the loss logging.
 
         Returns:
-            The losses per module (and ``ALL_MODULES``' total).
+            The losses per module (and ``ALL_MODULES``' total), summed over the phases.
         """
         learner = self._learner
         self.step_outputs = {}
+        totals: dict[str, torch.Tensor] = {}
+        all_skipped = True
+        try:
+            for phase in learner.gradient_phases():
+                self.gradient_phase = phase
+                for module_id, loss in self._compute_and_apply_phase(minibatch).items():
+                    totals[module_id] = totals[module_id] + loss if module_id in totals else loss
+                all_skipped = all_skipped and self.non_finite.all_skipped
+        finally:
+            self.gradient_phase = None
+        self.non_finite.all_skipped = all_skipped
+        for module_id, loss in totals.items():
+            learner.metrics.log_value((module_id, TOTAL_LOSS_KEY), loss, window=math.inf, clear_on_reduce=True)
+        return totals
+
+    def _compute_and_apply_phase(self, minibatch: MultiModuleBatch) -> dict[str, torch.Tensor]:
+        """One gradient phase of a minibatch step: forward, losses, gradients, the phase's optimizer steps."""
+        learner = self._learner
         if self.sharding_mesh is not None:
             # All modules are one FSDP unit, so any pass of it gathers the same weights: the
             # modules this rank has rows of run (none, on a rank without rows). Then the unit's
@@ -454,8 +479,6 @@ class StepRunner:
         # An apply_gradients override that does not call super() leaves every step counted as a change.
         self.non_finite.all_skipped = False
         learner.apply_gradients(gradients)
-        for module_id, loss in loss_per_module.items():
-            learner.metrics.log_value((module_id, TOTAL_LOSS_KEY), loss, window=math.inf, clear_on_reduce=True)
         return loss_per_module
 
     def raise_if_too_many_non_finite_steps(self, loss_per_module: Mapping[str, torch.Tensor]) -> None:
@@ -522,11 +545,11 @@ class StepRunner:
     def apply(self, gradients_dict: Mapping[Any, torch.Tensor], module_ids: Sequence[str]) -> None:
         """Step the optimizers of ``module_ids`` with these gradients, skipping non-finite ones (``Learner.apply_gradients``).
 
-        An optimizer whose gradients hold a NaN or infinity (before any clipping) does not
+        Only the optimizers of the running gradient phase step (``gradient_phase``). An optimizer whose gradients hold a NaN or infinity (before any clipping) does not
         step; the steps it skips in a row count towards its module's ``max_consecutive_non_finite_steps``.
         """
         registry = self._learner.optimizer_registry
-        to_step, norms = registry.attach_gradients(gradients_dict, module_ids)
+        to_step, norms = registry.attach_gradients(gradients_dict, module_ids, self.gradient_phase)
         if self._gradient_pass is not None:  # a CUDA graph's capture: the graphs step the optimizers
             self._gradient_pass.to_step = to_step
             self._gradient_pass.norms = torch.stack(norms) if norms else None
