@@ -27,6 +27,9 @@ The variants:
           a virtual environment of its own (``python -m venv d3rlpy-venv && d3rlpy-venv/bin/pip
           install torch==2.13.0 d3rlpy==2.8.1``).
 
+``--cql-update-order critics_first`` runs our CQL in d3rlpy's order (critics, then the actor
+against the updated critics); the default is our ``"joint"`` one-pass step.
+
 CQL runs without the Lagrangian (d3rlpy: ``alpha_learning_rate=0`` and ``initial_alpha=1``,
 which leaves its penalty ``5 * (gap - 10)``: the same gradients as our ``cql_weight=5``).
 Every child is a fresh process, one at a time, with ``--threads`` intra-op threads.
@@ -90,6 +93,12 @@ def main() -> None:
     parser.add_argument("--hidden", nargs="+", type=int, default=HIDDEN, help="hidden layer sizes of every network")
     parser.add_argument(
         "--iql-beta", type=float, default=IQL_BETA, help=f"IQL's advantage temperature (d3rlpy weight_temp; {IQL_BETA})"
+    )
+    parser.add_argument(
+        "--cql-update-order",
+        choices=["joint", "critics_first"],
+        default="joint",
+        help="our CQL's update_order (d3rlpy's own order is critics_first)",
     )
     parser.add_argument("--eval-episodes", type=int, default=10)
     parser.add_argument("--threads", type=int, default=1)
@@ -179,6 +188,8 @@ def run_child(
     ours, theirs = SETTINGS[algo]
     if algo == "iql":
         ours, theirs = {**ours, "beta": args.iql_beta}, {**theirs, "weight_temp": args.iql_beta}
+    else:
+        ours = {**ours, "update_order": args.cql_update_order}
     if variant == "ours":
         spec = dict(
             algo=algo,
