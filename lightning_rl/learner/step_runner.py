@@ -545,8 +545,9 @@ class StepRunner:
     def apply(self, gradients_dict: Mapping[Any, torch.Tensor], module_ids: Sequence[str]) -> None:
         """Step the optimizers of ``module_ids`` with these gradients, skipping non-finite ones (``Learner.apply_gradients``).
 
-        Only the optimizers of the running gradient phase step (``gradient_phase``). An optimizer whose gradients hold a NaN or infinity (before any clipping) does not
-        step; the steps it skips in a row count towards its module's ``max_consecutive_non_finite_steps``.
+        Only the optimizers of the running gradient phase step (``gradient_phase``). An optimizer
+        whose gradients hold a NaN or infinity (before any clipping) does not step; the steps it
+        skips in a row count towards its module's ``max_consecutive_non_finite_steps``.
         """
         registry = self._learner.optimizer_registry
         to_step, norms = registry.attach_gradients(gradients_dict, module_ids, self.gradient_phase)
