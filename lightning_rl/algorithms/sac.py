@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from functools import partial
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, get_args
 
 import gymnasium as gym
 import torch
@@ -86,8 +86,8 @@ QF_MEAN_KEY = "qf_mean"
 LOGP_MEAN_KEY = "logp_mean"
 
 TargetEntropy = float | Literal["auto"]
-UPDATE_ORDERS = ("joint", "critics_first")
 UpdateOrder = Literal["joint", "critics_first"]
+UPDATE_ORDERS = get_args(UpdateOrder)
 
 
 def check_target_entropy(name: str, value: Any, *, where: str = "") -> None:

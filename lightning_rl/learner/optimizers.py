@@ -162,8 +162,7 @@ class OptimizerRegistry:
                 schedule = self.lr_schedules.get(full_name)
                 if isinstance(schedule, Schedule):
                     _set_lr(optimizer, schedule.value(timestep))
-                optimizer_name = full_name[len(module_id) + 1 :]
-                key = (module_id, f"{optimizer_name}_{LR_KEY}")
+                key = (module_id, f"{_short_name(module_id, full_name)}_{LR_KEY}")
                 metrics.log_value(key, _get_lr(optimizer), window=1, clear_on_reduce=True)
 
     def step_lr_schedulers(self) -> None:
@@ -209,7 +208,7 @@ class OptimizerRegistry:
         norms: list[torch.Tensor] = []
         for module_id in module_ids:
             for full_name in self.by_module[module_id]:
-                if optimizer_names is not None and full_name[len(module_id) + 1 :] not in optimizer_names:
+                if optimizer_names is not None and _short_name(module_id, full_name) not in optimizer_names:
                     continue
                 optimizer = self.named[full_name]
                 grads = []
@@ -374,8 +373,7 @@ class OptimizersMixin:
     def get_optimizers_for_module(self, module_id: str = ALL_MODULES) -> list[tuple[str, Optimizer]]:
         """``(optimizer_name, optimizer)`` pairs registered for ``module_id``, short names."""
         registry = self.optimizer_registry
-        prefix = len(module_id) + 1
-        return [(name[prefix:], registry.named[name]) for name in registry.by_module.get(module_id, [])]
+        return [(_short_name(module_id, name), registry.named[name]) for name in registry.by_module.get(module_id, [])]
 
     def get_parameters(self, module: nn.Module) -> list[nn.Parameter]:
         """The trainable parameters of ``module``."""
@@ -488,6 +486,11 @@ def _make_lr_schedule(
     if scheduler.optimizer is not optimizer:
         raise ValueError(f"the LRScheduler given for {full_name!r} was built on another optimizer")
     return scheduler
+
+
+def _short_name(module_id: str, full_name: str) -> str:
+    """The name an optimizer was registered under, from its registry name ``f"{module_id}_{name}"``."""
+    return full_name[len(module_id) + 1 :]
 
 
 def _global_norm(grads: list[torch.Tensor]) -> torch.Tensor:
