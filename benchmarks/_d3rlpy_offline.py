@@ -28,6 +28,7 @@ def main() -> None:
     parser.add_argument("--env", default="Pendulum-v1")
     parser.add_argument("--eval-episodes", type=int, default=10)
     parser.add_argument("--eval-seed", type=int, default=1_000_000)
+    parser.add_argument("--eval-at", nargs="*", type=int, default=[], help="also evaluate after these gradient steps")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -54,9 +55,35 @@ def main() -> None:
     algo = config_class(**settings, **encoders, action_scaler=scaler).create(device="cpu:0")
     algo.build_with_dataset(dataset)
 
+    def evaluate() -> list[float]:
+        env = gym.make(args.env)
+        returns = []
+        for episode in range(args.eval_episodes):
+            obs, _ = env.reset(seed=args.eval_seed + episode)
+            done, total = False, 0.0
+            while not done:
+                action = algo.predict(np.asarray(obs, dtype=np.float32)[None])[0]
+                obs, reward, terminated, truncated, _ = env.step(action)
+                total += float(reward)
+                done = terminated or truncated
+            returns.append(total)
+        return returns
+
     # The loop's own time, as the ours variant takes it: from the end of the first gradient step to the
-    # end of the last (fit's set-up, the first step's warm-up and the evaluation left out).
+    # end of the last (fit's set-up, the first step's warm-up and the evaluations left out).
     step_ends: list[float] = []
+    evals: dict[str, list[float]] = {}
+    eval_seconds = 0.0
+
+    def after_step(_algo: object, epoch: int, total_step: int) -> None:
+        nonlocal eval_seconds
+        step_ends.append(time.perf_counter() - eval_seconds)
+        if len(step_ends) in args.eval_at:
+            start = time.perf_counter()
+            with torch.random.fork_rng():  # the training's draws stay those of a run without this evaluation
+                evals[str(len(step_ends))] = evaluate()
+            eval_seconds += time.perf_counter() - start
+
     algo.fit(
         dataset,
         n_steps=args.steps,
@@ -64,22 +91,12 @@ def main() -> None:
         show_progress=False,
         save_interval=args.steps + 1,
         logger_adapter=d3rlpy.logging.NoopAdapterFactory(),
-        callback=lambda algo, epoch, total_step: step_ends.append(time.perf_counter()),
+        callback=after_step,
     )
     seconds = step_ends[-1] - step_ends[0]
-
-    env = gym.make(args.env)
-    returns = []
-    for episode in range(args.eval_episodes):
-        obs, _ = env.reset(seed=args.eval_seed + episode)
-        done, total = False, 0.0
-        while not done:
-            action = algo.predict(np.asarray(obs, dtype=np.float32)[None])[0]
-            obs, reward, terminated, truncated, _ = env.step(action)
-            total += float(reward)
-            done = terminated or truncated
-        returns.append(total)
-    print("RESULT " + json.dumps({"seconds": seconds, "steps": len(step_ends) - 1, "eval_returns": returns}), flush=True)
+    returns = evaluate()
+    result = {"seconds": seconds, "steps": len(step_ends) - 1, "eval_returns": returns, "evals": evals}
+    print("RESULT " + json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

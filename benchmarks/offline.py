@@ -10,6 +10,9 @@ What it measures, per (algorithm, dataset, seed) and per variant:
                 evaluation left out, alike in both variants);
   eval return   the mean return of ``--eval-episodes`` greedy episodes after training, in the
                 dataset's env, episode ``i`` reset with seed ``1_000_000 + i`` in both variants;
+                ``--eval-at`` also evaluates after those gradient steps of the run (``evals``
+                in the JSON), with the training's random state set aside and its time left
+                out of steps/s, so one long run also reports the shorter budgets;
   dataset       the mean episode return of the dataset itself (what offline RL should beat).
 
 The variants:
@@ -101,6 +104,9 @@ def main() -> None:
         help="our CQL's update_order (d3rlpy's own order is critics_first)",
     )
     parser.add_argument("--eval-episodes", type=int, default=10)
+    parser.add_argument(
+        "--eval-at", nargs="+", type=int, default=[], help="also evaluate after these gradient steps of each run"
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--d3rlpy-python", default=None, help="a Python with d3rlpy 2.8 (left out: ours only)")
     parser.add_argument("--json", default=None, help="also write the runs to this file")
@@ -111,6 +117,8 @@ def main() -> None:
         return
     print_versions()
     steps = {algo: args.steps or STEPS[algo] for algo in args.algos}
+    if any(not 0 < at < min(steps.values()) for at in args.eval_at):
+        parser.error(f"--eval-at takes gradient steps between 0 and the run's last ({min(steps.values())}) exclusive")
     print(f"gradient steps {steps} of batch {BATCH_SIZE}, hidden {args.hidden}, {args.threads} thread(s)")
     runs = []
     with tempfile.TemporaryDirectory() as scratch:
@@ -199,6 +207,7 @@ def run_child(
             steps=steps,
             hidden=args.hidden,
             eval_episodes=args.eval_episodes,
+            eval_at=args.eval_at,
             threads=args.threads,
             settings={**COMMON[0], **ours},
         )
@@ -222,6 +231,8 @@ def run_child(
             str(args.eval_episodes),
             "--eval-seed",
             str(EVAL_SEED),
+            "--eval-at",
+            *map(str, args.eval_at),
             "--threads",
             str(args.threads),
             "--env",
@@ -248,6 +259,7 @@ def run_child(
         "train_s": result["seconds"],
         "eval_return_mean": float(np.mean(result["eval_returns"])),
         "eval_returns": result["eval_returns"],
+        "evals": {**result["evals"], str(steps): result["eval_returns"]},
     }
 
 
@@ -264,14 +276,26 @@ def run_ours(spec: dict[str, Any]) -> None:
     from lightning_rl.data import OfflineDataModule
     from lightning_rl.policy import Policy
 
+    def evaluate() -> list[float]:
+        source = EnvSource(spec["env_id"], {}, [], "the dataset", None)
+        policy = Policy.from_learner(learner)
+        return play_episodes(policy, source, spec["eval_episodes"], EVAL_SEED, num_envs=10).returns.tolist()
+
     class TrainingTime(Callback):
-        """The end of every gradient step (one per train item)."""
+        """The end of every gradient step (one per train item), less the time of evaluations in between."""
 
         def __init__(self) -> None:
             self.step_ends: list[float] = []
+            self.evals: dict[str, list[float]] = {}
+            self.eval_seconds = 0.0
 
         def on_train_batch_end(self, *args: Any) -> None:
-            self.step_ends.append(time.perf_counter())
+            self.step_ends.append(time.perf_counter() - self.eval_seconds)
+            if len(self.step_ends) in spec["eval_at"]:
+                start = time.perf_counter()
+                with torch.random.fork_rng():  # the training's draws stay those of a run without this evaluation
+                    self.evals[str(len(self.step_ends))] = evaluate()
+                self.eval_seconds += time.perf_counter() - start
 
     seed_everything(spec["seed"], verbose=False)
     learner_class = {"cql": CQLLearner, "iql": IQLLearner}[spec["algo"]]
@@ -293,14 +317,8 @@ def run_ours(spec: dict[str, Any]) -> None:
         devices=1,
     )
     trainer.fit(learner, datamodule=data)
-    stats = play_episodes(
-        Policy.from_learner(learner),
-        EnvSource(spec["env_id"], {}, [], "the dataset", None),
-        spec["eval_episodes"],
-        EVAL_SEED,
-    )
     seconds = timer.step_ends[-1] - timer.step_ends[0]
-    result = {"seconds": seconds, "steps": len(timer.step_ends) - 1, "eval_returns": stats.returns.tolist()}
+    result = {"seconds": seconds, "steps": len(timer.step_ends) - 1, "eval_returns": evaluate(), "evals": timer.evals}
     print("RESULT " + json.dumps(result), flush=True)
 
 
