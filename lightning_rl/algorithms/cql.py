@@ -170,7 +170,7 @@ class CQLModule(SACModule):
             both = self.pi_obs_encoder(torch.cat([obs, next_obs]))
             mean, log_std = (x.unsqueeze(1) for x in self.action_dist_params(both))
             pre_tanh = mean + log_std.exp() * torch.randn(2 * rows, num_actions, dim, device=mean.device)
-            policy_logp = squashed_gaussian_logp(pre_tanh, mean, log_std)  # [2B, N]
+            policy_logp = squashed_gaussian_logp(pre_tanh, mean, log_std, self.tanh_epsilon)  # [2B, N]
             policy_actions = torch.tanh(pre_tanh)
             actions = torch.cat([uniform, policy_actions[:rows], policy_actions[rows:]], dim=1)  # [B, 3N, d]
             uniform_logp = policy_logp.new_full((rows, num_actions), -dim * math.log(2.0))

@@ -97,22 +97,30 @@ def check_target_entropy(name: str, value: Any, *, where: str = "") -> None:
         raise ValueError(f"{prefix}{name} must be a finite number or 'auto', got {value!r}")
 
 
-def squashed_gaussian_logp(pre_tanh: Tensor, mean: Tensor, log_std: Tensor) -> Tensor:
+def squashed_gaussian_logp(pre_tanh: Tensor, mean: Tensor, log_std: Tensor, tanh_epsilon: float = 0.0) -> Tensor:
     """``log pi(tanh(u))`` of a tanh-squashed diagonal Gaussian, summed over the action dims.
 
-    The change of variables subtracts ``log(1 - tanh(u)^2)``, computed as
-    ``2 * (log 2 - u - softplus(-2u))``, which stays finite where ``tanh(u)`` rounds to +-1.
+    The change of variables subtracts ``log(1 - tanh(u)^2)``. With ``tanh_epsilon=0`` it is
+    exact, computed as ``2 * (log 2 - u - softplus(-2u))``, which stays finite where ``tanh(u)``
+    rounds to +-1: the entropy term keeps pulling a saturated action back from the bound.
+    With ``tanh_epsilon > 0`` it is ``log(1 - tanh(u)^2 + tanh_epsilon)``, as Stable-Baselines3,
+    RLlib and CleanRL compute it (``1e-6``): bounded, so the pull fades once ``1 - tanh(u)^2``
+    falls below ``tanh_epsilon`` and a policy may settle on the bounds.
 
     Args:
         pre_tanh: The Gaussian samples ``u``, ``[B, d]``.
         mean: The Gaussian's means, ``[B, d]``.
         log_std: Its log standard deviations, ``[B, d]``.
+        tanh_epsilon: ``0`` for the exact log-density, else the constant added inside the log.
 
     Returns:
         ``[B]`` log-densities of the squashed actions ``tanh(u)``.
     """
     normal_logp = -0.5 * ((pre_tanh - mean) / log_std.exp()).pow(2) - log_std - 0.5 * math.log(2 * math.pi)
-    log_det_jacobian = 2 * (math.log(2) - pre_tanh - F.softplus(-2 * pre_tanh))
+    if tanh_epsilon > 0:
+        log_det_jacobian = torch.log(1 - torch.tanh(pre_tanh).pow(2) + tanh_epsilon)
+    else:
+        log_det_jacobian = 2 * (math.log(2) - pre_tanh - F.softplus(-2 * pre_tanh))
     return (normal_logp - log_det_jacobian).sum(-1)
 
 
@@ -167,6 +175,7 @@ class SACModule(RLModule, TargetNetworkAPI):
     model_config_keys = {
         "fcnet_hiddens": ModelConfigKey.layer_sizes(SAC_FCNET_HIDDENS),
         "fcnet_activation": ModelConfigKey.activation(SAC_FCNET_ACTIVATION),
+        "tanh_epsilon": ModelConfigKey.number(0.0, minimum=0.0),
         **OBSERVATION_ENCODER_KEYS,
     }
 
@@ -181,6 +190,7 @@ class SACModule(RLModule, TargetNetworkAPI):
         hiddens = list(config["fcnet_hiddens"])
         activation = config["fcnet_activation"]
         self.action_dim = math.prod(space.shape)
+        self.tanh_epsilon = float(config["tanh_epsilon"])
 
         low = torch.as_tensor(space.low, dtype=torch.float32).reshape(-1)
         high = torch.as_tensor(space.high, dtype=torch.float32).reshape(-1)
@@ -264,7 +274,7 @@ class SACModule(RLModule, TargetNetworkAPI):
         """
         mean, log_std = self.action_dist_params(features)
         pre_tanh = _gaussian_sample(mean, log_std)
-        return torch.tanh(pre_tanh), squashed_gaussian_logp(pre_tanh, mean, log_std)
+        return torch.tanh(pre_tanh), squashed_gaussian_logp(pre_tanh, mean, log_std, self.tanh_epsilon)
 
     # ---- Forward passes ------------------------------------------------------------------
 
@@ -305,7 +315,7 @@ class SACModule(RLModule, TargetNetworkAPI):
             Columns.ACTION_DIST_INPUTS: torch.cat([mean, log_std], dim=-1),
             QF_PREDS: self.qf(q_in).squeeze(-1),
             QF_TWIN_PREDS: self.qf_twin(q_in).squeeze(-1),
-            ACTION_LOGP_RESAMPLED: squashed_gaussian_logp(pre_tanh, mean, log_std),
+            ACTION_LOGP_RESAMPLED: squashed_gaussian_logp(pre_tanh, mean, log_std, self.tanh_epsilon),
             # Detached critic weights: the actor loss moves the actor, never the critics.
             QF_RESAMPLED: torch.min(
                 _with_detached_weights(self.qf, resampled), _with_detached_weights(self.qf_twin, resampled)

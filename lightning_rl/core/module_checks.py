@@ -114,9 +114,11 @@ class ModelConfigKey:
         return cls(default, f"one of {list(choices)}", lambda value: isinstance(value, str) and value in choices)
 
     @classmethod
-    def number(cls, default: float) -> ModelConfigKey:
-        """A finite int or float, such as ``log_std_init``."""
-        return cls(default, "a finite number", _is_finite_number)
+    def number(cls, default: float, *, minimum: float | None = None) -> ModelConfigKey:
+        """A finite int or float, such as ``log_std_init``; with ``minimum``, one at least that."""
+        if minimum is None:
+            return cls(default, "a finite number", _is_finite_number)
+        return cls(default, f"a finite number >= {minimum}", lambda value: _is_finite_number(value) and value >= minimum)
 
     def or_none(self, meaning: str) -> ModelConfigKey:
         """This kind of value, or ``None`` (the default), which means ``meaning``.

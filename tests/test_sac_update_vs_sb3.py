@@ -1,0 +1,149 @@
+"""Our SAC gradient step in SB3's order is Stable-Baselines3's: same weights, minibatches and noise in, same weights out.
+
+``examples/sac_halfcheetah.yaml`` is run beside SB3's SAC with the same settings
+(``benchmarks/suite.py``) and misses SB3's median (issue 36). This pins the update itself, step
+by step: the soft Bellman target from the target critics (bootstrapping through truncations,
+not terminations), both critics' losses, the reparameterized actor loss against the critics the
+step just updated (``update_order="critics_first"``, SB3's order), the temperature's loss on
+``log_alpha``, Adam, the Polyak-averaged targets, and actions rescaled from a Box of
+``[-2, 2]`` (SB3 stores them in ``[-1, 1]``, ours in the env's range).
+
+SB3 draws one Gaussian noise for ``pi(s)`` and one for ``pi(s')``; ours draws them again in its
+second (actor) pass. The test replays SB3's two draws to ours' passes, so only the arithmetic
+can differ.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from torch import Tensor, nn
+
+from lightning_rl import RLModuleSpec
+from lightning_rl.algorithms import sac
+from lightning_rl.algorithms.off_policy import BATCH_INDEXES
+from lightning_rl.algorithms.sac import SACLearner, SACModule
+from lightning_rl.core.columns import Columns
+
+OBS = gym.spaces.Box(-10.0, 10.0, (5,), np.float32)
+ACTIONS = gym.spaces.Box(-2.0, 2.0, (2,), np.float32)
+HIDDENS = [32, 32]
+ROWS = 64
+LR, GAMMA, TAU = 3e-3, 0.99, 0.05  # larger than the example's, so that 20 steps move every weight visibly
+
+
+class _FixedReplay:
+    """Hands our Learner the given minibatch (a uniform replay's columns)."""
+
+    def __init__(self, batch: dict[str, np.ndarray]) -> None:
+        self.batch = batch
+
+    def sample(self, batch_size: int, *, n_step: int, gamma: float) -> dict[str, np.ndarray]:
+        return {**self.batch, BATCH_INDEXES: np.arange(len(self.batch[Columns.OBS]))}
+
+    def update_priorities(self, batch_indexes: np.ndarray, td_errors: np.ndarray) -> None:
+        pass
+
+
+class _Env(gym.Env):
+    """Only the spaces SB3 builds its networks from; never stepped."""
+
+    observation_space, action_space = OBS, ACTIONS
+
+
+def _linears(network: nn.Module) -> list[nn.Linear]:
+    return [layer for layer in network.modules() if isinstance(layer, nn.Linear)]
+
+
+def _minibatch(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    ends = rng.random(ROWS)
+    return {
+        Columns.OBS: rng.normal(size=(ROWS, 5)).astype(np.float32),
+        Columns.ACTIONS: rng.uniform(-2.0, 2.0, (ROWS, 2)).astype(np.float32),
+        Columns.REWARDS: (rng.normal(size=ROWS) * 5).astype(np.float32),
+        Columns.NEXT_OBS: rng.normal(size=(ROWS, 5)).astype(np.float32),
+        Columns.TERMINATEDS: ends < 0.1,
+        Columns.TRUNCATEDS: (ends >= 0.1) & (ends < 0.2),  # SB3 bootstraps through these (timeouts)
+    }
+
+
+def _copy_weights(sb3_model, module: SACModule) -> None:
+    """SB3's initial actor, critics and target critics into ours (our actor's last layer is SB3's mu and log_std)."""
+    actor, critic, target = sb3_model.actor, sb3_model.critic, sb3_model.critic_target
+    with torch.no_grad():
+        for source, layer in zip(_linears(actor.latent_pi), _linears(module.pi)[:-1], strict=True):
+            layer.weight.copy_(source.weight)
+            layer.bias.copy_(source.bias)
+        head = _linears(module.pi)[-1]
+        head.weight.copy_(torch.cat([actor.mu.weight, actor.log_std.weight]))
+        head.bias.copy_(torch.cat([actor.mu.bias, actor.log_std.bias]))
+        for theirs, mine in (
+            (critic.q_networks[0], module.qf),
+            (critic.q_networks[1], module.qf_twin),
+            (target.q_networks[0], module.target_qf),
+            (target.q_networks[1], module.target_qf_twin),
+        ):
+            for source, layer in zip(_linears(theirs), _linears(mine), strict=True):
+                layer.weight.copy_(source.weight)
+                layer.bias.copy_(source.bias)
+
+
+def _assert_same_weights(sb3_model, module: SACModule, step: int) -> None:
+    actor = sb3_model.actor
+    pairs = [
+        *zip(_linears(actor.latent_pi), _linears(module.pi)[:-1], strict=True),
+        *zip(_linears(sb3_model.critic), _linears(module.qf) + _linears(module.qf_twin), strict=True),
+        *zip(_linears(sb3_model.critic_target), _linears(module.target_qf) + _linears(module.target_qf_twin), strict=True),
+    ]
+    for source, layer in pairs:
+        torch.testing.assert_close(layer.weight, source.weight, rtol=1e-5, atol=1e-6, msg=f"step {step}")
+        torch.testing.assert_close(layer.bias, source.bias, rtol=1e-5, atol=1e-6, msg=f"step {step}")
+    head = _linears(module.pi)[-1]
+    torch.testing.assert_close(head.weight, torch.cat([actor.mu.weight, actor.log_std.weight]), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(head.bias, torch.cat([actor.mu.bias, actor.log_std.bias]), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(module.log_alpha.detach(), sb3_model.log_ent_coef.detach()[0], rtol=1e-5, atol=1e-6)
+
+
+def test_twenty_critics_first_gradient_steps_leave_the_same_weights_as_sb3s(monkeypatch):
+    pytest.importorskip("stable_baselines3")
+    from stable_baselines3 import SAC
+    from stable_baselines3.common.logger import configure
+    from stable_baselines3.common.type_aliases import ReplayBufferSamples
+
+    sb3 = SAC("MlpPolicy", _Env(), learning_rate=LR, batch_size=ROWS, gamma=GAMMA, tau=TAU, learning_starts=0,
+              policy_kwargs={"net_arch": HIDDENS}, device="cpu", seed=0)  # fmt: skip
+    sb3.set_logger(configure(None, []))
+    spec = RLModuleSpec(module_class=SACModule, observation_space=OBS, action_space=ACTIONS,
+                        model_config={"fcnet_hiddens": HIDDENS, "fcnet_activation": "relu", "tanh_epsilon": 1e-6})  # fmt: skip
+    ours = SACLearner(spec, lr=LR, gamma=GAMMA, tau=TAU, minibatch_size=ROWS, gradient_steps=1,
+                      update_order="critics_first")  # fmt: skip
+    ours.build()
+    module = ours.module["default_policy"]
+    _copy_weights(sb3, module)
+
+    # Ours draws pi(s), pi(s') in the critic pass and again in the actor pass; each gets SB3's draw for it.
+    replayed: list[Tensor] = []
+    monkeypatch.setattr(sac, "_gaussian_sample", lambda mean, log_std: mean + log_std.exp() * replayed.pop(0))
+
+    rng = np.random.default_rng(0)
+    for step in range(20):
+        batch = _minibatch(rng)
+        done = torch.as_tensor(batch[Columns.TERMINATEDS], dtype=torch.float32)[:, None]
+        sample = ReplayBufferSamples(
+            torch.as_tensor(batch[Columns.OBS]), torch.as_tensor(batch[Columns.ACTIONS]) / 2.0,
+            torch.as_tensor(batch[Columns.NEXT_OBS]), done, torch.as_tensor(batch[Columns.REWARDS])[:, None], None,
+        )  # fmt: skip
+        sb3.replay_buffer.sample = lambda batch_size, env=None, sample=sample: sample
+        torch.manual_seed(step)
+        sb3.train(gradient_steps=1, batch_size=ROWS)
+        torch.manual_seed(step)
+        noise_s, noise_next = torch.randn(ROWS, 2), torch.randn(ROWS, 2)  # SB3's two draws, in its order
+        replayed[:] = [noise_s, noise_next, noise_s, noise_next]
+        ours.update_from_replay(_FixedReplay(batch))
+        assert not replayed, "ours drew a different number of Gaussian samples than the test replays"
+        _assert_same_weights(sb3, module, step)
+    # The temperature moved (its loss acted) and the targets trail the online critics (Polyak acted).
+    assert abs(module.log_alpha.item()) > 1e-3
+    assert not torch.allclose(module.target_qf[0].weight, module.qf[0].weight)
