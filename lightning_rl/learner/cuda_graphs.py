@@ -142,6 +142,25 @@ class GraphedSteps:
         self._uncapturable.clear()
         self._fingerprint = ()
 
+    def check_learner(self) -> None:
+        """Refuse a Learner whose minibatch step is more than one forward and one backward pass.
+
+        Called when the Learner is built (``StepRunner.compile``), so that the error comes before
+        any env step rather than at the first update.
+
+        Raises:
+            ValueError: If the Learner steps its optimizers in several gradient phases
+                (``Learner.gradient_phases``).
+        """
+        phases = self._runner.learner.gradient_phases()
+        if len(phases) > 1:
+            order = " then ".join("all" if phase is None else "+".join(sorted(phase)) for phase in phases)
+            raise ValueError(
+                f"cuda_graphs=True captures a minibatch step as one forward and one backward pass, but "
+                f"{type(self._runner.learner).__name__} steps its optimizers in {len(phases)} phases ({order}), "
+                "each after a forward pass through the weights the phase before stepped. Set cuda_graphs=False."
+            )
+
     def start_update(self, key: Hashable | None, dispatch_step_hooks: bool, device: torch.device) -> bool:
         """Check that this update can replay graphs; drop the gradient graphs captured for another ``key``.
 
@@ -154,17 +173,8 @@ class GraphedSteps:
             Whether this update's steps replay graphs (``False``: they run eagerly).
 
         Raises:
-            ValueError: If the Learner steps its optimizers in several gradient phases
-                (``Learner.gradient_phases``), is not on a CUDA device, or runs on several ranks.
+            ValueError: If the Learner is not on a CUDA device, or runs on several ranks.
         """
-        phases = self._runner.learner.gradient_phases()
-        if len(phases) > 1:
-            order = " then ".join("all" if phase is None else "+".join(sorted(phase)) for phase in phases)
-            raise ValueError(
-                f"cuda_graphs=True captures a minibatch step as one forward and one backward pass, but "
-                f"{type(self._runner.learner).__name__} steps its optimizers in {len(phases)} phases ({order}), "
-                "each after a forward pass through the weights the phase before stepped. Set cuda_graphs=False."
-            )
         if device.type != "cuda":
             raise ValueError(
                 f"cuda_graphs=True captures the minibatch step in CUDA graphs, but the Learner is on {device}: "

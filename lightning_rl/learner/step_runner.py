@@ -221,6 +221,7 @@ class StepRunner:
         self._forward_train_fn = module.forward_train
         self._minibatch_step_fn = self.minibatch_step
         if self._graphs is not None:
+            self._graphs.check_learner()
             self._graphs.reset()
         if self._torch_compile:
             if self._what_to_compile == "forward_train":
