@@ -92,6 +92,30 @@ def test_squashed_gaussian_logp_stays_finite_and_exact_where_tanh_saturates():
     torch.testing.assert_close(logp.double(), expected.squeeze(-1), rtol=1e-6, atol=1e-4)
 
 
+def test_tanh_epsilon_bounds_the_correction_and_its_pull_on_saturated_actions():
+    # SB3's, RLlib's and CleanRL's form: log(1 - tanh(u)^2 + eps) in place of the exact log(1 - tanh(u)^2).
+    pre_tanh = torch.tensor([[0.5], [3.0], [12.0]], requires_grad=True)
+    mean, log_std = torch.zeros(3, 1), torch.zeros(3, 1)
+    logp = squashed_gaussian_logp(pre_tanh, mean, log_std, tanh_epsilon=1e-6)
+    normal_logp = -0.5 * pre_tanh.detach() ** 2 - 0.5 * math.log(2 * math.pi)
+    expected = normal_logp - torch.log(1 - torch.tanh(pre_tanh.detach()) ** 2 + 1e-6)
+    torch.testing.assert_close(logp, expected.squeeze(-1))
+    exact = squashed_gaussian_logp(pre_tanh.detach(), mean, log_std)
+    torch.testing.assert_close(logp[:2], exact[:2], rtol=1e-4, atol=1e-4)  # alike away from the bounds
+    assert logp[2] < exact[2] - 5  # past them the correction is capped near -log(1e-6)
+    # The exact form's change-of-variables term keeps a gradient of 2 tanh(u) on u; eps's vanishes there.
+    (grad,) = torch.autograd.grad(logp.sum(), pre_tanh)
+    (exact_grad,) = torch.autograd.grad(squashed_gaussian_logp(pre_tanh, mean, log_std).sum(), pre_tanh)
+    assert abs(exact_grad[2, 0] - (-12.0 + 2.0)) < 1e-4  # d/du of -u^2/2 - log(1 - tanh^2) at u = 12
+    assert abs(grad[2, 0] - (-12.0)) < 1e-4  # the Gaussian's term alone
+
+
+@pytest.mark.parametrize("value", [-1e-6, float("nan"), "1e-6", True])
+def test_a_bad_tanh_epsilon_is_refused_naming_the_key(value):
+    with pytest.raises(ValueError, match="tanh_epsilon.*a finite number >= 0"):
+        sac_spec(tanh_epsilon=value).build()
+
+
 def test_actions_stay_in_the_box_and_the_rescaling_round_trips():
     module = sac_spec().build()
     with torch.no_grad():

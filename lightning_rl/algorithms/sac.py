@@ -152,6 +152,10 @@ class SACModule(RLModule, TargetNetworkAPI):
 
         - ``fcnet_hiddens``: hidden layer sizes of the actor and of each critic (default ``[256, 256]``).
         - ``fcnet_activation``: their activation (default ``"relu"``).
+        - ``tanh_epsilon``: ``0`` (default) for the exact log-density of a squashed action;
+          ``1e-6`` for Stable-Baselines3's, RLlib's and CleanRL's ``log(1 - tanh(u)^2 + 1e-6)``,
+          whose entropy term stops pulling saturated actions back from the bounds
+          (:func:`squashed_gaussian_logp`).
         - ``conv_filters``, ``conv_activation``, ``image_layout``: the CNN of image observations
           (:mod:`lightning_rl.core.encoders`).
 
