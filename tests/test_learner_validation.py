@@ -8,7 +8,10 @@ import torch
 from conftest import assert_same_tensors, bc_spec, random_batch
 
 from lightning_rl import ALL_MODULES, DEFAULT_MODULE_ID, Columns, MultiRLModuleSpec
+from lightning_rl.algorithms.appo import APPOLearner
 from lightning_rl.algorithms.bc import BCLearner
+from lightning_rl.algorithms.dqn import DQNLearner
+from lightning_rl.algorithms.sac import SACLearner
 
 
 @pytest.fixture
@@ -129,3 +132,27 @@ def test_updating_before_build_says_to_build(learner):
 def test_build_without_a_spec_says_what_is_missing():
     with pytest.raises(ValueError, match="no module_spec"):
         BCLearner().build()
+
+
+@pytest.mark.parametrize(
+    "learner_class, overrides",
+    [
+        (BCLearner, {"num_epochs": 2}),
+        (BCLearner, {"minibatch_size": 32}),
+        (BCLearner, {"torch_compile": True, "cuda_graphs": True}),
+        (DQNLearner, {"tau": 0.5}),
+        (DQNLearner, {"target_network_update_freq": 10}),
+        (APPOLearner, {"tau": 0.5}),
+        (SACLearner, {"update_order": "critics_first"}),
+    ],
+)
+def test_a_learner_wide_hyperparameter_is_refused_per_module(learner_class, overrides):
+    # Read once for all modules (the update loop, a target-network callback): a module's own value would be ignored.
+    names = ", ".join(sorted(overrides))
+    with pytest.raises(ValueError, match=f"module 'p': {names} apply to the whole Learner"):
+        learner_class(model_config={}, config_overrides_per_module={"p": overrides})
+
+
+def test_a_replay_learner_takes_a_modules_own_minibatch_size():
+    learner = DQNLearner(model_config={}, config_overrides_per_module={"p": {"minibatch_size": 64, "lr": 1e-3}})
+    assert (learner.config_for_module("p").minibatch_size, learner.config_for_module("p").lr) == (64, 1e-3)

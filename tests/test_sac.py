@@ -412,7 +412,7 @@ def test_invalid_sac_hyperparameters_fail_at_construction_naming_them(kwargs, me
 
 
 def test_update_order_is_the_whole_learners_not_a_modules():
-    with pytest.raises(ValueError, match="module 'b'.*update_order sets the phases of every minibatch step"):
+    with pytest.raises(ValueError, match="module 'b'.*update_order apply to the whole Learner"):
         SACLearner(sac_spec(), config_overrides_per_module={"b": {"update_order": "critics_first"}})
 
 

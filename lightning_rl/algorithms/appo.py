@@ -140,6 +140,12 @@ class APPOLearner(AdaptiveKLCoeffMixin, IMPALALearner):
         ValueError: One line naming the setting, for a value out of its range.
     """
 
+    #: The target network's ``tau`` and update interval are one callback's, for every module.
+    learner_wide_hyperparameters: ClassVar[frozenset[str]] = IMPALALearner.learner_wide_hyperparameters | {
+        "tau",
+        "target_network_update_freq",
+    }
+
     hyperparameter_checks: ClassVar[Mapping[str, ArgumentCheck]] = {
         "clip_param": partial(check_number, low=0, low_open=True),
         "use_kl_loss": check_bool,

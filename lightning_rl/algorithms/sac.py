@@ -420,6 +420,11 @@ class SACLearner(OffPolicyLearner):
         "update_order": partial(check_choice, choices=UPDATE_ORDERS),
     }
 
+    #: Every module's minibatch steps follow one order.
+    learner_wide_hyperparameters: ClassVar[frozenset[str]] = OffPolicyLearner.learner_wide_hyperparameters | {
+        "update_order"
+    }
+
     #: The optimizers of the first (critic) phase with ``update_order="critics_first"``; the
     #: second steps "policy" and "alpha". A subclass adds the optimizers that belong with the critics.
     critic_phase_optimizers: ClassVar[frozenset[str]] = frozenset({QF_OPTIMIZER})
@@ -454,15 +459,6 @@ class SACLearner(OffPolicyLearner):
                 "the second through the critics the first stepped, which cuda_graphs=True cannot replay; "
                 "set cuda_graphs=False or update_order='joint'"
             )
-
-    def check_config_overrides(self, module_id: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
-        """As the ``Learner``'s, and ``update_order`` is refused: every module's steps follow one order."""
-        if "update_order" in overrides:
-            raise ValueError(
-                f"config overrides for module {module_id!r}: update_order sets the phases of every minibatch "
-                "step, which all modules share; set it for the whole Learner"
-            )
-        return super().check_config_overrides(module_id, overrides)
 
     def gradient_phases(self) -> tuple[frozenset[str] | None, ...]:
         """One phase for ``update_order="joint"``; the critics', then the actor's and temperature's, for

@@ -720,8 +720,8 @@ class Learner(UpdateApiMixin, OptimizersMixin, MultiModuleMixin, StateMixin, Lig
         """``overrides`` for ``module_id``, checked as the Learner's own hyperparameters are.
 
         Raises:
-            ValueError: For ``model_config``, an unknown hyperparameter, or a value out of range,
-                naming the module.
+            ValueError: For ``model_config``, an unknown hyperparameter, one of the
+                ``learner_wide_hyperparameters``, or a value out of range, naming the module.
         """
         where = f"config overrides for module {module_id!r}"
         if "model_config" in overrides:
@@ -731,9 +731,29 @@ class Learner(UpdateApiMixin, OptimizersMixin, MultiModuleMixin, StateMixin, Lig
             )
         per_module = set(self.hparams) - {"config_overrides_per_module", "policies_to_train"}
         check_known_keys(overrides, per_module, "hyperparameter", where=where)
+        shared = sorted(overrides.keys() & self.learner_wide_hyperparameters)
+        if shared:
+            raise ValueError(
+                f"{where}: {', '.join(shared)} apply to the whole Learner (all modules step together, with one "
+                "setting), so they cannot be overridden per module; set them on the Learner"
+            )
         overrides = dict(overrides)
         self._check_config({**self.hparams, **overrides}, f"module {module_id!r}")
         return overrides
+
+    #: The hyperparameters the Learner reads once for all its modules, which a module's
+    #: overrides are refused: the update loop's passes and minibatches, and how the steps run.
+    #: A subclass adds its own (a target network's ``tau`` read by one callback, say).
+    learner_wide_hyperparameters: ClassVar[frozenset[str]] = frozenset(
+        {
+            "num_epochs",
+            "minibatch_size",
+            "shuffle_batch_per_epoch",
+            "torch_compile",
+            "torch_compile_what_to_compile",
+            "cuda_graphs",
+        }
+    )
 
     # The range of every hyperparameter, checked at construction and for each module's
     # overrides. A subclass declares its own hyperparameters' checks in a table of its own;
