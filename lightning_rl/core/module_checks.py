@@ -118,7 +118,8 @@ class ModelConfigKey:
         """A finite int or float, such as ``log_std_init``; with ``minimum``, one at least that."""
         if minimum is None:
             return cls(default, "a finite number", _is_finite_number)
-        return cls(default, f"a finite number >= {minimum}", lambda value: _is_finite_number(value) and value >= minimum)
+        expected = f"a finite number >= {minimum}"
+        return cls(default, expected, lambda value: _is_finite_number(value) and value >= minimum)
 
     def or_none(self, meaning: str) -> ModelConfigKey:
         """This kind of value, or ``None`` (the default), which means ``meaning``.
