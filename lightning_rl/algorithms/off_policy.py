@@ -64,9 +64,9 @@ class OffPolicyLearner(Learner):
 
     #: The target networks' ``tau`` and update interval are one callback's, for every module. A
     #: module's own ``minibatch_size`` is taken (``update_from_replay`` asks all modules to agree).
-    learner_wide_hyperparameters: ClassVar[frozenset[str]] = Learner.learner_wide_hyperparameters - {
-        "minibatch_size"
-    } | {"tau", "target_network_update_freq"}
+    learner_wide_hyperparameters: ClassVar[frozenset[str]] = (
+        Learner.learner_wide_hyperparameters - {"minibatch_size"}
+    ) | {"tau", "target_network_update_freq"}
 
     hyperparameter_checks: ClassVar[Mapping[str, ArgumentCheck]] = {
         "gamma": check_probability,

@@ -741,8 +741,8 @@ class Learner(UpdateApiMixin, OptimizersMixin, MultiModuleMixin, StateMixin, Lig
         self._check_config({**self.hparams, **overrides}, f"module {module_id!r}")
         return overrides
 
-    #: The hyperparameters the Learner reads once for all its modules, which a module's
-    #: overrides are refused: the update loop's passes and minibatches, and how the steps run.
+    #: The hyperparameters the Learner reads once for all its modules (the update loop's passes
+    #: and minibatches, how the steps run); a module's overrides of them are refused.
     #: A subclass adds its own (a target network's ``tau`` read by one callback, say).
     learner_wide_hyperparameters: ClassVar[frozenset[str]] = frozenset(
         {
