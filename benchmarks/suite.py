@@ -60,6 +60,7 @@ START_TIME = time.time()  # a child's clock starts with the script, before its h
 
 import argparse
 import dataclasses
+import itertools
 import json
 import os
 import resource
@@ -352,12 +353,38 @@ def task_report(name: str, records: list[dict[str, Any]]) -> str:
             f"| ours / SB3 | | | {ratio(ours['steps_per_second'], sb3['steps_per_second'])} | "
             f"{ratio(ours['wall_seconds'], sb3['wall_seconds'])} |"
         )
+    finals = {library: [value for r in done.get(library, []) if (value := final_return(r)) is not None]
+              for library in ("ours", "sb3")}  # fmt: skip
+    if min(len(values) for values in finals.values()) >= 2:
+        gap, p_value = median_gap_p_value(finals["ours"], finals["sb3"])
+        lines += ["", f"Seed noise: ours' median final return minus SB3's is {gap:,.1f}. Were both libraries' "
+                  f"returns from one distribution, a difference of {gap:,.1f} or less would come up in "
+                  f"{p_value:.0%} of the ways to split the {len(finals['ours']) + len(finals['sb3'])} runs into "
+                  "groups of these sizes (an exact one-sided permutation test)."]  # fmt: skip
     lines += ["", "Final eval return: the mean over the last evaluation's episodes, after the last update. Env steps/s: "
               "env steps over the training loop's time, evaluation left out; wall: set-up plus that loop. A ratio "
               "above 1 is faster for env steps/s and slower for wall time.", "",
               "Targets (issue 17): " + targets(task, ours, sb3), "",
               f"![{name}: evaluation return vs env steps]({name}.png)", ""]  # fmt: skip
     return "\n".join(lines)
+
+
+def median_gap_p_value(ours: list[float], sb3: list[float]) -> tuple[float, float]:
+    """``median(ours) - median(sb3)`` and its one-sided permutation p-value.
+
+    The p-value is the fraction of all splits of the pooled values into groups of
+    ``len(ours)`` and ``len(sb3)`` whose median difference is at most the observed one: how
+    often chance alone puts ours this far behind (or further) when the two are alike.
+    """
+    pooled = ours + sb3
+    gap = statistics.median(ours) - statistics.median(sb3)
+    splits = list(itertools.combinations(range(len(pooled)), len(ours)))
+    at_most = 0
+    for chosen in splits:
+        first = [pooled[i] for i in chosen]
+        second = [value for i, value in enumerate(pooled) if i not in chosen]
+        at_most += statistics.median(first) - statistics.median(second) <= gap + 1e-9
+    return gap, at_most / len(splits)
 
 
 def ratio(numerator: float | None, denominator: float | None) -> str:
