@@ -48,6 +48,7 @@ def test_the_report_gives_medians_ratios_and_each_target_met_or_not_with_a_plot(
     assert "| ours / SB3 | | | 0.33x | 2.67x |" in text
     assert "ours' median eval return >= 200: met (210.0)" in text
     assert "median wall time <= SB3's: NOT met (200 s vs 75 s)" in text
+    assert "ours' median final return minus SB3's is 25.0" in text and "come up in 80% of the ways" in text
     assert (tmp_path / "ppo_lunarlander.png").stat().st_size > 10_000
 
 
@@ -133,3 +134,11 @@ def test_sb3_refuses_policy_and_value_networks_of_different_activations(monkeypa
     assert sb3_suite.unsupported_ppo({**model, "model_config": different}, data) == (
         "policy and value activations 'relu' and 'tanh'"
     )
+
+
+def test_the_seed_noise_p_value_counts_the_splits_at_or_below_the_observed_median_gap(suite):
+    # Of the 20 splits of six runs into 3 + 3, only the observed one and {1, 2, 10} | {3, 11, 12} give a gap of -9.
+    assert suite.median_gap_p_value([1.0, 2.0, 3.0], [10.0, 11.0, 12.0]) == (-9.0, 0.1)
+    # Ours ahead by the most any split gives: every split's gap is at most this.
+    gap, p_value = suite.median_gap_p_value([10.0, 11.0, 12.0], [1.0, 2.0, 3.0])
+    assert (gap, p_value) == (9.0, 1.0)
