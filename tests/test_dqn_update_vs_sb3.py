@@ -12,11 +12,10 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from torch import nn
+from _sb3_parity import FixedReplay, linears, spaces_only_env
 
 from lightning_rl import RLModuleSpec
 from lightning_rl.algorithms.dqn import DQNLearner, DQNModule
-from lightning_rl.algorithms.off_policy import BATCH_INDEXES
 from lightning_rl.core.columns import Columns
 
 OBS = gym.spaces.Box(-10.0, 10.0, (8,), np.float32)
@@ -25,29 +24,6 @@ HIDDENS = [32, 32]
 ROWS = 64
 # The Huber loss's mean bounds each row's gradient by 1 / ROWS: a clip below the example's 10 makes it act.
 LR, GAMMA, GRAD_CLIP = 6.3e-4, 0.99, 0.1
-
-
-class _FixedReplay:
-    """Hands our Learner the given minibatch (a uniform replay's columns)."""
-
-    def __init__(self, batch: dict[str, np.ndarray]) -> None:
-        self.batch = batch
-
-    def sample(self, batch_size: int, *, n_step: int, gamma: float) -> dict[str, np.ndarray]:
-        return {**self.batch, BATCH_INDEXES: np.arange(len(self.batch[Columns.OBS]))}
-
-    def update_priorities(self, batch_indexes: np.ndarray, td_errors: np.ndarray) -> None:
-        pass
-
-
-class _Env(gym.Env):
-    """Only the spaces SB3 builds its networks from; never stepped."""
-
-    observation_space, action_space = OBS, ACTIONS
-
-
-def _linears(network: nn.Module) -> list[nn.Linear]:
-    return [layer for layer in network.modules() if isinstance(layer, nn.Linear)]
 
 
 def _minibatch(rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -68,7 +44,7 @@ def test_twenty_gradient_steps_leave_the_same_weights_as_sb3s():
     from stable_baselines3.common.logger import configure
     from stable_baselines3.common.type_aliases import ReplayBufferSamples
 
-    sb3 = DQN("MlpPolicy", _Env(), learning_rate=LR, batch_size=ROWS, gamma=GAMMA, max_grad_norm=GRAD_CLIP,
+    sb3 = DQN("MlpPolicy", spaces_only_env(OBS, ACTIONS), learning_rate=LR, batch_size=ROWS, gamma=GAMMA, max_grad_norm=GRAD_CLIP,
               learning_starts=0, policy_kwargs={"net_arch": HIDDENS}, device="cpu", seed=0)  # fmt: skip
     sb3.set_logger(configure(None, []))
     spec = RLModuleSpec(module_class=DQNModule, observation_space=OBS, action_space=ACTIONS,
@@ -79,7 +55,7 @@ def test_twenty_gradient_steps_leave_the_same_weights_as_sb3s():
     module = ours.module["default_policy"]
     with torch.no_grad():  # SB3's initial weights, online and target, into ours
         for theirs, mine in ((sb3.q_net, module.q_net), (sb3.q_net_target, module.target_q_net)):
-            for source, layer in zip(_linears(theirs), _linears(mine), strict=True):
+            for source, layer in zip(linears(theirs), linears(mine), strict=True):
                 layer.weight.copy_(source.weight)
                 layer.bias.copy_(source.bias)
 
@@ -93,8 +69,8 @@ def test_twenty_gradient_steps_leave_the_same_weights_as_sb3s():
         )  # fmt: skip
         sb3.replay_buffer.sample = lambda batch_size, env=None, sample=sample: sample
         sb3.train(gradient_steps=1, batch_size=ROWS)
-        results = ours.update_from_replay(_FixedReplay(batch))
-        for source, layer in zip(_linears(sb3.q_net), _linears(module.q_net), strict=True):
+        results = ours.update_from_replay(FixedReplay(batch))
+        for source, layer in zip(linears(sb3.q_net), linears(module.q_net), strict=True):
             torch.testing.assert_close(layer.weight, source.weight, rtol=1e-5, atol=1e-6, msg=f"step {step}")
             torch.testing.assert_close(layer.bias, source.bias, rtol=1e-5, atol=1e-6, msg=f"step {step}")
     # The clipping acted: the gradient's norm before it was above GRAD_CLIP.

@@ -22,11 +22,11 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from torch import Tensor, nn
+from _sb3_parity import FixedReplay, linears, spaces_only_env
+from torch import Tensor
 
 from lightning_rl import RLModuleSpec
 from lightning_rl.algorithms import sac
-from lightning_rl.algorithms.off_policy import BATCH_INDEXES
 from lightning_rl.algorithms.sac import SACLearner, SACModule
 from lightning_rl.core.columns import Columns
 
@@ -35,29 +35,6 @@ ACTIONS = gym.spaces.Box(-2.0, 2.0, (2,), np.float32)
 HIDDENS = [32, 32]
 ROWS = 64
 LR, GAMMA, TAU = 3e-3, 0.99, 0.05  # larger than the example's, so that 20 steps move every weight visibly
-
-
-class _FixedReplay:
-    """Hands our Learner the given minibatch (a uniform replay's columns)."""
-
-    def __init__(self, batch: dict[str, np.ndarray]) -> None:
-        self.batch = batch
-
-    def sample(self, batch_size: int, *, n_step: int, gamma: float) -> dict[str, np.ndarray]:
-        return {**self.batch, BATCH_INDEXES: np.arange(len(self.batch[Columns.OBS]))}
-
-    def update_priorities(self, batch_indexes: np.ndarray, td_errors: np.ndarray) -> None:
-        pass
-
-
-class _Env(gym.Env):
-    """Only the spaces SB3 builds its networks from; never stepped."""
-
-    observation_space, action_space = OBS, ACTIONS
-
-
-def _linears(network: nn.Module) -> list[nn.Linear]:
-    return [layer for layer in network.modules() if isinstance(layer, nn.Linear)]
 
 
 def _minibatch(rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -76,10 +53,10 @@ def _copy_weights(sb3_model, module: SACModule) -> None:
     """SB3's initial actor, critics and target critics into ours (our actor's last layer is SB3's mu and log_std)."""
     actor, critic, target = sb3_model.actor, sb3_model.critic, sb3_model.critic_target
     with torch.no_grad():
-        for source, layer in zip(_linears(actor.latent_pi), _linears(module.pi)[:-1], strict=True):
+        for source, layer in zip(linears(actor.latent_pi), linears(module.pi)[:-1], strict=True):
             layer.weight.copy_(source.weight)
             layer.bias.copy_(source.bias)
-        head = _linears(module.pi)[-1]
+        head = linears(module.pi)[-1]
         head.weight.copy_(torch.cat([actor.mu.weight, actor.log_std.weight]))
         head.bias.copy_(torch.cat([actor.mu.bias, actor.log_std.bias]))
         for theirs, mine in (
@@ -88,7 +65,7 @@ def _copy_weights(sb3_model, module: SACModule) -> None:
             (target.q_networks[0], module.target_qf),
             (target.q_networks[1], module.target_qf_twin),
         ):
-            for source, layer in zip(_linears(theirs), _linears(mine), strict=True):
+            for source, layer in zip(linears(theirs), linears(mine), strict=True):
                 layer.weight.copy_(source.weight)
                 layer.bias.copy_(source.bias)
 
@@ -96,16 +73,16 @@ def _copy_weights(sb3_model, module: SACModule) -> None:
 def _assert_same_weights(sb3_model, module: SACModule, step: int) -> None:
     actor = sb3_model.actor
     pairs = [
-        *zip(_linears(actor.latent_pi), _linears(module.pi)[:-1], strict=True),
-        *zip(_linears(sb3_model.critic), _linears(module.qf) + _linears(module.qf_twin), strict=True),
+        *zip(linears(actor.latent_pi), linears(module.pi)[:-1], strict=True),
+        *zip(linears(sb3_model.critic), linears(module.qf) + linears(module.qf_twin), strict=True),
         *zip(
-            _linears(sb3_model.critic_target), _linears(module.target_qf) + _linears(module.target_qf_twin), strict=True
+            linears(sb3_model.critic_target), linears(module.target_qf) + linears(module.target_qf_twin), strict=True
         ),
     ]
     for source, layer in pairs:
         torch.testing.assert_close(layer.weight, source.weight, rtol=1e-5, atol=1e-6, msg=f"step {step}")
         torch.testing.assert_close(layer.bias, source.bias, rtol=1e-5, atol=1e-6, msg=f"step {step}")
-    head = _linears(module.pi)[-1]
+    head = linears(module.pi)[-1]
     torch.testing.assert_close(head.weight, torch.cat([actor.mu.weight, actor.log_std.weight]), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(head.bias, torch.cat([actor.mu.bias, actor.log_std.bias]), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(module.log_alpha.detach(), sb3_model.log_ent_coef.detach()[0], rtol=1e-5, atol=1e-6)
@@ -117,7 +94,7 @@ def test_twenty_critics_first_gradient_steps_leave_the_same_weights_as_sb3s(monk
     from stable_baselines3.common.logger import configure
     from stable_baselines3.common.type_aliases import ReplayBufferSamples
 
-    sb3 = SAC("MlpPolicy", _Env(), learning_rate=LR, batch_size=ROWS, gamma=GAMMA, tau=TAU, learning_starts=0,
+    sb3 = SAC("MlpPolicy", spaces_only_env(OBS, ACTIONS), learning_rate=LR, batch_size=ROWS, gamma=GAMMA, tau=TAU, learning_starts=0,
               policy_kwargs={"net_arch": HIDDENS}, device="cpu", seed=0)  # fmt: skip
     sb3.set_logger(configure(None, []))
     # SB3's log-density of a squashed action adds 1e-6 inside log(1 - tanh(u)^2) (tanh_epsilon).
@@ -147,7 +124,7 @@ def test_twenty_critics_first_gradient_steps_leave_the_same_weights_as_sb3s(monk
         torch.manual_seed(step)
         noise_s, noise_next = torch.randn(ROWS, 2), torch.randn(ROWS, 2)  # SB3's two draws, in its order
         replayed[:] = [noise_s, noise_next, noise_s, noise_next]
-        ours.update_from_replay(_FixedReplay(batch))
+        ours.update_from_replay(FixedReplay(batch))
         assert not replayed, "ours drew a different number of Gaussian samples than the test replays"
         _assert_same_weights(sb3, module, step)
     # The temperature moved (its loss acted) and the targets trail the online critics (Polyak acted).
