@@ -39,7 +39,7 @@ def test_a_misspelled_model_config_key_names_the_closest_valid_one():
 def test_an_unknown_key_with_no_close_match_lists_the_valid_keys():
     expected = (
         r"unknown model_config key 'zzz'\. Valid keys: \['conv_activation', 'conv_filters', 'fcnet_activation', "
-        r"'fcnet_hiddens', 'image_layout'\]"
+        r"'fcnet_hiddens', 'image_layout', 'tanh_epsilon'\]"
     )
     with pytest.raises(ValueError, match=expected):
         SACLearner(model_config={"zzz": 1})
@@ -132,7 +132,8 @@ def test_the_defaults_fill_the_keys_left_out_and_model_config_stays_as_given():
     module = RLModuleSpec(SACModule, OBS, BOX, {"fcnet_hiddens": [4]}).build()
     assert module.model_config == {"fcnet_hiddens": [4]}
     encoder_defaults = {"conv_filters": None, "conv_activation": "relu", "image_layout": "auto"}
-    assert module.resolved_model_config() == {"fcnet_hiddens": [4], "fcnet_activation": "relu", **encoder_defaults}
+    sac_defaults = {"fcnet_activation": "relu", "tanh_epsilon": 0.0}
+    assert module.resolved_model_config() == {"fcnet_hiddens": [4], **sac_defaults, **encoder_defaults}
     assert PPOModule(OBS, DISCRETE, {}).resolved_model_config() == {
         "fcnet_hiddens": [256, 256],
         "fcnet_activation": "tanh",
