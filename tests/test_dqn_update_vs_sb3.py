@@ -44,7 +44,8 @@ def test_twenty_gradient_steps_leave_the_same_weights_as_sb3s():
     from stable_baselines3.common.logger import configure
     from stable_baselines3.common.type_aliases import ReplayBufferSamples
 
-    sb3 = DQN("MlpPolicy", spaces_only_env(OBS, ACTIONS), learning_rate=LR, batch_size=ROWS, gamma=GAMMA, max_grad_norm=GRAD_CLIP,
+    env = spaces_only_env(OBS, ACTIONS)
+    sb3 = DQN("MlpPolicy", env, learning_rate=LR, batch_size=ROWS, gamma=GAMMA, max_grad_norm=GRAD_CLIP,
               learning_starts=0, policy_kwargs={"net_arch": HIDDENS}, device="cpu", seed=0)  # fmt: skip
     sb3.set_logger(configure(None, []))
     spec = RLModuleSpec(module_class=DQNModule, observation_space=OBS, action_space=ACTIONS,

@@ -94,7 +94,8 @@ def test_twenty_critics_first_gradient_steps_leave_the_same_weights_as_sb3s(monk
     from stable_baselines3.common.logger import configure
     from stable_baselines3.common.type_aliases import ReplayBufferSamples
 
-    sb3 = SAC("MlpPolicy", spaces_only_env(OBS, ACTIONS), learning_rate=LR, batch_size=ROWS, gamma=GAMMA, tau=TAU, learning_starts=0,
+    env = spaces_only_env(OBS, ACTIONS)
+    sb3 = SAC("MlpPolicy", env, learning_rate=LR, batch_size=ROWS, gamma=GAMMA, tau=TAU, learning_starts=0,
               policy_kwargs={"net_arch": HIDDENS}, device="cpu", seed=0)  # fmt: skip
     sb3.set_logger(configure(None, []))
     # SB3's log-density of a squashed action adds 1e-6 inside log(1 - tanh(u)^2) (tanh_epsilon).
