@@ -335,9 +335,10 @@ def task_report(name: str, records: list[dict[str, Any]]) -> str:
         "| library | runs done | final eval return: median [min, max] | env steps/s (median) | wall s (median) |",
         "|---|---|---|---|---|",
     ]  # fmt: skip
+    finals = {library: [value for r in rs if (value := final_return(r)) is not None] for library, rs in done.items()}
     for library, rs in runs.items():
-        finals = [value for r in done[library] if (value := final_return(r)) is not None]
-        spread = f"{statistics.median(finals):,.1f} [{min(finals):,.1f}, {max(finals):,.1f}]" if finals else "-"
+        values = finals[library]
+        spread = f"{statistics.median(values):,.1f} [{min(values):,.1f}, {max(values):,.1f}]" if values else "-"
         lines.append(
             f"| {LIBRARY_LABELS[library]} | {len(done[library])}/{len(rs)} (seeds "
             f"{', '.join(str(r['seed']) for r in sorted(rs, key=lambda r: r['seed']))}) | {spread} | "
@@ -353,9 +354,7 @@ def task_report(name: str, records: list[dict[str, Any]]) -> str:
             f"| ours / SB3 | | | {ratio(ours['steps_per_second'], sb3['steps_per_second'])} | "
             f"{ratio(ours['wall_seconds'], sb3['wall_seconds'])} |"
         )
-    finals = {library: [value for r in done.get(library, []) if (value := final_return(r)) is not None]
-              for library in ("ours", "sb3")}  # fmt: skip
-    if min(len(values) for values in finals.values()) >= 2:
+    if min(len(finals.get(library, [])) for library in ("ours", "sb3")) >= 2:
         gap, p_value = median_gap_p_value(finals["ours"], finals["sb3"])
         lines += ["", f"Seed noise: ours' median final return minus SB3's is {gap:,.1f}. Were both libraries' "
                   f"returns from one distribution, a difference of {gap:,.1f} or less would come up in "
