@@ -32,6 +32,8 @@ The variants:
 
 ``--cql-update-order critics_first`` runs our CQL in d3rlpy's order (critics, then the actor
 against the updated critics); the default is our ``"joint"`` one-pass step.
+``--sample-with-replacement`` has our data module draw every minibatch's rows with replacement, as
+d3rlpy's replay buffer does; by default ours visits each row once per pass, in a new order each pass.
 
 CQL runs without the Lagrangian (d3rlpy: ``alpha_learning_rate=0`` and ``initial_alpha=1``,
 which leaves its penalty ``5 * (gap - 10)``: the same gradients as our ``cql_weight=5``).
@@ -102,6 +104,11 @@ def main() -> None:
         choices=["joint", "critics_first"],
         default="joint",
         help="our CQL's update_order (d3rlpy's own order is critics_first)",
+    )
+    parser.add_argument(
+        "--sample-with-replacement",
+        action="store_true",
+        help="our OfflineDataModule draws rows with replacement, as d3rlpy does (default: each row once per pass)",
     )
     parser.add_argument("--eval-episodes", type=int, default=10)
     parser.add_argument(
@@ -208,6 +215,7 @@ def run_child(
             hidden=args.hidden,
             eval_episodes=args.eval_episodes,
             eval_at=args.eval_at,
+            sample_with_replacement=args.sample_with_replacement,
             threads=args.threads,
             settings={**COMMON[0], **ours},
         )
@@ -301,7 +309,11 @@ def run_ours(spec: dict[str, Any]) -> None:
     learner_class = {"cql": CQLLearner, "iql": IQLLearner}[spec["algo"]]
     learner = learner_class(model_config={"fcnet_hiddens": spec["hidden"]}, **spec["settings"])
     data = OfflineDataModule(
-        spec["dataset_id"], batch_size=BATCH_SIZE, updates_per_epoch=spec["steps"], seed=spec["seed"]
+        spec["dataset_id"],
+        batch_size=BATCH_SIZE,
+        updates_per_epoch=spec["steps"],
+        seed=spec["seed"],
+        sample_with_replacement=spec["sample_with_replacement"],
     )
     timer = TrainingTime()
     trainer = Trainer(

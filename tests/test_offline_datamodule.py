@@ -96,7 +96,7 @@ def make_cartpole_dataset(dataset_id: str, num_episodes: int, *, seed: int = 0) 
 
 def stream_of(dataset_id: str, columns: list[str], **kwargs: Any) -> RowStream:
     dataset = open_dataset(dataset_id)
-    options = dict(seed=0, shuffle=False, window_rows=None, gamma=None) | kwargs
+    options = dict(seed=0, shuffle=False, replacement=False, window_rows=None, gamma=None) | kwargs
     screening = screen_episodes(dataset, dataset_id, episode_lengths(dataset, dataset_id), on_nonfinite="raise")
     return RowStream(dataset, dataset_id, screening.episodes, columns=columns, **options)
 
@@ -184,6 +184,32 @@ def test_shuffling_is_a_function_of_the_seed_and_differs_across_passes():
     # Each pass visits every row once, in an order of its own.
     assert sorted(pass0) == sorted(pass1) and len(set(pass0)) == num_rows
     assert pass0 != pass1
+
+
+def test_sampling_with_replacement_draws_rows_independently_as_a_function_of_the_seed():
+    lengths = [20] * 10
+    num_rows = make_hand_dataset("test/replacement-v0", lengths)
+    first = stream_of("test/replacement-v0", [Columns.OBS], seed=7, shuffle=True, replacement=True)
+    again = stream_of("test/replacement-v0", [Columns.OBS], seed=7, shuffle=True, replacement=True)
+    shuffled = stream_of("test/replacement-v0", [Columns.OBS], seed=7, shuffle=True)
+
+    drawn = row_ids(first.rows(0, 3 * num_rows)[Columns.OBS])
+    pieces = [again.rows(start, start + 7)[Columns.OBS] for start in range(0, 3 * num_rows, 7)]
+    assert row_ids(torch.cat(pieces))[: 3 * num_rows] == drawn  # the same positions hold the same rows
+    for p in range(3):
+        one_pass = drawn[p * num_rows : (p + 1) * num_rows]
+        # Independent uniform draws: about 1 - 1/e (63%) of the rows come in a pass, some of them twice.
+        assert 0.55 * num_rows < len(set(one_pass)) < 0.72 * num_rows
+    assert set(drawn) <= {(e, t) for e, steps in enumerate(lengths) for t in range(steps)}
+    assert drawn[:num_rows] != row_ids(shuffled.rows(0, num_rows)[Columns.OBS])
+
+    # Streaming draws within each window of whole episodes: its first window's draws come from few episodes.
+    windows = stream_of("test/replacement-v0", [Columns.OBS], seed=7, shuffle=True, replacement=True, window_rows=40)
+    from_windows = row_ids(windows.rows(0, num_rows)[Columns.OBS])
+    assert len({e for e, _ in from_windows[:40]}) <= 2 and len(set(from_windows)) < 0.72 * num_rows
+
+    with pytest.raises(ValueError, match="cannot keep the dataset's order"):
+        stream_of("test/replacement-v0", [Columns.OBS], shuffle=False, replacement=True).rows(0, 1)
 
 
 def test_streaming_reads_windows_of_episodes_and_yields_every_row_once_per_pass():
@@ -294,7 +320,9 @@ def test_two_ranks_train_on_disjoint_rows_that_together_cover_a_pass(tmp_path):
         np.testing.assert_array_equal(value, rank1["weights"][name], err_msg=name)
 
 
-def _fit(root: Path, *, max_epochs: int, ckpt_path: str | None = None, every: int | None = None) -> tuple:
+def _fit(
+    root: Path, *, max_epochs: int, ckpt_path: str | None = None, every: int | None = None, replacement: bool = False
+) -> tuple:
     record = RecordItems()
     callbacks: list[Callback] = [record]
     if every is not None:
@@ -302,7 +330,9 @@ def _fit(root: Path, *, max_epochs: int, ckpt_path: str | None = None, every: in
     torch.manual_seed(0)
     # The learning rate falls with the rows trained on: the schedule must resume where it was.
     learner = bc_learner(lr=[[0, 3e-2], [60, 1e-3]])
-    data = OfflineDataModule("test/resume-v0", batch_size=5, updates_per_epoch=4, seed=3)
+    data = OfflineDataModule(
+        "test/resume-v0", batch_size=5, updates_per_epoch=4, seed=3, sample_with_replacement=replacement
+    )
     trainer = offline_trainer(
         root, max_epochs=max_epochs, callbacks=callbacks, enable_checkpointing=every is not None, limit_val_batches=0
     )
@@ -310,15 +340,18 @@ def _fit(root: Path, *, max_epochs: int, ckpt_path: str | None = None, every: in
     return learner, record
 
 
-def test_a_resumed_fit_continues_the_stream_and_ends_with_identical_weights(tmp_path):
+@pytest.mark.parametrize("replacement", [False, True], ids=["passes", "with_replacement"])
+def test_a_resumed_fit_continues_the_stream_and_ends_with_identical_weights(tmp_path, replacement):
     make_hand_dataset("test/resume-v0", [4, 5, 3, 6])  # 18 rows: items straddle passes
-    whole, whole_items = _fit(tmp_path / "whole", max_epochs=3)
-    _, first_items = _fit(tmp_path / "first", max_epochs=3, every=6)
+    whole, whole_items = _fit(tmp_path / "whole", max_epochs=3, replacement=replacement)
+    _, first_items = _fit(tmp_path / "first", max_epochs=3, every=6, replacement=replacement)
     # Resume mid-epoch: from the checkpoint after item 6 of 12 (epoch 1's second item), the first written.
     checkpoint = min((tmp_path / "first" / "ckpt").glob("*.ckpt"), key=lambda path: path.stat().st_mtime_ns)
-    resumed, resumed_items = _fit(tmp_path / "resumed", max_epochs=3, ckpt_path=str(checkpoint))
+    resumed, resumed_items = _fit(tmp_path / "resumed", max_epochs=3, ckpt_path=str(checkpoint), replacement=replacement)
 
     assert whole_items.timesteps == [5 * (i + 1) for i in range(12)]
+    first_pass = [tuple(row) for obs in whole_items.obs for row in obs.tolist()][:18]
+    assert (len(set(first_pass)) < 18) == replacement  # rows repeat within a pass only when drawn with replacement
     assert resumed_items.timesteps == whole_items.timesteps[6:]
     for ours, theirs in zip(resumed_items.obs, whole_items.obs[6:]):
         np.testing.assert_array_equal(ours, theirs)
@@ -554,6 +587,8 @@ def test_an_evaluation_env_whose_spaces_are_not_the_datasets_is_refused(tmp_path
         ({"evaluation_num_envs": 0}, "evaluation_num_envs must be an int >= 1"),
         ({"in_memory": "yes"}, "in_memory must be a bool"),
         ({"shuffle": None}, "shuffle must be a bool"),
+        ({"sample_with_replacement": 1}, "sample_with_replacement must be a bool"),
+        ({"sample_with_replacement": True, "shuffle": False}, "cannot keep the dataset's order"),
         ({"evaluation_env": "NoSuchEnv-v9"}, "NoSuchEnv-v9"),
         ({"evaluation_env_kwargs": [1]}, "evaluation_env_kwargs must be a dict"),
         ({"iterations_per_update": 0}, "iterations_per_update must be an int >= 1"),

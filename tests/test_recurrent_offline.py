@@ -122,6 +122,23 @@ def test_episodes_become_zero_padded_sequences_from_zero_states_with_the_previou
     assert data.state_dict()["sequences_drawn"] == 4
 
 
+def test_sequences_drawn_with_replacement_repeat_within_a_pass_and_keep_their_timesteps(tmp_path):
+    # 12 episodes of 4 steps: 12 one-sequence passes; 6 minibatches of 2 sequences draw one pass's worth.
+    make_hand_dataset("test/seq-replacement-v0", [4] * 12)
+    learner = BCLearner(model_config=recurrent_config(4))
+    data = OfflineDataModule(
+        "test/seq-replacement-v0", batch_size=8, updates_per_epoch=6, seed=0, sample_with_replacement=True
+    )
+    record = RecordMinibatches()
+    offline_trainer(tmp_path, callbacks=[record], limit_val_batches=0).fit(learner, datamodule=data)
+
+    episodes = [int(sequence[0, 0]) for minibatch in record.minibatches for sequence in minibatch[Columns.OBS]]
+    assert len(episodes) == 12 and len(set(episodes)) < 12  # some episode drawn twice in the pass
+    for minibatch in record.minibatches:  # whole sequences, from their first step
+        assert minibatch[Columns.OBS][:, :, 1].tolist() == [[0, 1, 2, 3]] * 2
+    assert record.timesteps == [8 * (i + 1) for i in range(6)]
+
+
 def test_a_learner_names_its_stateful_modules_max_seq_len_in_its_requirements():
     recurrent = BCLearner(RLModuleSpec(BCModule, OBS, ACTIONS, recurrent_config(7)))
     recurrent.build()

@@ -264,9 +264,12 @@ class RowStream:
         columns: The columns ``rows`` returns.
         seed: Seeds each pass's order (``(seed, pass)``) and each window's (``(seed, pass, window)``).
         shuffle: Whether passes are shuffled; without it rows come in the dataset's order.
+        replacement: Draw each pass's rows uniformly at random with replacement instead of
+            visiting every row once (``visit_order``); needs ``shuffle``.
         window_rows: ``None`` to hold the whole dataset in memory (one window, read on first
             use); otherwise read windows of consecutive episodes (in the pass's episode order)
-            of about this many rows each, shuffling rows within a window.
+            of about this many rows each, shuffling (or, with ``replacement``, drawing) rows
+            within a window.
         gamma: The discount of ``value_targets`` (needed only when ``columns`` holds it).
     """
 
@@ -279,6 +282,7 @@ class RowStream:
         columns: Sequence[str],
         seed: int,
         shuffle: bool,
+        replacement: bool,
         window_rows: int | None,
         gamma: float | None,
     ) -> None:
@@ -289,6 +293,7 @@ class RowStream:
         self.columns = list(columns)
         self.seed = seed
         self.shuffle = shuffle
+        self.replacement = replacement
         self.window_rows = window_rows
         self.gamma = gamma if Columns.VALUE_TARGETS in self.columns else None
         self.num_rows = int(self.lengths.sum())
@@ -372,7 +377,7 @@ class RowStream:
                 rows = EpisodeRows(self.dataset, self.dataset_id, episodes, gamma=self.gamma)
                 self.num_windows_read += 1
                 generator = self._generator(pass_index, window_index)
-            order = generator.permutation(len(rows)) if self.shuffle else np.arange(len(rows))
+            order = visit_order(generator, len(rows), shuffle=self.shuffle, replacement=self.replacement)
             self._windows[key] = (rows, torch.from_numpy(order))
             while len(self._windows) > _CACHED_WINDOWS:
                 self._windows.popitem(last=False)
@@ -400,6 +405,8 @@ class SequenceStream:
         columns: The dataset columns ``sequences`` returns (``DATASET_COLUMNS``).
         seed: Seeds each pass's order (``(seed, pass)``).
         shuffle: Whether passes are shuffled; without it sequences come in the dataset's order.
+        replacement: Draw each pass's sequences uniformly at random with replacement instead of
+            visiting every sequence once (``visit_order``); needs ``shuffle``.
         max_seq_len: ``T``, the steps of a sequence.
         gamma: The discount of ``value_targets`` (needed only when ``columns`` holds it).
     """
@@ -413,6 +420,7 @@ class SequenceStream:
         columns: Sequence[str],
         seed: int,
         shuffle: bool,
+        replacement: bool,
         max_seq_len: int,
         gamma: float | None,
     ) -> None:
@@ -423,6 +431,7 @@ class SequenceStream:
         self.columns = list(columns)
         self.seed = seed
         self.shuffle = shuffle
+        self.replacement = replacement
         self.max_seq_len = max_seq_len
         self.gamma = gamma if Columns.VALUE_TARGETS in self.columns else None
         layout = sequence_layout(torch.from_numpy(np.asarray(lengths, dtype=np.int64)), max_seq_len)
@@ -500,11 +509,32 @@ class SequenceStream:
         """The order a pass visits the sequences in (cached: the current and previous passes)."""
         if pass_index not in self._orders:
             generator = np.random.default_rng([self.seed, pass_index])
-            order = generator.permutation(self.num_sequences) if self.shuffle else np.arange(self.num_sequences)
+            order = visit_order(generator, self.num_sequences, shuffle=self.shuffle, replacement=self.replacement)
             self._orders[pass_index] = torch.from_numpy(order)
             while len(self._orders) > _CACHED_WINDOWS:
                 self._orders.popitem(last=False)
         return self._orders[pass_index]
+
+
+def visit_order(generator: np.random.Generator, count: int, *, shuffle: bool, replacement: bool) -> np.ndarray:
+    """The items (rows or sequences, ``[0, count)``) one pass of a stream visits, in order.
+
+    Args:
+        generator: The pass's (or window's) seeded generator.
+        count: Items in the pass.
+        shuffle: Visit every item once in a random order; without it, in the dataset's order.
+        replacement: Instead draw ``count`` items uniformly at random with replacement, each draw
+            independent of the others (d3rlpy's and most offline RL code's sampling): some items
+            come twice in a pass, about ``1/e`` of them not at all.
+
+    Raises:
+        ValueError: For ``replacement`` without ``shuffle`` (random draws have no dataset order).
+    """
+    if replacement:
+        if not shuffle:
+            raise ValueError("drawing with replacement is random: it cannot keep the dataset's order (shuffle=False)")
+        return generator.integers(0, count, size=count)
+    return generator.permutation(count) if shuffle else np.arange(count)
 
 
 def _zero_where_not(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:

@@ -99,6 +99,13 @@ class OfflineDataModule(RankedDataModule):
             networks move every step (CQL, IQL); more trims per-update overhead for BC and MARWIL.
         shuffle: Visit rows in a new random order every pass (seeded); without it rows come in
             the dataset's order, episode after episode.
+        sample_with_replacement: Draw every row of a minibatch uniformly at random from the whole
+            dataset, independently of all other draws (with replacement), as d3rlpy and most
+            offline RL code sample, instead of visiting each row once per pass. Still a
+            deterministic function of ``(seed, stream position)``, so resuming and the ranks'
+            disjoint stream stretches work as without it. When streaming (``in_memory=False``)
+            rows are drawn from the current window of episodes; for a stateful module, whole
+            sequences are drawn. Needs ``shuffle``.
         seed: Seeds the passes' orders and the evaluation envs. ``None`` draws one from numpy's
             global generator at setup (rank 0's, shared with the other ranks); it is saved in
             checkpoints, so a resumed fit continues the same stream.
@@ -150,6 +157,7 @@ class OfflineDataModule(RankedDataModule):
         updates_per_epoch: int = 1000,
         iterations_per_update: int = 1,
         shuffle: bool = True,
+        sample_with_replacement: bool = False,
         seed: int | None = None,
         module_id: str = DEFAULT_MODULE_ID,
         evaluation_env: str | None = None,
@@ -174,9 +182,18 @@ class OfflineDataModule(RankedDataModule):
             ("stream_window_rows", stream_window_rows),
         ):
             check_int(name, value)
-        for name, value in (("shuffle", shuffle), ("evaluation_explore", evaluation_explore)):
+        for name, value in (
+            ("shuffle", shuffle),
+            ("sample_with_replacement", sample_with_replacement),
+            ("evaluation_explore", evaluation_explore),
+        ):
             if not isinstance(value, bool):
                 raise ValueError(f"{name} must be a bool, got {value!r}")
+        if sample_with_replacement and not shuffle:
+            raise ValueError(
+                "sample_with_replacement=True draws rows at random, so it cannot keep the dataset's order "
+                "(shuffle=False): leave shuffle on, or sample without replacement"
+            )
         if on_nonfinite not in ON_NONFINITE_CHOICES:
             raise ValueError(f"on_nonfinite must be one of {list(ON_NONFINITE_CHOICES)}, got {on_nonfinite!r}")
         if in_memory is not None and not isinstance(in_memory, bool):
@@ -274,7 +291,13 @@ class OfflineDataModule(RankedDataModule):
             if self._columns is None:
                 raise RuntimeError("the row stream is built once the Learner is known: call train_dataloader first")
             source = (self._dataset, self.hparams.dataset_id, self._screening.episodes)
-            common = dict(columns=self._columns, seed=self.base_seed, shuffle=self.hparams.shuffle, gamma=self._gamma)
+            common = dict(
+                columns=self._columns,
+                seed=self.base_seed,
+                shuffle=self.hparams.shuffle,
+                replacement=self.hparams.sample_with_replacement,
+                gamma=self._gamma,
+            )
             if self._max_seq_len is not None:
                 self._stream = SequenceStream(*source, max_seq_len=self._max_seq_len, **common)
             else:
