@@ -15,6 +15,7 @@ from conftest import assert_same_tensors, loader_of, make_trainer
 
 from lightning_rl import Columns, Policy, RLModuleSpec, TrainingData, TrainItem
 from lightning_rl.algorithms.cql import ALPHA_PRIME_OPTIMIZER, CQLLearner, CQLModule, conservative_gap
+from lightning_rl.algorithms import sac
 from lightning_rl.algorithms.sac import SACLearner, SACModule
 
 OBS = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
@@ -216,9 +217,15 @@ def test_cql_weight_zero_trains_exactly_as_sac_step_for_step():
         )
 
 
-def test_critics_first_steps_critics_and_multiplier_as_the_joint_step_then_the_actor_without_the_penalty():
+def test_critics_first_steps_critics_and_multiplier_as_the_joint_step_then_the_actor_without_the_penalty(
+    monkeypatch,
+):
     settings = dict(lagrangian=True, lagrangian_lr=0.05, initial_alpha=0.3, **SAME_LRS)
     joint, ordered = built(**settings), built(**settings, update_order="critics_first")
+    # a~ ~ pi(s) from fixed noise, off the global RNG: the joint pass draws it before the penalty's
+    # samples, critics_first's critic pass not at all (its actor pass does), so the penalty's draws align.
+    noise = torch.randn(16, 2)  # dataset_rows(): 16 rows, 2-d actions
+    monkeypatch.setattr(sac, "_gaussian_sample", lambda mean, log_std: mean + log_std.exp() * noise)
     results = []
     for learner in (joint, ordered):
         torch.manual_seed(5)

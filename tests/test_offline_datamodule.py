@@ -347,7 +347,9 @@ def test_a_resumed_fit_continues_the_stream_and_ends_with_identical_weights(tmp_
     _, first_items = _fit(tmp_path / "first", max_epochs=3, every=6, replacement=replacement)
     # Resume mid-epoch: from the checkpoint after item 6 of 12 (epoch 1's second item), the first written.
     checkpoint = min((tmp_path / "first" / "ckpt").glob("*.ckpt"), key=lambda path: path.stat().st_mtime_ns)
-    resumed, resumed_items = _fit(tmp_path / "resumed", max_epochs=3, ckpt_path=str(checkpoint), replacement=replacement)
+    resumed, resumed_items = _fit(
+        tmp_path / "resumed", max_epochs=3, ckpt_path=str(checkpoint), replacement=replacement
+    )
 
     assert whole_items.timesteps == [5 * (i + 1) for i in range(12)]
     first_pass = [tuple(row) for obs in whole_items.obs for row in obs.tolist()][:18]

@@ -18,9 +18,14 @@ from torch.distributions import Independent, Normal, TanhTransform, TransformedD
 from lightning_rl import Columns, RLModuleSpec
 from lightning_rl.algorithms.off_policy import N_STEP, WEIGHTS
 from lightning_rl.algorithms.ppo import PPOModule
+from lightning_rl.algorithms import sac
 from lightning_rl.algorithms.sac import (
     ACTION_LOGP_NEXT,
+    ACTION_LOGP_RESAMPLED,
+    QF_PREDS,
+    QF_RESAMPLED,
     QF_TARGET_NEXT,
+    QF_TWIN_PREDS,
     SACLearner,
     SACModule,
     squashed_gaussian_logp,
@@ -181,16 +186,13 @@ def test_three_optimizers_with_disjoint_params_cover_actor_critics_and_log_alpha
 
 
 def _hand_actor_and_alpha_losses(
-    module: SACModule, batch: dict[str, torch.Tensor], draws_before: int
+    module: SACModule, batch: dict[str, torch.Tensor], noise: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """SAC's actor and temperature losses by hand (the paper's formulas), from the Gaussian draw of
-    ``a~ ~ pi(s)`` after ``draws_before`` others."""
+    """SAC's actor and temperature losses by hand (the paper's formulas); ``noise`` is the Gaussian draw of ``a~``."""
     obs = batch[Columns.OBS]
     alpha = module.log_alpha.exp().detach()
     mean, log_std = module.action_dist_params(obs)
-    for _ in range(draws_before):
-        torch.randn_like(mean)
-    pre_tanh = mean + log_std.exp() * torch.randn_like(mean)
+    pre_tanh = mean + log_std.exp() * noise
     logp = squashed_gaussian_logp(pre_tanh, mean, log_std)
     resampled = torch.cat([obs, torch.tanh(pre_tanh)], -1)
     policy_loss = (alpha * logp - torch.min(module.qf(resampled), module.qf_twin(resampled)).squeeze(-1)).mean()
@@ -208,7 +210,7 @@ def test_each_optimizer_steps_with_exactly_the_gradient_of_its_own_loss():
     torch.manual_seed(7)
     obs, next_obs = batch[Columns.OBS], batch[Columns.NEXT_OBS]
     alpha = module.log_alpha.exp().detach()
-    policy_loss, alpha_loss = _hand_actor_and_alpha_losses(module, batch, draws_before=0)
+    policy_loss, alpha_loss = _hand_actor_and_alpha_losses(module, batch, torch.randn(len(obs), 2))
     with torch.no_grad():
         next_mean, next_log_std = module.action_dist_params(next_obs)
         next_pre_tanh = next_mean + next_log_std.exp() * torch.randn_like(next_mean)
@@ -240,39 +242,53 @@ def test_each_optimizer_steps_with_exactly_the_gradient_of_its_own_loss():
     assert results["log_alpha_value"] == pytest.approx(math.log(0.3))
 
 
-def test_critics_first_steps_the_critics_then_trains_actor_and_alpha_against_the_stepped_critics():
+def test_critics_first_steps_the_critics_then_trains_actor_and_alpha_against_the_stepped_critics(monkeypatch):
     lrs = dict(actor_lr=1e-2, critic_lr=1e-2, alpha_lr=1e-2, initial_alpha=0.3, gamma=0.9)
     joint, ordered = built(**lrs), built(**lrs, update_order="critics_first")
     ordered.module.load_state_dict(joint.module.state_dict())
     before = copy.deepcopy(joint.module[MODULE_ID])
     batch = replay_batch()
-    for learner in (joint, ordered):
-        torch.manual_seed(7)
+    # The same Gaussian noise for a~ ~ pi(s) and a' ~ pi(s') in both orders: the joint pass draws
+    # a~ then a'; critics_first's critic pass draws a' alone, its actor pass a~ alone.
+    noise_s, noise_next = torch.randn(len(batch[Columns.OBS]), 2), torch.randn(len(batch[Columns.OBS]), 2)
+    replayed: list[torch.Tensor] = []
+    monkeypatch.setattr(sac, "_gaussian_sample", lambda mean, log_std: mean + log_std.exp() * replayed.pop(0))
+    for learner, draws in ((joint, [noise_s, noise_next]), (ordered, [noise_next, noise_s])):
+        replayed[:] = draws
         learner.update_from_batch(batch)
+        assert not replayed, "a step drew another number of Gaussian samples"
 
-    # The critic phase is the joint step's critic part: the same draws, gradients and Adam step.
+    # The critic phase is the joint step's critic part: the same draw, gradients and Adam step.
     stepped = ordered.module[MODULE_ID]
     for name in ("qf", "qf_twin"):
         assert_same(getattr(stepped, name).state_dict(), getattr(joint.module[MODULE_ID], name).state_dict())
     assert not torch.equal(stepped.qf[0].weight, before.qf[0].weight)
 
-    # The second phase runs forward again (its draw comes after the critic phase's a~ and a')
-    # and differentiates the actor's and alpha's losses against the critics the first phase stepped.
+    # The second phase differentiates the actor's and alpha's losses against the critics the first phase stepped.
     against_stepped = copy.deepcopy(before)
     for name in ("qf", "qf_twin"):
         getattr(against_stepped, name).load_state_dict(getattr(stepped, name).state_dict())
-    torch.manual_seed(7)
-    policy_loss, alpha_loss = _hand_actor_and_alpha_losses(against_stepped, batch, draws_before=2)
+    policy_loss, alpha_loss = _hand_actor_and_alpha_losses(against_stepped, batch, noise_s)
     want_actor = torch.autograd.grad(policy_loss, list(against_stepped.pi.parameters()))
     want_alpha = torch.autograd.grad(alpha_loss, [against_stepped.log_alpha])
     for got, want in zip([p.grad for p in optimizer_params(ordered, "policy")], want_actor):
         torch.testing.assert_close(got, want)
     torch.testing.assert_close(stepped.log_alpha.grad, want_alpha[0])
     # Against the critics as they were, the same draw gives another actor gradient.
-    torch.manual_seed(7)
-    stale_loss, _ = _hand_actor_and_alpha_losses(before, batch, draws_before=2)
+    stale_loss, _ = _hand_actor_and_alpha_losses(before, batch, noise_s)
     stale = torch.autograd.grad(stale_loss, list(before.pi.parameters()))
     assert not torch.allclose(stale[0], want_actor[0])
+
+
+def test_each_gradient_phases_pass_computes_only_what_its_losses_read():
+    module = built().module[MODULE_ID]
+    batch = replay_batch()
+    critic_outputs = {QF_PREDS, QF_TWIN_PREDS, ACTION_LOGP_NEXT, QF_TARGET_NEXT}
+    actor_outputs = {Columns.ACTION_DIST_INPUTS, ACTION_LOGP_RESAMPLED, QF_RESAMPLED}
+    assert set(module.forward_train(batch)) == critic_outputs | actor_outputs
+    assert set(module.forward_train(batch, gradient_phase=frozenset({"qf"}))) == critic_outputs
+    assert set(module.forward_train(batch, gradient_phase=frozenset({"policy", "alpha"}))) == actor_outputs
+    assert set(module.forward_train(batch, gradient_phase=frozenset({"alpha"}))) == actor_outputs
 
 
 @pytest.mark.parametrize("update_order", ["joint", "critics_first"])

@@ -11,9 +11,9 @@ squashed action's log-density as ``log(1 - tanh(u)^2 + 1e-6)``, so ours runs wit
 ``tanh_epsilon=1e-6``; with the exact form (our default) the weights agree to 4e-6 for 45 steps,
 then part by 5e-4 as actions saturate, where the two forms' gradients differ.
 
-SB3 draws one Gaussian noise for ``pi(s)`` and one for ``pi(s')``; ours draws them again in its
-second (actor) pass. The test replays SB3's two draws to ours' passes, so only the arithmetic
-can differ.
+SB3 draws one Gaussian noise for ``pi(s)`` and one for ``pi(s')``; ours draws ``pi(s')`` in its
+critic pass and ``pi(s)`` in its actor pass (each phase's pass computes only what its losses
+read). The test replays SB3's two draws to ours' passes, so only the arithmetic can differ.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def test_twenty_critics_first_gradient_steps_leave_the_same_weights_as_sb3s(monk
     module = ours.module["default_policy"]
     _copy_weights(sb3, module)
 
-    # Ours draws pi(s), pi(s') in the critic pass and again in the actor pass; each gets SB3's draw for it.
+    # Ours draws pi(s') in the critic pass, then pi(s) in the actor pass; each gets SB3's draw for it.
     replayed: list[Tensor] = []
     monkeypatch.setattr(sac, "_gaussian_sample", lambda mean, log_std: mean + log_std.exp() * replayed.pop(0))
 
@@ -124,7 +124,7 @@ def test_twenty_critics_first_gradient_steps_leave_the_same_weights_as_sb3s(monk
         sb3.train(gradient_steps=1, batch_size=ROWS)
         torch.manual_seed(step)
         noise_s, noise_next = torch.randn(ROWS, 2), torch.randn(ROWS, 2)  # SB3's two draws, in its order
-        replayed[:] = [noise_s, noise_next, noise_s, noise_next]
+        replayed[:] = [noise_next, noise_s]
         ours.update_from_replay(FixedReplay(batch))
         assert not replayed, "ours drew a different number of Gaussian samples than the test replays"
         _assert_same_weights(sb3, module, step)

@@ -119,9 +119,12 @@ class CQLModule(SACModule):
         if not self.inference_only:
             self.log_alpha_prime = nn.Parameter(torch.zeros(()))
 
-    def _forward_train(self, batch: dict[str, Any]) -> dict[str, Any]:
+    def _forward_train(
+        self, batch: dict[str, Any], *, gradient_phase: frozenset[str] | None = None
+    ) -> dict[str, Any]:
         """SAC's train pass on ``obs`` and ``actions`` (``new_obs`` is left to :meth:`next_state_values`)."""
-        return super()._forward_train({k: v for k, v in batch.items() if k != Columns.NEXT_OBS})
+        without_next = {k: v for k, v in batch.items() if k != Columns.NEXT_OBS}
+        return super()._forward_train(without_next, gradient_phase=gradient_phase)
 
     def next_state_values(self, next_obs: Tensor, *, soft: bool) -> tuple[Tensor, Tensor]:
         """The target critics' value of ``s'`` for the Bellman target, without gradients.

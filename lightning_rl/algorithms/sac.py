@@ -18,8 +18,9 @@ steps with exactly the gradient of its own loss, and all three losses see the we
 step started from. With ``update_order="critics_first"`` (Stable-Baselines3's and d3rlpy's
 order) a minibatch step has two gradient phases: the critics step first, then a second
 forward pass trains the actor, and the temperature, against the updated critics
-(``Learner.gradient_phases``). The alpha loss is on ``log_alpha`` (as in Stable-Baselines3,
-CleanRL and RLlib).
+(``Learner.gradient_phases``); ``SACModule``'s train pass is told the phase
+(``gradient_phase=``) and computes only what its losses read. The alpha loss is on
+``log_alpha`` (as in Stable-Baselines3, CleanRL and RLlib).
 
 The policy acts in ``[-1, 1]^d``, ``d = prod(shape)`` numbers of a Box of any shape; the
 module rescales its actions affinely to the Box's ``[low, high]`` and reshapes them to the
@@ -292,40 +293,50 @@ class SACModule(RLModule, TargetNetworkAPI):
         mean, log_std = self.action_dist_params(self.pi_obs_encoder(batch[Columns.OBS]))
         return {Columns.ACTIONS: self.unnormalize_actions(torch.tanh(_gaussian_sample(mean, log_std)))}
 
-    def _forward_train(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """What the three losses need from a replay minibatch.
+    def _forward_train(
+        self, batch: dict[str, Any], *, gradient_phase: frozenset[str] | None = None
+    ) -> dict[str, Any]:
+        """What the three losses need from a replay minibatch, or what one gradient phase's losses need.
 
         Args:
             batch: ``obs``, env-space ``actions`` and, for the critic target, ``new_obs``.
+            gradient_phase: The optimizers the running gradient phase steps
+                (``SACLearner.gradient_phases``); ``None``, a step of one phase, for everything.
+                With ``update_order="critics_first"`` the critics' phase gets the critics' outputs
+                only and the actor's phase the actor's (and temperature's) only.
 
         Returns:
-            ``action_dist_inputs`` (means, log stds) of ``pi(s)``; ``qf_preds`` and
-            ``qf_twin_preds``, the critics' ``Q_i(s, a)`` (differentiable in the critics);
-            ``logp_resampled`` of a reparameterized ``a~ ~ pi(s)`` and ``qf_resampled``,
-            ``min_i Q_i(s, a~)`` through critics with detached weights (differentiable in the
-            actor only); with ``new_obs``, also ``logp_next`` of ``a' ~ pi(s')`` and
-            ``qf_target_next``, ``min_i Q'_i(s', a')``, both without gradients.
+            For the critics: ``qf_preds`` and ``qf_twin_preds``, the critics' ``Q_i(s, a)``
+            (differentiable in the critics), and with ``new_obs`` also ``logp_next`` of
+            ``a' ~ pi(s')`` and ``qf_target_next``, ``min_i Q'_i(s', a')``, both without
+            gradients. For the actor and temperature: ``action_dist_inputs`` (means, log stds) of
+            ``pi(s)``, ``logp_resampled`` of a reparameterized ``a~ ~ pi(s)`` and
+            ``qf_resampled``, ``min_i Q_i(s, a~)`` through critics with detached weights
+            (differentiable in the actor only). ``a~`` is drawn before ``a'`` when both are.
         """
         if self.inference_only:
             raise ValueError("this SACModule was built with inference_only=True and has no critics to train")
+        critics = gradient_phase is None or QF_OPTIMIZER in gradient_phase
+        actor = gradient_phase is None or not gradient_phase.isdisjoint({POLICY_OPTIMIZER, ALPHA_OPTIMIZER})
         obs = batch[Columns.OBS]
         features = self.critic_features(obs)
-        q_in = torch.cat([features, self.normalize_actions(batch[Columns.ACTIONS])], dim=-1)
-        mean, log_std = self.action_dist_params(self.pi_obs_encoder(obs))
-        pre_tanh = _gaussian_sample(mean, log_std)
-        # Detached features: the actor loss reaches neither the critics nor their encoder.
-        resampled = torch.cat([features.detach(), torch.tanh(pre_tanh)], dim=-1)
-        out = {
-            Columns.ACTION_DIST_INPUTS: torch.cat([mean, log_std], dim=-1),
-            QF_PREDS: self.qf(q_in).squeeze(-1),
-            QF_TWIN_PREDS: self.qf_twin(q_in).squeeze(-1),
-            ACTION_LOGP_RESAMPLED: squashed_gaussian_logp(pre_tanh, mean, log_std, self.tanh_epsilon),
+        out = {}
+        if critics:
+            q_in = torch.cat([features, self.normalize_actions(batch[Columns.ACTIONS])], dim=-1)
+            out[QF_PREDS] = self.qf(q_in).squeeze(-1)
+            out[QF_TWIN_PREDS] = self.qf_twin(q_in).squeeze(-1)
+        if actor:
+            mean, log_std = self.action_dist_params(self.pi_obs_encoder(obs))
+            pre_tanh = _gaussian_sample(mean, log_std)
+            # Detached features: the actor loss reaches neither the critics nor their encoder.
+            resampled = torch.cat([features.detach(), torch.tanh(pre_tanh)], dim=-1)
+            out[Columns.ACTION_DIST_INPUTS] = torch.cat([mean, log_std], dim=-1)
+            out[ACTION_LOGP_RESAMPLED] = squashed_gaussian_logp(pre_tanh, mean, log_std, self.tanh_epsilon)
             # Detached critic weights: the actor loss moves the actor, never the critics.
-            QF_RESAMPLED: torch.min(
+            out[QF_RESAMPLED] = torch.min(
                 _with_detached_weights(self.qf, resampled), _with_detached_weights(self.qf_twin, resampled)
-            ),
-        }
-        if Columns.NEXT_OBS in batch:
+            )
+        if critics and Columns.NEXT_OBS in batch:
             with torch.no_grad():
                 next_obs = batch[Columns.NEXT_OBS]
                 next_actions, out[ACTION_LOGP_NEXT] = self.sample_actions(self.pi_obs_encoder(next_obs))
@@ -398,8 +409,9 @@ class SACLearner(OffPolicyLearner):
         update_order: ``"joint"`` (RLlib's): one backward pass of the three losses, all computed
             from the weights the step starts from. ``"critics_first"`` (Stable-Baselines3's and
             d3rlpy's): the critics step first, then the actor and the temperature step
-            against the updated critics, after a second forward pass (about 1.5x the time of a
-            "joint" gradient step on CPU). The same for every module (not overridable per module);
+            against the updated critics, after a second forward pass; each pass computes only
+            its own losses' inputs (about 1.1x the time of a "joint" gradient step on CPU,
+            ``benchmarks/sac_update_order.py``). The same for every module (not overridable per module);
             not with ``cuda_graphs``.
         **kwargs: The other ``OffPolicyLearner`` and ``Learner`` arguments (``gamma``, ``n_step``,
             ``minibatch_size``, ``lr``, ``grad_clip``, ``grad_clip_by``, ``config_overrides_per_module``, ...).
@@ -552,7 +564,7 @@ class SACLearner(OffPolicyLearner):
                 q_mean = 0.5 * (fwd_out[QF_PREDS].mean() + fwd_out[QF_TWIN_PREDS].mean())
             log((module_id, QF_MEAN_KEY), q_mean, window=math.inf, clear_on_reduce=True)
 
-        logp = fwd_out[ACTION_LOGP_RESAMPLED]
+        logp = fwd_out.get(ACTION_LOGP_RESAMPLED)  # absent in the critics' phase (update_order="critics_first")
         if self.in_gradient_phase(POLICY_OPTIMIZER):
             # Actor: reparameterized a~ ~ pi(s) against the (weight-detached) critics.
             policy_loss = (alpha * logp - fwd_out[QF_RESAMPLED]).mean()

@@ -230,13 +230,17 @@ class RLModule(nn.Module):
         """
         return self.mask_action_dist_inputs(batch, self._forward(batch))
 
-    def forward_train(self, batch: dict[str, Any]) -> dict[str, Any]:
+    def forward_train(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
         """Compute outputs the loss needs (e.g. value predictions besides action inputs).
 
         Args:
             batch: A train batch ``{column: Tensor}``.
+            **kwargs: Passed on to :meth:`_forward_train`. The Learner passes none, except in a
+                minibatch step of several gradient phases (``Learner.gradient_phases``, e.g.
+                SAC's ``update_order="critics_first"``), where it passes ``gradient_phase``: the
+                names of the optimizers the running phase steps.
         """
-        return self.mask_action_dist_inputs(batch, self._forward_train(batch))
+        return self.mask_action_dist_inputs(batch, self._forward_train(batch, **kwargs))
 
     def mask_action_dist_inputs(self, batch: Mapping[str, Any], outputs: dict[str, Any]) -> dict[str, Any]:
         """Mask the illegal actions' distribution inputs in ``outputs``; called by the three passes.
@@ -275,11 +279,12 @@ class RLModule(nn.Module):
         """
         return self.forward_train(batch)
 
-    def _forward_train(self, batch: dict[str, Any]) -> dict[str, Any]:
+    def _forward_train(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
         """Override for a train pass that differs from :meth:`_forward`; the base calls it.
 
         Args:
             batch: A train batch ``{column: Tensor}``.
+            **kwargs: What :meth:`forward_train` was given; the base ignores them.
         """
         return self._forward(batch)
 
@@ -506,14 +511,15 @@ class MultiRLModule(RLModule):
             return
         del self._rl_modules[module_id]
 
-    def forward_train(self, batch: Mapping[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    def forward_train(self, batch: Mapping[str, dict[str, Any]], **kwargs: Any) -> dict[str, dict[str, Any]]:
         """Run each module's train pass on its own batch.
 
         Args:
             batch: ``{module_id: {column: Tensor}}``; modules without a batch do not run.
+            **kwargs: Passed to every module's ``forward_train`` (see ``RLModule.forward_train``).
         """
         self._check_known(*batch)
-        return {module_id: self._rl_modules[module_id].forward_train(b) for module_id, b in batch.items()}
+        return {module_id: self._rl_modules[module_id].forward_train(b, **kwargs) for module_id, b in batch.items()}
 
     def forward_inference(self, batch: Mapping[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """Run each module's inference pass on its own batch.

@@ -190,7 +190,7 @@ class StepRunner:
         self._learner = learner
         self._torch_compile = torch_compile
         self._what_to_compile = what_to_compile
-        self._forward_train_fn: Callable[[MultiModuleBatch], dict[str, Any]] | None = None
+        self._forward_train_fn: Callable[..., dict[str, Any]] | None = None
         self._minibatch_step_fn: Callable[[MultiModuleBatch], bool] = self.minibatch_step
         self._optimizer_wrappers: dict[Optimizer, Any] = {}
         # Whether the running Trainer's per-step hooks have listeners (step_hooks_have_listeners);
@@ -467,11 +467,11 @@ class StepRunner:
             # it gives every parameter a gradient, so every rank reduces the same ones, and as
             # an output of the unit it starts FSDP's reduction on every rank.
             has_rows = any(num_rows(batch) > 0 for batch in minibatch.values())
-            fwd_out = self._forward_train_fn(minibatch) if has_rows else {}
+            fwd_out = self._forward_train(minibatch) if has_rows else {}
             self._step_anchor = learner.module.zero_pass(torch.zeros((), device=learner.device))
         else:
             # A data-parallel rank without rows in this step still backpropagates (zeros), in step with the others.
-            fwd_out = self._forward_train_fn(minibatch) if minibatch else {}
+            fwd_out = self._forward_train(minibatch) if minibatch else {}
         loss_per_module = dict(learner.compute_losses(fwd_out=fwd_out, batch=minibatch))
         if ALL_MODULES not in loss_per_module and loss_per_module:
             loss_per_module[ALL_MODULES] = sum_losses(loss_per_module.values())
@@ -481,6 +481,17 @@ class StepRunner:
         self.non_finite.all_skipped = False
         learner.apply_gradients(gradients)
         return loss_per_module
+
+    def _forward_train(self, minibatch: MultiModuleBatch) -> dict[str, Any]:
+        """The modules' train pass; within one of several gradient phases, told which (``gradient_phase=``).
+
+        A step of one phase (``gradient_phase`` is ``None``) calls ``forward_train(minibatch)``
+        alone, so modules that take no keyword arguments keep working; with several phases each
+        pass gets the optimizer names its phase steps, so it may compute only what their losses read.
+        """
+        if self.gradient_phase is None:
+            return self._forward_train_fn(minibatch)
+        return self._forward_train_fn(minibatch, gradient_phase=self.gradient_phase)
 
     def raise_if_too_many_non_finite_steps(self, loss_per_module: Mapping[str, torch.Tensor]) -> None:
         """Raise if an optimizer has now skipped its module's ``max_consecutive_non_finite_steps`` steps in a row.
