@@ -167,5 +167,11 @@ def test_a_local_group_trains_its_learner_on_one_data_iterator():
 def test_learner_processes_refuse_data_iterators_naming_what_they_take():
     with pytest.raises(ValueError, match="cannot train from data_iterators.*batch=, batches="):
         update_source(
-            batch=None, batches=None, episodes=None, data_iterators=[[random_batch(8)]], training_data=None, num_learners=2
+            batch=None,
+            batches=None,
+            episodes=None,
+            data_iterators=[[random_batch(8)]],
+            training_data=None,
+            num_learners=2,
+            join_in_shared_memory=True,
         )

@@ -18,7 +18,7 @@ import torch
 from conftest import bc_spec, random_batch
 
 from lightning_rl.algorithms.bc import BCLearner
-from lightning_rl.learner.group import _shared
+from lightning_rl.learner.group import _processes, _shared
 from lightning_rl.learner.group._data import update_source
 from lightning_rl.learner.group._shared import SharedArray, SharedShards, attach_shared
 from lightning_rl.learner.group.learner_group import LearnerGroup, LearnerGroupError
@@ -191,8 +191,8 @@ def test_shards_of_a_shared_batch_point_into_the_callers_storage_and_map_copy_on
 
 def test_batches_for_learner_processes_are_joined_in_shared_memory_and_equal_the_private_join():
     halves = [random_batch(5, seed=0), {column: torch.from_numpy(values) for column, values in random_batch(3).items()}]
-    _, private = update_source(**_only(batches=halves), num_learners=0)
-    _, joined = update_source(**_only(batches=halves), num_learners=2)
+    _, private = update_source(**_only(batches=halves), num_learners=0, join_in_shared_memory=False)
+    _, joined = update_source(**_only(batches=halves), num_learners=2, join_in_shared_memory=True)
     assert set(joined) == set(private)
     for column, values in private.items():
         assert joined[column].is_shared() and not isinstance(values, torch.Tensor)
@@ -246,3 +246,27 @@ def test_learners_map_a_copy_or_the_callers_shared_batch_alike_and_no_block_outl
             np.testing.assert_array_equal(weights_joined[module_id][name], values)
     for values in batch.values():  # the learners mapped files that have no name in /dev/shm to leave behind
         assert os.readlink(f"/proc/self/fd/{values.untyped_storage()._get_shared_fd()}").endswith("(deleted)")
+
+
+def test_learners_that_cannot_open_the_drivers_files_get_a_shared_batch_copied_with_a_warning(
+    created_blocks, monkeypatch
+):
+    # As if /proc/<driver pid>/fd were closed to the learners (a hardened /proc, a sandbox): no path they get opens.
+    def unopenable(batch: Any) -> list[_shared.CallerMemory]:
+        return [memory._replace(path=memory.path + "0000000") for memory in _shared.caller_shared_memory(batch)]
+
+    monkeypatch.setattr(_processes, "caller_shared_memory", unopenable)
+    with pytest.warns(UserWarning, match="cannot open this process's shared-memory files"):
+        group = _group()
+    try:
+        state = group.get_state()
+        copied = group.update_from_batch(random_batch(64), minibatch_size=16)
+        group.set_state(state)
+        shared = group.update_from_batch(_shared_batch(64), minibatch_size=16)
+        assert len(created_blocks) == 4  # both batches copied, one block per shard each
+        assert group.foreach_learner(lambda learner: learner.columns_in_shm) == [{"obs": True, "actions": True}] * 2
+        joined = group.update(batches=[random_batch(64)], minibatch_size=16)
+        assert len(created_blocks) == 6  # joined privately, then copied: the learners cannot read it in place
+    finally:
+        group.shutdown()
+    assert shared == copied and joined is not None

@@ -32,12 +32,15 @@ def update_source(
     data_iterators: Sequence[Any] | None,
     training_data: TrainingData | None,
     num_learners: int,
+    join_in_shared_memory: bool,
 ) -> tuple[str, Any]:
     """The one data source of an update, as ``("batch", batch)``, ``("episodes", list)`` or ``("iterator", it)``.
 
     ``batches`` are concatenated row-wise into one batch; ``training_data`` is unpacked.
     ``num_learners`` is the group's (0: one learner in this process, the only one that can
-    draw from an iterator the caller holds).
+    draw from an iterator the caller holds). ``join_in_shared_memory``: whether the learners read
+    a batch in torch's shared memory where it is (learner processes that can open the driver's
+    files), so ``batches`` are joined there when the sharing strategy and ``/dev/shm`` allow.
 
     Raises:
         ValueError: For no source or several, a replay source (not supported by a
@@ -52,6 +55,8 @@ def update_source(
             f"one of them; got {sorted(given) or 'none'}"
         )
     source, value = next(iter(given.items()))
+    if source == "batches":
+        return _joined_batches(value, join_in_shared_memory)
     return _PREPARE_SOURCE[source](source, value, num_learners)
 
 
@@ -59,10 +64,10 @@ def _as_batch(source: str, batch: Any, num_learners: int) -> tuple[str, Any]:
     return "batch", batch
 
 
-def _joined_batches(source: str, batches: Any, num_learners: int) -> tuple[str, Any]:
+def _joined_batches(batches: Any, in_shared_memory: bool) -> tuple[str, Any]:
     # Learner processes read a batch in shared memory where it is: the group's own join is
     # written there, so the update holds the caller's batches and the join (2x), not also a copy.
-    in_place = num_learners > 0 and can_build_in_place() and has_room(_nbytes(batches))
+    in_place = in_shared_memory and can_build_in_place() and has_room(_nbytes(batches))
     return "batch", concat_batches(batches, empty=shared_empty if in_place else None)
 
 
@@ -96,12 +101,12 @@ def _refused(source: str, value: Any, num_learners: int) -> tuple[str, Any]:
     )
 
 
-# How a LearnerGroup prepares each source of data (``TrainingData``'s field names): which
-# ``update_from_*`` its learners run ("batch", "episodes" or, for a local learner, "iterator"),
-# and on what. A replay buffer, or iterators for learner processes, are refused.
+# How a LearnerGroup prepares each source of data but ``batches`` (``_joined_batches``), by
+# ``TrainingData``'s field names: which ``update_from_*`` its learners run ("batch", "episodes"
+# or, for a local learner, "iterator"), and on what. A replay buffer, or iterators for learner
+# processes, are refused.
 _PREPARE_SOURCE = {
     "batch": _as_batch,
-    "batches": _joined_batches,
     "episodes": _episode_list,
     "data_iterators": _local_iterator,
     "replay": _refused,

@@ -16,6 +16,9 @@ class LocalBackend:
     weights after it (``return_state``), exactly as the process backend does.
     """
 
+    #: A batch reaches the learner as it is: nothing gains from joining ``batches`` in shared memory.
+    reads_shared_memory = False
+
     def __init__(self, learner: Learner) -> None:
         learner.build()
         self.learner = learner

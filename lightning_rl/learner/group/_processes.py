@@ -19,6 +19,8 @@ import time
 import warnings
 from typing import Any, NamedTuple
 
+import torch
+
 from lightning_rl.learner.group._data import split_batch, split_episodes
 from lightning_rl.learner.group._episodes import episodes_to_wire
 from lightning_rl.learner.group._protocol import (
@@ -36,7 +38,7 @@ from lightning_rl.learner.group._protocol import (
     free_local_port,
     like,
 )
-from lightning_rl.learner.group._shared import CallerMemory, SharedShards, caller_shared_memory
+from lightning_rl.learner.group._shared import CallerMemory, SharedShards, caller_shared_memory, can_open
 from lightning_rl.learner.group._worker import learner_process_main
 from lightning_rl.learner.learner import Learner
 
@@ -127,6 +129,29 @@ class ProcessBackend:
             for _, learner_end in probe_pipes:
                 learner_end.close()
         self.wait(0, timeout_s=start_timeout_s)
+        self.reads_shared_memory = self._learners_open_shared_memory()
+
+    def _learners_open_shared_memory(self) -> bool:
+        """Whether every learner can open a file of this process's torch shared memory (``/proc/<pid>/fd/<fd>``).
+
+        Asked once, at start, of a one-byte tensor; where some learner cannot (a hardened
+        ``/proc``, a sandbox), the caller's shared tensors are copied like private ones, with a
+        warning, instead of failing every update. ``False`` also where torch does not share by file
+        descriptor (nothing to open, and nothing would be read in place).
+        """
+        probe = torch.zeros(1, dtype=torch.uint8).share_memory_()
+        memory = caller_shared_memory(probe)
+        if not memory:
+            return False
+        if all(self.call("foreach_learner", {"func": can_open, "kwargs": {"path": memory[0].path}})):
+            return True
+        warnings.warn(
+            "LearnerGroup: the learner processes cannot open this process's shared-memory files "
+            f"({memory[0].path}), so a batch already in shared memory is copied to them like any other "
+            "(about 2x the batch per update)",
+            stacklevel=4,
+        )
+        return False
 
     @property
     def pids(self) -> list[int]:
@@ -139,7 +164,8 @@ class ProcessBackend:
         """One shard of the data per rank (checked here, before anything is sent); episodes as nested dicts of arrays."""
         if kind == "update_from_episodes":
             return PreparedUpdate([episodes_to_wire(shard) for shard in split_episodes(data, self._n)], [])
-        return PreparedUpdate(split_batch(data, self._n), caller_shared_memory(data))
+        caller_memory = caller_shared_memory(data) if self.reads_shared_memory else []
+        return PreparedUpdate(split_batch(data, self._n), caller_memory)
 
     def run_update(self, kind: str, update: PreparedUpdate, settings: dict[str, Any], return_state: bool) -> Any:
         """Train every rank on its shard and wait: rank 0's results, or ``(results, weights)``."""

@@ -104,6 +104,18 @@ def caller_shared_memory(batch: Any) -> list[CallerMemory]:
     return list(found.values())
 
 
+def can_open(learner: Any, path: str) -> bool:
+    """Whether this process can open ``path`` for reading (a learner asked about the driver's shared-memory file).
+
+    ``learner`` is there for ``LearnerGroup.foreach_learner``, which passes it first; it is not used.
+    """
+    try:
+        os.close(os.open(path, os.O_RDONLY))
+    except OSError:
+        return False
+    return True
+
+
 class SharedShards:
     """The shared memory of one update: the caller's storages it points into, and a block per shard for the rest.
 

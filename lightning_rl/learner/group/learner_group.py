@@ -313,6 +313,7 @@ class LearnerGroup:
             data_iterators=data_iterators,
             training_data=training_data,
             num_learners=self._num_learners,
+            join_in_shared_memory=self._backend.reads_shared_memory,
         )
         settings = update_settings(timesteps, num_epochs, minibatch_size, shuffle_batch_per_epoch)
         if source == "iterator":
