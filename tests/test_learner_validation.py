@@ -156,3 +156,22 @@ def test_a_learner_wide_hyperparameter_is_refused_per_module(learner_class, over
 def test_a_replay_learner_takes_a_modules_own_minibatch_size():
     learner = DQNLearner(model_config={}, config_overrides_per_module={"p": {"minibatch_size": 64, "lr": 1e-3}})
     assert (learner.config_for_module("p").minibatch_size, learner.config_for_module("p").lr) == (64, 1e-3)
+
+
+def test_a_checkpoint_saved_with_a_now_refused_override_loads_with_the_overrides_given_again(tmp_path, monkeypatch):
+    # Saved before num_epochs was refused per module (it was silently ignored there): as if by that version.
+    monkeypatch.setattr(BCLearner, "learner_wide_hyperparameters", frozenset())
+    overrides = {DEFAULT_MODULE_ID: {"lr": 1e-3, "num_epochs": 3}}
+    saved = BCLearner(module_spec=bc_spec(), config_overrides_per_module=overrides)
+    saved.build()
+    saved.save_to_path(tmp_path / "learner")
+    monkeypatch.undo()
+
+    refused = "num_epochs apply to the whole Learner.*config_overrides_per_module=<its overrides"
+    with pytest.raises(ValueError, match=refused):
+        BCLearner.load_from_checkpoint(tmp_path / "learner")
+    loaded = BCLearner.load_from_checkpoint(
+        tmp_path / "learner", config_overrides_per_module={DEFAULT_MODULE_ID: {"lr": 1e-3}}
+    )
+    assert loaded.config_for_module(DEFAULT_MODULE_ID).lr == 1e-3
+    assert_same_tensors(loaded.module.state_dict(), saved.module.state_dict())

@@ -735,7 +735,9 @@ class Learner(UpdateApiMixin, OptimizersMixin, MultiModuleMixin, StateMixin, Lig
         if shared:
             raise ValueError(
                 f"{where}: {', '.join(shared)} apply to the whole Learner (all modules step together, with one "
-                "setting), so they cannot be overridden per module; set them on the Learner"
+                "setting), so they cannot be overridden per module; set them on the Learner. A checkpoint saved "
+                "with such an override (which never took effect) loads with load_from_checkpoint(path, "
+                "config_overrides_per_module=<its overrides without these keys>)"
             )
         overrides = dict(overrides)
         self._check_config({**self.hparams, **overrides}, f"module {module_id!r}")
