@@ -33,18 +33,16 @@ import gymnasium as gym
 import torch
 from torch import Tensor, nn
 
+from lightning_rl.algorithms.box_twin_critics import BoxTwinCriticModule, check_bounded_box_actions
 from lightning_rl.algorithms.off_policy import OffPolicyLearner, bootstrap_discounts, row_weights
 from lightning_rl.core.arguments import ArgumentCheck, check_number
 from lightning_rl.core.columns import Columns
 from lightning_rl.core.distributions import DiagGaussian
-from lightning_rl.algorithms.sac import check_bounded_box_actions, critic_target_pairs
 from lightning_rl.core.encoders import OBSERVATION_ENCODER_KEYS, build_observation_encoder
 from lightning_rl.core.mlp import build_mlp
 from lightning_rl.core.module_checks import ModelConfigKey
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
-from lightning_rl.core.rl_modules import RLModule
 from lightning_rl.core.schedules import ScheduleSetting, check_schedule
-from lightning_rl.core.target_network import TargetNetworkAPI, make_target_network
 from lightning_rl.core.learner_config import LearnerConfig
 from lightning_rl.learner.learner import algorithm_module_spec
 from lightning_rl.learner.optimizers import default_adam
@@ -57,8 +55,6 @@ LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 # forward_train / forward_target outputs.
 QF_PREDS = "qf_preds"
 QF_TWIN_PREDS = "qf_twin_preds"
-QF_TARGET_PREDS = "qf_target_preds"
-QF_TWIN_TARGET_PREDS = "qf_twin_target_preds"
 QF_TARGET_MIN = "qf_target_min"
 VF_NEXT = "vf_next"
 
@@ -90,7 +86,7 @@ def expectile_loss(diff: Tensor, expectile: float) -> Tensor:
     return (weight * diff.pow(2)).mean()
 
 
-class IQLModule(RLModule, TargetNetworkAPI):
+class IQLModule(BoxTwinCriticModule):
     """IQL's networks: a Gaussian actor, twin Q critics with target copies, a state-value network.
 
     ``model_config`` keys:
@@ -107,8 +103,8 @@ class IQLModule(RLModule, TargetNetworkAPI):
     ``tanh(pi(s))`` in ``[-1, 1]`` and, per action dim, the state-independent log standard
     deviation ``-5 + 7 * sigmoid(log_std_logit)`` (d3rlpy's ``NormalPolicy`` with a std
     parameter; it starts at -1.5). The critics ``qf``, ``qf_twin`` map
-    ``concat(obs, action in [-1, 1])`` to a Q-value, ``vf`` maps observations to a value. An
-    ``inference_only`` module has the actor alone.
+    ``concat(obs, action in [-1, 1])`` to a Q-value (:class:`BoxTwinCriticModule`), ``vf`` maps
+    observations to a value. An ``inference_only`` module has the actor alone.
 
     Actions leave and enter the module in env space: ``forward_inference`` returns the mean
     action, ``forward_exploration`` a Gaussian sample clipped to ``[-1, 1]``, both rescaled to
@@ -130,65 +126,19 @@ class IQLModule(RLModule, TargetNetworkAPI):
         check_bounded_box_actions(cls.__name__, action_space, otherwise="BC or MARWIL")
 
     def setup(self) -> None:
-        space = self.action_space
         config = self.resolved_model_config()
         hiddens, activation = list(config["fcnet_hiddens"]), config["fcnet_activation"]
-        self.action_dim = math.prod(space.shape)
-
-        low = torch.as_tensor(space.low, dtype=torch.float32).reshape(-1)
-        high = torch.as_tensor(space.high, dtype=torch.float32).reshape(-1)
-        # Derived from the space, so not saved: they move with the module between devices.
-        self.register_buffer("action_center", (high + low) / 2, persistent=False)
-        self.register_buffer("action_scale", (high - low) / 2, persistent=False)
-
+        self.setup_action_bounds()
         self.pi_obs_encoder = build_observation_encoder(self.observation_space, config)
         self.pi = build_mlp(self.pi_obs_encoder.out_dim, hiddens, activation, self.action_dim)
         self.log_std_logit = nn.Parameter(torch.zeros(self.action_dim))
         if not self.inference_only:
-            self.qf_obs_encoder = build_observation_encoder(self.observation_space, config)
-            critic_in = self.qf_obs_encoder.out_dim + self.action_dim
-            self.qf = build_mlp(critic_in, hiddens, activation, 1)
-            self.qf_twin = build_mlp(critic_in, hiddens, activation, 1)
+            self.setup_twin_critics(config, hiddens, activation)
             self.vf_obs_encoder = build_observation_encoder(self.observation_space, config)
             self.vf = build_mlp(self.vf_obs_encoder.out_dim, hiddens, activation, 1)
             self.make_target_networks()
 
-    # ---- TargetNetworkAPI ----------------------------------------------------------------
-
-    def make_target_networks(self) -> None:
-        """Frozen copies of both critics and of their observation encoder, each named ``target_`` + its name."""
-        self.target_qf_obs_encoder = make_target_network(self.qf_obs_encoder)
-        self.target_qf = make_target_network(self.qf)
-        self.target_qf_twin = make_target_network(self.qf_twin)
-
-    def get_target_network_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
-        """The ``(online, target)`` pairs of :func:`critic_target_pairs`; none for an inference-only module."""
-        if self.inference_only:
-            return []
-        return critic_target_pairs(self)
-
-    def forward_target(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """The target critics' Q-values of ``batch``'s observations and env-space actions.
-
-        Returns:
-            ``{"qf_target_preds": [B], "qf_twin_target_preds": [B]}``.
-        """
-        q_in = self._critic_input(batch, target=True)
-        return {
-            QF_TARGET_PREDS: self.target_qf(q_in).squeeze(-1),
-            QF_TWIN_TARGET_PREDS: self.target_qf_twin(q_in).squeeze(-1),
-        }
-
     # ---- Actions -------------------------------------------------------------------------
-
-    def normalize_actions(self, actions: Tensor) -> Tensor:
-        """Map env-space actions ``[B, *action_shape]`` in ``[low, high]`` to flat ``[B, d]`` in ``[-1, 1]``."""
-        flat = actions.reshape(actions.shape[0], self.action_dim)  # not -1: a batch may have no rows
-        return (flat.float() - self.action_center) / self.action_scale
-
-    def unnormalize_actions(self, actions: Tensor) -> Tensor:
-        """Map flat ``[B, d]`` actions in ``[-1, 1]`` to env space ``[B, *action_shape]`` in ``[low, high]``."""
-        return (self.action_center + self.action_scale * actions).reshape(actions.shape[0], *self.action_space.shape)
 
     def action_dist_params(self, features: Tensor) -> tuple[Tensor, Tensor]:
         """The Gaussian's means ``tanh(pi(s))`` and its log standard deviations, each ``[B, d]``.
@@ -229,7 +179,7 @@ class IQLModule(RLModule, TargetNetworkAPI):
         if self.inference_only:
             raise ValueError("this IQLModule was built with inference_only=True and has no critics to train")
         obs = batch[Columns.OBS]
-        q_in = self._critic_input(batch)
+        q_in = self.critic_input(batch)
         mean, log_std = self.action_dist_params(self.pi_obs_encoder(obs))
         out = {
             Columns.ACTION_DIST_INPUTS: torch.cat([mean, log_std], dim=-1),
@@ -238,17 +188,11 @@ class IQLModule(RLModule, TargetNetworkAPI):
             Columns.VF_PREDS: self.vf(self.vf_obs_encoder(obs)).squeeze(-1),
         }
         with torch.no_grad():
-            target_in = self._critic_input(batch, target=True)
+            target_in = self.critic_input(batch, target=True)
             out[QF_TARGET_MIN] = torch.min(self.target_qf(target_in), self.target_qf_twin(target_in)).squeeze(-1)
             if Columns.NEXT_OBS in batch:
                 out[VF_NEXT] = self.vf(self.vf_obs_encoder(batch[Columns.NEXT_OBS])).squeeze(-1)
         return out
-
-    def _critic_input(self, batch: dict[str, Any], *, target: bool = False) -> Tensor:
-        """``concat(features, action in [-1, 1])`` of ``batch``, the features from the online or target encoder."""
-        encoder = self.target_qf_obs_encoder if target else self.qf_obs_encoder
-        return torch.cat([encoder(batch[Columns.OBS]), self.normalize_actions(batch[Columns.ACTIONS])], dim=-1)
-
 
 class IQLLearner(OffPolicyLearner):
     """IQL's three losses and three optimizers, on the off-policy update loop.

@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lightning_rl.algorithms.box_twin_critics import BoxTwinCriticModule, check_bounded_box_actions
 from lightning_rl.algorithms.off_policy import OffPolicyLearner, bootstrap_discounts, row_weights
 from lightning_rl.core.arguments import ArgumentCheck, check_choice, check_number, is_real
 from lightning_rl.core.columns import Columns
@@ -49,9 +50,7 @@ from lightning_rl.core.encoders import OBSERVATION_ENCODER_KEYS, build_observati
 from lightning_rl.core.mlp import build_mlp
 from lightning_rl.core.module_checks import ModelConfigKey
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
-from lightning_rl.core.rl_modules import RLModule
 from lightning_rl.core.schedules import ScheduleSetting, check_schedule
-from lightning_rl.core.target_network import TargetNetworkAPI, make_target_network
 from lightning_rl.core.learner_config import LearnerConfig
 from lightning_rl.learner.learner import algorithm_module_spec
 from lightning_rl.learner.optimizers import default_adam
@@ -64,8 +63,6 @@ LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
 # forward_train / forward_target outputs (RLlib's names where RLlib has them).
 QF_PREDS = "qf_preds"
 QF_TWIN_PREDS = "qf_twin_preds"
-QF_TARGET_PREDS = "qf_target_preds"
-QF_TWIN_TARGET_PREDS = "qf_twin_target_preds"
 ACTION_LOGP_RESAMPLED = "logp_resampled"
 QF_RESAMPLED = "qf_resampled"
 QF_TARGET_NEXT = "qf_target_next"
@@ -125,28 +122,7 @@ def squashed_gaussian_logp(pre_tanh: Tensor, mean: Tensor, log_std: Tensor, tanh
     return (normal_logp - log_det_jacobian).sum(-1)
 
 
-def check_bounded_box_actions(owner: str, action_space: gym.Space, *, otherwise: str) -> None:
-    """Raise ``ValueError`` unless ``action_space`` is a ``Box`` (of any shape) with finite bounds.
-
-    The tanh-squashed actors of SAC, CQL and IQL rescale ``[-1, 1]`` to the Box's bounds.
-
-    Args:
-        owner: The module class the message names.
-        action_space: The space to check.
-        otherwise: What the message suggests for Discrete or MultiDiscrete actions.
-    """
-    if not isinstance(action_space, gym.spaces.Box):
-        raise ValueError(
-            f"{owner} needs a Box action space (continuous actions), got {action_space}; "
-            f"for Discrete or MultiDiscrete actions use {otherwise}"
-        )
-    if not action_space.is_bounded("both"):
-        raise ValueError(
-            f"{owner} rescales tanh actions to the Box's bounds, which must be finite; got {action_space}"
-        )
-
-
-class SACModule(RLModule, TargetNetworkAPI):
+class SACModule(BoxTwinCriticModule):
     """SAC's networks: a squashed Gaussian actor, twin Q critics, their targets, ``log_alpha``.
 
     ``model_config`` keys:
@@ -165,7 +141,8 @@ class SACModule(RLModule, TargetNetworkAPI):
     ``tanh`` into ``[-1, 1]``; each critic (``qf``, ``qf_twin``) maps ``concat(features, action
     in [-1, 1])`` to a Q-value, the features from the critics' one observation encoder
     ``qf_obs_encoder`` (shared by the twins, as in Stable-Baselines3; its target copy is
-    ``target_qf_obs_encoder``). Observation encoders of flat observations have no weights.
+    ``target_qf_obs_encoder``; :class:`BoxTwinCriticModule`). Observation encoders of flat
+    observations have no weights.
     ``log_alpha`` starts at 0 (``alpha = 1``); ``SACLearner`` sets it from its
     ``initial_alpha``. An ``inference_only`` module has the actor alone.
 
@@ -190,73 +167,19 @@ class SACModule(RLModule, TargetNetworkAPI):
         check_bounded_box_actions(cls.__name__, action_space, otherwise="PPO (PPOLearner)")
 
     def setup(self) -> None:
-        space = self.action_space
         config = self.resolved_model_config()  # every key set: the defaults above fill the gaps
         hiddens = list(config["fcnet_hiddens"])
         activation = config["fcnet_activation"]
-        self.action_dim = math.prod(space.shape)
         self.tanh_epsilon = float(config["tanh_epsilon"])
-
-        low = torch.as_tensor(space.low, dtype=torch.float32).reshape(-1)
-        high = torch.as_tensor(space.high, dtype=torch.float32).reshape(-1)
-        # Derived from the space, so not saved: they move with the module between devices.
-        self.register_buffer("action_center", (high + low) / 2, persistent=False)
-        self.register_buffer("action_scale", (high - low) / 2, persistent=False)
-
+        self.setup_action_bounds()
         self.pi_obs_encoder = build_observation_encoder(self.observation_space, config)
         self.pi = build_mlp(self.pi_obs_encoder.out_dim, hiddens, activation, 2 * self.action_dim)
         if not self.inference_only:
-            self.qf_obs_encoder = build_observation_encoder(self.observation_space, config)
-            critic_in = self.qf_obs_encoder.out_dim + self.action_dim
-            self.qf = build_mlp(critic_in, hiddens, activation, 1)
-            self.qf_twin = build_mlp(critic_in, hiddens, activation, 1)
+            self.setup_twin_critics(config, hiddens, activation)
             self.log_alpha = nn.Parameter(torch.zeros(()))
             self.make_target_networks()
 
-    # ---- TargetNetworkAPI ----------------------------------------------------------------
-
-    def make_target_networks(self) -> None:
-        """Frozen copies of both critics and of their observation encoder, each named ``target_`` + its name."""
-        self.target_qf_obs_encoder = make_target_network(self.qf_obs_encoder)
-        self.target_qf = make_target_network(self.qf)
-        self.target_qf_twin = make_target_network(self.qf_twin)
-
-    def get_target_network_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
-        """The ``(online, target)`` pairs of :func:`critic_target_pairs`; none for an inference-only module."""
-        if self.inference_only:
-            return []
-        return critic_target_pairs(self)
-
-    def critic_features(self, obs: Tensor, *, target: bool = False) -> Tensor:
-        """The critics' features of observations (the ``obs`` column), from the online or the target encoder."""
-        return (self.target_qf_obs_encoder if target else self.qf_obs_encoder)(obs)
-
-    def forward_target(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """The target critics' Q-values of ``batch``'s observations and env-space actions.
-
-        Args:
-            batch: ``{"obs": Tensor[B, ...], "actions": Tensor[B, *action_shape]}``.
-
-        Returns:
-            ``{"qf_target_preds": [B], "qf_twin_target_preds": [B]}``.
-        """
-        features = self.critic_features(batch[Columns.OBS], target=True)
-        q_in = torch.cat([features, self.normalize_actions(batch[Columns.ACTIONS])], dim=-1)
-        return {
-            QF_TARGET_PREDS: self.target_qf(q_in).squeeze(-1),
-            QF_TWIN_TARGET_PREDS: self.target_qf_twin(q_in).squeeze(-1),
-        }
-
     # ---- Actions -------------------------------------------------------------------------
-
-    def normalize_actions(self, actions: Tensor) -> Tensor:
-        """Map env-space actions ``[B, *action_shape]`` in ``[low, high]`` to flat ``[B, d]`` in ``[-1, 1]``."""
-        flat = actions.reshape(actions.shape[0], self.action_dim)  # not -1: a batch may have no rows
-        return (flat.float() - self.action_center) / self.action_scale
-
-    def unnormalize_actions(self, actions: Tensor) -> Tensor:
-        """Map flat ``[B, d]`` actions in ``[-1, 1]`` to env space ``[B, *action_shape]`` in ``[low, high]``."""
-        return (self.action_center + self.action_scale * actions).reshape(actions.shape[0], *self.action_space.shape)
 
     def action_dist_params(self, features: Tensor) -> tuple[Tensor, Tensor]:
         """The Gaussian's means and clamped log standard deviations, each ``[B, d]``.
@@ -343,18 +266,6 @@ class SACModule(RLModule, TargetNetworkAPI):
                 next_in = torch.cat([self.critic_features(next_obs, target=True), next_actions], dim=-1)
                 out[QF_TARGET_NEXT] = torch.min(self.target_qf(next_in), self.target_qf_twin(next_in)).squeeze(-1)
         return out
-
-
-def critic_target_pairs(module: nn.Module) -> list[tuple[nn.Module, nn.Module]]:
-    """``(online, target)`` pairs of a module with ``qf_obs_encoder``, ``qf``, ``qf_twin`` and their ``target_`` copies.
-
-    The encoder's pair comes first and only when it has weights: a flat observation's encoder
-    has nothing to average.
-    """
-    pairs = [(module.qf, module.target_qf), (module.qf_twin, module.target_qf_twin)]
-    if next(module.qf_obs_encoder.parameters(), None) is not None:
-        pairs.insert(0, (module.qf_obs_encoder, module.target_qf_obs_encoder))
-    return pairs
 
 
 def _gaussian_sample(mean: Tensor, log_std: Tensor) -> Tensor:
