@@ -139,9 +139,12 @@ def main() -> None:
                         run["dataset_return_mean"] = dataset_mean
                         run.update(run_child(variant, algo, dataset_id, env_id, exported, seed, steps[algo], args))
                         runs.append(run)
+                        earlier = "".join(
+                            f", after {at}: {np.mean(run['evals'][str(at)]):.1f}" for at in args.eval_at
+                        )
                         print(
                             f"  {algo} {dataset_id} seed {seed} {variant:>6}: {run['steps_per_s']:.1f} steps/s, "
-                            f"eval {run['eval_return_mean']:.1f}",
+                            f"eval {run['eval_return_mean']:.1f}{earlier}",
                             flush=True,
                         )
     print_table(runs)
