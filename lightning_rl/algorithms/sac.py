@@ -321,7 +321,7 @@ class SACLearner(OffPolicyLearner):
             from the weights the step starts from. ``"critics_first"`` (Stable-Baselines3's and
             d3rlpy's): the critics step first, then the actor and the temperature step
             against the updated critics, after a second forward pass; each pass computes only
-            its own losses' inputs (about 1.1x the time of a "joint" gradient step on CPU,
+            its own losses' inputs (1.00-1.09x the time of a "joint" gradient step on CPU,
             ``benchmarks/sac_update_order.py``). The same for every module (not overridable per module);
             not with ``cuda_graphs``.
         **kwargs: The other ``OffPolicyLearner`` and ``Learner`` arguments (``gamma``, ``n_step``,
