@@ -4,14 +4,14 @@
     python benchmarks/sac_update_order.py --rounds 10 --steps 100
 
 What it measures: the CPU seconds of this process (``time.process_time``, which other
-processes sharing the cores do not inflate as they do wall time) and the wall seconds of ``--steps`` standalone gradient steps
-(``SACLearner.update_from_batch`` on one ``--rows``-row minibatch each, no Trainer) of each
-order, from the same initial weights, on random rows of HalfCheetah-v5's spaces (17-d
-observations, 6-d actions in [-1, 1]). The two orders alternate round by round, so a change in
-the machine's load falls on both; the ratios are of the medians over ``--rounds``. ``"joint"``
-runs one forward and backward pass per step; ``"critics_first"`` two (the critics', then the
-actor's and temperature's against the stepped critics), each pass computing only its own
-losses' inputs.
+processes sharing the cores do not inflate as they do wall time) and the wall seconds of
+``--steps`` standalone gradient steps (``SACLearner.update_from_batch`` on one ``--rows``-row
+minibatch each, no Trainer) of each order, from the same initial weights, on random rows of
+HalfCheetah-v5's spaces (17-d observations, 6-d actions in [-1, 1]). The two orders alternate
+round by round, so a change in the machine's load falls on both; the ratios are of the medians
+over ``--rounds``. ``"joint"`` runs one forward and backward pass per step; ``"critics_first"``
+two (the critics', then the actor's and temperature's against the stepped critics), each pass
+computing only its own losses' inputs.
 """
 
 from __future__ import annotations
