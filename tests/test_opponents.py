@@ -18,7 +18,7 @@ def _spaces():
     return env.observation_space("player_0"), env.action_space("player_0")
 
 
-def _opponent(cls, seed: int):
+def _opponent(cls, seed: int | None):
     observation_space, action_space = _spaces()
     return cls(observation_space, action_space, model_config={"seed": seed})
 
@@ -179,6 +179,22 @@ def test_the_same_seed_gives_the_same_choices_and_another_seed_others():
         first, again, other = (_act(_opponent(cls, seed), observations) for seed in (7, 7, 8))
         assert (first == again).all()
         assert (first != other).any()
+
+
+def test_without_a_seed_the_choices_come_from_torchs_global_generator():
+    # What the league's fixed opponents use: the data module's sampling stream governs (and
+    # checkpoints) their draws, so a resumed fit does not replay the draws of its start.
+    observations = _random_positions(200, seed=2)
+    for cls in OPPONENTS.values():
+        module = _opponent(cls, None)
+        torch.manual_seed(5)
+        seeded = torch.get_rng_state()
+        first = _act(module, observations)
+        assert not torch.equal(torch.get_rng_state(), seeded)  # it drew from the global stream
+        torch.manual_seed(5)
+        assert (_act(module, observations) == first).all()
+        torch.manual_seed(6)
+        assert (_act(module, observations) != first).any()
 
 
 def _play_games(players: list[dict]) -> list[dict[str, float]]:

@@ -566,6 +566,7 @@ def test_fixed_opponents_join_the_learner_untrained_and_take_their_share_of_trai
     league.on_train_start(SimpleNamespace(), learner)
     assert list(learner.module.keys()) == [MAIN, "fixed_random"] and not learner.should_module_be_updated("fixed_random")
     assert isinstance(learner.module["fixed_random"], RandomLegalModule)
+    assert learner.module["fixed_random"].generator is None  # draws from the sampling stream, which is saved
     league.league = ["main_v0"]
     match_ups = _match_ups(league, 4000)
     opponents = [next((m for m in match_up if m != MAIN), MAIN) for match_up in match_ups]

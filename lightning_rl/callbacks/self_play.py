@@ -107,8 +107,9 @@ class SelfPlayLeague(Callback):
             against the current main itself rather than a league snapshot.
         snapshot_prefix: Snapshot ``n`` (counting from 0 over the whole fit) gets the module
             id ``f"{snapshot_prefix}{n}"``.
-        seed: Seeds the per-episode choice of seats and opponent (with the episode's id), and
-            the fixed opponents' random moves.
+        seed: Seeds the per-episode choice of seats and opponent (with the episode's id). The
+            fixed opponents' random moves come from the data module's sampling stream (seeded
+            per rank, saved in checkpoints).
         evaluation_explore: Whether evaluation episodes sample actions (``True``) or play
             greedily. Greedy main against a greedy snapshot repeats the same game for each
             seat, so sampling measures the policies far better.
@@ -276,7 +277,9 @@ class SelfPlayLeague(Callback):
                     module_class=OPPONENTS[name],
                     observation_space=main.observation_space,
                     action_space=main.action_space,
-                    model_config={"seed": self.seed},
+                    # Torch's global generator: while sampling, the data module's per-rank stream, which
+                    # checkpoints save (a seed of its own would repeat its draws after a resume).
+                    model_config={"seed": None},
                 )
                 trained = [m for m in learner.module.keys() if learner.should_module_be_updated(m)]
                 learner.add_module(module_id=module_id, module_spec=spec, new_should_module_be_updated=trained)

@@ -95,7 +95,8 @@ class AgainstOpponentEnv(gym.Env):
                 f"actions, got {self.observation_space} and {self.action_space}"
             )
         self.seat = seat
-        self.opponent = OPPONENTS[opponent](self.observation_space, self.action_space)
+        # A generator of its own, reseeded from the env's at every reset (the seed here is a placeholder).
+        self.opponent = OPPONENTS[opponent](self.observation_space, self.action_space, {"seed": 0})
         self._agents = agents
         self._learner = agents[0]
         self._num_episodes = 0

@@ -6,8 +6,11 @@ runner acts with them as with any module: their forward passes return ``actions`
 
 A batch holds ``obs`` (the observation part of PettingZoo's masked Dict observation,
 ``[B, ...]``) and, for a masked space, ``action_mask`` (``[B, n]``, bool or 0/1). Random
-choices come from the module's own ``torch.Generator``, seeded by the ``seed`` key of
-``model_config`` (``None``: a nondeterministic seed), so an evaluation can be repeated.
+choices come from the module's own ``torch.Generator`` when the ``seed`` key of
+``model_config`` is an int, so an evaluation can be repeated; with ``None`` they come from
+torch's global generator, as a trained module's sampled actions do: in training that is the
+data module's per-rank sampling stream, which checkpoints save, so a resumed fit goes on
+drawing where it stopped and each DDP rank's opponent draws its own moves.
 
 PettingZoo's ``connect_four_v3`` observation, which :class:`ConnectFourHeuristicModule`
 reads: ``observation`` is ``[6, 7, 2]``, plane 0 the acting player's pieces, plane 1 the
@@ -45,17 +48,19 @@ def _is_seed(value: Any) -> bool:
 
 
 class _FixedOpponent(RLModule):
-    """What both opponents share: a Discrete action space, a seeded generator, the legal-move mask.
+    """What both opponents share: a Discrete action space, the random source, the legal-move mask.
 
     Subclasses implement :meth:`_choose_actions`.
     """
 
     model_config_keys: ClassVar[dict[str, ModelConfigKey]] = {
-        "seed": ModelConfigKey(None, "an int >= 0, or None for a nondeterministic seed", _is_seed),
+        "seed": ModelConfigKey(
+            None, "an int >= 0 (a generator of its own), or None (torch's global generator)", _is_seed
+        ),
     }
 
     def setup(self) -> None:
-        """Check the action space and make the generator from ``model_config["seed"]``.
+        """Check the action space and make the generator from ``model_config["seed"]`` (none for ``None``).
 
         Raises:
             ValueError: For an action space that is not ``Discrete`` starting at 0.
@@ -66,11 +71,7 @@ class _FixedOpponent(RLModule):
                 f"Discrete(n) starting at 0, got {self.action_space}"
             )
         seed = self.resolved_model_config()["seed"]
-        self.generator = torch.Generator()
-        if seed is None:
-            self.generator.seed()
-        else:
-            self.generator.manual_seed(seed)
+        self.generator = None if seed is None else torch.Generator().manual_seed(seed)
 
     def _forward(self, batch: dict[str, Any]) -> dict[str, Any]:
         obs = batch[Columns.OBS]
@@ -118,7 +119,7 @@ class RandomLegalModule(_FixedOpponent):
     Args:
         observation_space: Any space (a masked Dict included).
         action_space: ``Discrete(n)``.
-        model_config: ``{"seed": int | None}``.
+        model_config: ``{"seed": int | None}`` (see the module docstring).
         inference_only: Accepted for the spec API; there is nothing to leave out.
     """
 
@@ -137,7 +138,7 @@ class ConnectFourHeuristicModule(_FixedOpponent):
         observation_space: PettingZoo's ``connect_four_v3`` space: the masked Dict, or its
             ``observation`` part alone (``[6, 7, 2]``).
         action_space: ``Discrete(7)``.
-        model_config: ``{"seed": int | None}``.
+        model_config: ``{"seed": int | None}`` (see the module docstring).
         inference_only: Accepted for the spec API; there is nothing to leave out.
 
     Raises:
