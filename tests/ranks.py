@@ -5,13 +5,16 @@ for processes it did not launch itself (``MASTER_ADDR``, ``MASTER_PORT``, ``WORL
 ``NODE_RANK``, ``LOCAL_RANK``), one intra-op thread, and a bounded wait: a rank that hangs
 fails the test instead of hanging CI, while ranks that are only slow (a busy machine) finish.
 
-Ranks are forked from a fork server that imported torch and Lightning once for the whole test
-session (``_PRELOADED``), not spawned: a spawned rank imports them again, and on this project's
-2-core machine ``import torch`` alone took 5 s, ``import lightning.pytorch`` 13-15 s (a busy
-machine), for each rank of every test that runs ranks (ten such tests: 237 s spawned,
-45 s forked, on the same busy machine).
-A forked rank starts with the server's environment, so the test's own (``os.environ`` at the
-call, ``monkeypatch.setenv`` included) is handed to it and set before ``fn`` runs.
+Ranks are forked from multiprocessing's fork server, not spawned: a spawned rank imports torch
+and Lightning again, and on this project's 2-core machine ``import torch`` alone took 5 s,
+``import lightning.pytorch`` 13-15 s (a busy machine), for each rank of every test that runs
+ranks (ten such tests: 237 s spawned, 45 s forked, on the same busy machine). The server is
+one per test session, shared with the package's sampler pool, and imports what its first user
+asked for: ``_PRELOADED`` when a rank test starts it; when a sampler test started it first (as
+in a whole-suite run, where the suite took 1,740 s against 1,894 s spawned), ranks import
+Lightning themselves. A forked rank starts with the server's environment, so the test's own
+(``os.environ`` at the call, ``monkeypatch.setenv`` included) is handed to it and set before
+``fn`` runs.
 """
 
 from __future__ import annotations
