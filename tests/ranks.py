@@ -184,13 +184,14 @@ def _rank_main(
     args: tuple,
     results: Any,
 ) -> None:
+    # The test's environment, not the fork server's (started by an earlier test), before this
+    # rank imports anything that may read it.
+    os.environ.clear()
+    os.environ.update(environment)
+
     import faulthandler
 
     import torch
-
-    # The test's environment, not the fork server's (started by an earlier test).
-    os.environ.clear()
-    os.environ.update(environment)
 
     # A rank still running when the test gives up prints where it is stuck (run_on_ranks sends SIGUSR1).
     if hasattr(signal, "SIGUSR1"):
