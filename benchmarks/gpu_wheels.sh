@@ -20,6 +20,7 @@ WHEELS=(
   Box2D==2.3.10                                                               # LunarLander
   mujoco==4.0.0 mujoco-core==4.0.0 glfw==2.11.0 imageio==2.38.1              # Hopper, HalfCheetah
   MinAtar==1.0.15 popgym==1.0.7                                               # MinAtar Breakout, POPGym
+  pytest-xdist==3.8.0 execnet==2.1.2                                          # the lane's -n workers
 )
 for spec in "${WHEELS[@]}"; do
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

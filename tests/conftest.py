@@ -16,9 +16,23 @@ from torch.utils.data import DataLoader
 from lightning_rl import Columns, RLModuleSpec
 from lightning_rl.algorithms.bc import BCModule
 from lightning_rl.core.train_item import TrainingData, TrainItem
+from ranks import start_fork_server
 
 # One intra-op thread: tests may run beside other processes on 2 cores (see docs/tutorials/scaling.md, "Threads").
 torch.set_num_threads(1)
+
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Start the fork server that ranks, samplers and env workers fork from, with torch and Lightning imported.
+
+    In every process that runs tests; not in pytest-xdist's controller (``-n``), which runs none.
+    """
+    config = session.config
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        return
+    start_fork_server()
+
 
 OBS_SPACE = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
 ACT_SPACE = gym.spaces.Discrete(2)

@@ -9,10 +9,10 @@ Ranks are forked from multiprocessing's fork server, not spawned: a spawned rank
 and Lightning again, and on this project's 2-core machine ``import torch`` alone took 5 s,
 ``import lightning.pytorch`` 13-15 s (a busy machine), for each rank of every test that runs
 ranks (ten such tests: 237 s spawned, 45 s forked, on the same busy machine). The server is
-one per test session, shared with the package's sampler pool, and imports what its first user
-asked for: ``_PRELOADED`` when a rank test starts it; when a sampler test started it first (as
-in a whole-suite run, where the suite took 1,740 s against 1,894 s spawned), ranks import
-Lightning themselves. A forked rank starts with the server's environment, so the test's own
+one per test process, shared with the package's sampler pool and PettingZoo env workers, and
+imports only what its first user asked for; so ``tests/conftest.py`` starts it when the test
+session starts (:func:`start_fork_server`), with ``_PRELOADED``, before any sampler test could
+start it with less. A forked rank starts with the server's environment, so the test's own
 (``os.environ`` at the call, ``monkeypatch.setenv`` included) is handed to it and set before
 ``fn`` runs.
 """
@@ -20,6 +20,7 @@ Lightning themselves. A forked rank starts with the server's environment, so the
 from __future__ import annotations
 
 import contextlib
+import multiprocessing.forkserver
 import os
 import pickle
 import queue
@@ -38,6 +39,19 @@ _PRELOADED = ["torch", "lightning.pytorch", "lightning_rl"]
 
 #: How far past ``timeout`` a rank may run, not counting its waits for a CPU: a busy machine only makes it wait.
 SLOW_MACHINE_FACTOR = 10
+
+
+def start_fork_server() -> None:
+    """Start this process's fork server now, importing ``_PRELOADED`` once for every process it will fork.
+
+    Call it once, before any test starts a process from it (``tests/conftest.py`` does, when the
+    session starts). The server imports in the background; a fork waits until it is done. Ranks,
+    samplers and env workers started later fork from it and skip those imports. Its environment
+    is this process's now: ranks get the test's own (see ``run_on_ranks``); a sampler or env
+    worker sees the session's start, as it would have seen whichever test started the server.
+    """
+    mp.get_context("forkserver").set_forkserver_preload(_PRELOADED)
+    multiprocessing.forkserver.ensure_running()
 
 
 def run_on_ranks(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout: float = 180.0) -> list[Any]:
@@ -61,7 +75,6 @@ def run_on_ranks(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeou
             the ranks still running print their Python stacks first.
     """
     context = mp.get_context("forkserver")
-    context.set_forkserver_preload(_PRELOADED)  # read when the server starts: the first call of the session
     results = context.Queue()
     port = free_local_port()
     environment = dict(os.environ)
