@@ -39,6 +39,7 @@ import lightning
 import torch
 from lightning.pytorch import Callback
 
+from lightning_rl.core.processes import release_fork_server
 from lightning_rl.core.sharding import gathered
 from lightning_rl.core.train_item import TrainingData, TrainItem
 from lightning_rl.learner.group._episodes import episodes_from_wire
@@ -83,6 +84,7 @@ def learner_process_main(
     replies: Any,
     status_probe: Connection,
     *,
+    environment: dict[str, str],
     accelerator: str,
     num_threads: int,
     timeout_s: float,
@@ -99,12 +101,17 @@ def learner_process_main(
         commands: This rank's command queue.
         replies: The reply queue all ranks share.
         status_probe: This rank's end of the pipe on which the driver asks what it is doing.
+        environment: The driver's ``os.environ`` when it started the group (a forked learner
+            would otherwise have the fork server's).
         accelerator: Lightning's accelerator name.
         num_threads: torch intra-op threads for this process.
         timeout_s: The driver's wait per request; collectives wait ``COLLECTIVE_MARGIN_S`` longer.
         strategy: ``"ddp"`` or ``"fsdp2"``.
         ddp_kwargs: Extra ``DDPStrategy`` arguments (``"ddp"`` only).
     """
+    os.environ.clear()
+    os.environ.update(environment)
+    release_fork_server()  # a learner starts no processes; the server may end with the driver
     torch.set_num_threads(num_threads)
     os.environ.update(local_rank_environment(rank, world_size, port, num_threads=num_threads))
     serve_status_probes(status_probe)

@@ -8,7 +8,8 @@ learner holds a slice of each weight and optimizer state; the results are DDP's)
 
 * ``num_learners=0``: the group holds the ``learner`` it was given (built) and calls it in
   this process; async updates run on one background thread (``_local``).
-* ``num_learners=N >= 1``: the group spawns N processes, each running ``Trainer.fit`` on a
+* ``num_learners=N >= 1``: the group starts N processes (forked from multiprocessing's fork
+  server, which imports Lightning once), each running ``Trainer.fit`` on a
   stream of commands (``_worker``), driven from here (``_processes``). Every
   update's batch is cut into N shards (``_data``); every learner checks its shard and
   all agree to train or to reject, so bad input changes nothing anywhere.
