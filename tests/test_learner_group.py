@@ -9,11 +9,8 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import re
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -399,31 +396,6 @@ def test_learners_get_the_drivers_environment_as_it_is_when_the_group_starts(mon
         assert group.foreach_learner(_environment_mark) == ["set after the fork server started"]
     finally:
         group.shutdown()
-
-
-_UNGUARDED_SCRIPT = """
-from conftest import bc_spec, random_batch
-from lightning_rl.algorithms.bc import BCLearner
-from lightning_rl.learner.group.learner_group import LearnerGroup
-
-# No `if __name__ == "__main__":`: the learner processes must not run this script again.
-group = LearnerGroup(BCLearner(module_spec=bc_spec()), num_learners=1, num_threads_per_learner=1, timeout_s=120)
-print("trained rows:", group.update_from_batch(random_batch(16))["__all_modules__"]["num_env_steps_trained"])
-group.shutdown()
-"""
-
-
-def test_a_script_without_a_main_guard_starts_its_learners_once(tmp_path):
-    script = tmp_path / "train.py"
-    script.write_text(_UNGUARDED_SCRIPT)
-    tests = Path(__file__).resolve().parent
-    pythonpath = os.pathsep.join([str(tests.parent), str(tests), os.environ.get("PYTHONPATH", "")])
-    done = subprocess.run(
-        [sys.executable, str(script)], env={**os.environ, "PYTHONPATH": pythonpath},
-        capture_output=True, text=True, timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("trained rows: 16") == 1, done.stdout
 
 
 def test_save_and_restore_continue_exactly_like_an_uninterrupted_group(group, spare_group, tmp_path):

@@ -29,6 +29,7 @@ _DRIVER = textwrap.dedent(
     from lightning_rl.algorithms.bc import BCLearner
     from lightning_rl.learner.group.learner_group import LearnerGroup
 
+    # A script file with no `if __name__ == "__main__":`: the learners must not run it again.
     group = LearnerGroup(
         BCLearner(module_spec=bc_spec(hiddens=(256, 256))), num_learners=2, num_threads_per_learner=1, timeout_s=600
     )
@@ -44,10 +45,12 @@ _DRIVER = textwrap.dedent(
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc to see the learners")
-def test_killing_the_driver_ends_its_learners_within_seconds():
+def test_killing_the_driver_ends_its_learners_within_seconds(tmp_path):
     pythonpath = os.pathsep.join([str(REPOSITORY), str(REPOSITORY / "tests"), os.environ.get("PYTHONPATH", "")])
+    script = tmp_path / "driver.py"
+    script.write_text(_DRIVER)
     driver = subprocess.Popen(
-        [sys.executable, "-c", _DRIVER],
+        [sys.executable, str(script)],
         env={**os.environ, "PYTHONPATH": pythonpath},
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
