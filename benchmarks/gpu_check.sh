@@ -101,7 +101,11 @@ printf '%s\t%s\t%s\t%s\n' versions 0 "$(elapsed)" "$OUT_DIR/versions.log" >>"$SE
 LANE_FILES=$(grep -l "pytest.mark.gpu" tests/test_*.py | tr '\n' ' ')
 PYTEST_ARGS=(-m gpu -p no:cacheprovider -q -rfEs --continue-on-collection-errors --junitxml "$OUT_DIR/lane.xml")
 # pyproject.toml's addopts ask for xdist's -n: without xdist, the lane runs them away.
-if "$PY" -c "import xdist" 2>/dev/null; then PYTEST_ARGS+=(-n "${GPU_CHECK_WORKERS:-8}"); else PYTEST_ARGS+=(-o addopts=); fi
+if "$PY" -c "import xdist" 2>/dev/null; then
+  PYTEST_ARGS+=(-n "${GPU_CHECK_WORKERS:-8}")
+else
+  PYTEST_ARGS+=(-o addopts=)
+fi
 "$PY" -c "import pytest_timeout" 2>/dev/null && PYTEST_ARGS+=(--timeout 200)
 LANE_ENV=()
 LANE_K=${GPU_CHECK_LANE_K:-}
