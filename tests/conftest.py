@@ -22,9 +22,8 @@ from ranks import start_fork_server
 torch.set_num_threads(1)
 
 
-
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Start the fork server that ranks, samplers and env workers fork from, with torch and Lightning imported.
+    """Start the fork server that ranks, learners, samplers and env workers fork from, torch and Lightning imported.
 
     In every process that runs tests; not in pytest-xdist's controller (``-n``), which runs none.
     """

@@ -9,7 +9,7 @@ Ranks are forked from multiprocessing's fork server, not spawned: a spawned rank
 and Lightning again, and on this project's 2-core machine ``import torch`` alone took 5 s,
 ``import lightning.pytorch`` 13-15 s (a busy machine), for each rank of every test that runs
 ranks (ten such tests: 237 s spawned, 45 s forked, on the same busy machine). The server is
-one per test process, shared with the package's sampler pool and PettingZoo env workers, and
+one per test process, shared with the package's LearnerGroup, sampler pool and env workers, and
 imports only what its first user asked for; so ``tests/conftest.py`` starts it when the test
 session starts (:func:`start_fork_server`), with ``_PRELOADED``, before any sampler test could
 start it with less. A forked rank starts with the server's environment, so the test's own
@@ -46,9 +46,10 @@ def start_fork_server() -> None:
 
     Call it once, before any test starts a process from it (``tests/conftest.py`` does, when the
     session starts). The server imports in the background; a fork waits until it is done. Ranks,
-    samplers and env workers started later fork from it and skip those imports. Its environment
-    is this process's now: ranks get the test's own (see ``run_on_ranks``); a sampler or env
-    worker sees the session's start, as it would have seen whichever test started the server.
+    LearnerGroup learners, samplers and env workers started later fork from it and skip those
+    imports. Its environment is this process's now: ranks and learners get the test's own (see
+    ``run_on_ranks``; ``LearnerGroup`` hands over its driver's); a sampler or env worker sees the
+    session's start, as it would have seen whichever test started the server.
     """
     mp.get_context("forkserver").set_forkserver_preload(_PRELOADED)
     multiprocessing.forkserver.ensure_running()
