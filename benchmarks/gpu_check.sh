@@ -100,7 +100,7 @@ printf '%s\t%s\t%s\t%s\n' versions 0 "$(elapsed)" "$OUT_DIR/versions.log" >>"$SE
 # ---- 3. the test lane -------------------------------------------------------------------
 LANE_FILES=$(grep -l "pytest.mark.gpu" tests/test_*.py | tr '\n' ' ')
 PYTEST_ARGS=(-m gpu -p no:cacheprovider -q -rfEs --continue-on-collection-errors --junitxml "$OUT_DIR/lane.xml")
-# pyproject.toml's addopts ask for xdist's -n: without xdist, the lane runs them away.
+# pyproject.toml's addopts ask for xdist's -n: without xdist, the lane clears them (-o addopts=).
 if "$PY" -c "import xdist" 2>/dev/null; then
   PYTEST_ARGS+=(-n "${GPU_CHECK_WORKERS:-8}")
 else
