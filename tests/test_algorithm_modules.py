@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import bc_spec
+from _helpers import bc_spec
 
 from lightning_rl import Columns, RLModuleSpec
 from lightning_rl.algorithms.appo import APPOLearner, APPOModule

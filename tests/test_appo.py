@@ -9,7 +9,7 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 import torch
-from conftest import make_trainer
+from _helpers import make_trainer
 from lightning.pytorch import seed_everything
 
 from lightning_rl import Columns, Learner, RLModuleSpec

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 from _process_tree import signal_once_hanging, still_running
-from conftest import make_trainer
+from _helpers import make_trainer
 from lightning.pytorch import Callback, Trainer
 from ranks import run_on_ranks
 

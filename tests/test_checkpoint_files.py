@@ -19,7 +19,7 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 import torch
-from conftest import ACT_SPACE, OBS_SPACE, assert_same_tensors, bc_spec, loader_of, make_trainer, random_batch, weights
+from _helpers import ACT_SPACE, OBS_SPACE, assert_same_tensors, bc_spec, loader_of, make_trainer, random_batch, weights
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_rl import AtomicCheckpointIO, Learner

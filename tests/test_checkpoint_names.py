@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import bc_spec, make_trainer
+from _helpers import bc_spec, make_trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_rl.algorithms.bc import BCLearner

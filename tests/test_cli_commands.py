@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from _helpers import bc_spec
 from _registered_envs import EPISODE_STEPS, NAMESPACED_ID
-from conftest import bc_spec
 from test_cli import CARTPOLE, REPO, quick
 
 import lightning_rl.cli.lightning_cli as lightning_cli

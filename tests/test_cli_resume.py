@@ -9,7 +9,7 @@ from typing import Any, Callable, Literal, Optional, Sequence
 import pytest
 import torch
 import yaml
-from conftest import resealed
+from _helpers import resealed
 from test_cli import CARTPOLE, REPO, quick
 
 from lightning_rl.algorithms.ppo import PPOLearner

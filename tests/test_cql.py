@@ -11,7 +11,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import assert_same_tensors, loader_of, make_trainer
+from _helpers import assert_same_tensors, loader_of, make_trainer
 
 from lightning_rl import Columns, Policy, RLModuleSpec, TrainingData, TrainItem
 from lightning_rl.algorithms.cql import ALPHA_PRIME_OPTIMIZER, CQLLearner, CQLModule, conservative_gap

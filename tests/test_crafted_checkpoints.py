@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import bc_spec, loader_of, make_trainer, random_batch, resealed
+from _helpers import bc_spec, loader_of, make_trainer, random_batch, resealed
 
 from lightning_rl import Learner, LearnerGroup
 from lightning_rl.algorithms.bc import BCLearner

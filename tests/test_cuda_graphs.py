@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import bc_spec, loader_of, random_batch
+from _helpers import bc_spec, loader_of, random_batch
 from lightning.pytorch import Callback, Trainer
 from test_dqn import dqn_spec
 from test_ppo import ppo_batch, ppo_spec

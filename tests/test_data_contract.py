@@ -15,7 +15,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
-from conftest import OBS_SPACE, bc_spec, loader_of, make_trainer, random_train_items
+from _helpers import OBS_SPACE, bc_spec, loader_of, make_trainer, random_train_items
 from lightning.pytorch import LightningDataModule
 
 from lightning_rl.algorithms.bc import BCLearner, BCModule

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import make_trainer
+from _helpers import make_trainer
 from lightning.pytorch import Callback, Trainer
 from test_off_policy import RecordItems, TinyQLearner, fit, off_policy_datamodule, tiny_spec
 

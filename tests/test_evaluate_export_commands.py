@@ -19,8 +19,8 @@ import pytest
 import torch
 import yaml
 from _algorithms import ROWS
+from _helpers import resealed, usage_error
 from _policy_common import fit_from_the_command_line, observations, run_export
-from conftest import resealed, usage_error
 
 from lightning_rl import Policy
 from lightning_rl.cli import evaluate_command, export_command

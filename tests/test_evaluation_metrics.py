@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import bc_spec, make_trainer
+from _helpers import bc_spec, make_trainer
 from torchmetrics import Metric
 
 from lightning_rl.algorithms.bc import BCLearner

@@ -23,7 +23,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import bc_spec, loader_of, random_batch
+from _helpers import bc_spec, loader_of, random_batch
 from ranks import run_on_ranks
 
 from lightning_rl import Columns, MultiRLModuleSpec, RLModuleSpec

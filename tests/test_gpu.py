@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import GPU_LANE_ON_CPU
+from _helpers import GPU_LANE_ON_CPU
 
 pytestmark = pytest.mark.gpu
 

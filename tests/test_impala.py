@@ -10,7 +10,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import make_trainer
+from _helpers import make_trainer
 from lightning.pytorch import seed_everything
 
 from lightning_rl import Columns, RLModuleSpec

@@ -11,7 +11,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import assert_same, loader_of, make_trainer
+from _helpers import assert_same, loader_of, make_trainer
 from torch.distributions import Independent, Normal
 
 from lightning_rl import Columns, Policy, RLModuleSpec, TrainingData, TrainItem

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_same_tensors, bc_spec, random_batch, weights
+from _helpers import assert_same_tensors, bc_spec, random_batch, weights
 
 from lightning_rl import DEFAULT_MODULE_ID, Learner, MultiRLModule
 from lightning_rl.algorithms.bc import BCLearner

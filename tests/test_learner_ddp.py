@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from conftest import bc_spec, loader_of, make_trainer, random_batch
+from _helpers import bc_spec, loader_of, make_trainer, random_batch
 from lightning.pytorch import Callback
 from ranks import run_on_ranks
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import ACT_SPACE, OBS_SPACE, bc_spec, random_batch, weights
+from _helpers import ACT_SPACE, OBS_SPACE, bc_spec, random_batch, weights
 from torch import nn
 
 from lightning_rl import ALL_MODULES, DEFAULT_MODULE_ID, Columns, Learner, RLModule, RLModuleSpec

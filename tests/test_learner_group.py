@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import bc_spec, random_batch
+from _helpers import bc_spec, random_batch
 
 from lightning_rl import ALL_MODULES, DEFAULT_MODULE_ID, Learner, LearnerConfig
 from lightning_rl.algorithms.bc import BCLearner

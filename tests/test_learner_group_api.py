@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import bc_spec, random_batch
+from _helpers import bc_spec, random_batch
 from test_learner_group import (
     LR,
     STEPS,

@@ -25,7 +25,7 @@ _DRIVER = textwrap.dedent(
     """
     import sys
     import numpy as np
-    from conftest import bc_spec
+    from _helpers import bc_spec
     from lightning_rl.algorithms.bc import BCLearner
     from lightning_rl.learner.group.learner_group import LearnerGroup
 

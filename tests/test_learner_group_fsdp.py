@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import bc_spec, random_batch
+from _helpers import bc_spec, random_batch
 from test_learner_group import (
     SGDLearner,
     assert_close_arrays,

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import bc_spec
+from _helpers import bc_spec
 
 from lightning_rl import ALL_MODULES, LearnerConfig, MultiRLModuleSpec
 from lightning_rl.algorithms.bc import BCLearner

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import bc_spec, random_batch
+from _helpers import bc_spec, random_batch
 
 from lightning_rl.algorithms.bc import BCLearner
 from lightning_rl.learner.group import _processes, _shared

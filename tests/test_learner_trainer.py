@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import assert_same_tensors, bc_spec, loader_of, make_trainer, random_batch, random_train_items, weights
+from _helpers import assert_same_tensors, bc_spec, loader_of, make_trainer, random_batch, random_train_items, weights
 from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger

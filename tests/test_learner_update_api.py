@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import assert_same_tensors, bc_spec, loader_of, make_trainer, random_batch, weights
+from _helpers import assert_same_tensors, bc_spec, loader_of, make_trainer, random_batch, weights
 from ranks import run_on_ranks
 from torch.utils.data import DataLoader, Dataset
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import assert_same_tensors, bc_spec, random_batch
+from _helpers import assert_same_tensors, bc_spec, random_batch
 
 from lightning_rl import ALL_MODULES, DEFAULT_MODULE_ID, Columns, MultiRLModuleSpec
 from lightning_rl.algorithms.appo import APPOLearner

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import bc_spec, loader_of, make_trainer, random_batch
+from _helpers import bc_spec, loader_of, make_trainer, random_batch
 from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch import Callback, LightningModule
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger

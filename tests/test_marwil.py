@@ -10,7 +10,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import loader_of, make_trainer
+from _helpers import loader_of, make_trainer
 
 from lightning_rl import Columns, RLModuleSpec, TrainingData, TrainItem
 from lightning_rl.algorithms.bc import BCLearner, BCModule

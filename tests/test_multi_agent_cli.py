@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import fit_small_self_play, resealed, usage_error
+from _helpers import fit_small_self_play, resealed, usage_error
 
 pytest.importorskip("pettingzoo")
 pytest.importorskip("mpe2")
@@ -47,7 +47,7 @@ CODE_MODULE = "_code_from_checkpoint"
 
 @pytest.fixture(scope="module")
 def self_play_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``examples/ppo_connect_four_selfplay.yaml`` shrunk to 192 moves (``conftest.fit_small_self_play``)."""
+    """``examples/ppo_connect_four_selfplay.yaml`` shrunk to 192 moves (``_helpers.fit_small_self_play``)."""
     root = tmp_path_factory.mktemp("self_play")
     fit_small_self_play(root)
     return root / "checkpoints" / "last.ckpt"

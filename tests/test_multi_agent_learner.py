@@ -10,6 +10,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from _helpers import assert_same, loader_of, make_trainer
 from lightning.pytorch import LightningDataModule
 
 from lightning_rl.algorithms.ppo import PPOLearner, PPOModule
@@ -19,7 +20,6 @@ from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.train_item import TrainingData, TrainItem
 from lightning_rl.env.multi_agent_episode import MultiAgentEpisode
 from lightning_rl.learner.lightning_hooks import specs_for_module_spaces
-from tests.conftest import assert_same, loader_of, make_trainer
 
 ONE_NUMBER = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
 TWO_ACTIONS = gym.spaces.Discrete(2)

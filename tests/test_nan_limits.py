@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import bc_spec, loader_of, make_trainer, random_batch, weights
+from _helpers import bc_spec, loader_of, make_trainer, random_batch, weights
 from ranks import run_on_ranks
 
 from lightning_rl import ALL_MODULES, DEFAULT_MODULE_ID, Columns, MultiRLModuleSpec, RLModuleSpec

@@ -10,7 +10,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import make_trainer
+from _helpers import make_trainer
 from lightning.pytorch import Callback
 from ranks import run_on_ranks
 

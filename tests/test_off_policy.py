@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import make_trainer
+from _helpers import make_trainer
 from lightning.pytorch import Callback, Trainer, seed_everything
 from torch import nn
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from _algorithms import ROWS, AlgorithmRow
 from _policy_common import greedy_actions, observations
-from conftest import bc_spec
+from _helpers import bc_spec
 
 from lightning_rl import DEFAULT_MODULE_ID, Policy, RLModuleSpec
 from lightning_rl.algorithms.bc import BCLearner

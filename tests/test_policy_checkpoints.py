@@ -18,7 +18,7 @@ import pytest
 import torch
 from _algorithms import ROWS, AlgorithmRow
 from _policy_common import WRITERS, WrittenCheckpoint, greedy_actions, module_weights, observations, write_checkpoints
-from conftest import assert_same_tensors
+from _helpers import assert_same_tensors
 
 from lightning_rl import DEFAULT_MODULE_ID, Learner, Policy
 

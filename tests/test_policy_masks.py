@@ -8,7 +8,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import fit_small_self_play
+from _helpers import fit_small_self_play
 
 from lightning_rl.algorithms.ppo import PPOModule
 from lightning_rl.policy import Policy

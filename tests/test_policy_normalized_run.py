@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime
 import torch
-from conftest import make_trainer
+from _helpers import make_trainer
 
 from lightning_rl import Policy
 from lightning_rl.algorithms.ppo import PPOLearner

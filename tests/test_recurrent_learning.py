@@ -15,7 +15,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import loader_of, make_trainer
+from _helpers import loader_of, make_trainer
 from ranks import run_on_ranks
 from recurrent_rollouts import Rollouts
 

@@ -12,7 +12,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import assert_same_tensors, bc_spec, random_batch
+from _helpers import assert_same_tensors, bc_spec, random_batch
 from torch import nn
 
 from lightning_rl import Learner, MultiRLModule, MultiRLModuleSpec, RLModule, RLModuleSpec
@@ -597,7 +597,7 @@ def test_lifetime_results_are_running_totals_not_per_update_increments():
 
 
 def test_restore_from_path_with_a_component_reads_a_lightning_checkpoint(tmp_path):
-    from conftest import loader_of, make_trainer, random_train_items
+    from _helpers import loader_of, make_trainer, random_train_items
 
     from lightning_rl.algorithms.bc import BCLearner
 

@@ -11,7 +11,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import assert_same, make_trainer
+from _helpers import assert_same, make_trainer
 from lightning.pytorch import Callback, Trainer, seed_everything
 from torch.distributions import Independent, Normal, TanhTransform, TransformedDistribution
 

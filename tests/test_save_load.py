@@ -29,7 +29,7 @@ import pytest
 import torch
 import yaml
 from _algorithms import ITEM_ENV_STEPS, ROWS, AlgorithmRow, item_seed, update_standalone
-from conftest import assert_same, loader_of, make_trainer
+from _helpers import assert_same, loader_of, make_trainer
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 

@@ -10,7 +10,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import assert_same, make_trainer
+from _helpers import assert_same, make_trainer
 from lightning.pytorch import Callback, LightningDataModule
 from lightning.pytorch.callbacks import ModelCheckpoint
 

@@ -14,7 +14,7 @@ from types import ModuleType
 
 import pytest
 
-from conftest import fit_small_self_play
+from _helpers import fit_small_self_play
 
 pytest.importorskip("pettingzoo")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import bc_spec, random_batch
+from _helpers import bc_spec, random_batch
 
 from lightning_rl import MultiRLModuleSpec
 from lightning_rl.algorithms.bc import BCLearner

@@ -15,7 +15,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import bc_spec, loader_of, make_trainer, random_batch
+from _helpers import bc_spec, loader_of, make_trainer, random_batch
 from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger

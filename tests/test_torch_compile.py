@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import bc_spec, random_batch
+from _helpers import bc_spec, random_batch
 
 from lightning_rl import DEFAULT_MODULE_ID
 from lightning_rl.algorithms.bc import BCLearner
