@@ -12,6 +12,8 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
+from _process_tree import descendants, still_running
+from _slow_trials import HANG_VARIABLE
 from lightning.pytorch import Trainer
 from test_cli import CARTPOLE, REPO
 
@@ -242,30 +244,50 @@ def test_a_tiny_study_writes_trial_runs_and_a_best_config_that_fit_accepts(tmp_p
     assert len(study.get_trials()) == 2
 
 
-def _tune_process(path: Path, tmp_path: Path) -> subprocess.Popen:
-    environment = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+def test_a_ddp_trial_runs_its_second_rank_with_the_fit_command_line_and_one_thread_per_rank(tmp_path, monkeypatch):
+    """A trial is forked, not started as ``python -m lightning_rl fit``, yet runs as that command would.
+
+    Lightning's DDP relaunch of rank 1 works, and both ranks compute on one thread (the forked
+    rank 0's torch was loaded by the fork server, without the trial's ``OMP_NUM_THREADS``).
+    """
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO / "tests"), str(REPO)]))  # rank 1 finds the probe
+    trial = {
+        **TINY_TRIAL, "trainer.strategy": "ddp", "trainer.devices": 2, "trainer.accelerator": "cpu",
+        "trainer.callbacks": [{"class_path": "_thread_probe.PrintThreads"}],
+    }  # fmt: skip
+    study_settings = {"n_trials": 1, "n_jobs": 1, "seed": 0, "pruner": "none"}
+    main(["tune", "--config", str(tune_file(tmp_path, trial=trial, study=study_settings))])
+    output = tmp_path / "out"
+    log = (output / "trial_0" / "fit.log").read_text()
+    assert "All distributed processes registered. Starting with 2 processes" in log, log[-3000:]
+    assert "RANK 0 THREADS 1 OMP 1" in log and "RANK 1 THREADS 1 OMP 1" in log, log[-3000:]
+    study = optuna.load_study(study_name="tune", storage=f"sqlite:///{output / 'study.db'}")
+    assert [trial.state.name for trial in study.get_trials()] == ["COMPLETE"], log[-3000:]
+
+
+def _tune_process(path: Path, tmp_path: Path, **variables: str) -> subprocess.Popen:
+    paths = os.pathsep.join([str(REPO), str(REPO / "tests")])
+    environment = {**os.environ, "PYTHONPATH": paths, "OMP_NUM_THREADS": "1", **variables}
     return subprocess.Popen(
         [sys.executable, "-m", "lightning_rl", "tune", "--config", str(path)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environment, cwd=tmp_path,
     )  # fmt: skip
 
 
-def _processes_running(argument: str) -> list[int]:
-    """The ids of the processes whose command line holds ``argument``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and argument in (entry / "cmdline").read_bytes().decode(errors="replace"):
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
+def _writes_its_output_to(pid: int, path: Path) -> bool:
+    """Whether process ``pid``'s stdout is the file ``path`` (a trial's fit writes to its fit.log)."""
+    try:
+        return os.readlink(f"/proc/{pid}/fd/1") == str(path)
+    except OSError:
+        return False
 
 
 def test_a_study_killed_with_kill_9_resumes_without_losing_or_repeating_finished_trials(tmp_path):
-    path = tune_file(tmp_path, study={"n_trials": 3, "n_jobs": 1, "seed": 0, "pruner": "none"})
+    # The first command's trials after trial_0 hang until killed; the second command's run.
+    trial = {**TINY_TRIAL, "trainer.callbacks": [{"class_path": "_slow_trials.HangAfterTheFirstTrial"}]}
+    path = tune_file(tmp_path, trial=trial, study={"n_trials": 3, "n_jobs": 1, "seed": 0, "pruner": "none"})
     storage = f"sqlite:///{tmp_path / 'out' / 'study.db'}"
-    first = _tune_process(path, tmp_path)
+    first = _tune_process(path, tmp_path, **{HANG_VARIABLE: "1"})
     # Kill it once a trial has finished and the next one is running.
     deadline = time.monotonic() + 120
     states: list[str] = []
@@ -280,18 +302,29 @@ def test_a_study_killed_with_kill_9_resumes_without_losing_or_repeating_finished
     if first.poll() is not None:
         pytest.fail(f"the study ended before it was killed: {first.communicate()[0]}")
     assert states[:1] == ["COMPLETE"] and states[-1] == "RUNNING", states
+    # The running trial's fit is a process below the command, writing its fit.log (once started).
+    fit_log = tmp_path / "out" / f"trial_{len(states) - 1}" / "fit.log"
+    below = descendants(first.pid)
+    while not any(_writes_its_output_to(pid, fit_log) for pid in below) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        below = descendants(first.pid)
+    assert any(_writes_its_output_to(pid, fit_log) for pid in below), f"no process writes {fit_log}"
     os.kill(first.pid, signal.SIGKILL)
     first.wait()
     before = optuna.load_study(study_name="tune", storage=storage).get_trials()
     finished_before = {t.number: (t.value, t.params) for t in before if t.state.name == "COMPLETE"}
     interrupted = [t for t in before if t.state.name == "RUNNING"]
     assert len(interrupted) == 1
-    # The interrupted trial's fit died with the command (Linux: PR_SET_PDEATHSIG).
-    trial_config = str(tmp_path / "out" / f"trial_{interrupted[0].number}" / "config.yaml")
+    assert fit_log.parent.name == f"trial_{interrupted[0].number}"
+    # That fit, and every other process the command started, died with it (Linux:
+    # PR_SET_PDEATHSIG; the fit's parent is the fork server, which ends with the command).
     deadline = time.monotonic() + 10
-    while _processes_running(trial_config) and time.monotonic() < deadline:
+    while still_running(below) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not _processes_running(trial_config)
+    left = still_running(below)
+    for pid in left:  # the hung fit would otherwise sleep on after a failure
+        os.kill(pid, signal.SIGKILL)
+    assert not left
 
     second = _tune_process(path, tmp_path)
     output, _ = second.communicate(timeout=180)
