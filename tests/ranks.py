@@ -32,6 +32,7 @@ from typing import Any
 
 import torch.multiprocessing as mp
 
+from lightning_rl.core.processes import adopt_environment
 from lightning_rl.learner.group.learner_group import free_local_port
 
 #: What the fork server imports once, before it forks any rank: the imports every rank makes.
@@ -200,8 +201,7 @@ def _rank_main(
 ) -> None:
     # The test's environment, not the fork server's (started by an earlier test), before this
     # rank imports anything that may read it.
-    os.environ.clear()
-    os.environ.update(environment)
+    adopt_environment(environment)
 
     import faulthandler
 

@@ -52,7 +52,7 @@ import yaml
 from lightning_rl.callbacks.optuna_trials import PRUNED_AT_ATTR, make_pruner, open_storage, require_optuna
 from lightning_rl.cli._command_line import CommandError, OneLineArgumentParser, positive_int, run_command, tell
 from lightning_rl.cli.tune_settings import SearchParameter, TuneSettings, apply_overrides, read_tune_file
-from lightning_rl.core.processes import die_with_parent, main_script_not_rerun, release_fork_server
+from lightning_rl.core.processes import adopt_environment, die_with_parent, main_script_not_rerun, release_fork_server
 
 #: The file the best trial's config is written to, in the output directory.
 BEST_CONFIG_FILE = "best_config.yaml"
@@ -281,8 +281,7 @@ def run_trial_fit(config_file: str, log_file: str, environment: dict[str, str]) 
         log_file: Where the fit's output goes (written anew).
         environment: The environment the fit runs in.
     """
-    os.environ.clear()
-    os.environ.update(environment)
+    adopt_environment(environment)
     # A new process's torch reads OMP_NUM_THREADS as it loads, and the fit command then leaves
     # it alone; the server loaded torch without it (two trials on 2 cores at 2 threads each ran
     # 5-20x slower), so the count is set here.

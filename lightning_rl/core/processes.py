@@ -10,8 +10,9 @@ parent dies.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 
 def die_with_parent() -> None:
@@ -32,6 +33,19 @@ def die_with_parent() -> None:
         pass
 
 
+def adopt_environment(environment: Mapping[str, str]) -> None:
+    """Make this process's ``os.environ`` exactly ``environment``.
+
+    A process forked from the fork server starts with the server's environment: its starter's
+    as it was when the server started (for the first process that asked for one), not as it is
+    now. So the starter hands over its ``os.environ`` of now (a LearnerGroup's learners, a tune
+    trial's fit), and the child calls this first thing, before it imports anything that may
+    read the environment.
+    """
+    os.environ.clear()
+    os.environ.update(environment)
+
+
 def release_fork_server() -> None:
     """Close this child's copy of the pipe by which the fork server knows that its parent lives.
 
@@ -45,7 +59,6 @@ def release_fork_server() -> None:
     outlive the parent. Without the child's copy, the server exits with the parent and takes
     the children with it.
     """
-    import os
     from multiprocessing import forkserver
 
     server = forkserver._forkserver  # the module's one server: there is no public handle on this fd

@@ -39,7 +39,7 @@ import lightning
 import torch
 from lightning.pytorch import Callback
 
-from lightning_rl.core.processes import release_fork_server
+from lightning_rl.core.processes import adopt_environment, release_fork_server
 from lightning_rl.core.sharding import gathered
 from lightning_rl.core.train_item import TrainingData, TrainItem
 from lightning_rl.learner.group._episodes import episodes_from_wire
@@ -109,8 +109,7 @@ def learner_process_main(
         strategy: ``"ddp"`` or ``"fsdp2"``.
         ddp_kwargs: Extra ``DDPStrategy`` arguments (``"ddp"`` only).
     """
-    os.environ.clear()
-    os.environ.update(environment)
+    adopt_environment(environment)
     release_fork_server()  # a learner starts no processes; the server may end with the driver
     torch.set_num_threads(num_threads)
     os.environ.update(local_rank_environment(rank, world_size, port, num_threads=num_threads))
