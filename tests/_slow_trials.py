@@ -1,4 +1,6 @@
-"""A callback for ``tests/test_tune.py``'s ``kill -9`` test: with ``HANG_TRIALS_AFTER_THE_FIRST`` set, every trial but ``trial_0`` hangs.
+"""A callback for ``tests/test_tune.py``'s ``kill -9`` test: every trial but ``trial_0`` hangs, while asked to.
+
+The first tune command runs with ``HANG_TRIALS_AFTER_THE_FIRST`` set, the second without.
 
 So the trial the test interrupts is surely still running when the tune command is killed (a
 tiny trial's fit ends by itself within seconds), and only the kernel's ``PR_SET_PDEATHSIG`` can

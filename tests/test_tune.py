@@ -262,7 +262,7 @@ def test_a_ddp_trial_runs_its_second_rank_with_the_fit_command_line_and_one_thre
     assert "All distributed processes registered. Starting with 2 processes" in log, log[-3000:]
     assert "RANK 0 THREADS 1 OMP 1" in log and "RANK 1 THREADS 1 OMP 1" in log, log[-3000:]
     study = optuna.load_study(study_name="tune", storage=f"sqlite:///{output / 'study.db'}")
-    assert [trial.state.name for trial in study.get_trials()] == ["COMPLETE"], log[-3000:]
+    assert [t.state.name for t in study.get_trials()] == ["COMPLETE"], log[-3000:]
 
 
 def _tune_process(path: Path, tmp_path: Path, **variables: str) -> subprocess.Popen:

@@ -49,8 +49,10 @@ def adopt_environment(environment: Mapping[str, str]) -> None:
 def release_fork_server() -> None:
     """Close this child's copy of the pipe by which the fork server knows that its parent lives.
 
-    Call it first thing in a process the fork server started that starts no processes itself
-    (a sampler of ``AsyncSamplingDataModule``, a PettingZoo env worker).
+    Call it first thing in a process the fork server started that will not ask this server for
+    processes (a sampler of ``AsyncSamplingDataModule``, a PettingZoo env worker, a LearnerGroup
+    learner, a tune trial's fit); one that later starts processes through ``forkserver`` gets a
+    server of its own (a trial's samplers do).
 
     ``multiprocessing`` hands every process the fork server starts the write end of that pipe
     (so that it could ask the server for processes of its own). While a child holds it, the
