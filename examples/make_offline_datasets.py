@@ -5,7 +5,9 @@
     python examples/make_offline_datasets.py --only pendulum-medium-replay pendulum-medium   # one SAC run, both
     python examples/make_offline_datasets.py --quick --out /tmp/minari   # tiny budgets (the test)
 
-Each command is printed before it runs; run them by hand to make one dataset yourself:
+Each command is printed before it runs, in this process (``lightning_rl.cli.main``, what the
+``lightning-rl`` command calls: torch and Lightning load once, not once per command); run them by
+hand to make one dataset yourself:
 
 - ``cartpole/ppo-expert-v0``: PPO trained on CartPole (``examples/ppo_cartpole.yaml``, which
   stops once evaluation reaches 475), then 100 greedy episodes of its checkpoint.
@@ -29,7 +31,6 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
@@ -46,28 +47,26 @@ IDS = {
 def main() -> None:
     args = _parse_args()
     chosen = list(args.only or DATASETS)
-    environment = dict(os.environ)
-    # One torch thread per run unless told otherwise: these small MLPs gain nothing from more, and
-    # threads competing for busy cores slow SAC's one-gradient-step-per-env-step loop many times over.
-    environment.setdefault("OMP_NUM_THREADS", "1")
+    # One torch thread unless told otherwise (set before torch loads): these small MLPs gain nothing
+    # from more, and threads competing for busy cores slow SAC's one-gradient-step-per-env-step loop
+    # many times over.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        environment["MINARI_DATASETS_PATH"] = str(args.out.resolve())
+        os.environ["MINARI_DATASETS_PATH"] = str(args.out.resolve())
     runs = args.runs.resolve()
+    os.chdir(REPOSITORY)  # the configs' paths are relative to the checkout
     overwrite = ["--overwrite"] if args.overwrite else []
     episodes = 4 if args.quick else 100
 
     if {"cartpole-expert", "cartpole-mixed"} & set(chosen):
         run_dir = runs / "ppo_cartpole"
         quick = ["--data.max_env_steps", "512", "--data.rollouts_per_epoch", "2"] if args.quick else []
-        _run(
-            ["fit", "--config", "examples/ppo_cartpole.yaml", "--trainer.default_root_dir", str(run_dir), *quick],
-            environment,
-        )
+        _run(["fit", "--config", "examples/ppo_cartpole.yaml", "--trainer.default_root_dir", str(run_dir), *quick])
         expert = _last_checkpoint(run_dir)
         record = ["record", "--config", "examples/ppo_cartpole.yaml", "--ckpt_path", str(expert), *overwrite]
         if "cartpole-expert" in chosen:
-            _run([*record, "--num_episodes", str(episodes), "--dataset_id", IDS["cartpole-expert"]], environment)
+            _run([*record, "--num_episodes", str(episodes), "--dataset_id", IDS["cartpole-expert"]])
         if "cartpole-mixed" in chosen:
             mixed = [
                 "--num_episodes",
@@ -77,7 +76,7 @@ def main() -> None:
                 "--dataset_id",
                 IDS["cartpole-mixed"],
             ]
-            _run([*record, *mixed], environment)
+            _run([*record, *mixed])
 
     if {"pendulum-medium-replay", "pendulum-medium"} & set(chosen):
         run_dir = runs / "sac_pendulum"
@@ -112,14 +111,12 @@ def main() -> None:
             "--trainer.callbacks.save_last=true",
         ]
         fit = ["fit", "--config", "examples/sac_pendulum.yaml", "--trainer.default_root_dir", str(run_dir)]
-        _run([*fit, *budget, *recording, *stopping], environment)
+        _run([*fit, *budget, *recording, *stopping])
         if "pendulum-medium" in chosen:
             medium = _last_checkpoint(run_dir)
             record = ["record", "--config", "examples/sac_pendulum.yaml", "--ckpt_path", str(medium), "--explore"]
-            _run(
-                [*record, "--num_episodes", str(2 * episodes), "--dataset_id", IDS["pendulum-medium"], *overwrite],
-                environment,
-            )
+            pendulum_medium = ["--num_episodes", str(2 * episodes), "--dataset_id", IDS["pendulum-medium"]]
+            _run([*record, *pendulum_medium, *overwrite])
 
 
 def _parse_args() -> argparse.Namespace:
@@ -136,10 +133,25 @@ def _parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def _run(command: list[str], environment: dict[str, str]) -> None:
-    """Print ``lightning-rl <command>`` and run it (as ``python -m lightning_rl``, the same entry point)."""
+def _run(command: list[str]) -> None:
+    """Print ``lightning-rl <command>`` and run it; stop here if it fails.
+
+    Raises:
+        SystemExit: With the command's status, if it exits with one other than 0.
+    """
+    from lightning_rl.cli import main as lightning_rl
+
     print(f"$ lightning-rl {shlex.join(command)}", flush=True)
-    subprocess.run([sys.executable, "-m", "lightning_rl", *command], cwd=REPOSITORY, env=environment, check=True)
+    script_argv = sys.argv
+    sys.argv = ["lightning-rl", *command]  # the command line it reads, as when typed (Lightning's CLI reads sys.argv)
+    try:
+        lightning_rl()
+    except SystemExit as exit_:
+        if exit_.code not in (0, None):
+            print(f"make_offline_datasets: 'lightning-rl {command[0]}' exited with status {exit_.code}", flush=True)
+            raise
+    finally:
+        sys.argv = script_argv
 
 
 def _last_checkpoint(run_dir: Path) -> Path:

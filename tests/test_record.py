@@ -6,6 +6,7 @@ A dataset is checked by reading it back with ``minari.load_dataset``.
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -436,3 +437,15 @@ def test_make_offline_datasets_quick_makes_the_four_datasets(tmp_path, datasets_
         "pendulum/sac-medium-v0",
     ]
     assert minari.load_dataset("cartpole/mixed-v0").total_episodes == 48
+
+
+def test_make_offline_datasets_stops_at_a_failing_command_with_its_status(tmp_path, capsys, monkeypatch):
+    spec = importlib.util.spec_from_file_location("make_offline_datasets", REPOSITORY / "examples/make_offline_datasets.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    monkeypatch.setattr(sys, "argv", ["make_offline_datasets.py", "--quick"])
+    with pytest.raises(SystemExit) as exit_info:
+        script._run(["fit", "--config", str(tmp_path / "missing.yaml")])
+    assert exit_info.value.code == 2
+    assert "make_offline_datasets: 'lightning-rl fit' exited with status 2" in capsys.readouterr().out
+    assert sys.argv == ["make_offline_datasets.py", "--quick"]  # the script's own, back after the command
