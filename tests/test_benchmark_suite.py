@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -64,18 +62,16 @@ def test_a_finished_run_is_skipped_and_one_of_another_budget_is_refused(suite, t
 
 
 @pytest.mark.slow  # three processes that each import torch and Lightning (10-20 s)
-def test_a_tiny_run_of_ours_and_sb3_writes_both_files_with_the_same_evaluation_schedule(tmp_path: Path):
+def test_a_tiny_run_of_ours_and_sb3_writes_both_files_with_the_same_evaluation_schedule(suite, tmp_path: Path):
     pytest.importorskip("stable_baselines3")
     pytest.importorskip("Box2D")
-    result = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "suite.py"), "run", "ppo_lunarlander", "--seeds", "3",
-         "--max-env-steps", "512", "--out", str(tmp_path), "--",
+    # The parent in this process (what `suite.py run` calls); each run in a fresh subprocess, as always.
+    suite.run_task(suite.parse_args(
+        ["run", "ppo_lunarlander", "--seeds", "3", "--max-env-steps", "512", "--out", str(tmp_path), "--",
          "--data.init_args.num_envs", "2", "--data.init_args.rollout_fragment_length", "128",
          "--data.init_args.rollouts_per_epoch", "1", "--model.init_args.num_epochs", "1",
-         "--data.init_args.evaluation_num_episodes", "2", "--data.init_args.evaluation_num_envs", "2"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
+         "--data.init_args.evaluation_num_episodes", "2", "--data.init_args.evaluation_num_envs", "2"]
+    ))  # fmt: skip
     records = {lib: json.loads((tmp_path / f"ppo_lunarlander-{lib}-seed3.json").read_text()) for lib in ("ours", "sb3")}
     for record in records.values():
         assert record["status"] == "done" and record["env_steps"] == 512 and record["threads"] == 1
