@@ -188,7 +188,7 @@ def _fit_with_stored_trial_pruning(rank: int, world_size: int, storage: str) -> 
     )  # fmt: skip
     trainer = Trainer(
         strategy="ddp", devices=world_size, accelerator="cpu", max_epochs=-1, callbacks=[pruning], logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, num_sanity_val_steps=0,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
     )  # fmt: skip
     trainer.fit(PPOLearner(model_config={"fcnet_hiddens": [16]}, num_epochs=1, minibatch_size=32), datamodule=data)
     return {"pruned_at": pruning.pruned_at, "env_steps": data.num_env_steps_sampled_lifetime, "has_trial": pruning.trial is not None}
