@@ -336,11 +336,11 @@ def _follow_imported(app: Any, modname: str, attribute: str) -> str:
 # Furo draws its navigation sidebar on every page from ``toctree(titles_only=True, maxdepth=-1)``.
 # Sphinx answers that by copying each document's whole contents tree (every section, and on the
 # API pages every class, method and attribute entry) for every page, and only then cuts the
-# copies down to the documents' titles: on ~320 pages this copying was a third of the build
-# (~60 s of ~190 s on a 2-core machine). The sidebar below is built from the tables of contents
-# cut to their titles once, before any copy: the same HTML (checked by building the site both
-# ways and comparing every page), without the copies. Each page's own "On this page" contents
-# are not built from these and keep every entry.
+# copies down to the documents' titles, on each of ~320 pages. The sidebar below is built from
+# the tables of contents cut to their titles once, before any copy: the same HTML (the site
+# built both ways, every file compared), in 146 s instead of 183 s on an idle 2-core machine.
+# tests/test_docs.py checks every page's sidebar. Each page's own "On this page" contents are
+# not built from these and keep every entry.
 _TITLE_TOCS: dict[str, nodes.bullet_list] = {}
 
 

@@ -165,6 +165,32 @@ def test_links_inside_the_site_resolve(built_site):
     assert not broken, "links inside the site that lead nowhere:\n" + "\n".join(broken)
 
 
+def test_every_pages_navigation_links_every_document_by_its_title_and_marks_the_page(built_site):
+    """Furo's sidebar, which conf.py builds from tables of contents cut to their titles: on every
+    page, one link to each document (no section anchors), and the page itself marked current."""
+    output, build, _ = built_site
+    if build.returncode != 0:
+        pytest.skip("the build failed (test_site_builds_with_no_warnings says why)")
+    generated = {"genindex.html", "search.html", "py-modindex.html"}
+    pages = sorted(os.path.relpath(path, output) for path in output.rglob("*.html"))
+    documents = {page for page in pages if not page.startswith("_modules") and page not in generated}
+    for page in pages:
+        text = (output / page).read_text(encoding="utf-8")
+        start = text.index('class="sidebar-tree"')
+        navigation = text[start : text.index("</div>", start)]
+        links = re.findall(r'<a [^>]*href="([^"]*)"', navigation)
+        here = [link for link in links if link == "#"]
+        linked = {os.path.normpath(os.path.join(os.path.dirname(page), link)) for link in links if link != "#"}
+        expected = documents - {"index.html"}  # the root page is the sidebar's brand link, not an entry
+        if page in expected:
+            assert len(here) == 1 and navigation.count("current-page") == 1, f"{page}: not marked current"
+            expected = expected - {page}
+        else:
+            assert not here, f"{page}: a navigation entry points at the page itself"
+        missing, extra = sorted(expected - linked)[:5], sorted(linked - expected)[:5]
+        assert linked == expected, f"{page}: missing {missing}, extra {extra}"
+
+
 @pytest.mark.parametrize(
     "page", [page for page in _pages() if python_blocks(page)], ids=lambda page: page.relative_to(DOCS).as_posix()
 )
