@@ -139,7 +139,7 @@ def _run(command: list[str]) -> None:
     Raises:
         SystemExit: With the command's status, if it exits with one other than 0.
     """
-    from lightning_rl.cli import main as lightning_rl
+    from lightning_rl.cli import main as lightning_rl  # here: torch loads after main() set OMP_NUM_THREADS
 
     print(f"$ lightning-rl {shlex.join(command)}", flush=True)
     script_argv = sys.argv
