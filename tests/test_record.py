@@ -440,7 +440,8 @@ def test_make_offline_datasets_quick_makes_the_four_datasets(tmp_path, datasets_
 
 
 def test_make_offline_datasets_stops_at_a_failing_command_with_its_status(tmp_path, capsys, monkeypatch):
-    spec = importlib.util.spec_from_file_location("make_offline_datasets", REPOSITORY / "examples/make_offline_datasets.py")
+    path = REPOSITORY / "examples/make_offline_datasets.py"
+    spec = importlib.util.spec_from_file_location("make_offline_datasets", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     monkeypatch.setattr(sys, "argv", ["make_offline_datasets.py", "--quick"])
