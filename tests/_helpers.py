@@ -7,8 +7,10 @@ import torch and Lightning.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import gymnasium as gym
@@ -25,9 +27,18 @@ from lightning_rl.core.train_item import TrainingData, TrainItem
 # The GPU lane (tests marked ``gpu``, run by benchmarks/gpu_check.sh) skips without CUDA. With
 # LIGHTNING_RL_GPU_LANE=cpu it runs on the CPU instead, so the lane itself can be checked without a GPU.
 GPU_LANE_ON_CPU = os.environ.get("LIGHTNING_RL_GPU_LANE") == "cpu"
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 OBS_SPACE = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
 ACT_SPACE = gym.spaces.Discrete(2)
+
+
+def load_example(name: str) -> ModuleType:
+    """``examples/<name>.py`` as a module (the examples are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def bc_spec(hiddens: tuple[int, ...] = (8,)) -> RLModuleSpec:

@@ -2,27 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 
 import pytest
 import torch
+from _helpers import EXAMPLES, load_example
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-
-
-def _load_example(name: str):
-    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.slow
 def test_custom_learner_clones_the_cartpole_expert_and_logs_to_tensorboard(tmp_path: Path):
-    results = _load_example("custom_learner").main(
+    results = load_example("custom_learner").main(
         ["--updates", "30", "--eval-episodes", "10", "--log-dir", str(tmp_path)]
     )
     assert results["final_loss"] < 0.25 * math.log(2)

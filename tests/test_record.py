@@ -6,7 +6,6 @@ A dataset is checked by reading it back with ``minari.load_dataset``.
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 import torch
 import yaml
 from _algorithms import ROWS
+from _helpers import load_example
 from lightning.pytorch import Trainer
 
 from lightning_rl import Policy
@@ -440,10 +440,7 @@ def test_make_offline_datasets_quick_makes_the_four_datasets(tmp_path, datasets_
 
 
 def test_make_offline_datasets_stops_at_a_failing_command_with_its_status(tmp_path, capsys, monkeypatch):
-    path = REPOSITORY / "examples/make_offline_datasets.py"
-    spec = importlib.util.spec_from_file_location("make_offline_datasets", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_example("make_offline_datasets")
     monkeypatch.setattr(sys, "argv", ["make_offline_datasets.py", "--quick"])
     with pytest.raises(SystemExit) as exit_info:
         script._run(["fit", "--config", str(tmp_path / "missing.yaml")])
