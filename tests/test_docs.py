@@ -178,7 +178,7 @@ def test_every_pages_navigation_links_every_document_by_its_title_and_marks_the_
         text = (output / page).read_text(encoding="utf-8")
         start = text.index('class="sidebar-tree"')
         navigation = text[start : text.index("</div>", start)]
-        links = re.findall(r'<a [^>]*href="([^"]*)"', navigation)
+        links = _Links(navigation).links
         here = [link for link in links if link == "#"]
         linked = {os.path.normpath(os.path.join(os.path.dirname(page), link)) for link in links if link != "#"}
         expected = documents - {"index.html"}  # the root page is the sidebar's brand link, not an entry
