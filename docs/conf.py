@@ -350,7 +350,7 @@ def _cut_tocs_to_titles(app: Any, env: Any) -> None:
     a ``tocdepth``) keep their full tree."""
     _TITLE_TOCS.clear()
     for docname, toc in env.tocs.items():
-        if env.metadata[docname].get("tocdepth", 0) or next(iter(toc.findall(addnodes.only)), None):
+        if env.metadata[docname].get("tocdepth", 0) or next(toc.findall(addnodes.only), None):
             _TITLE_TOCS[docname] = toc
             continue
         cut = toc.deepcopy()

@@ -61,7 +61,7 @@ def test_a_finished_run_is_skipped_and_one_of_another_budget_is_refused(suite, t
         suite.finished_run(path, 200_000, [])
 
 
-@pytest.mark.slow  # three processes that each import torch and Lightning (10-20 s)
+@pytest.mark.slow  # two runs, each a fresh process that imports torch and Lightning (10-20 s)
 def test_a_tiny_run_of_ours_and_sb3_writes_both_files_with_the_same_evaluation_schedule(suite, tmp_path: Path):
     pytest.importorskip("stable_baselines3")
     pytest.importorskip("Box2D")
