@@ -47,8 +47,8 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecNormalize
 
-from lightning_rl.algorithms.ppo import separate_network_layers
 from lightning_rl.core.encoders import OBSERVATION_ENCODER_KEYS
+from lightning_rl.core.mlp import separate_network_layers
 from lightning_rl.core.recurrent import RECURRENT_KEYS
 
 # Siblings: this directory is on sys.path when a benchmark runs as a script.

@@ -31,7 +31,7 @@ from lightning_rl.core.columns import Columns
 from lightning_rl.core.distributions import distribution_class_for_space
 from lightning_rl.core.metrics import MetricsLogger
 from lightning_rl.core.encoders import OBSERVATION_ENCODER_KEYS, build_observation_encoder
-from lightning_rl.core.mlp import DEFAULT_FCNET_ACTIVATION, DEFAULT_FCNET_HIDDENS, build_mlp
+from lightning_rl.core.mlp import DEFAULT_FCNET_ACTIVATION, DEFAULT_FCNET_HIDDENS, build_mlp, separate_network_layers
 from lightning_rl.core.module_checks import ModelConfigKey
 from lightning_rl.core.recurrent import (
     RECURRENT_KEYS,
@@ -633,29 +633,6 @@ def _explained_variance(predictions: Tensor, targets: Tensor) -> Tensor:
 
 
 _SEPARATE_NETWORK_KEYS = ("pi_fcnet_hiddens", "pi_fcnet_activation", "vf_fcnet_hiddens", "vf_fcnet_activation")
-
-
-def separate_network_layers(config: Mapping[str, Any], network: str) -> tuple[list[int], str]:
-    """The hidden layer sizes and activation of a ``PPOModule``'s separate policy or value MLP.
-
-    ``pi_fcnet_hiddens`` / ``vf_fcnet_hiddens`` and their activations where set, else
-    ``fcnet_hiddens`` and ``fcnet_activation``.
-
-    Args:
-        config: A resolved ``model_config`` (every key set, as ``resolved_model_config()`` returns).
-        network: ``"pi"`` or ``"vf"``.
-
-    Raises:
-        ValueError: For another ``network``.
-    """
-    if network not in ("pi", "vf"):
-        raise ValueError(f"network must be 'pi' or 'vf', got {network!r}")
-    hiddens = config[f"{network}_fcnet_hiddens"]
-    activation = config[f"{network}_fcnet_activation"]
-    return (
-        list(config["fcnet_hiddens"] if hiddens is None else hiddens),
-        config["fcnet_activation"] if activation is None else activation,
-    )
 
 
 def _weight_layers(part: nn.Module | None) -> list[nn.Linear | nn.Conv2d]:

@@ -1,7 +1,8 @@
 """MLP builders and observation flattening for modules built from a ``model_config``.
 
 The algorithm modules (BC, PPO, DQN, SAC, ...) build their networks from ``model_config`` keys
-``fcnet_hiddens`` and ``fcnet_activation``, and feed them observations flattened to one
+``fcnet_hiddens`` and ``fcnet_activation`` (PPO's separate policy and value networks from their
+``pi_``/``vf_`` variants where set), and feed them observations flattened to one
 float vector per row as gymnasium's ``gym.spaces.flatten`` lays them out (image observations
 go through a CNN first: :mod:`lightning_rl.core.encoders`); these helpers are that shared part.
 """
@@ -101,6 +102,29 @@ def build_mlp_from_config(
         model_config.get("fcnet_hiddens", DEFAULT_FCNET_HIDDENS),
         model_config.get("fcnet_activation", DEFAULT_FCNET_ACTIVATION),
         out_dim,
+    )
+
+
+def separate_network_layers(config: Mapping[str, Any], network: str) -> tuple[list[int], str]:
+    """The hidden layer sizes and activation of a ``PPOModule``'s separate policy or value MLP.
+
+    ``pi_fcnet_hiddens`` / ``vf_fcnet_hiddens`` and their activations where set, else
+    ``fcnet_hiddens`` and ``fcnet_activation``.
+
+    Args:
+        config: A resolved ``model_config`` (every key set, as ``resolved_model_config()`` returns).
+        network: ``"pi"`` or ``"vf"``.
+
+    Raises:
+        ValueError: For another ``network``.
+    """
+    if network not in ("pi", "vf"):
+        raise ValueError(f"network must be 'pi' or 'vf', got {network!r}")
+    hiddens = config[f"{network}_fcnet_hiddens"]
+    activation = config[f"{network}_fcnet_activation"]
+    return (
+        list(config["fcnet_hiddens"] if hiddens is None else hiddens),
+        config["fcnet_activation"] if activation is None else activation,
     )
 
 
