@@ -166,9 +166,10 @@ def test_two_rank_ppo_fit_samples_apart_trains_alike_stops_together_and_resumes(
 @pytest.mark.slow
 def test_the_command_line_runs_ddp_on_two_cpu_ranks_through_lightnings_relaunch(tmp_path):
     """``lightning-rl fit ... --trainer.strategy=ddp --trainer.devices=2``: Lightning starts rank 1
-    by running the same command again; both ranks train, each with one torch thread (no
-    ``OMP_NUM_THREADS`` set: Lightning's launcher alone would give each cpu_count // 2; ``--threads``
-    is tested in test_cli_threads.py), and the checkpoint holds global counters."""
+    by running the same command again; both ranks train, each with the ``--threads`` count (no
+    ``OMP_NUM_THREADS`` set: Lightning's launcher alone would give each cpu_count // 2, which is
+    not 2 on the 2-core CI machine), and the checkpoint holds global counters. The default count
+    (1) takes the same path, ``OMP_NUM_THREADS`` set before the relaunch (test_cli_threads.py)."""
     import os
     import shutil
     import subprocess
@@ -187,14 +188,14 @@ def test_the_command_line_runs_ddp_on_two_cpu_ranks_through_lightnings_relaunch(
     }  # fmt: skip
     args = [*launcher, "fit", "--config", str(repo / "examples" / "ppo_cartpole.yaml")]
     args += [f"--{key}={value}" for key, value in flags.items()]
-    args += ["--trainer.callbacks+=_thread_probe.PrintThreads"]
+    args += ["--trainer.callbacks+=_thread_probe.PrintThreads", "--threads=2"]
     environment = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo / "tests"), environment.get("PYTHONPATH")]))
     result = subprocess.run(args, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "All distributed processes registered. Starting with 2 processes" in result.stderr + result.stdout
     for rank in (0, 1):
-        assert f"RANK {rank} THREADS 1 OMP 1" in result.stdout, result.stdout[-2000:] + result.stderr[-2000:]
+        assert f"RANK {rank} THREADS 2 OMP 2" in result.stdout, result.stdout[-2000:] + result.stderr[-2000:]
     checkpoint = torch.load(tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt", weights_only=True)
     state = checkpoint["OnPolicyDataModule"]
     # One rollout of 8 envs x 32 steps on each of 2 ranks: 512 env steps, half of them rank 0's.
