@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import re
 import shutil
@@ -11,10 +12,11 @@ import struct
 import subprocess
 import sys
 import tempfile
-import textwrap
+import time
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import pytest
@@ -315,23 +317,17 @@ def test_a_failed_save_removes_its_temporary_file_and_keeps_the_old_checkpoint(t
     assert torch.equal(torch.load(file, weights_only=True)["w"], torch.arange(3.0))
 
 
-_SLOW_SAVE = textwrap.dedent(
-    """
-    import sys, time
-    import torch
-    torch.set_num_threads(1)
-    from lightning_rl import AtomicCheckpointIO
+def _save_slowly(file: str, writing: Any) -> None:
+    """In a forked child: a checkpoint save that writes the start of an archive, then hangs."""
 
-    def slow_save(obj, file, *args, **kwargs):
-        file.write(b"PK\\x03\\x04" + bytes(4096))  # the start of an archive, never finished
-        file.flush()
-        print("writing", flush=True)
+    def slow_save(obj, handle, *args, **kwargs):
+        handle.write(b"PK\x03\x04" + bytes(4096))  # the start of an archive, never finished
+        handle.flush()
+        writing.set()
         time.sleep(600)
 
-    torch.save = slow_save
-    AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.zeros(8)}}, sys.argv[1])
-    """
-)
+    torch.save = slow_save  # the child's own torch; this process's is untouched
+    AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.zeros(8)}}, file)
 
 
 @pytest.mark.parametrize("place", ["same filesystem", "other filesystem"])
@@ -341,12 +337,16 @@ def test_a_killed_save_leaves_the_previous_checkpoint_loadable(
     directory = tmp_path if place == "same filesystem" else request.getfixturevalue("other_filesystem")
     fitted, file = _fit(directory, AtomicCheckpointIO())
 
-    saver = subprocess.Popen([sys.executable, "-c", _SLOW_SAVE, str(file)], stdout=subprocess.PIPE, text=True)
+    # A forked copy of this process is the saver: another process, with nothing to import.
+    context = multiprocessing.get_context("fork")
+    writing = context.Event()
+    saver = context.Process(target=_save_slowly, args=(str(file), writing))
+    saver.start()
     try:
-        assert saver.stdout.readline().strip() == "writing"
+        assert writing.wait(timeout=120)
     finally:
         os.kill(saver.pid, signal.SIGKILL)
-        saver.wait()  # reaped: its process no longer runs
+        saver.join()  # reaped: its process no longer runs
     (orphan,) = [p for p in directory.iterdir() if p.name.startswith(TEMPORARY_PREFIX)]
     assert not orphan.name.endswith(".ckpt")  # so Lightning never takes it for a checkpoint
 

@@ -7,11 +7,11 @@ them; the Minari writer's directories of a killed writer are swept by the next w
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import gymnasium as gym
@@ -25,10 +25,11 @@ from lightning_rl.algorithms.ppo import PPOLearner
 from lightning_rl.callbacks import RecordEpisodes
 from lightning_rl.cli import record_command
 from lightning_rl.core.checkpoint import writer_tag
-from lightning_rl.data import OnPolicyDataModule
+from lightning_rl.data import OnPolicyDataModule, minari_writer
 from lightning_rl.data.dataset_rows import open_dataset
 from lightning_rl.data.minari_io import WRITING_PREFIX
 from lightning_rl.data.minari_writer import check_dataset_id
+from lightning_rl.env.episode import SingleAgentEpisode
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 _ENDED = {"count": 0}  # over every env copy of the process
@@ -154,14 +155,8 @@ def test_directories_of_killed_writers_are_swept_and_running_ones_kept(datasets_
     assert not dead.parent.exists() and running.exists() and legacy.exists()
 
 
-_KILLED_OVERWRITE = textwrap.dedent(
-    """
-    import os, pathlib, sys
-    import gymnasium as gym
-    from lightning_rl.env.episode import SingleAgentEpisode
-    from lightning_rl.data import minari_writer
-
-    renames_before_kill = int(sys.argv[1])
+def _overwrite_killed_after(renames_before_kill: int) -> None:
+    """In a forked child: ``--overwrite`` of cartpole/swap-v0, killed after that many renames."""
     env = gym.make("CartPole-v1")
     episodes = []
     for seed in range(3):
@@ -171,27 +166,29 @@ _KILLED_OVERWRITE = textwrap.dedent(
             obs, reward, terminated, truncated, _ = env.step(0)
             episode.add_env_step(obs, 0, reward, terminated=terminated, truncated=truncated)
         episodes.append(episode.to_numpy())
-    move = minari_writer._move_into_place
-    rename, rmtree = pathlib.Path.rename, minari_writer.shutil.rmtree
+    move, rename = minari_writer._move_into_place, Path.rename
+
     def killing_move(*args):
         done = []
+
         def counted(path, target):
             if len(done) == renames_before_kill:
                 os._exit(9)
             done.append(target)
             return rename(path, target)
+
         def killed(*args, **kwargs):
             os._exit(9)  # after both renames, before the old dataset is removed
-        pathlib.Path.rename = counted
+
+        Path.rename = counted  # the child's own classes and modules; this process's are untouched
         minari_writer.shutil.rmtree = killed
         return move(*args)
+
     minari_writer._move_into_place = killing_move
     minari_writer.write_minari_dataset(
         "cartpole/swap-v0", episodes, observation_space=env.observation_space,
         action_space=env.action_space, overwrite=True,
-    )
-    """
-)
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(("renames_before_kill", "episodes_after"), [(0, 2), (1, 3), (2, 3)])
@@ -201,15 +198,11 @@ def test_an_overwrite_killed_at_any_point_is_finished_by_the_next_run(
     # A kill between --overwrite's two renames hid the dataset id for good.
     record_command.main(["--env", "CartPole-v1", "--random_fraction", "1", "--num_episodes", "2",
                          "--dataset_id", "cartpole/swap-v0"])  # fmt: skip
-    killed = subprocess.run(
-        [sys.executable, "-c", _KILLED_OVERWRITE, str(renames_before_kill)],
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPOSITORY), os.environ.get("PYTHONPATH", "")])},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert killed.returncode == 9, killed.stderr
+    # A forked copy of this process is the writer that gets killed: nothing to import.
+    killed = multiprocessing.get_context("fork").Process(target=_overwrite_killed_after, args=(renames_before_kill,))
+    killed.start()
+    killed.join(timeout=300)
+    assert killed.exitcode == 9
     assert [path.name for path in datasets_root.iterdir() if path.name.startswith(".lightning_rl-swap-")]
     # Reading the id (as an OfflineDataModule does) finishes the swap first, or undoes it.
     assert open_dataset("cartpole/swap-v0").total_episodes == episodes_after
