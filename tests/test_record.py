@@ -6,7 +6,6 @@ A dataset is checked by reading it back with ``minari.load_dataset``.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -420,16 +419,15 @@ def test_the_callback_is_set_from_the_command_line(capsys):
 
 
 @pytest.mark.slow
-def test_make_offline_datasets_quick_makes_the_four_datasets(tmp_path, datasets_root):
-    result = subprocess.run(
-        [sys.executable, str(REPOSITORY / "examples/make_offline_datasets.py"), "--quick"]
-        + ["--out", str(datasets_root), "--runs", str(tmp_path / "runs")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.count("$ lightning-rl ") == 5  # two fits (one records through the callback), three records
+def test_make_offline_datasets_quick_makes_the_four_datasets(tmp_path, datasets_root, monkeypatch, capsys):
+    # In this process (the script runs its commands in its own): its chdir and variables are undone after.
+    monkeypatch.chdir(REPOSITORY)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    arguments = ["--quick", "--out", str(datasets_root), "--runs", str(tmp_path / "runs")]
+    monkeypatch.setattr(sys, "argv", ["make_offline_datasets.py", *arguments])
+    load_example("make_offline_datasets").main()
+    # Two fits (one records through the callback), three records.
+    assert capsys.readouterr().out.count("$ lightning-rl ") == 5
     assert sorted(minari.list_local_datasets()) == [
         "cartpole/mixed-v0",
         "cartpole/ppo-expert-v0",
