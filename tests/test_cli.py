@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +10,7 @@ from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 from lightning.pytorch.loggers import CSVLogger
 
 from lightning_rl.callbacks import EnvStepProgressBar
-from lightning_rl.cli import LightningRLCLI, misplaced_data_argument_hint
+from lightning_rl.cli import LightningRLCLI, main, misplaced_data_argument_hint
 from lightning_rl.learner.tensorboard_logger import HParamsTensorBoardLogger
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,12 +49,11 @@ def test_validate_evaluates_a_saved_checkpoint(tmp_path):
     assert cli.trainer.callback_metrics["eval/episode_return_mean"] >= 8
 
 
-def test_print_config_shows_every_hyperparameter_of_model_and_data():
-    result = subprocess.run(
-        [sys.executable, "-m", "lightning_rl", "fit", "--config", CARTPOLE, "--print_config"],
-        capture_output=True, text=True, check=True, timeout=120,
-    )  # fmt: skip
-    config = yaml.safe_load(result.stdout)
+def test_print_config_shows_every_hyperparameter_of_model_and_data(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["fit", "--config", CARTPOLE, "--print_config"])
+    assert exit_.value.code in (0, None)
+    config = yaml.safe_load(capsys.readouterr().out)
     model = config["model"]["init_args"]
     assert config["model"]["class_path"] == "lightning_rl.algorithms.ppo.PPOLearner"
     assert model["gamma"] == 0.98 and model["gae_lambda"] == 0.8
@@ -86,8 +83,8 @@ def test_bad_config_values_fail_at_start_with_a_message_naming_them(tmp_path, fl
 
 
 def test_the_examples_are_valid_configs(capsys):
-    # Every example in this process (the command itself prints a config in the test above): a
-    # process per example costs its imports each time, several seconds apiece.
+    # Every example in this process (the command's entry point, main(), prints a config in the
+    # test above): a process per example costs its imports each time, several seconds apiece.
     # tune_*.yaml are lightning-rl tune's files (tests/test_tune.py), not training configs.
     examples = [path for path in Path(CARTPOLE).parent.glob("*.yaml") if not path.name.startswith("tune_")]
     for path in sorted(str(path) for path in examples):
