@@ -1,4 +1,4 @@
-"""A callback for ``tests/test_cli_threads.py`` and ``tests/test_ddp_fit.py``: prints each rank's
+"""A callback for ``tests/test_ddp_fit.py`` and ``tests/test_tune.py``: prints each rank's
 torch thread count when its fit starts."""
 
 from __future__ import annotations
