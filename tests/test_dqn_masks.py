@@ -23,12 +23,12 @@ from lightning_rl.algorithms.cql import CQLLearner, CQLModule
 from lightning_rl.algorithms.dqn import DQNLearner, DQNModule
 from lightning_rl.algorithms.iql import IQLLearner, IQLModule
 from lightning_rl.algorithms.off_policy import N_STEP, WEIGHTS
-from lightning_rl.algorithms.ppo import PPOLearner
+from lightning_rl.algorithms.ppo import PPOLearner, PPOModule
 from lightning_rl.algorithms.sac import SACLearner, SACModule
 from lightning_rl.cli import LightningRLCLI, evaluate_command
 from lightning_rl.core.action_masks import NEXT_ACTION_MASK, masked_argmax, random_legal_actions
 from lightning_rl.core.observation_layout import ObservationLayout
-from lightning_rl.data import OnPolicyDataModule
+from lightning_rl.data import AsyncSamplingDataModule, OnPolicyDataModule
 from lightning_rl.data.prioritized_replay import PrioritizedReplayBuffer
 from lightning_rl.data.uniform_replay import ReplayBuffer
 from lightning_rl.env import EnvRunner
@@ -331,10 +331,52 @@ def test_the_example_config_fits_for_a_few_hundred_moves_and_its_checkpoint_eval
     assert "AgainstOpponentEnv" in capsys.readouterr().out
 
 
-def test_on_policy_data_modules_refuse_a_masked_single_agent_env_naming_what_to_use():
+def test_ppo_trains_on_a_masked_single_agent_env_with_the_masks_it_sampled_under():
+    """The runner stores the mask inside each observation; PPO's rows get it back as ``action_mask``."""
+    env = AgainstOpponentEnv()
+    spec = RLModuleSpec(PPOModule, env.observation_space, env.action_space, model_config={"fcnet_hiddens": [16]})
+    learner = PPOLearner(spec, minibatch_size=64, num_epochs=1)
+    learner.build()
+    layout = ObservationLayout(env.observation_space)
+    with EnvRunner(AgainstOpponentEnv, num_envs=2, rollout_fragment_length=40, seed=0) as runner:
+        episodes = runner.sample(learner.module[MODULE_ID])
+    stored = np.concatenate([np.asarray(episode.observations)[:-1] for episode in episodes])
+    batch = learner.episodes_to_train_batch(episodes)[MODULE_ID]
+    boards, masks = layout.split_masked_batch(stored)
+    np.testing.assert_array_equal(batch[Columns.OBS].numpy(), boards)
+    np.testing.assert_array_equal(batch[Columns.ACTION_MASK].numpy(), masks)
+    assert masks[np.arange(len(masks)), batch[Columns.ACTIONS].numpy()].all()  # every sampled move was legal
+    # Before any update the module's masked log-probabilities are the ones it sampled with.
+    with torch.no_grad():
+        out = learner.module[MODULE_ID].forward_train(batch)
+    logp = learner.module[MODULE_ID].get_train_action_dist_cls().from_logits(out[Columns.ACTION_DIST_INPUTS])
+    torch.testing.assert_close(logp.logp(batch[Columns.ACTIONS]), batch[Columns.ACTION_LOGP])
+    assert {np.asarray(episode.observations).shape[1] for episode in episodes} == {7 + 6 * 7 * 2}  # left unsplit
+    results = learner.update_from_episodes(episodes)
+    assert np.isfinite(results[MODULE_ID]["policy_loss"])
 
-    data = OnPolicyDataModule(AgainstOpponentEnv, num_envs=1, rollout_fragment_length=8, seed=0)
+
+def test_ppo_fits_a_masked_single_agent_env_and_its_checkpoint_acts_legally(tmp_path: Path):
+    data = OnPolicyDataModule(
+        AgainstOpponentEnv, num_envs=2, rollout_fragment_length=32, seed=0, max_env_steps=128, evaluation_num_episodes=2
+    )
+    trainer = Trainer(max_epochs=-1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    learner = PPOLearner(minibatch_size=32, num_epochs=1, model_config={"fcnet_hiddens": [16]})
+    trainer.fit(learner, datamodule=data)
+    assert data.num_env_steps_sampled_lifetime == 128 and learner.weights_seq_no > 0
+    trainer.save_checkpoint(tmp_path / "ppo.ckpt")
+    policy = Policy.from_checkpoint(str(tmp_path / "ppo.ckpt"))
+    env = AgainstOpponentEnv(seat="second")
+    obs, _ = env.reset(seed=0)
+    for _ in range(3):
+        action = policy.act(obs, deterministic=False)
+        assert obs["action_mask"][action] == 1
+        obs, *_ = env.step(action)
+
+
+def test_asynchronous_sampling_refuses_a_masked_single_agent_env_naming_what_to_use():
+    data = AsyncSamplingDataModule(AgainstOpponentEnv, num_envs=1, rollout_fragment_length=8, seed=0)
     trainer = Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
-    message = "OnPolicyDataModule cannot train on env .* action-mask Dict .* OffPolicyDataModule"
+    message = "AsyncSamplingDataModule cannot train on env .* action-mask Dict .* OnPolicyDataModule .* OffPolicy"
     with pytest.raises(ValueError, match=message):
         trainer.fit(PPOLearner(minibatch_size=8), datamodule=data)

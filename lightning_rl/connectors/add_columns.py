@@ -5,10 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from lightning_rl.connectors.episodes import episodes_to_batch
 from lightning_rl.connectors.pipeline import ConnectorPiece, TrainBatch
+from lightning_rl.core.action_masks import ACTION_MASK, is_action_masked_space
+from lightning_rl.core.observation_layout import ObservationLayout
 from lightning_rl.env.episode import SingleAgentEpisode
 from lightning_rl.env.multi_agent_episode import MultiAgentEpisode
 
@@ -98,11 +101,12 @@ class AddColumnsFromEpisodes(ConnectorPiece):
     def episodes_per_module(self, rl_module: MultiRLModule, episodes: Sequence[Any]) -> dict[str, list[Any]]:
         """Which episodes become which module's rows; called once per call, before any column.
 
-        Single-agent episodes all go to one module (``module_id``, or the only module).
-        Multi-agent episodes are split into one ``SingleAgentEpisode`` per agent, each
-        going to ``episode.module_for(agent_id)``; agents without a step in a chunk are left
-        out. Override it for other episode types; every value must be a non-empty list of
-        ``SingleAgentEpisode``.
+        Single-agent episodes all go to one module (``module_id``, or the only module); for a
+        module on an action-mask Dict space they are first split as multi-agent ones come
+        (:func:`split_action_masks`). Multi-agent episodes are split into one
+        ``SingleAgentEpisode`` per agent, each going to ``episode.module_for(agent_id)``;
+        agents without a step in a chunk are left out. Override it for other episode types;
+        every value must be a non-empty list of ``SingleAgentEpisode``.
 
         Args:
             rl_module: The Learner's modules.
@@ -123,7 +127,12 @@ class AddColumnsFromEpisodes(ConnectorPiece):
                     "SingleAgentEpisodes or a list of MultiAgentEpisodes, not a mix (override episodes_per_module "
                     "for other episode types)"
                 )
-        return {self._target_module_id(rl_module): list(episodes)}
+        module_id = self._target_module_id(rl_module)
+        space = rl_module[module_id].observation_space
+        if is_action_masked_space(space):
+            layout = ObservationLayout(space)
+            return {module_id: [split_action_masks(episode, layout) for episode in episodes]}
+        return {module_id: list(episodes)}
 
     def _target_module_id(self, rl_module: MultiRLModule) -> str:
         module_ids = sorted(rl_module.keys())
@@ -148,6 +157,37 @@ class AddColumnsFromEpisodes(ConnectorPiece):
         if self.device is not None:
             settings.append(f"device={str(self.device)!r}")
         return f"AddColumnsFromEpisodes({', '.join(settings)})"
+
+
+def split_action_masks(episode: SingleAgentEpisode, layout: ObservationLayout) -> SingleAgentEpisode:
+    """An episode of an action-mask Dict env with its observations split from their masks.
+
+    A single-agent env runner stores each such observation in the space's flat layout, the
+    mask beside the observation part (:class:`~lightning_rl.core.observation_layout.ObservationLayout`),
+    while a module on that space reads the two apart (the ``obs`` and ``action_mask``
+    columns). The returned episode holds the observation parts as its observations and each
+    step's mask as the ``action_mask`` model output, as the multi-agent runner records them,
+    so the columns and the values (GAE) computed from it are the module's own.
+
+    Args:
+        episode: A single-agent episode whose observations are in ``layout``'s stored rows.
+        layout: The layout of the module's action-mask Dict space.
+
+    Returns:
+        A new episode (numpy); ``episode`` is left as it is.
+    """
+    observations, masks = layout.split_masked_batch(np.asarray(episode.observations))
+    return SingleAgentEpisode(
+        episode.id_,
+        observations=observations,
+        actions=np.asarray(episode.actions),
+        rewards=np.asarray(episode.rewards, dtype=np.float32),
+        infos=episode.infos or None,
+        terminated=episode.is_terminated,
+        truncated=episode.is_truncated,
+        extra_model_outputs={**episode.extra_model_outputs, ACTION_MASK: masks[: len(episode)]},
+        t_started=episode.t_started,
+    )
 
 
 def _are_multi_agent(episodes: Sequence[Any]) -> bool:

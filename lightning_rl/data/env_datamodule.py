@@ -406,8 +406,9 @@ class EnvDataModule(RankedDataModule):
 
     splits_masked_observations: ClassVar[bool] = False
     """Whether the Learners this data module feeds get an action-mask Dict env's stored rows split
-    into ``obs`` and ``action_mask``: the off-policy replay's minibatches are; episodes for on-policy
-    Learners are not yet (their connectors read the stored rows whole)."""
+    into ``obs`` and ``action_mask``: the off-policy replay's minibatches are (``OffPolicyLearner``),
+    and so are on-policy episodes (``AddColumnsFromEpisodes``); the asynchronous samplers' episodes
+    for APPO and IMPALA are not yet."""
 
     def _offered_spaces(self) -> SpacePair:
         """The env's ``(observation_space, action_space)``, for every module without spaces (builds the train envs).
@@ -419,8 +420,8 @@ class EnvDataModule(RankedDataModule):
         if is_action_masked_space(self.observation_space) and not self.splits_masked_observations:
             raise ValueError(
                 f"{type(self).__name__} cannot train on env {self.env!r}: its observations are PettingZoo's "
-                "action-mask Dict ('action_mask', 'observation'), which single-agent episodes do not yet split for "
-                "on-policy Learners; train it with OffPolicyDataModule (DQN), or play the game with "
+                "action-mask Dict ('action_mask', 'observation'), which its Learners do not split yet; train it "
+                "with OnPolicyDataModule (PPO) or OffPolicyDataModule (DQN), or play the game with "
                 "MultiAgentDataModule"
             )
         return self.observation_space, self.action_space
