@@ -19,8 +19,10 @@ import torch
 from lightning.pytorch import Trainer
 
 from lightning_rl import Columns, RLModuleSpec
+from lightning_rl.algorithms.appo import APPOLearner
 from lightning_rl.algorithms.cql import CQLLearner, CQLModule
 from lightning_rl.algorithms.dqn import DQNLearner, DQNModule
+from lightning_rl.algorithms.impala import IMPALALearner
 from lightning_rl.algorithms.iql import IQLLearner, IQLModule
 from lightning_rl.algorithms.off_policy import N_STEP, WEIGHTS
 from lightning_rl.algorithms.ppo import PPOLearner, PPOModule
@@ -374,9 +376,15 @@ def test_ppo_fits_a_masked_single_agent_env_and_its_checkpoint_acts_legally(tmp_
         obs, *_ = env.step(action)
 
 
-def test_asynchronous_sampling_refuses_a_masked_single_agent_env_naming_what_to_use():
-    data = AsyncSamplingDataModule(AgainstOpponentEnv, num_envs=1, rollout_fragment_length=8, seed=0)
-    trainer = Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
-    message = "AsyncSamplingDataModule cannot train on env .* action-mask Dict .* OnPolicyDataModule .* OffPolicy"
-    with pytest.raises(ValueError, match=message):
-        trainer.fit(PPOLearner(minibatch_size=8), datamodule=data)
+@pytest.mark.parametrize("learner_class", [APPOLearner, IMPALALearner])
+def test_appo_and_impala_fit_a_masked_single_agent_env_from_asynchronous_samplers(learner_class: type):
+    # The samplers' episodes reach the same AddColumnsFromEpisodes, which splits their rows.
+    data = AsyncSamplingDataModule(
+        "lightning_rl.env.against_opponent.AgainstOpponentEnv", num_envs=2, num_env_runners=1,
+        rollout_fragment_length=16, seed=0, max_env_steps=128, evaluation_num_episodes=2,
+    )  # fmt: skip
+    trainer = Trainer(max_epochs=-1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    learner = learner_class(minibatch_size=32, model_config={"fcnet_hiddens": [16]})
+    trainer.fit(learner, datamodule=data)
+    assert data.num_env_steps_sampled_lifetime == 128 and learner.weights_seq_no > 0
+    assert np.isfinite(float(trainer.callback_metrics["default_policy/policy_loss"]))

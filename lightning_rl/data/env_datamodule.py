@@ -24,12 +24,11 @@ import abc
 import contextlib
 import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import gymnasium as gym
 from lightning.fabric.utilities.cloud_io import get_filesystem
 
-from lightning_rl.core.action_masks import is_action_masked_space
 from lightning_rl.core.arguments import check_int
 from lightning_rl.core.columns import DEFAULT_MODULE_ID, NUM_ENV_STEPS_SAMPLED_LIFETIME
 from lightning_rl.core.data_contract import SpacePair
@@ -404,26 +403,8 @@ class EnvDataModule(RankedDataModule):
     # The data contract (``lightning_rl.core.data_contract``: this class is a ``DataSource``)
     # ------------------------------------------------------------------------------------
 
-    splits_masked_observations: ClassVar[bool] = False
-    """Whether the Learners this data module feeds get an action-mask Dict env's stored rows split
-    into ``obs`` and ``action_mask``: the off-policy replay's minibatches are (``OffPolicyLearner``),
-    and so are on-policy episodes (``AddColumnsFromEpisodes``); the asynchronous samplers' episodes
-    for APPO and IMPALA are not yet."""
-
     def _offered_spaces(self) -> SpacePair:
-        """The env's ``(observation_space, action_space)``, for every module without spaces (builds the train envs).
-
-        Raises:
-            ValueError: For an env with PettingZoo's action-mask Dict observations, unless
-                :attr:`splits_masked_observations`.
-        """
-        if is_action_masked_space(self.observation_space) and not self.splits_masked_observations:
-            raise ValueError(
-                f"{type(self).__name__} cannot train on env {self.env!r}: its observations are PettingZoo's "
-                "action-mask Dict ('action_mask', 'observation'), which its Learners do not split yet; train it "
-                "with OnPolicyDataModule (PPO) or OffPolicyDataModule (DQN), or play the game with "
-                "MultiAgentDataModule"
-            )
+        """The env's ``(observation_space, action_space)``, for every module without spaces (builds the train envs)."""
         return self.observation_space, self.action_space
 
 

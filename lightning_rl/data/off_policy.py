@@ -84,8 +84,6 @@ class OffPolicyDataModule(EnvDataModule):
             its (``num_env_runners``, ...).
     """
 
-    splits_masked_observations = True  # the Learner splits each replay minibatch (OffPolicyLearner)
-
     def __init__(
         self,
         env: str | Callable[[], gym.Env] = "CartPole-v1",

@@ -47,9 +47,6 @@ class OnPolicyDataModule(EnvDataModule):
             ``AsyncSamplingDataModule`` for its (``num_env_runners``, ...).
     """
 
-    # The Learner's AddColumnsFromEpisodes splits each episode's stored rows (split_action_masks).
-    splits_masked_observations = True
-
     def __init__(
         self, env: str | Callable[[], gym.Env] = "CartPole-v1", *, rollout_fragment_length: int = 200, **kwargs: Any
     ) -> None:
