@@ -28,6 +28,7 @@ from lightning_rl.algorithms.off_policy import N_STEP, WEIGHTS
 from lightning_rl.algorithms.ppo import PPOLearner, PPOModule
 from lightning_rl.algorithms.sac import SACLearner, SACModule
 from lightning_rl.cli import LightningRLCLI, evaluate_command
+from lightning_rl.connectors.add_columns import split_action_masks
 from lightning_rl.core.action_masks import NEXT_ACTION_MASK, masked_argmax, random_legal_actions
 from lightning_rl.core.observation_layout import ObservationLayout
 from lightning_rl.data import AsyncSamplingDataModule, OnPolicyDataModule
@@ -356,6 +357,9 @@ def test_ppo_trains_on_a_masked_single_agent_env_with_the_masks_it_sampled_under
     assert {np.asarray(episode.observations).shape[1] for episode in episodes} == {7 + 6 * 7 * 2}  # left unsplit
     results = learner.update_from_episodes(episodes)
     assert np.isfinite(results[MODULE_ID]["policy_loss"])
+    # Episodes split already (the multi-agent runner's form: boards, and the masks as a model output) pass as they are.
+    split = [split_action_masks(episode, layout) for episode in episodes]
+    assert [split_action_masks(episode, layout) for episode in split] == split
 
 
 def test_ppo_fits_a_masked_single_agent_env_and_its_checkpoint_acts_legally(tmp_path: Path):

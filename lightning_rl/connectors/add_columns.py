@@ -174,8 +174,11 @@ def split_action_masks(episode: SingleAgentEpisode, layout: ObservationLayout) -
         layout: The layout of the module's action-mask Dict space.
 
     Returns:
-        A new episode (numpy); ``episode`` is left as it is.
+        A new episode (numpy); ``episode`` is left as it is. An episode that records
+        ``action_mask`` already (split by whoever made it) is returned as it is.
     """
+    if ACTION_MASK in episode.extra_model_outputs:
+        return episode
     observations, masks = layout.split_masked_batch(np.asarray(episode.observations))
     return SingleAgentEpisode(
         episode.id_,
