@@ -4,7 +4,7 @@ DQN's greedy and exploring actions stay legal (also through ``Policy`` and an ex
 its target maximizes over the next state's legal actions, whose mask the replay rows carry; a
 terminal state without legal actions gives a finite loss; SAC, IQL and CQL refuse masked
 observations by name. ``AgainstOpponentEnv``: seats, rewards, legal opponent moves, seeding, and
-a short ``lightning-rl fit`` of ``examples/dqn_connect_four.yaml``.
+short ``lightning-rl fit`` runs of ``examples/dqn_connect_four.yaml`` and ``ppo_connect_four.yaml``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from lightning_rl.cli import LightningRLCLI, evaluate_command
 from lightning_rl.connectors.add_columns import split_action_masks
 from lightning_rl.core.action_masks import NEXT_ACTION_MASK, masked_argmax, random_legal_actions
 from lightning_rl.core.observation_layout import ObservationLayout
-from lightning_rl.data import AsyncSamplingDataModule, OnPolicyDataModule
+from lightning_rl.data import AsyncSamplingDataModule
 from lightning_rl.data.prioritized_replay import PrioritizedReplayBuffer
 from lightning_rl.data.uniform_replay import ReplayBuffer
 from lightning_rl.env import EnvRunner
@@ -43,6 +43,7 @@ from lightning_rl.env.against_opponent import AgainstOpponentEnv  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = str(REPO / "examples" / "dqn_connect_four.yaml")
+PPO_EXAMPLE = str(REPO / "examples" / "ppo_connect_four.yaml")
 NUM_ACTIONS = 5
 OBS_PART = gym.spaces.Box(-10.0, 10.0, (NUM_ACTIONS,), np.float32)
 MASKED = gym.spaces.Dict({"action_mask": gym.spaces.Box(0, 1, (NUM_ACTIONS,), np.int8), "observation": OBS_PART})
@@ -362,16 +363,28 @@ def test_ppo_trains_on_a_masked_single_agent_env_with_the_masks_it_sampled_under
     assert [split_action_masks(episode, layout) for episode in split] == split
 
 
-def test_ppo_fits_a_masked_single_agent_env_and_its_checkpoint_acts_legally(tmp_path: Path):
-    data = OnPolicyDataModule(
-        AgainstOpponentEnv, num_envs=2, rollout_fragment_length=32, seed=0, max_env_steps=128, evaluation_num_episodes=2
-    )
-    trainer = Trainer(max_epochs=-1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
-    learner = PPOLearner(minibatch_size=32, num_epochs=1, model_config={"fcnet_hiddens": [16]})
-    trainer.fit(learner, datamodule=data)
-    assert data.num_env_steps_sampled_lifetime == 128 and learner.weights_seq_no > 0
-    trainer.save_checkpoint(tmp_path / "ppo.ckpt")
-    policy = Policy.from_checkpoint(str(tmp_path / "ppo.ckpt"))
+def test_the_ppo_example_fits_a_masked_single_agent_env_and_its_checkpoint_acts_legally(tmp_path: Path):
+    cli = LightningRLCLI(
+        args=[
+            "fit", "--config", PPO_EXAMPLE,
+            "--trainer.default_root_dir", str(tmp_path),
+            "--trainer.enable_progress_bar", "false",
+            "--data.init_args.num_envs", "2",
+            "--data.init_args.rollout_fragment_length", "32",
+            "--data.init_args.max_env_steps", "128",
+            "--data.init_args.rollouts_per_epoch", "2",
+            "--data.init_args.evaluation_num_episodes", "2",
+            "--data.init_args.evaluation_num_envs", "2",
+            "--model.init_args.minibatch_size", "32",
+            "--model.init_args.num_epochs", "1",
+            "--model.init_args.model_config.fcnet_hiddens", "[16]",
+        ]
+    )  # fmt: skip
+    assert isinstance(cli.model, PPOLearner)
+    assert cli.datamodule.num_env_steps_sampled_lifetime == 128
+    assert cli.model.weights_seq_no == 2 * 2  # two rollouts of 64 rows, each two minibatches of 32
+    assert -1.0 <= float(cli.trainer.callback_metrics["eval/episode_return_mean"]) <= 1.0
+    policy = Policy.from_checkpoint(str(tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"))
     env = AgainstOpponentEnv(seat="second")
     obs, _ = env.reset(seed=0)
     for _ in range(3):
