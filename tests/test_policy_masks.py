@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import gymnasium as gym
@@ -160,7 +161,16 @@ def test_a_masked_policy_exports_with_an_action_mask_input_and_acts_as_policy_ac
     from lightning_rl.policy.export import export_policy
 
     policy = _policy()
-    path = export_policy(policy, tmp_path / f"policy.{'onnx' if export_format == 'onnx' else 'pt2'}", export_format)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        path = export_policy(policy, tmp_path / f"policy.{'onnx' if export_format == 'onnx' else 'pt2'}", export_format)
+    # Both inputs share the batch dim: no warning about its name reaches the user, and the graph names it.
+    assert not [str(w.message) for w in caught if "axis name" in str(w.message)]
+    if export_format == "onnx":
+        import onnx
+
+        graph = onnx.load(str(path)).graph
+        assert [i.type.tensor_type.shape.dim[0].dim_param for i in graph.input] == ["batch", "batch"]
     masks, obs = _random_masks(300, 5), _observations(300, 6)
     actions = _run_masked_export(path, obs, masks)
     np.testing.assert_array_equal(actions, policy.act({"action_mask": masks, "observation": obs}))

@@ -312,6 +312,9 @@ def _onnx_bytes(net: PolicyNet, inputs: dict[str, torch.Tensor]) -> bytes:
     with warnings.catch_warnings():
         # The dynamo exporter's own internals call APIs that torch deprecates; nothing to act on.
         warnings.simplefilter("ignore", FutureWarning)
+        # Every input shares the one "batch" dim; the exporter warns that it names the axis once,
+        # and every input's axis 0 is still named "batch" in the graph.
+        warnings.filterwarnings("ignore", message=r"# The axis name: \w+ will not be used", category=UserWarning)
         try:
             program = torch.onnx.export(
                 net,
