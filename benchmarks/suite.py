@@ -60,9 +60,7 @@ START_TIME = time.time()  # a child's clock starts with the script, before its h
 
 import argparse
 import dataclasses
-import itertools
 import json
-import math
 import os
 import resource
 import statistics
@@ -78,6 +76,7 @@ import numpy as np
 # Siblings: this directory is on sys.path when a benchmark runs as a script.
 from _children import available_variants, finite_or_none, fmt, rotated, versions
 from off_policy import ChildClock, build_cli, effective_hparams, make_timing_callback
+from seed_noise import exactness, median_gap_p_value
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
@@ -368,46 +367,6 @@ def task_report(name: str, records: list[dict[str, Any]]) -> str:
               "Targets (issue 17): " + targets(task, ours, sb3), "",
               f"![{name}: evaluation return vs env steps]({name}.png)", ""]  # fmt: skip
     return "\n".join(lines)
-
-
-EXACT_SPLITS_LIMIT = 200_000
-"""Up to this many splits of the pooled runs, :func:`median_gap_p_value` counts every one."""
-SAMPLED_SPLITS = 100_000
-"""Beyond it, the number of random splits (seeded, so a report reproduces) it counts instead."""
-
-
-def _counts_every_split(first: int, second: int) -> bool:
-    return math.comb(first + second, first) <= EXACT_SPLITS_LIMIT
-
-
-def exactness(first: int, second: int) -> str:
-    """How :func:`median_gap_p_value` counts the splits of ``first + second`` runs, in words."""
-    return "exact" if _counts_every_split(first, second) else f"estimated from {SAMPLED_SPLITS:,} random splits"
-
-
-def median_gap_p_value(ours: list[float], sb3: list[float]) -> tuple[float, float]:
-    """``median(ours) - median(sb3)`` and its one-sided permutation p-value.
-
-    The p-value is the fraction of all splits of the pooled values into groups of
-    ``len(ours)`` and ``len(sb3)`` whose median difference is at most the observed one: how
-    often chance alone puts ours this far behind (or further) when the two are alike. Every
-    split is counted while there are at most ``EXACT_SPLITS_LIMIT`` (3 + 3 seeds: 20; 10 + 10:
-    184,756); past that (12 + 12 seeds: 2.7 million), ``SAMPLED_SPLITS`` splits drawn uniformly
-    at random, whose estimate is within about 0.003 of the exact value.
-    """
-    pooled = np.asarray(ours + sb3, dtype=np.float64)
-    gap = statistics.median(ours) - statistics.median(sb3)
-    if _counts_every_split(len(ours), len(sb3)):
-        chosen = np.zeros((math.comb(len(pooled), len(ours)), len(pooled)), dtype=bool)
-        for row, indices in enumerate(itertools.combinations(range(len(pooled)), len(ours))):
-            chosen[row, list(indices)] = True
-    else:
-        ranks = np.random.default_rng(0).random((SAMPLED_SPLITS, len(pooled))).argsort(axis=1)
-        chosen = ranks < len(ours)  # a uniformly random subset of len(ours) runs per row
-    first = np.sort(np.where(chosen, pooled, np.nan), axis=1)[:, : len(ours)]  # NaN sorts last
-    second = np.sort(np.where(chosen, np.nan, pooled), axis=1)[:, : len(sb3)]
-    gaps = np.median(first, axis=1) - np.median(second, axis=1)
-    return gap, float(np.mean(gaps <= gap + 1e-9))
 
 
 def ratio(numerator: float | None, denominator: float | None) -> str:
