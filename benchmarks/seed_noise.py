@@ -110,7 +110,7 @@ def pool(paths: list[Path]) -> dict[str, dict[str, dict[int, float]]]:
             seeds = pooled[task][variant]
             if seed in seeds and not math.isclose(seeds[seed], value, rel_tol=1e-9, abs_tol=1e-9):
                 raise SystemExit(
-                    f"{task} {variant} seed {seed}: {seeds[seed]} in {source[task, variant, seed]} "
+                    f"{task}: {variant} seed {seed}: {seeds[seed]} in {source[task, variant, seed]} "
                     f"but {value} in {path}; give one of the two files"
                 )
             seeds[seed] = value

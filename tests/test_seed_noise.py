@@ -43,7 +43,8 @@ def test_past_the_exact_limit_the_p_value_is_estimated_from_seeded_random_splits
 
 def _suite_record(library: str, seed: int, final: float, status: str = "done") -> dict:
     evals = [{"env_steps": 100, "return_mean": final - 50}, {"env_steps": 200, "return_mean": final}]
-    return {"task": "dqn_lunarlander", "library": library, "seed": seed, "status": status, "evals": evals}
+    return {"task": "dqn_lunarlander", "library": library, "seed": seed, "max_env_steps": 200, "status": status,
+            "evals": evals}
 
 
 def test_the_report_pools_every_kind_of_result_file_once_per_seed(seed_noise, tmp_path: Path, capsys):
@@ -54,11 +55,12 @@ def test_the_report_pools_every_kind_of_result_file_once_per_seed(seed_noise, tm
         "dqn-sb3-seed0.json": _suite_record("sb3", 0, 200.0),
         "dqn-sb3-seed1.json": _suite_record("sb3", 1, 220.0),
         "spread.json": {"config": {"game": "simple_spread"}, "runs": [
-            {"variant": variant, "seed": seed, "status": "OK", "return_mean_per_agent": value}
-            for variant, seed, value in [("ours", 0, -19.0), ("ours", 1, -20.0), ("handwritten", 0, -19.5),
-                                         ("handwritten", 1, -19.4), ("random", 0, -27.0)]
+            {"variant": variant, "seed": seed, "status": "OK", "return_mean_per_agent": value, "env_steps": steps}
+            for variant, seed, value, steps in [("ours", 0, -19.0, 1000), ("ours", 1, -20.0, 1000),
+                                                ("handwritten", 0, -19.5, 1000), ("handwritten", 1, -19.4, 1000),
+                                                ("random", 0, -27.0, 800)]
         ]},
-        "cql.json": {"runs": [
+        "cql.json": {"args": {"steps": 4000}, "runs": [
             {"variant": variant, "algo": "cql", "dataset": "pendulum/sac-medium-v0", "seed": seed,
              "eval_return_mean": value}
             for variant, seed, value in [("ours", 0, -450.0), ("ours", 1, -400.0), ("d3rlpy", 0, -420.0),
@@ -76,7 +78,8 @@ def test_the_report_pools_every_kind_of_result_file_once_per_seed(seed_noise, tm
     assert "ours         n=2   median     110.00" in out
     assert "ours - sb3: median gap -100.00, one-sided permutation p 0.167 (exact; 2 + 2 runs)" in out
     assert "ours - handwritten: median gap -0.05" in out and "ours - random" not in out
-    assert "cql pendulum/sac-medium-v0:" in out and "ours - d3rlpy: median gap +0.00" in out
+    assert "cql pendulum/sac-medium-v0, 4,000 gradient steps:" in out and "ours - d3rlpy: median gap +0.00" in out
+    assert "dqn_lunarlander, 200 env steps:" in out and "simple_spread, 800 env steps:" in out  # random's own budget
 
 
 def test_a_seed_read_twice_with_two_values_is_refused_naming_both_files(seed_noise, tmp_path: Path):
@@ -84,7 +87,8 @@ def test_a_seed_read_twice_with_two_values_is_refused_naming_both_files(seed_noi
     (tmp_path / "b").mkdir()
     (tmp_path / "a" / "ours-seed0.json").write_text(json.dumps(_suite_record("ours", 0, 100.0)))
     (tmp_path / "b" / "ours-seed0.json").write_text(json.dumps(_suite_record("ours", 0, 101.0)))
-    with pytest.raises(SystemExit, match=r"dqn_lunarlander ours seed 0: 100.0 in .*a/ours-seed0.json but 101.0 in"):
+    message = r"dqn_lunarlander, 200 env steps: ours seed 0: 100.0 in .*a/ours-seed0.json but 101.0 in"
+    with pytest.raises(SystemExit, match=message):
         seed_noise.main([str(tmp_path / "a" / "ours-seed0.json"), str(tmp_path / "b" / "ours-seed0.json")])
     (tmp_path / "other.json").write_text(json.dumps({"rows": []}))
     with pytest.raises(SystemExit, match="not a result file this script reads"):
