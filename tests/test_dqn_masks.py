@@ -27,7 +27,7 @@ from lightning_rl.algorithms.iql import IQLLearner, IQLModule
 from lightning_rl.algorithms.off_policy import N_STEP, WEIGHTS
 from lightning_rl.algorithms.ppo import PPOLearner, PPOModule
 from lightning_rl.algorithms.sac import SACLearner, SACModule
-from lightning_rl.cli import LightningRLCLI, evaluate_command
+from lightning_rl.cli import LightningRLCLI, evaluate_command, record_command
 from lightning_rl.connectors.add_columns import split_action_masks
 from lightning_rl.core.action_masks import NEXT_ACTION_MASK, masked_argmax, random_legal_actions
 from lightning_rl.core.observation_layout import ObservationLayout
@@ -363,7 +363,9 @@ def test_ppo_trains_on_a_masked_single_agent_env_with_the_masks_it_sampled_under
     assert [split_action_masks(episode, layout) for episode in split] == split
 
 
-def test_the_ppo_example_fits_a_masked_single_agent_env_and_its_checkpoint_acts_legally(tmp_path: Path):
+def test_the_ppo_example_fits_a_masked_single_agent_env_and_its_checkpoint_acts_legally(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+):
     cli = LightningRLCLI(
         args=[
             "fit", "--config", PPO_EXAMPLE,
@@ -384,13 +386,35 @@ def test_the_ppo_example_fits_a_masked_single_agent_env_and_its_checkpoint_acts_
     assert cli.datamodule.num_env_steps_sampled_lifetime == 128
     assert cli.model.weights_seq_no == 2 * 2  # two rollouts of 64 rows, each two minibatches of 32
     assert -1.0 <= float(cli.trainer.callback_metrics["eval/episode_return_mean"]) <= 1.0
-    policy = Policy.from_checkpoint(str(tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"))
+    checkpoint = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    policy = Policy.from_checkpoint(str(checkpoint))
     env = AgainstOpponentEnv(seat="second")
     obs, _ = env.reset(seed=0)
     for _ in range(3):
         action = policy.act(obs, deterministic=False)
         assert obs["action_mask"][action] == 1
         obs, *_ = env.step(action)
+    # evaluate --opponent plays the config's AgainstOpponentEnv against another fixed opponent.
+    play = ["--ckpt_path", str(checkpoint), "--config", PPO_EXAMPLE, "--num_episodes", "2", "--num_envs", "2"]
+    evaluate_command.main([*play, "--opponent", "heuristic"])
+    assert "AgainstOpponentEnv (env from --config, against the heuristic opponent): 2 greedy episodes" in (
+        capsys.readouterr().out
+    )
+    source = evaluate_command.env_source(None, Path(PPO_EXAMPLE), {}, "", opponent="heuristic")
+    assert source.env_kwargs == {"opponent": "heuristic", "seat": "alternate"}
+    opponent = type(source.make_env().opponent)
+    assert opponent is type(AgainstOpponentEnv(opponent="heuristic").opponent)
+    assert opponent is not type(AgainstOpponentEnv(opponent="random").opponent)
+    message = "--opponent 'self': AgainstOpponentEnv plays a fixed opponent, one of ['heuristic', 'random']"
+    with pytest.raises(SystemExit):
+        evaluate_command.main([*play, "--opponent", "self"])
+    assert message in capsys.readouterr().err
+    # record too: a Minari dataset of the games against the heuristic.
+    pytest.importorskip("minari")
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "datasets"))
+    record_command.main([*play, "--opponent", "heuristic", "--dataset_id", "c4/ppo-heuristic-v0"])
+    assert "(env from --config, against the heuristic opponent): 2 episodes" in capsys.readouterr().out
+    assert (tmp_path / "datasets" / "c4" / "ppo-heuristic-v0").is_dir()
 
 
 @pytest.mark.parametrize("learner_class", [APPOLearner, IMPALALearner])

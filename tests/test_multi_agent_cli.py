@@ -176,8 +176,10 @@ def test_evaluate_bad_input_is_one_line(self_play_checkpoint, spread_checkpoint,
             "--opponent heuristic plays connect four only, not simple_spread_v3",
         ),
         (
-            ["--ckpt_path", str(_single_agent_looking(self_play_checkpoint, tmp_path)), "--opponent", "random"],
-            "--opponent plays multi-agent checkpoints; ",
+            ["--ckpt_path", str(_single_agent_looking(self_play_checkpoint, tmp_path)), "--module_id", "main",
+             "--opponent", "random", "--env", "CartPole-v1"],
+            "--opponent plays multi-agent checkpoints (a MultiAgentDataModule run), and single-agent ones whose env "
+            "is lightning_rl.env.against_opponent.AgainstOpponentEnv; this run's env is CartPole-v1",
         ),
     ]
     for args, message in cases:

@@ -28,7 +28,8 @@ HELD_OUT_SEED_OFFSET = 5_000_000
 EXPORT_FORMATS: tuple[str, ...] = ("onnx", "torch")
 OPPONENT_HELP = (
     "multi-agent checkpoints: play --module_id in every seat in turn against random, heuristic (connect four), "
-    "self, or a checkpoint's path (its --module_id module, else its only one, else its main)"
+    "self, or a checkpoint's path (its --module_id module, else its only one, else its main); a single-agent "
+    "run on AgainstOpponentEnv: random or heuristic, in place of its env_kwargs' opponent"
 )
 
 

@@ -4,6 +4,7 @@
                           [--env ID] [--config cfg.yaml] [--module_id M] [--num_envs N] [--json stats.json]
 
     lightning-rl evaluate --ckpt_path last.ckpt --module_id main --opponent random     # a multi-agent checkpoint
+    lightning-rl evaluate --ckpt_path last.ckpt --config c4.yaml --opponent heuristic  # on AgainstOpponentEnv
 
 A multi-agent checkpoint (a ``MultiAgentDataModule`` run) is played in its PettingZoo env by
 :mod:`lightning_rl.cli.multi_agent_evaluate`; the rest of this docstring is single-agent.
@@ -11,7 +12,8 @@ A multi-agent checkpoint (a ``MultiAgentDataModule`` run) is played in its Petti
 The env is, in this order: ``--env`` (a registered gymnasium id, or ``module:Id``); the data
 section of ``--config`` (its ``env``, ``env_kwargs`` and evaluation wrappers); or the
 checkpoint's own data-module settings when they name a registered id with no wrappers (a
-checkpoint never makes this command import anything). The policy acts through ``Policy.act``
+checkpoint never makes this command import anything). On an ``AgainstOpponentEnv``,
+``--opponent random|heuristic`` replaces the ``opponent`` of its ``env_kwargs``. The policy acts through ``Policy.act``
 (the saved observation normalization, the greedy action, Box clipping; a recurrent policy
 keeps its state per env, reset where each episode starts). Episode ``i`` resets
 with seed ``S + i``; by default ``S`` is the run's base seed plus ``HELD_OUT_SEED_OFFSET``
@@ -52,6 +54,7 @@ from lightning_rl.data.evaluation_video import encode_gif
 from lightning_rl.env.env_factory import make_env, resolve_env, resolve_wrappers
 from lightning_rl.env.episode import SingleAgentEpisode
 from lightning_rl.env.episode_quota import EpisodeQuota
+from lightning_rl.env.opponents import OPPONENTS
 from lightning_rl.env.frame_recorder import EpisodeFrameRecorder, env_kwargs_for_video
 from lightning_rl.policy.loading import policy_module
 from lightning_rl.policy.policy import Policy
@@ -127,7 +130,7 @@ class EnvSource:
         env: A gymnasium id, or an env factory's import path (from ``--env`` or ``--config`` only).
         env_kwargs: Keyword arguments for ``gym.make``.
         wrappers: Wrapper specs, as a data module takes them.
-        origin: ``"--env"``, ``"--config"`` or ``"the checkpoint"`` (for the report).
+        origin: ``"--env"``, ``"--config"`` or ``"the checkpoint"``, and ``--opponent``'s when given (for the report).
         base_seed: The run's base seed (its data module's ``seed``, else its ``seed_everything``), when known.
     """
 
@@ -180,14 +183,9 @@ def _evaluate(args: argparse.Namespace) -> None:
     if is_multi_agent_checkpoint(content, args.config, args.opponent):
         evaluate_multi_agent(args, content)
         return
-    if args.opponent is not None:
-        raise CommandError(
-            f"--opponent plays multi-agent checkpoints; {args.ckpt_path} is of a single-agent run (its data module "
-            f"is not {MULTI_AGENT_DATA_MODULE})"
-        )
     module, normalization = policy_module(content, args.module_id, file)
     policy = Policy(module, observation_normalization=normalization)
-    source = env_source(args.env, args.config, content, args.ckpt_path)
+    source = env_source(args.env, args.config, content, args.ckpt_path, opponent=args.opponent)
     first_seed = args.seed if args.seed is not None else (source.base_seed or 0) + HELD_OUT_SEED_OFFSET
     video_dir = None
     if args.video:
@@ -214,24 +212,54 @@ def _evaluate(args: argparse.Namespace) -> None:
         tell(f"wrote {args.json}")
 
 
-def env_source(env: str | None, config: Path | None, checkpoint: Mapping[str, Any], ckpt_path: str) -> EnvSource:
+def env_source(
+    env: str | None, config: Path | None, checkpoint: Mapping[str, Any], ckpt_path: str, *, opponent: str | None = None
+) -> EnvSource:
     """The env to evaluate in: ``--env``, else ``--config``'s data section, else the checkpoint's data settings.
+
+    Args:
+        opponent: ``--opponent`` for a single-agent run: the fixed opponent (``random``,
+            ``heuristic``) that an ``AgainstOpponentEnv`` plays in place of its ``env_kwargs``' one.
 
     Raises:
         CommandError: If none of them names an env this command can build without running
-            code from the checkpoint, saying what to pass.
+            code from the checkpoint, saying what to pass; or ``opponent`` is given for an env
+            without a fixed opponent, or is not one of the fixed opponents' names.
     """
     saved = dict(checkpoint.get("datamodule_hyper_parameters") or {})
     saved_seed = run_base_seed(checkpoint, ckpt_path)
     if env is not None:
         resolve_env(env)
-        return EnvSource(env, {}, [], "--env", saved_seed)
-    if config is not None:
-        return _env_from_config(config, saved_seed)
-    problem = _why_not_rebuildable(saved)
-    if problem is not None:
-        raise CommandError(f"{ckpt_path}: {problem}; pass --env ID or --config your_config.yaml")
-    return EnvSource(saved["env"], dict(saved.get("env_kwargs") or {}), [], "the checkpoint", saved_seed)
+        source = EnvSource(env, {}, [], "--env", saved_seed)
+    elif config is not None:
+        source = _env_from_config(config, saved_seed)
+    else:
+        problem = _why_not_rebuildable(saved)
+        if problem is not None:
+            raise CommandError(f"{ckpt_path}: {problem}; pass --env ID or --config your_config.yaml")
+        source = EnvSource(saved["env"], dict(saved.get("env_kwargs") or {}), [], "the checkpoint", saved_seed)
+    return source if opponent is None else _with_opponent(source, opponent)
+
+
+def _with_opponent(source: EnvSource, opponent: str) -> EnvSource:
+    """``source`` playing ``opponent``: only an ``AgainstOpponentEnv`` (a two-player game as one agent) has one."""
+    try:
+        from lightning_rl.env.against_opponent import AgainstOpponentEnv
+    except ImportError:  # without PettingZoo no env is an AgainstOpponentEnv
+        AgainstOpponentEnv = None  # noqa: N806
+    factory = resolve_env(source.env)
+    if AgainstOpponentEnv is None or not (isinstance(factory, type) and issubclass(factory, AgainstOpponentEnv)):
+        raise CommandError(
+            f"--opponent plays multi-agent checkpoints (a {MULTI_AGENT_DATA_MODULE} run), and single-agent ones "
+            f"whose env is lightning_rl.env.against_opponent.AgainstOpponentEnv; this run's env is {source.env}"
+        )
+    if opponent not in OPPONENTS:
+        raise CommandError(
+            f"--opponent {opponent!r}: AgainstOpponentEnv plays a fixed opponent, one of {sorted(OPPONENTS)} "
+            "(another checkpoint or self is for multi-agent checkpoints)"
+        )
+    origin = f"{source.origin}, against the {opponent} opponent"
+    return dataclasses.replace(source, env_kwargs={**source.env_kwargs, "opponent": opponent}, origin=origin)
 
 
 def _why_not_rebuildable(saved: Mapping[str, Any]) -> str | None:

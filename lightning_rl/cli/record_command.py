@@ -6,9 +6,10 @@
         --num_episodes 200 --dataset_id cartpole/mixed-v0
 
 The env, the policies and the seeds are ``evaluate``'s: the env from ``--env``, ``--config``
-or the (first) checkpoint; each policy through ``Policy.act`` (its saved observation
-normalization, greedy unless ``--explore``, Box actions clipped, a recurrent policy's state
-per env reset where each episode starts); episode ``i`` resets with
+or the (first) checkpoint (on an ``AgainstOpponentEnv``, ``--opponent`` sets its opponent);
+each policy through ``Policy.act`` (its saved observation normalization, greedy unless
+``--explore``, Box actions clipped, a recurrent policy's state per env reset where each
+episode starts); episode ``i`` resets with
 seed ``S + i``, ``S`` held out from training by default. ``--ckpt_path`` may be given several
 times, for a mix of policies: the policy episodes are spread evenly over them, in the order
 given, and ``--random_fraction F`` of all episodes (rounded) come first, played with uniformly
@@ -96,12 +97,11 @@ def _record(args: argparse.Namespace) -> None:
         if is_multi_agent_checkpoint(first, args.config, args.opponent):
             record_multi_agent(args, first)
             return
-    for flag in ("opponent", "output"):
-        if getattr(args, flag) is not None:
-            raise CommandError(
-                f"--{flag} records multi-agent checkpoints (a {MULTI_AGENT_DATA_MODULE} run); "
-                + ("this one is single-agent" if first is not None else "pass its --ckpt_path")
-            )
+    if args.output is not None:
+        raise CommandError(
+            f"--output records multi-agent checkpoints (a {MULTI_AGENT_DATA_MODULE} run); "
+            + ("this one is single-agent" if first is not None else "pass its --ckpt_path")
+        )
     if args.dataset_id is None:
         raise CommandError("--dataset_id is required: the Minari dataset to write")
     check_dataset_id(args.dataset_id, overwrite=args.overwrite)  # before any episode is played
@@ -152,10 +152,10 @@ def _record(args: argparse.Namespace) -> None:
 
 def _env_source(args: argparse.Namespace, contents: Sequence[dict]) -> EnvSource:
     if contents:
-        return env_source(args.env, args.config, contents[0], args.ckpt_path[0])
+        return env_source(args.env, args.config, contents[0], args.ckpt_path[0], opponent=args.opponent)
     if args.env is None and args.config is None:
         raise CommandError("random episodes need an env: pass --env ID or --config your_config.yaml")
-    return env_source(args.env, args.config, {}, "")
+    return env_source(args.env, args.config, {}, "", opponent=args.opponent)
 
 
 def _env_spaces(source: EnvSource, policies: Sequence[Policy]) -> tuple[gym.Space, gym.Space]:
