@@ -72,13 +72,19 @@ def median_gap_p_value(ours: list[float], other: list[float]) -> tuple[float, fl
 
 
 def final_returns(path: Path) -> list[tuple[str, str, int, float]]:
-    """``(task, variant, seed, final return)`` of every finished run in one result file; a task names its budget."""
+    """``(task, variant, seed, final return)`` of every finished run in one result file.
+
+    A task names its budget; ours' variant names the settings it ran with beyond the example's
+    (``ours --model.init_args.update_order critics_first``), so that other settings' runs are
+    never pooled with the example's.
+    """
     content = json.loads(path.read_text())
     if "library" in content:  # one suite.py run record
         if content.get("status") != "done" or not content.get("evals"):
             return []
         task = f"{content['task']}, {content['max_env_steps']:,} env steps"
-        return [(task, content["library"], content["seed"], content["evals"][-1]["return_mean"])]
+        variant = " ".join([content["library"], *content.get("extra_args", [])])
+        return [(task, variant, content["seed"], content["evals"][-1]["return_mean"])]
     runs = content.get("runs")
     if not isinstance(runs, list):
         raise SystemExit(f"{path}: not a result file this script reads (no 'runs' list and no 'library')")
@@ -88,16 +94,26 @@ def final_returns(path: Path) -> list[tuple[str, str, int, float]]:
             if run.get("status") == "OK" and run["return_mean_per_agent"] is not None:
                 config = content.get("config", {})
                 task = f"{config.get('game', 'simple_spread')}, {run['env_steps']:,} env steps"
-                found.append((task, run["variant"], run["seed"], run["return_mean_per_agent"]))
+                variant = run["variant"]
+                if variant == "ours" and config.get("config") not in (None, "examples/ppo_simple_spread.yaml"):
+                    variant = f"ours --config {config['config']}"
+                found.append((task, variant, run["seed"], run["return_mean_per_agent"]))
         elif "eval_return_mean" in run:  # offline.py
             from offline import STEPS  # the budget of a run without --steps
 
             budgets = {content["args"]["steps"] or STEPS[run["algo"]]: run["eval_return_mean"]}
             # --eval-at: the same run evaluated after earlier budgets too.
             budgets.update({int(steps): statistics.mean(returns) for steps, returns in run.get("evals", {}).items()})
+            variant = run["variant"]
+            if variant == "ours":
+                settings = content["args"]
+                if settings.get("cql_update_order", "joint") != "joint" and run["algo"] == "cql":
+                    variant += f" --cql-update-order {settings['cql_update_order']}"
+                if settings.get("sample_with_replacement"):
+                    variant += " --sample-with-replacement"
             for steps, value in budgets.items():
                 task = f"{run['algo']} {run['dataset']}, {steps:,} gradient steps"
-                found.append((task, run["variant"], run["seed"], value))
+                found.append((task, variant, run["seed"], value))
     return found
 
 
@@ -130,17 +146,18 @@ def report(pooled: dict[str, dict[str, dict[int, float]]]) -> list[str]:
                 f"mean {statistics.mean(values):10.2f}  [{min(values):.2f}, {max(values):.2f}]  "
                 f"seeds {min(seeds)}-{max(seeds)}"
             )
-        if "ours" not in variants:
-            continue
-        ours = list(variants["ours"].values())
-        for other, seeds in variants.items():
-            if other == "ours" or other == "random" or len(ours) < 2 or len(seeds) < 2:
+        for name, ours_seeds in variants.items():
+            if not name.startswith("ours"):
                 continue
-            gap, p_value = median_gap_p_value(ours, list(seeds.values()))
-            lines.append(
-                f"  ours - {other}: median gap {gap:+.2f}, one-sided permutation p {p_value:.3f} "
-                f"({exactness(len(ours), len(seeds))}; {len(ours)} + {len(seeds)} runs)"
-            )
+            ours = list(ours_seeds.values())
+            for other, seeds in variants.items():
+                if other.startswith("ours") or other == "random" or len(ours) < 2 or len(seeds) < 2:
+                    continue
+                gap, p_value = median_gap_p_value(ours, list(seeds.values()))
+                lines.append(
+                    f"  {name} - {other}: median gap {gap:+.2f}, one-sided permutation p {p_value:.3f} "
+                    f"({exactness(len(ours), len(seeds))}; {len(ours)} + {len(seeds)} runs)"
+                )
     return lines
 
 

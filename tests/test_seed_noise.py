@@ -66,6 +66,11 @@ def test_the_report_pools_every_kind_of_result_file_once_per_seed(seed_noise, tm
             for variant, seed, value in [("ours", 0, -450.0), ("ours", 1, -400.0), ("d3rlpy", 0, -420.0),
                                          ("d3rlpy", 1, -430.0)]
         ]},
+        # Ours with another update order: its own variant, never pooled with the example's runs.
+        "cql_critics_first.json": {"args": {"steps": 4000, "cql_update_order": "critics_first"}, "runs": [
+            {"variant": "ours", "algo": "cql", "dataset": "pendulum/sac-medium-v0", "seed": seed,
+             "eval_return_mean": value} for seed, value in [(0, -300.0), (1, -310.0)]
+        ]},
     }  # fmt: skip
     for name, content in files.items():
         (tmp_path / name).write_text(json.dumps(content))
@@ -79,6 +84,7 @@ def test_the_report_pools_every_kind_of_result_file_once_per_seed(seed_noise, tm
     assert "ours - sb3: median gap -100.00, one-sided permutation p 0.167 (exact; 2 + 2 runs)" in out
     assert "ours - handwritten: median gap -0.05" in out and "ours - random" not in out
     assert "cql pendulum/sac-medium-v0, 4,000 gradient steps:" in out and "ours - d3rlpy: median gap +0.00" in out
+    assert "ours --cql-update-order critics_first - d3rlpy: median gap +120.00" in out
     assert "dqn_lunarlander, 200 env steps:" in out and "simple_spread, 800 env steps:" in out  # random's own budget
 
 
