@@ -30,28 +30,13 @@ import tempfile
 from pathlib import Path
 
 import gymnasium as gym
-import numpy as np
 import torch
 
 from lightning_rl import Columns, RLModuleSpec
 from lightning_rl.algorithms import sac
 from lightning_rl.algorithms.cql import CQLLearner, CQLModule
-from lightning_rl.algorithms.off_policy import BATCH_INDEXES
 
 MODULE_ID = "default_policy"
-
-
-class _FixedReplay:
-    """Hands the Learner one given minibatch (a uniform replay's columns)."""
-
-    def __init__(self, batch: dict[str, np.ndarray]) -> None:
-        self.batch = batch
-
-    def sample(self, batch_size: int, *, n_step: int, gamma: float) -> dict[str, np.ndarray]:
-        return {**self.batch, BATCH_INDEXES: np.arange(len(self.batch[Columns.OBS]))}
-
-    def update_priorities(self, batch_indexes: np.ndarray, td_errors: np.ndarray) -> None:
-        pass
 
 
 def main() -> None:
@@ -139,13 +124,11 @@ def follow(theirs: dict, args: argparse.Namespace) -> bool:
             replay["randn"] = [torch.cat([noise["policy_s"], noise["policy_next"]])]
             replay["actor"] = [noise["actor"]]
             rows = batch["obs"].shape[0]
-            learner.update_from_replay(
-                _FixedReplay({
-                    Columns.OBS: batch["obs"].numpy(), Columns.ACTIONS: batch["actions"].numpy(),
-                    Columns.REWARDS: batch["rewards"].numpy(), Columns.NEXT_OBS: batch["next_obs"].numpy(),
-                    Columns.TERMINATEDS: np.zeros(rows, bool), Columns.TRUNCATEDS: np.zeros(rows, bool),
-                })
-            )  # fmt: skip
+            columns = {
+                Columns.OBS: batch["obs"], Columns.ACTIONS: batch["actions"], Columns.REWARDS: batch["rewards"],
+                Columns.NEXT_OBS: batch["next_obs"], Columns.TERMINATEDS: torch.zeros(rows, dtype=torch.bool),
+            }  # fmt: skip
+            learner.update(batch={MODULE_ID: columns}, minibatch_size=None)  # one gradient step on the whole batch
             if any(replay.values()):
                 raise RuntimeError(f"step {step}: ours left draws unused: { {k: len(v) for k, v in replay.items()} }")
             ours = module.state_dict()
