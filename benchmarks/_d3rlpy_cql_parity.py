@@ -47,20 +47,7 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="the .pt file to write")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    d3rlpy.seed(args.seed)
-    encoder = d3rlpy.models.VectorEncoderFactory(hidden_units=args.hidden, activation="relu")
-    config = d3rlpy.algos.CQLConfig(
-        conservative_weight=CONSERVATIVE_WEIGHT,
-        alpha_threshold=ALPHA_THRESHOLD,
-        n_action_samples=args.samples,
-        alpha_learning_rate=0.0,
-        initial_alpha=1.0,
-        actor_encoder_factory=encoder,
-        critic_encoder_factory=encoder,
-    )
-    algo = config.create(device="cpu:0")
-    algo.create_impl((3,), 1)
-    impl = algo.impl
+    impl = build_cql(args.hidden, args.samples, args.seed)
     modules = impl._modules
     with torch.no_grad():
         for param in modules.targ_q_funcs.parameters():
@@ -108,6 +95,29 @@ def main() -> None:
         },
         args.out,
     )
+
+
+def build_cql(hidden: list[int], samples: int, seed: int, temp_learning_rate: float = 1e-4):
+    """d3rlpy's ``CQL`` implementation with the example's settings on Pendulum's shapes (3 observations, 1 action).
+
+    d3rlpy's defaults are the example's (lr 1e-4 actor and temperature, 3e-4 critics, gamma 0.99,
+    tau 0.005, the deterministic backup); the penalty's weight is fixed (``alpha_learning_rate=0``).
+    """
+    d3rlpy.seed(seed)
+    encoder = d3rlpy.models.VectorEncoderFactory(hidden_units=hidden, activation="relu")
+    config = d3rlpy.algos.CQLConfig(
+        conservative_weight=CONSERVATIVE_WEIGHT,
+        alpha_threshold=ALPHA_THRESHOLD,
+        n_action_samples=samples,
+        alpha_learning_rate=0.0,
+        initial_alpha=1.0,
+        temp_learning_rate=temp_learning_rate,
+        actor_encoder_factory=encoder,
+        critic_encoder_factory=encoder,
+    )
+    algo = config.create(device="cpu:0")
+    algo.create_impl((3,), 1)
+    return algo.impl
 
 
 def _pendulum_like_batch(rows: int, rng: np.random.Generator) -> tuple[torch.Tensor, ...]:

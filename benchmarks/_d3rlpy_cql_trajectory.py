@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import argparse
 
-import d3rlpy
 import numpy as np
 import torch
-from _d3rlpy_cql_parity import ACTION_HIGH, _our_names, _pendulum_like_batch
+from _d3rlpy_cql_parity import ACTION_HIGH, _our_names, _pendulum_like_batch, build_cql
 from d3rlpy.models.torch import get_parameter
 from d3rlpy.torch_utility import TorchMiniBatch
 from torch.distributions import Normal
@@ -34,25 +33,7 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="the .pt file to write")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    d3rlpy.seed(args.seed)
-    encoder = d3rlpy.models.VectorEncoderFactory(hidden_units=args.hidden, activation="relu")
-    config = d3rlpy.algos.CQLConfig(
-        actor_learning_rate=1e-4,
-        critic_learning_rate=3e-4,
-        temp_learning_rate=args.temp_lr,
-        initial_temperature=1.0,
-        conservative_weight=5.0,
-        n_action_samples=args.samples,
-        alpha_learning_rate=0.0,
-        initial_alpha=1.0,
-        gamma=0.99,
-        tau=0.005,
-        actor_encoder_factory=encoder,
-        critic_encoder_factory=encoder,
-    )
-    algo = config.create(device="cpu:0")
-    algo.create_impl((3,), 1)
-    impl = algo.impl
+    impl = build_cql(args.hidden, args.samples, args.seed, temp_learning_rate=args.temp_lr)
     named = _our_names(impl._modules)
 
     def state() -> dict[str, torch.Tensor]:

@@ -53,19 +53,20 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    with tempfile.TemporaryDirectory() as scratch:
-        saved = Path(scratch) / "d3rlpy_step.pt"
-        subprocess.run(
-            [
-                args.d3rlpy_python,
-                str(Path(__file__).with_name("_d3rlpy_cql_parity.py")),
-                *("--rows", str(args.rows), "--samples", str(args.samples), "--seed", str(args.seed)),
-                *("--hidden", *map(str, args.hidden), "--out", str(saved)),
-            ],
-            check=True,
-        )
-        theirs = torch.load(saved, weights_only=True)
+    theirs = run_d3rlpy_side(
+        args.d3rlpy_python, "_d3rlpy_cql_parity.py",
+        "--rows", str(args.rows), "--samples", str(args.samples), "--seed", str(args.seed),
+        "--hidden", *map(str, args.hidden),
+    )  # fmt: skip
     sys.exit(0 if compare(theirs, args.samples, args.hidden) else 1)
+
+
+def run_d3rlpy_side(python: str, script: str, *args: str) -> dict:
+    """Run ``script`` (a sibling of this file) under d3rlpy's ``python`` with ``args`` and load what it saves."""
+    with tempfile.TemporaryDirectory() as scratch:
+        saved = Path(scratch) / "d3rlpy.pt"
+        subprocess.run([python, str(Path(__file__).with_name(script)), *args, "--out", str(saved)], check=True)
+        return torch.load(saved, weights_only=True)
 
 
 def compare(theirs: dict, samples: int, hidden: list[int]) -> bool:

@@ -24,9 +24,7 @@ a weight differs by more than ``--tolerance`` after the last step.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import gymnasium as gym
@@ -35,6 +33,9 @@ import torch
 from lightning_rl import Columns, RLModuleSpec
 from lightning_rl.algorithms import sac
 from lightning_rl.algorithms.cql import CQLLearner, CQLModule
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cql_parity import run_d3rlpy_side  # noqa: E402
 
 MODULE_ID = "default_policy"
 
@@ -59,19 +60,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    with tempfile.TemporaryDirectory() as scratch:
-        saved = Path(scratch) / "d3rlpy_steps.pt"
-        subprocess.run(
-            [
-                args.d3rlpy_python,
-                str(Path(__file__).with_name("_d3rlpy_cql_trajectory.py")),
-                *("--steps", str(args.steps), "--rows", str(args.rows), "--samples", str(args.samples)),
-                *("--hidden", *map(str, args.hidden), "--temp-lr", str(args.temp_lr)),
-                *("--seed", str(args.seed), "--out", str(saved)),
-            ],
-            check=True,
-        )
-        theirs = torch.load(saved, weights_only=True)
+    theirs = run_d3rlpy_side(
+        args.d3rlpy_python, "_d3rlpy_cql_trajectory.py",
+        "--steps", str(args.steps), "--rows", str(args.rows), "--samples", str(args.samples),
+        "--hidden", *map(str, args.hidden), "--temp-lr", str(args.temp_lr), "--seed", str(args.seed),
+    )  # fmt: skip
     sys.exit(0 if follow(theirs, args) else 1)
 
 
