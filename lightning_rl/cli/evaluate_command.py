@@ -13,10 +13,10 @@ The env is, in this order: ``--env`` (a registered gymnasium id, or ``module:Id`
 section of ``--config`` (its ``env``, ``env_kwargs`` and evaluation wrappers); or the
 checkpoint's own data-module settings when they name a registered id with no wrappers (a
 checkpoint never makes this command import anything). On an ``AgainstOpponentEnv``,
-``--opponent random|heuristic`` replaces the ``opponent`` of its ``env_kwargs``. The policy acts through ``Policy.act``
-(the saved observation normalization, the greedy action, Box clipping; a recurrent policy
-keeps its state per env, reset where each episode starts). Episode ``i`` resets
-with seed ``S + i``; by default ``S`` is the run's base seed plus ``HELD_OUT_SEED_OFFSET``
+``--opponent random|heuristic`` replaces the ``opponent`` of its ``env_kwargs``. The policy
+acts through ``Policy.act`` (the saved observation normalization, the greedy action, Box
+clipping; a recurrent policy keeps its state per env, reset where each episode starts).
+Episode ``i`` resets with seed ``S + i``; by default ``S`` is the run's base seed plus ``HELD_OUT_SEED_OFFSET``
 (5,000,000), seeds that the data module reaches only after millions of episodes: its training
 envs reset with ``seed + i + k * num_envs`` and its evaluation envs from ``seed + 1,000,003``,
 and other ranks start at multiples of 10,000,000. A run whose data module drew its seed
@@ -54,8 +54,8 @@ from lightning_rl.data.evaluation_video import encode_gif
 from lightning_rl.env.env_factory import make_env, resolve_env, resolve_wrappers
 from lightning_rl.env.episode import SingleAgentEpisode
 from lightning_rl.env.episode_quota import EpisodeQuota
-from lightning_rl.env.opponents import OPPONENTS
 from lightning_rl.env.frame_recorder import EpisodeFrameRecorder, env_kwargs_for_video
+from lightning_rl.env.opponents import OPPONENTS
 from lightning_rl.policy.loading import policy_module
 from lightning_rl.policy.policy import Policy
 
