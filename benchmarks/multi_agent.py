@@ -90,6 +90,11 @@ AGENT_RETURN_PREFIX = "agent_episode_return_mean/"
 STEPS_PER_S_TARGET = 0.85  # ours' env steps/s / the hand-written loop's, at least
 
 
+def default_config(game: str) -> str:
+    """Our run's config when ``--config`` is not given: the example of ``game``."""
+    return SELFPLAY_CONFIG if game == "connect_four" else DEFAULT_CONFIG
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--game", choices=GAMES, default="simple_spread", help="connect_four: self-play (see above)")
@@ -113,7 +118,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)  # the --child's seed
     args = parser.parse_args(argv)
     if args.config is None:
-        args.config = SELFPLAY_CONFIG if args.game == "connect_four" else DEFAULT_CONFIG
+        args.config = default_config(args.game)
     for name in ("env_steps", "random_env_steps", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")

@@ -32,6 +32,11 @@ from pathlib import Path
 
 import numpy as np
 
+# Siblings (this directory is on sys.path when a benchmark runs as a script); both import only the standard
+# library, numpy and _children at their top.
+from multi_agent import default_config
+from offline import STEPS  # the budget of an offline run without --steps
+
 EXACT_SPLITS_LIMIT = 200_000
 """Up to this many splits of the pooled runs, :func:`median_gap_p_value` counts every one."""
 SAMPLED_SPLITS = 100_000
@@ -93,14 +98,13 @@ def final_returns(path: Path) -> list[tuple[str, str, int, float]]:
         if "return_mean_per_agent" in run:  # multi_agent.py
             if run.get("status") == "OK" and run["return_mean_per_agent"] is not None:
                 config = content.get("config", {})
-                task = f"{config.get('game', 'simple_spread')}, {run['env_steps']:,} env steps"
+                game = config.get("game", "simple_spread")
+                task = f"{game}, {run['env_steps']:,} env steps"
                 variant = run["variant"]
-                if variant == "ours" and config.get("config") not in (None, "examples/ppo_simple_spread.yaml"):
+                if variant == "ours" and config.get("config") not in (None, default_config(game)):
                     variant = f"ours --config {config['config']}"
                 found.append((task, variant, run["seed"], run["return_mean_per_agent"]))
         elif "eval_return_mean" in run:  # offline.py
-            from offline import STEPS  # the budget of a run without --steps
-
             budgets = {content["args"]["steps"] or STEPS[run["algo"]]: run["eval_return_mean"]}
             # --eval-at: the same run evaluated after earlier budgets too.
             budgets.update({int(steps): statistics.mean(returns) for steps, returns in run.get("evals", {}).items()})
