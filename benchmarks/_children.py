@@ -171,10 +171,18 @@ def print_versions() -> dict[str, str | None]:
     return info
 
 
-def write_json(path: str, payload: dict[str, Any]) -> None:
-    """Write ``payload`` to ``path`` as indented JSON (inf/nan as null, other non-JSON values as text), and say so."""
+def write_json(path: str, payload: dict[str, Any], *, announce: bool = True) -> None:
+    """Write ``payload`` to ``path`` as indented JSON (inf/nan as null, other non-JSON values as text).
+
+    Args:
+        path: The file, replaced whole.
+        payload: What to write.
+        announce: Whether to print that it was written (a driver that rewrites the file after
+            every run, so that a stopped run keeps what finished, says so once at the end).
+    """
     Path(path).write_text(json.dumps(finite_or_none(payload), indent=2, default=str))
-    print(f"wrote {path}")
+    if announce:
+        print(f"wrote {path}")
 
 
 def versions() -> dict[str, str | None]:

@@ -14,11 +14,12 @@ actor against the stepped critics), replays the same batches and noise, and prin
 chosen steps the largest difference between the two libraries' weights per network.
 
 The temperature's loss differs by design (d3rlpy's is on ``alpha``, ours on ``log_alpha``), so
-it stays fixed at 1 in both unless ``--temp-lr`` is given. d3rlpy's critic loss is twice ours
-(it sums the two critics' losses, ours averages them): Adam's step does not depend on that scale
-except through its ``eps``, so our critics' Adam runs with ``eps`` 5e-9, which is d3rlpy's 1e-8
-on its gradient (``--critic-eps 1e-8``, ours' own, shows what that changes). It exits non-zero if
-a weight differs by more than ``--tolerance`` after the last step.
+it stays fixed at 1 in both unless ``--temp-lr`` is given; ``--temperature-loss alpha`` gives ours
+d3rlpy's (``offline.cql_learner_class``, as ``offline.py --cql-temperature-loss alpha`` does). d3rlpy's
+critic loss is twice ours (it sums the two critics' losses, ours averages them): Adam's step does
+not depend on that scale except through its ``eps``, so our critics' Adam runs with ``eps`` 5e-9,
+which is d3rlpy's 1e-8 on its gradient (``--critic-eps 1e-8``, ours' own, shows what that changes).
+It exits non-zero if a weight differs by more than ``--tolerance`` after the last step.
 """
 
 from __future__ import annotations
@@ -32,10 +33,11 @@ import torch
 
 from lightning_rl import Columns, RLModuleSpec
 from lightning_rl.algorithms import sac
-from lightning_rl.algorithms.cql import CQLLearner, CQLModule
+from lightning_rl.algorithms.cql import CQLModule
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cql_parity import run_d3rlpy_side  # noqa: E402
+from offline import cql_learner_class  # noqa: E402
 
 MODULE_ID = "default_policy"
 
@@ -48,6 +50,9 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=10, help="sampled actions of each kind per row")
     parser.add_argument("--hidden", nargs="+", type=int, default=[64, 64])
     parser.add_argument("--temp-lr", type=float, default=0.0, help="the temperature's lr in both (default: fixed)")
+    parser.add_argument(
+        "--temperature-loss", choices=["log_alpha", "alpha"], default="log_alpha", help="our temperature's loss"
+    )
     parser.add_argument("--update-order", choices=["critics_first", "joint"], default="critics_first")
     parser.add_argument("--tolerance", type=float, default=1e-4)
     parser.add_argument(
@@ -77,14 +82,12 @@ def follow(theirs: dict, args: argparse.Namespace) -> bool:
         action_space=pendulum.action_space,
         model_config={"fcnet_hiddens": args.hidden, "fcnet_activation": "relu"},
     )
-    learner = CQLLearner(
+    learner = cql_learner_class(args.temperature_loss, args.critic_eps)(
         spec, actor_lr=1e-4, critic_lr=3e-4, alpha_lr=args.temp_lr, initial_alpha=1.0, cql_weight=5.0,
         num_cql_actions=args.samples, gamma=0.99, tau=0.005, minibatch_size=args.rows, gradient_steps=1,
         update_order=args.update_order,
     )  # fmt: skip
     learner.build()
-    for group in learner.get_optimizer(MODULE_ID, "qf").param_groups:
-        group["eps"] = args.critic_eps
     module = learner.module[MODULE_ID]
     missing, unexpected = module.load_state_dict(theirs["initial"], strict=False)
     if unexpected or set(missing) != {"log_alpha", "log_alpha_prime"}:
@@ -108,7 +111,7 @@ def follow(theirs: dict, args: argparse.Namespace) -> bool:
     sac._gaussian_sample = lambda mean, log_std: mean + log_std.exp() * replay["actor"].pop(0)
     report_at = sorted({1, 10, 50, 100, args.steps} & set(range(1, args.steps + 1)))
     print(f"{args.steps} steps of {args.rows} rows, {args.samples} sampled actions of each kind, hidden {args.hidden}, "
-          f"update_order {args.update_order}, temperature lr {args.temp_lr}")  # fmt: skip
+          f"update_order {args.update_order}, temperature lr {args.temp_lr} on {args.temperature_loss}")  # fmt: skip
     print("step | max |ours - d3rlpy| over: actor | critics | target critics")
     worst = 0.0
     try:

@@ -419,6 +419,7 @@ def selfplay_main(args: argparse.Namespace) -> None:
             record["error_tail"] = other_lines[-15:]
             print(f"seed {seed}: {record['status']}; last output:", *record["error_tail"], sep="\n    | ")
         records.append(record)
+        save_runs(args, info, records, announce=False)
 
     games = args.final_eval_games
     print(f"\n{'seed':<6}{'vs random (final/best)':>24}{'vs heuristic (final/best)':>27}"
@@ -443,9 +444,7 @@ def selfplay_main(args: argparse.Namespace) -> None:
                            value is not None and value >= target))  # fmt: skip
     ok = bool(checks) and all(passed for _, passed in checks) and all(r["status"] == "OK" for r in records)
     print(f"verdict: {'PASS' if ok else 'FAIL'}: " + "; ".join(f"{t} {'PASS' if p else 'FAIL'}" for t, p in checks))
-    if args.json:
-        config = {k: v for k, v in vars(args).items() if k not in ("child", "seed")}
-        write_json(args.json, {"config": config, "versions": info, "runs": records})
+    save_runs(args, info, records)
 
 
 # ----------------------------------------------------------------------------------------
@@ -595,15 +594,31 @@ def main() -> None:
                   f"per agent, {fmt(record.get('env_steps_per_s'), '.0f')} env steps/s", flush=True)  # fmt: skip
             by_variant[variant] = record
             records.append(record)
+            save_runs(args, info, records, summary=medians(records), announce=False)
         rows.append((str(seed), by_variant))
 
     summary = medians(records)
     print_table([*rows, ("median", summary)])
     print(verdict(summary))
-    if args.json:
-        payload = {"config": {k: v for k, v in vars(args).items() if k not in ("child", "seed")},
-                   "versions": info, "runs": records, "summary": summary}  # fmt: skip
-        write_json(args.json, payload)
+    save_runs(args, info, records, summary=summary)
+
+
+def save_runs(
+    args: argparse.Namespace,
+    info: dict[str, Any],
+    records: list[dict[str, Any]],
+    *,
+    summary: dict[str, dict[str, Any]] | None = None,
+    announce: bool = True,
+) -> None:
+    """Write ``--json`` (if given) with the runs so far: after every run, so a stopped benchmark keeps what finished."""
+    if not args.json:
+        return
+    payload = {"config": {k: v for k, v in vars(args).items() if k not in ("child", "seed")},
+               "versions": info, "runs": records}  # fmt: skip
+    if summary is not None:
+        payload["summary"] = summary
+    write_json(args.json, payload, announce=announce)
 
 
 if __name__ == "__main__":

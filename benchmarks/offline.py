@@ -34,6 +34,11 @@ The variants:
 against the updated critics); the default is our ``"joint"`` one-pass step.
 ``--sample-with-replacement`` has our data module draw every minibatch's rows with replacement, as
 d3rlpy's replay buffer does; by default ours visits each row once per pass, in a new order each pass.
+Two more bring our CQL's last differences from d3rlpy's into a run, for checks (neither is in the
+package; see :func:`cql_learner_class`): ``--cql-temperature-loss alpha`` (d3rlpy's temperature loss,
+on ``alpha`` instead of ``log_alpha``) and ``--cql-critic-eps 5e-9`` (d3rlpy's critic loss is twice
+ours, so its Adam ``eps`` of 1e-8 acts as 5e-9 on ours). Runs with any of these four set are
+variants of their own in ``seed_noise.py`` (``OURS_OPTIONS``).
 
 CQL runs without the Lagrangian (d3rlpy: ``alpha_learning_rate=0`` and ``initial_alpha=1``,
 which leaves its penalty ``5 * (gap - 10)``: the same gradients as our ``cql_weight=5``).
@@ -85,6 +90,14 @@ SETTINGS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     ),
 }
 COMMON = (dict(gamma=0.99, tau=0.005), dict(gamma=0.99, tau=0.005, batch_size=256))
+# The options that change our variant's training, with their defaults (the example's settings): a run
+# with another value is a variant of its own when seeds are pooled (seed_noise.py).
+OURS_OPTIONS: dict[str, Any] = {
+    "cql_update_order": "joint",
+    "sample_with_replacement": False,
+    "cql_temperature_loss": "log_alpha",
+    "cql_critic_eps": None,
+}
 BATCH_SIZE = 256
 EVAL_SEED = 1_000_000
 
@@ -109,6 +122,15 @@ def main() -> None:
         "--sample-with-replacement",
         action="store_true",
         help="our OfflineDataModule draws rows with replacement, as d3rlpy does (default: each row once per pass)",
+    )
+    parser.add_argument(
+        "--cql-temperature-loss",
+        choices=["log_alpha", "alpha"],
+        default="log_alpha",
+        help="our CQL's temperature loss: on log_alpha (ours, SAC's) or on alpha (d3rlpy's)",
+    )
+    parser.add_argument(
+        "--cql-critic-eps", type=float, default=None, help="our CQL critics' Adam eps (default: Adam's 1e-8)"
     )
     parser.add_argument("--eval-episodes", type=int, default=10)
     parser.add_argument(
@@ -219,6 +241,8 @@ def run_child(
             eval_episodes=args.eval_episodes,
             eval_at=args.eval_at,
             sample_with_replacement=args.sample_with_replacement,
+            temperature_loss=args.cql_temperature_loss,
+            critic_eps=args.cql_critic_eps,
             threads=args.threads,
             settings={**COMMON[0], **ours},
         )
@@ -281,7 +305,6 @@ def run_ours(spec: dict[str, Any]) -> None:
     torch.set_num_threads(spec["threads"])
     from lightning.pytorch import Callback, Trainer, seed_everything
 
-    from lightning_rl.algorithms.cql import CQLLearner
     from lightning_rl.algorithms.iql import IQLLearner
     from lightning_rl.cli.evaluate_command import EnvSource, play_episodes
     from lightning_rl.data import OfflineDataModule
@@ -309,7 +332,10 @@ def run_ours(spec: dict[str, Any]) -> None:
                 self.eval_seconds += time.perf_counter() - start
 
     seed_everything(spec["seed"], verbose=False)
-    learner_class = {"cql": CQLLearner, "iql": IQLLearner}[spec["algo"]]
+    if spec["algo"] == "cql":
+        learner_class = cql_learner_class(spec["temperature_loss"], spec["critic_eps"])
+    else:
+        learner_class = IQLLearner
     learner = learner_class(model_config={"fcnet_hiddens": spec["hidden"]}, **spec["settings"])
     data = OfflineDataModule(
         spec["dataset_id"],
@@ -335,6 +361,43 @@ def run_ours(spec: dict[str, Any]) -> None:
     seconds = timer.step_ends[-1] - timer.step_ends[0]
     result = {"seconds": seconds, "steps": len(timer.step_ends) - 1, "eval_returns": evaluate(), "evals": timer.evals}
     print("RESULT " + json.dumps(result), flush=True)
+
+
+def cql_learner_class(temperature_loss: str = "log_alpha", critic_eps: float | None = None) -> type:
+    """``CQLLearner``, or a subclass with d3rlpy's temperature loss and/or critics' Adam ``eps``.
+
+    For checks against d3rlpy only (the package keeps SAC's temperature loss and Adam's default):
+
+    Args:
+        temperature_loss: ``"log_alpha"`` for ours, ``-log_alpha * (log pi + target_entropy)``;
+            ``"alpha"`` for d3rlpy's, ``-alpha * (log pi + target_entropy)``, whose gradient in
+            ``log_alpha`` is ``alpha`` times ours.
+        critic_eps: The ``"qf"`` Adam's ``eps``; ``None`` keeps Adam's 1e-8.
+    """
+    from lightning_rl.algorithms.cql import CQLLearner
+    from lightning_rl.algorithms.sac import ACTION_LOGP_RESAMPLED, ALPHA_OPTIMIZER, QF_OPTIMIZER
+
+    if temperature_loss == "log_alpha" and critic_eps is None:
+        return CQLLearner
+
+    class D3rlpyMatchedCQLLearner(CQLLearner):
+        def configure_optimizers_for_module(self, module_id: str, config: Any) -> None:
+            super().configure_optimizers_for_module(module_id, config)
+            if critic_eps is not None:
+                for group in self.get_optimizer(module_id, QF_OPTIMIZER).param_groups:
+                    group["eps"] = critic_eps
+
+        def compute_loss_for_module(self, *, module_id: str, config: Any, batch: Any, fwd_out: Any) -> Any:
+            loss = super().compute_loss_for_module(module_id=module_id, config=config, batch=batch, fwd_out=fwd_out)
+            if temperature_loss == "alpha" and self.in_gradient_phase(ALPHA_OPTIMIZER):
+                # SAC's loss holds -log_alpha * c (c = mean(log pi + target_entropy), a constant); adding
+                # (log_alpha - alpha) * c leaves d3rlpy's -alpha * c in its place.
+                log_alpha = self.module[module_id].log_alpha
+                entropy_gap = (fwd_out[ACTION_LOGP_RESAMPLED] + self.target_entropy(module_id)).detach().mean()
+                loss = loss + (log_alpha - log_alpha.exp()) * entropy_gap
+            return loss
+
+    return D3rlpyMatchedCQLLearner
 
 
 def print_table(runs: list[dict[str, Any]]) -> None:

@@ -35,7 +35,7 @@ import numpy as np
 # Siblings (this directory is on sys.path when a benchmark runs as a script); both import only the standard
 # library, numpy and _children at their top.
 from multi_agent import default_config
-from offline import STEPS  # the budget of an offline run without --steps
+from offline import OURS_OPTIONS, STEPS  # STEPS: the budget of an offline run without --steps
 
 EXACT_SPLITS_LIMIT = 200_000
 """Up to this many splits of the pooled runs, :func:`median_gap_p_value` counts every one."""
@@ -110,15 +110,26 @@ def final_returns(path: Path) -> list[tuple[str, str, int, float]]:
             budgets.update({int(steps): statistics.mean(returns) for steps, returns in run.get("evals", {}).items()})
             variant = run["variant"]
             if variant == "ours":
-                settings = content["args"]
-                if settings.get("cql_update_order", "joint") != "joint" and run["algo"] == "cql":
-                    variant += f" --cql-update-order {settings['cql_update_order']}"
-                if settings.get("sample_with_replacement"):
-                    variant += " --sample-with-replacement"
+                variant += offline_flags(content["args"], run["algo"])
             for steps, value in budgets.items():
                 task = f"{run['algo']} {run['dataset']}, {steps:,} gradient steps"
                 found.append((task, variant, run["seed"], value))
     return found
+
+
+def offline_flags(args: dict, algo: str) -> str:
+    """The ``offline.py`` flags, as written, by which ours' run differs from the example (``""`` for none).
+
+    ``cql_`` options apply to CQL runs only; an option a file predates counts as its default.
+    """
+    flags = ""
+    for name, default in OURS_OPTIONS.items():
+        value = args.get(name, default)
+        if value == default or (name.startswith("cql_") and algo != "cql"):
+            continue
+        flag = "--" + name.replace("_", "-")
+        flags += f" {flag}" if value is True else f" {flag} {value}"
+    return flags
 
 
 def pool(paths: list[Path]) -> dict[str, dict[str, dict[int, float]]]:

@@ -6,7 +6,14 @@ no test, and importing torch and Lightning there would delay the workers' start 
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
 import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -44,3 +51,13 @@ def _seed() -> None:
     import torch
 
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def import_benchmark(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], ModuleType]:
+    """Import a script of ``benchmarks/`` by its name (``import_benchmark("suite")``).
+
+    The scripts import their siblings by name, so ``benchmarks/`` is on ``sys.path`` for the test.
+    """
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    return importlib.import_module

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
-
 
 @pytest.fixture
-def seed_noise(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    return importlib.import_module("seed_noise")
+def seed_noise(import_benchmark):
+    return import_benchmark("seed_noise")
 
 
 def test_the_p_value_counts_the_splits_at_or_below_the_observed_median_gap(seed_noise):
@@ -71,6 +67,13 @@ def test_the_report_pools_every_kind_of_result_file_once_per_seed(seed_noise, tm
             {"variant": "ours", "algo": "cql", "dataset": "pendulum/sac-medium-v0", "seed": seed,
              "eval_return_mean": value} for seed, value in [(0, -300.0), (1, -310.0)]
         ]},
+        # Every one of d3rlpy's settings at once: the flags as written, in offline.py's order.
+        "cql_matched.json": {"args": {"steps": 4000, "cql_update_order": "critics_first",
+                                      "sample_with_replacement": True, "cql_temperature_loss": "alpha",
+                                      "cql_critic_eps": 5e-9}, "runs": [
+            {"variant": "ours", "algo": "cql", "dataset": "pendulum/sac-medium-v0", "seed": seed,
+             "eval_return_mean": value} for seed, value in [(0, -500.0), (1, -450.0)]
+        ]},
     }  # fmt: skip
     for name, content in files.items():
         (tmp_path / name).write_text(json.dumps(content))
@@ -85,6 +88,8 @@ def test_the_report_pools_every_kind_of_result_file_once_per_seed(seed_noise, tm
     assert "ours - handwritten: median gap -0.05" in out and "ours - random" not in out
     assert "cql pendulum/sac-medium-v0, 4,000 gradient steps:" in out and "ours - d3rlpy: median gap +0.00" in out
     assert "ours --cql-update-order critics_first - d3rlpy: median gap +120.00" in out
+    matched = "ours --cql-update-order critics_first --sample-with-replacement --cql-temperature-loss alpha"
+    assert f"{matched} --cql-critic-eps 5e-09 - d3rlpy: median gap -50.00" in out
     assert "dqn_lunarlander, 200 env steps:" in out and "simple_spread, 800 env steps:" in out  # random's own budget
 
 
