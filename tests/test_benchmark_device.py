@@ -17,9 +17,8 @@ REPO_ROOT = BENCHMARKS.parent
 
 
 @pytest.fixture
-def children(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))  # the benchmarks import their siblings by name
-    return importlib.import_module("_children")
+def children(import_benchmark):
+    return import_benchmark("_children")
 
 
 def _run(script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -63,9 +62,8 @@ def test_every_child_gets_the_device(children):
         assert command[command.index("--device") + 1] == "cpu", variant
 
 
-def test_the_handwritten_dqn_trains_on_the_cpu_device_and_reports_cpu_time(monkeypatch, capsys):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    off_policy = importlib.import_module("off_policy")
+def test_the_handwritten_dqn_trains_on_the_cpu_device_and_reports_cpu_time(import_benchmark, monkeypatch, capsys):
+    off_policy = import_benchmark("off_policy")
     monkeypatch.setattr(sys, "argv", ["off_policy.py", "--algo", "dqn", "--print-hparams", "--max-env-steps", "600"])
     off_policy.main()  # in this process: the JSON the children get
     data = json.loads(capsys.readouterr().out)

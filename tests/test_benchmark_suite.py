@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
-
 
 @pytest.fixture
-def suite(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))  # suite.py imports its siblings by name
-    return importlib.import_module("suite")
+def suite(import_benchmark):
+    return import_benchmark("suite")
 
 
 def _record(library: str, seed: int, final: float, train_s: float, budget: int = 100_000) -> dict:
@@ -88,12 +84,11 @@ def _resolved(**model_config) -> dict:
     return model_config_with_defaults(model_config, PPOModule.model_config_keys)
 
 
-def test_sb3s_policy_kwargs_are_built_from_the_model_config(monkeypatch):
+def test_sb3s_policy_kwargs_are_built_from_the_model_config(import_benchmark):
     pytest.importorskip("stable_baselines3")
     from torch import nn
 
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    sb3_suite = importlib.import_module("_sb3_suite")
+    sb3_suite = import_benchmark("_sb3_suite")
 
     zoo = _resolved(pi_fcnet_hiddens=[256, 256], vf_fcnet_hiddens=[64], fcnet_activation="relu", log_std_init=-2,
                     ortho_init=False)  # fmt: skip
@@ -117,10 +112,9 @@ def test_sb3s_policy_kwargs_are_built_from_the_model_config(monkeypatch):
                         "ortho_init": True, "log_std_init": 0.0}  # fmt: skip
 
 
-def test_sb3_refuses_policy_and_value_networks_of_different_activations(monkeypatch):
+def test_sb3_refuses_policy_and_value_networks_of_different_activations(import_benchmark):
     pytest.importorskip("stable_baselines3")
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    sb3_suite = importlib.import_module("_sb3_suite")
+    sb3_suite = import_benchmark("_sb3_suite")
     model = {"vf_clip_param": None, "use_kl_loss": False, "shuffle_batch_per_epoch": True, "entropy_coeff": 0.0,
              "grad_clip": 0.5, "grad_clip_by": "global_norm"}  # fmt: skip
     data = {"env": "Hopper-v5", "wrappers": None, "evaluation_wrappers": None}

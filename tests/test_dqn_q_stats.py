@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 from pathlib import Path
 
@@ -14,13 +13,10 @@ from torch import nn
 from lightning_rl.data.uniform_replay import ReplayBuffer
 from lightning_rl.env.episode import SingleAgentEpisode
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
-
 
 @pytest.fixture
-def q_stats(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))  # the script imports its siblings by name
-    return importlib.import_module("dqn_q_stats")
+def q_stats(import_benchmark):
+    return import_benchmark("dqn_q_stats")
 
 
 def _linear(*weights: float) -> nn.Linear:

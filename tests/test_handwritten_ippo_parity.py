@@ -12,7 +12,6 @@ weights; and ours' per-agent return statistic is the hand-written loop's, on the
 from __future__ import annotations
 
 import collections
-import importlib
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -37,15 +36,13 @@ ENV = "mpe2.simple_spread_v3"
 
 
 @pytest.fixture
-def handwritten(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))  # the benchmarks import their siblings by name
-    return importlib.import_module("handwritten_ippo")
+def handwritten(import_benchmark) -> ModuleType:
+    return import_benchmark("handwritten_ippo")
 
 
 @pytest.fixture
-def multi_agent_benchmark(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    return importlib.import_module("multi_agent")
+def multi_agent_benchmark(import_benchmark) -> ModuleType:
+    return import_benchmark("multi_agent")
 
 
 def _example() -> dict[str, Any]:
