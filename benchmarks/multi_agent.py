@@ -106,7 +106,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--config", help=f"our run's config (relative to the repo root; default {DEFAULT_CONFIG}, "
                         f"for connect_four {SELFPLAY_CONFIG})")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before a run is killed")
-    parser.add_argument("--json", metavar="PATH", help="also write every run and the summary to this JSON file")
+    parser.add_argument(
+        "--json", metavar="PATH", help="also write every run and the summary to this JSON file (rewritten after each run)"
+    )
     parser.add_argument("--show-output", action="store_true", help="echo the children's other output lines")
     parser.add_argument("--rollouts-per-epoch", type=int, help="connect_four: evaluate every this many rollouts "
                         "(the data module's epoch; the config's 20 when unset)")  # fmt: skip
