@@ -107,7 +107,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         f"for connect_four {SELFPLAY_CONFIG})")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before a run is killed")
     parser.add_argument(
-        "--json", metavar="PATH", help="also write every run and the summary to this JSON file (rewritten after each run)"
+        "--json", metavar="PATH", help="also write every run and the summary to this JSON file (after each run)"
     )
     parser.add_argument("--show-output", action="store_true", help="echo the children's other output lines")
     parser.add_argument("--rollouts-per-epoch", type=int, help="connect_four: evaluate every this many rollouts "

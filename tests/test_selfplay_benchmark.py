@@ -1,9 +1,10 @@
-"""``benchmarks/multi_agent.py``: ``--game connect_four --final-eval-games N`` (the larger final evaluation), ``--json``.
+"""``benchmarks/multi_agent.py``: ``--final-eval-games N`` (connect four's larger final evaluation), ``--json``.
 
 The in-training evaluation plays 100 games per opponent, too few to decide misses of 0.01-0.04;
 ``--final-eval-games`` evaluates the final weights with ``lightning-rl evaluate`` on N more
 games per fixed opponent, main in each seat equally often. These tests pin the flag's checks and
-that the evaluation reports N games per opponent, split evenly over the seats.
+that the evaluation reports N games per opponent, split evenly over the seats; and that ``--json``
+holds every finished run when a long benchmark is stopped part-way.
 """
 
 from __future__ import annotations
