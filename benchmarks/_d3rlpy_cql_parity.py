@@ -15,12 +15,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import math
 
 import d3rlpy
 import numpy as np
+import structlog
 import torch
 from torch import nn
+
+# d3rlpy logs every build, dataset and epoch at info level; the d3rlpy sides of the CQL tools (this
+# file and those importing it) print their own results and d3rlpy's warnings only.
+structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 
 # Pendulum's action bound: d3rlpy trains in [-1, 1] (MinMaxActionScaler in benchmarks/offline.py).
 ACTION_HIGH = 2.0
