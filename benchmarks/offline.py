@@ -306,14 +306,11 @@ def run_ours(spec: dict[str, Any]) -> None:
     from lightning.pytorch import Callback, Trainer, seed_everything
 
     from lightning_rl.algorithms.iql import IQLLearner
-    from lightning_rl.cli.evaluate_command import EnvSource, play_episodes
     from lightning_rl.data import OfflineDataModule
     from lightning_rl.policy import Policy
 
     def evaluate() -> list[float]:
-        source = EnvSource(spec["env_id"], {}, [], "the dataset", None)
-        policy = Policy.from_learner(learner)
-        return play_episodes(policy, source, spec["eval_episodes"], EVAL_SEED, num_envs=10).returns.tolist()
+        return evaluate_greedy(Policy.from_learner(learner), spec["env_id"], spec["eval_episodes"])
 
     class TrainingTime(Callback):
         """The end of every gradient step (one per train item), less the time of evaluations in between."""
@@ -361,6 +358,18 @@ def run_ours(spec: dict[str, Any]) -> None:
     seconds = timer.step_ends[-1] - timer.step_ends[0]
     result = {"seconds": seconds, "steps": len(timer.step_ends) - 1, "eval_returns": evaluate(), "evals": timer.evals}
     print("RESULT " + json.dumps(result), flush=True)
+
+
+def evaluate_greedy(policy: Any, env_id: str, episodes: int, num_envs: int = 10) -> list[float]:
+    """The ``ours`` variant's evaluation: the returns of ``episodes`` greedy episodes of ``policy`` in ``env_id``.
+
+    Episode ``i`` resets with seed ``EVAL_SEED + i``; ``num_envs`` episodes step side by side
+    (``lightning-rl evaluate``'s ``play_episodes``).
+    """
+    from lightning_rl.cli.evaluate_command import EnvSource, play_episodes
+
+    source = EnvSource(env_id, {}, [], "the dataset", None)
+    return play_episodes(policy, source, episodes, EVAL_SEED, num_envs=num_envs).returns.tolist()
 
 
 def cql_learner_class(temperature_loss: str = "log_alpha", critic_eps: float | None = None) -> type:

@@ -11,8 +11,8 @@ checks the two paths of ``offline.py`` around it, on a real dataset:
               (``EpisodeRows``: obs, action, reward, next obs, terminated), in the same order;
   evaluation  d3rlpy trains CQL for ``--steps`` (``offline.py``'s settings) and scores its greedy
               policy as ``offline.py``'s d3rlpy variant does; ours loads that actor's weights
-              into a ``CQLModule`` and scores it as ``offline.py``'s ours variant does
-              (``play_episodes``: 10 envs side by side), and with one env: the same returns,
+              into a ``CQLModule`` and scores it with ``offline.py``'s ours variant's own
+              ``evaluate_greedy`` (10 envs side by side), and with one env: the same returns,
               episode by episode, up to float noise.
 
 Exits non-zero if a row differs or an episode's return differs by more than ``--tolerance``.
@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cql_parity import run_d3rlpy_side  # noqa: E402
-from offline import COMMON, EVAL_SEED, HIDDEN, SETTINGS, export_for_d3rlpy  # noqa: E402
+from offline import COMMON, EVAL_SEED, HIDDEN, SETTINGS, evaluate_greedy, export_for_d3rlpy  # noqa: E402
 
 COLUMNS = ("obs", "new_obs", "actions", "rewards", "terminateds")
 
@@ -84,7 +84,6 @@ def compare_scores(env_id: str, theirs: dict, episodes: int, tolerance: float) -
 
     from lightning_rl import RLModuleSpec
     from lightning_rl.algorithms.cql import CQLLearner, CQLModule
-    from lightning_rl.cli.evaluate_command import EnvSource, play_episodes
     from lightning_rl.policy import Policy
 
     env = gym.make(env_id)
@@ -104,8 +103,7 @@ def compare_scores(env_id: str, theirs: dict, episodes: int, tolerance: float) -
     print(f"evaluation of d3rlpy's policy, {episodes} episodes: d3rlpy's loop {reference.mean():.3f}")
     close = True
     for num_envs in (10, 1):
-        source = EnvSource(env_id, {}, [], "the dataset", None)
-        returns = np.asarray(play_episodes(policy, source, episodes, EVAL_SEED, num_envs=num_envs).returns)
+        returns = np.asarray(evaluate_greedy(policy, env_id, episodes, num_envs=num_envs))
         gap = float(np.abs(returns - reference).max())
         print(f"  ours, {num_envs:>2} env(s): {returns.mean():.3f}, largest per-episode gap {gap:.1e}")
         close = close and gap <= tolerance
