@@ -41,7 +41,9 @@ ours, so its Adam ``eps`` of 1e-8 acts as 5e-9 on ours). Runs with any of these 
 variants of their own in ``seed_noise.py`` (``OURS_OPTIONS``).
 
 CQL runs without the Lagrangian (d3rlpy: ``alpha_learning_rate=0`` and ``initial_alpha=1``,
-which leaves its penalty ``5 * (gap - 10)``: the same gradients as our ``cql_weight=5``).
+which leaves its penalty ``w * (gap - 10)``: the same gradients as our ``cql_weight=w``), with the
+example's weight ``w`` of 5 unless ``--cql-weight`` sets another in both libraries; such runs are a
+task of their own in ``seed_noise.py`` (``SHARED_OPTIONS``).
 Every child is a fresh process, one at a time, with ``--threads`` intra-op threads.
 """
 
@@ -98,6 +100,8 @@ OURS_OPTIONS: dict[str, Any] = {
     "cql_temperature_loss": "log_alpha",
     "cql_critic_eps": None,
 }
+# The options that change both libraries' training alike (the task, not the variant), with their defaults.
+SHARED_OPTIONS: dict[str, Any] = {"cql_weight": SETTINGS["cql"][0]["cql_weight"]}
 BATCH_SIZE = 256
 EVAL_SEED = 1_000_000
 
@@ -111,6 +115,12 @@ def main() -> None:
     parser.add_argument("--hidden", nargs="+", type=int, default=HIDDEN, help="hidden layer sizes of every network")
     parser.add_argument(
         "--iql-beta", type=float, default=IQL_BETA, help=f"IQL's advantage temperature (d3rlpy weight_temp; {IQL_BETA})"
+    )
+    parser.add_argument(
+        "--cql-weight",
+        type=float,
+        default=SHARED_OPTIONS["cql_weight"],
+        help="CQL's penalty weight in both libraries (d3rlpy conservative_weight; the example's 5.0)",
     )
     parser.add_argument(
         "--cql-update-order",
@@ -229,7 +239,8 @@ def run_child(
     if algo == "iql":
         ours, theirs = {**ours, "beta": args.iql_beta}, {**theirs, "weight_temp": args.iql_beta}
     else:
-        ours = {**ours, "update_order": args.cql_update_order}
+        ours = {**ours, "cql_weight": args.cql_weight, "update_order": args.cql_update_order}
+        theirs = {**theirs, "conservative_weight": args.cql_weight}
     if variant == "ours":
         spec = dict(
             algo=algo,

@@ -29,13 +29,14 @@ import math
 import statistics
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 # Siblings (this directory is on sys.path when a benchmark runs as a script); both import only the standard
 # library, numpy and _children at their top.
 from multi_agent import default_config
-from offline import OURS_OPTIONS, STEPS  # STEPS: the budget of an offline run without --steps
+from offline import OURS_OPTIONS, SHARED_OPTIONS, STEPS  # STEPS: the budget of an offline run without --steps
 
 EXACT_SPLITS_LIMIT = 200_000
 """Up to this many splits of the pooled runs, :func:`median_gap_p_value` counts every one."""
@@ -111,19 +112,21 @@ def final_returns(path: Path) -> list[tuple[str, str, int, float]]:
             variant = run["variant"]
             if variant == "ours":
                 variant += offline_flags(content["args"], run["algo"])
+            shared = offline_flags(content["args"], run["algo"], SHARED_OPTIONS)
             for steps, value in budgets.items():
-                task = f"{run['algo']} {run['dataset']}, {steps:,} gradient steps"
+                task = f"{run['algo']} {run['dataset']}, {steps:,} gradient steps{shared}"
                 found.append((task, variant, run["seed"], value))
     return found
 
 
-def offline_flags(args: dict, algo: str) -> str:
-    """The ``offline.py`` flags, as written, by which ours' run differs from the example (``""`` for none).
+def offline_flags(args: dict, algo: str, options: dict[str, Any] = OURS_OPTIONS) -> str:
+    """The ``offline.py`` flags, as written, by which a run differs from the example in ``options``
+    (``""`` for none): ``OURS_OPTIONS`` for ours' variant, ``SHARED_OPTIONS`` for the task.
 
     ``cql_`` options apply to CQL runs only; an option a file predates counts as its default.
     """
     flags = ""
-    for name, default in OURS_OPTIONS.items():
+    for name, default in options.items():
         value = args.get(name, default)
         if value == default or (name.startswith("cql_") and algo != "cql"):
             continue

@@ -74,6 +74,13 @@ def test_the_report_pools_every_kind_of_result_file_once_per_seed(seed_noise, tm
             {"variant": "ours", "algo": "cql", "dataset": "pendulum/sac-medium-v0", "seed": seed,
              "eval_return_mean": value} for seed, value in [(0, -500.0), (1, -450.0)]
         ]},
+        # Another penalty weight in both libraries: a task of its own, ours and d3rlpy compared within it.
+        "cql_weight_1.json": {"args": {"steps": 4000, "cql_weight": 1.0}, "runs": [
+            {"variant": variant, "algo": "cql", "dataset": "pendulum/sac-medium-v0", "seed": seed,
+             "eval_return_mean": value}
+            for variant, seed, value in [("ours", 0, -200.0), ("ours", 1, -210.0), ("d3rlpy", 0, -300.0),
+                                         ("d3rlpy", 1, -310.0)]
+        ]},
     }  # fmt: skip
     for name, content in files.items():
         (tmp_path / name).write_text(json.dumps(content))
@@ -90,6 +97,8 @@ def test_the_report_pools_every_kind_of_result_file_once_per_seed(seed_noise, tm
     assert "ours --cql-update-order critics_first - d3rlpy: median gap +120.00" in out
     matched = "ours --cql-update-order critics_first --sample-with-replacement --cql-temperature-loss alpha"
     assert f"{matched} --cql-critic-eps 5e-09 - d3rlpy: median gap -50.00" in out
+    weight_1 = out.split("cql pendulum/sac-medium-v0, 4,000 gradient steps --cql-weight 1.0:\n")[1]
+    assert "ours - d3rlpy: median gap +100.00" in weight_1.split(":\n")[0]
     assert "dqn_lunarlander, 200 env steps:" in out and "simple_spread, 800 env steps:" in out  # random's own budget
 
 
