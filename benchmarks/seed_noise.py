@@ -11,8 +11,9 @@ chance alone would put ours this far behind (or further) were both from one dist
 Reads:
 - ``suite.py``'s run records (``<task>-<library>-seed<S>.json``): the last evaluation's return;
 - ``multi_agent.py --json`` files: each run's ``return_mean_per_agent`` (simple_spread);
-- ``offline.py --json`` files: each run's ``eval_return_mean``, per algorithm and dataset, and with
-  ``--eval-at`` each earlier budget's mean return.
+- ``offline.py --json`` files: each run's ``eval_return_mean``, per algorithm and dataset (told
+  apart by the dataset's mean return: the same id recorded on another machine is another dataset),
+  and with ``--eval-at`` each earlier budget's mean return.
 
 Usage::
 
@@ -113,8 +114,10 @@ def final_returns(path: Path) -> list[tuple[str, str, int, float]]:
             if variant == "ours":
                 variant += offline_flags(content["args"], run["algo"])
             shared = offline_flags(content["args"], run["algo"], SHARED_OPTIONS)
+            # The dataset's own return tells two recordings of one id apart (each machine makes its own).
+            data = f" (data {run['dataset_return_mean']:.1f})" if "dataset_return_mean" in run else ""
             for steps, value in budgets.items():
-                task = f"{run['algo']} {run['dataset']}, {steps:,} gradient steps{shared}"
+                task = f"{run['algo']} {run['dataset']}{data}, {steps:,} gradient steps{shared}"
                 found.append((task, variant, run["seed"], value))
     return found
 

@@ -81,6 +81,13 @@ def test_the_report_pools_every_kind_of_result_file_once_per_seed(seed_noise, tm
             for variant, seed, value in [("ours", 0, -200.0), ("ours", 1, -210.0), ("d3rlpy", 0, -300.0),
                                          ("d3rlpy", 1, -310.0)]
         ]},
+        # The same id recorded elsewhere (another mean return): another task, though its seeds repeat.
+        "cql_other_recording.json": {"args": {"steps": 4000}, "runs": [
+            {"variant": variant, "algo": "cql", "dataset": "pendulum/sac-medium-v0", "seed": seed,
+             "eval_return_mean": value, "dataset_return_mean": -436.2}
+            for variant, seed, value in [("ours", 0, -440.0), ("ours", 1, -430.0), ("d3rlpy", 0, -460.0),
+                                         ("d3rlpy", 1, -470.0)]
+        ]},
     }  # fmt: skip
     for name, content in files.items():
         (tmp_path / name).write_text(json.dumps(content))
@@ -99,6 +106,8 @@ def test_the_report_pools_every_kind_of_result_file_once_per_seed(seed_noise, tm
     assert f"{matched} --cql-critic-eps 5e-09 - d3rlpy: median gap -50.00" in out
     weight_1 = out.split("cql pendulum/sac-medium-v0, 4,000 gradient steps --cql-weight 1.0:\n")[1]
     assert "ours - d3rlpy: median gap +100.00" in weight_1.split(":\n")[0]
+    elsewhere = out.split("cql pendulum/sac-medium-v0 (data -436.2), 4,000 gradient steps:\n")[1]
+    assert "ours - d3rlpy: median gap +30.00" in elsewhere.split(":\n")[0]
     assert "dqn_lunarlander, 200 env steps:" in out and "simple_spread, 800 env steps:" in out  # random's own budget
 
 
