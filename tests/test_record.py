@@ -6,6 +6,7 @@ A dataset is checked by reading it back with ``minari.load_dataset``.
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -426,8 +427,12 @@ def test_make_offline_datasets_quick_makes_the_four_datasets(tmp_path, datasets_
     arguments = ["--quick", "--out", str(datasets_root), "--runs", str(tmp_path / "runs")]
     monkeypatch.setattr(sys, "argv", ["make_offline_datasets.py", *arguments])
     load_example("make_offline_datasets").main()
+    out = capsys.readouterr().out
     # Two fits (one records through the callback), three records.
-    assert capsys.readouterr().out.count("$ lightning-rl ") == 5
+    assert out.count("$ lightning-rl ") == 5
+    # Then one line per dataset: its size, mean return and fingerprint.
+    assert re.search(r"^cartpole/mixed-v0: 48 episodes, return mean [-.0-9]+, fingerprint [0-9a-f]{12}$", out, re.M)
+    assert len(re.findall(r", fingerprint [0-9a-f]{12}$", out, re.M)) == 4
     assert sorted(minari.list_local_datasets()) == [
         "cartpole/mixed-v0",
         "cartpole/ppo-expert-v0",
@@ -435,6 +440,28 @@ def test_make_offline_datasets_quick_makes_the_four_datasets(tmp_path, datasets_
         "pendulum/sac-medium-v0",
     ]
     assert minari.load_dataset("cartpole/mixed-v0").total_episodes == 48
+
+
+def test_make_offline_datasets_starts_again_under_the_reproducible_kernels_once(monkeypatch):
+    script = load_example("make_offline_datasets")
+    started = []
+    monkeypatch.setattr(script.os, "execve", lambda path, argv, env: started.append((argv, env)))
+    monkeypatch.setattr(sys, "argv", ["make_offline_datasets.py", "--quick"])
+    for name in script.REPRODUCIBLE_KERNELS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MKL_CBWR", "AUTO")  # the user's own choice stays
+
+    script._restart_with_reproducible_kernels()
+    [(argv, env)] = started
+    assert argv == [sys.executable, "make_offline_datasets.py", "--quick"]
+    assert env["MKL_CBWR"] == "AUTO"
+    assert env["ATEN_CPU_CAPABILITY"] == "default"
+    assert env["GLIBC_TUNABLES"] == script.REPRODUCIBLE_KERNELS["GLIBC_TUNABLES"]
+
+    for name in script.REPRODUCIBLE_KERNELS:  # the new process has them all: it runs on
+        monkeypatch.setenv(name, env[name])
+    script._restart_with_reproducible_kernels()
+    assert len(started) == 1
 
 
 def test_make_offline_datasets_stops_at_a_failing_command_with_its_status(tmp_path, capsys, monkeypatch):
