@@ -34,7 +34,7 @@ from lightning.pytorch import Trainer, seed_everything
 
 from lightning_rl.algorithms.bc import BCLearner
 from lightning_rl.algorithms.marwil import MARWILLearner
-from lightning_rl.cli.evaluate_command import episode_stats, run_episodes
+from lightning_rl.cli.evaluate_command import PolicyActor, episode_stats, run_episodes
 from lightning_rl.data import OfflineDataModule
 from lightning_rl.policy import Policy
 
@@ -111,7 +111,8 @@ def train_and_evaluate(
     returns = []
     for deterministic in (True, False):
         envs = [gym.make("CartPole-v1") for _ in range(min(8, episodes))]
-        played = run_episodes(envs, lambda obs: policy.act(obs, deterministic=deterministic), EVALUATION_SEED, episodes)
+        actor = PolicyActor(policy, deterministic=deterministic, num_envs=len(envs))
+        played = run_episodes(envs, actor, EVALUATION_SEED, episodes)
         returns.append(float(np.mean(episode_stats(played).returns)))
     return returns[0], returns[1]
 
