@@ -101,6 +101,8 @@ def image_batch(rows: int = 16, seed: int = 0, *, box_actions: bool) -> dict[str
         Columns.TERMINATEDS: torch.as_tensor(rng.random(rows) < 0.25),
         Columns.TRUNCATEDS: torch.zeros(rows, dtype=torch.bool),
         Columns.VALUE_TARGETS: torch.as_tensor(rng.normal(size=rows), dtype=torch.float32),
+        Columns.BOOTSTRAP_OBS: torch.as_tensor(rng.integers(0, 256, (rows, *IMAGE_SHAPE)), dtype=torch.uint8),
+        Columns.BOOTSTRAP_DISCOUNT: torch.as_tensor(rng.uniform(0.0, 1.0, rows), dtype=torch.float32),
     }
 
 

@@ -43,7 +43,16 @@ def dataset_rows(rows: int = 32, seed: int = 0, action_space: gym.Space = DISCRE
         Columns.ACTIONS: torch.as_tensor(actions),
         Columns.REWARDS: torch.as_tensor(rng.normal(size=rows), dtype=torch.float32),
         Columns.VALUE_TARGETS: torch.as_tensor(rng.normal(3.0, 2.0, size=rows), dtype=torch.float32),
+        Columns.BOOTSTRAP_OBS: torch.as_tensor(rng.normal(size=(rows, 3)), dtype=torch.float32),
+        Columns.BOOTSTRAP_DISCOUNT: torch.as_tensor(rng.uniform(0.0, 1.0, size=rows), dtype=torch.float32),
     }
+
+
+def full_targets(module: MARWILModule, rows: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The rows' value targets completed with the module's value of each episode's final observation."""
+    with torch.no_grad():
+        final_values = module.compute_values({Columns.OBS: rows[Columns.BOOTSTRAP_OBS]})
+    return rows[Columns.VALUE_TARGETS] + rows[Columns.BOOTSTRAP_DISCOUNT] * final_values
 
 
 def built(**kwargs) -> MARWILLearner:
@@ -84,12 +93,23 @@ def test_beta_zero_takes_exactly_the_steps_of_bc(action_space: gym.Space):
 def test_beta_zero_needs_no_value_targets_but_beta_above_zero_does():
     assert built(beta=0.0).required_batch_columns(MODULE_ID) == [Columns.OBS, Columns.ACTIONS]
     learner = built(beta=1.0)
-    assert Columns.VALUE_TARGETS in learner.required_batch_columns(MODULE_ID)
+    assert learner.required_batch_columns(MODULE_ID) == [
+        Columns.OBS,
+        Columns.ACTIONS,
+        Columns.VALUE_TARGETS,
+        Columns.BOOTSTRAP_OBS,
+        Columns.BOOTSTRAP_DISCOUNT,
+    ]
     rows = dataset_rows()
-    del rows[Columns.VALUE_TARGETS]
-    with pytest.raises(ValueError, match="value_targets"):
+    del rows[Columns.VALUE_TARGETS], rows[Columns.BOOTSTRAP_DISCOUNT]
+    with pytest.raises(ValueError, match=r"lacks column\(s\) \['value_targets', 'bootstrap_discount'\]"):
         learner.update_from_batch(rows)
     built(beta=0.0).update_from_batch(rows)  # BC trains on (obs, actions) alone
+    # A recurrent module completes no targets (its value of the final observation needs the episode's state).
+    recurrent = MARWILLearner(spec(use_lstm=True, max_seq_len=4), beta=1.0)
+    assert recurrent.required_batch_columns(MODULE_ID)[-1] == Columns.VALUE_TARGETS  # asked before the build
+    recurrent.build()
+    assert recurrent.required_batch_columns(MODULE_ID) == [Columns.OBS, Columns.ACTIONS, Columns.VALUE_TARGETS]
 
 
 # ---- The loss by hand ------------------------------------------------------------------
@@ -113,30 +133,35 @@ def test_loss_weights_and_moving_average_against_hand_computed_values():
         Columns.OBS: torch.randn(2, 3),
         Columns.ACTIONS: torch.tensor([0, 1]),
         Columns.VALUE_TARGETS: torch.tensor([3.0, -1.0]),
+        # The first row's episode was truncated with half the discount left; the second's terminated.
+        Columns.BOOTSTRAP_OBS: torch.randn(2, 3),
+        Columns.BOOTSTRAP_DISCOUNT: torch.tensor([0.5, 0.0]),
     }
-    # By hand: A = R - V = [2, -2]; mean(A^2) = 4; ma = 12 + 0.5 * (4 - 12) = 8;
-    # w = exp(A / sqrt(8)); policy loss = -mean(w) * log(1/2); value loss = 0.5 * 4 = 2.
-    weights = [math.exp(2 / math.sqrt(8)), math.exp(-2 / math.sqrt(8))]
+    # By hand: R = [3 + 0.5 * V(s_T), -1] = [3.5, -1]; A = R - V = [2.5, -2]; mean(A^2) = 5.125;
+    # ma = 12 + 0.5 * (5.125 - 12) = 8.5625; w = exp(A / sqrt(ma)); policy loss = -mean(w) * log(1/2);
+    # value loss = 0.5 * 5.125.
+    weights = [math.exp(2.5 / math.sqrt(8.5625)), math.exp(-2 / math.sqrt(8.5625))]
     policy_loss = math.log(2) * (weights[0] + weights[1]) / 2
-    total = policy_loss + 0.5 * 2.0
+    total = policy_loss + 0.5 * 0.5 * 5.125
 
     fwd_out = module.forward_train(batch)
     loss = learner.compute_loss_for_module(
         module_id=MODULE_ID, config=learner.config_for_module(MODULE_ID), batch=batch, fwd_out=fwd_out
     )
     assert loss.item() == pytest.approx(total, rel=1e-6)
-    assert module.moving_avg_sqd_adv_norm.item() == pytest.approx(8.0)
+    assert module.moving_avg_sqd_adv_norm.item() == pytest.approx(8.5625)
 
     module.moving_avg_sqd_adv_norm.fill_(12.0)
     learner.metrics.reduce()  # drop the values the direct call logged
     results = learner.update_from_batch(batch)[MODULE_ID]
     assert results["policy_loss"] == pytest.approx(policy_loss, rel=1e-6)
-    assert results["vf_loss"] == pytest.approx(2.0)
+    assert results["vf_loss"] == pytest.approx(0.5 * 5.125)
     assert results["total_loss"] == pytest.approx(total, rel=1e-6)
-    assert results["moving_avg_sqd_adv_norm"] == pytest.approx(8.0)
+    assert results["moving_avg_sqd_adv_norm"] == pytest.approx(8.5625)
     # The weights are constants: the policy's gradient is that of -mean(w * logp) with w fixed,
-    # the value network's that of vf_coeff * 0.5 * mean(A^2) (d/dbias = -vf_coeff * mean(A) = 0 here).
-    assert module.vf[-1].bias.grad.item() == pytest.approx(0.0, abs=1e-6)
+    # the value network's that of vf_coeff * 0.5 * mean(A^2) with the target fixed too, V(s_T)
+    # included: d/dbias = -vf_coeff * mean(A) = -0.125 (through V(s_T) as well it would be 0.1875).
+    assert module.vf[-1].bias.grad.item() == pytest.approx(-0.125, abs=1e-6)
     probs_grad = torch.tensor([-(weights[0] - 0.5 * sum(weights)), -(weights[1] - 0.5 * sum(weights))]) / 2
     torch.testing.assert_close(module.pi[-1].bias.grad, probs_grad.float(), rtol=1e-5, atol=1e-6)
 
@@ -152,7 +177,7 @@ def test_the_moving_average_is_updated_once_per_minibatch():
     with torch.no_grad():
         for index in (slice(0, 8), slice(8, 16)):  # two minibatches of 8, in order (no shuffling)
             values = module.compute_values({Columns.OBS: rows[Columns.OBS][index]})
-            expected += 0.25 * ((rows[Columns.VALUE_TARGETS][index] - values).pow(2).mean().item() - expected)
+            expected += 0.25 * ((full_targets(module, rows)[index] - values).pow(2).mean().item() - expected)
     results = learner.update_from_batch(rows, minibatch_size=8)[MODULE_ID]
     assert module.moving_avg_sqd_adv_norm.item() == pytest.approx(expected, rel=1e-6)
     assert results["moving_avg_sqd_adv_norm"] == pytest.approx(expected, rel=1e-6)  # the last value
@@ -282,6 +307,8 @@ def test_marwil_prefers_the_high_return_action_where_bc_copies_the_mix():
         Columns.OBS: rng.normal(size=(rows, 3)).astype(np.float32),
         Columns.ACTIONS: actions,
         Columns.VALUE_TARGETS: (actions == 0).astype(np.float32),
+        Columns.BOOTSTRAP_OBS: np.zeros((rows, 3), np.float32),
+        Columns.BOOTSTRAP_DISCOUNT: np.zeros(rows, np.float32),  # every episode terminated
     }
     good_share = float((actions == 0).mean())
     probabilities = {}

@@ -187,6 +187,8 @@ def expert_batch(env: MatchTargetsEnv | ReachTargetsEnv, rows: int, seed: int = 
         Columns.OBS: np.stack(obs),
         Columns.ACTIONS: np.stack(actions),
         Columns.VALUE_TARGETS: np.ones(rows, np.float32),
+        Columns.BOOTSTRAP_OBS: np.stack(obs),
+        Columns.BOOTSTRAP_DISCOUNT: np.zeros(rows, np.float32),
     }
 
 

@@ -7,6 +7,7 @@ observations ``[episode, step]`` so that every row says where it came from.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -157,17 +158,24 @@ def test_rows_hold_every_column_with_final_observations_and_episode_ends():
     assert rows[Columns.TRUNCATEDS].tolist() == [False, False, False, False, True]
 
 
-def test_value_targets_are_the_discounted_return_to_go_within_each_episode():
+def test_value_targets_are_the_discounted_return_to_go_and_what_completes_them_the_final_observation():
+    cut_short = hand_episode(2, 1, terminated=False, rewards=[7.0])
+    cut_short = dataclasses.replace(cut_short, truncations=[False])  # a recording stopped mid-episode
     episodes = [
         hand_episode(0, 3, terminated=True, rewards=[1.0, 2.0, 3.0]),
         hand_episode(1, 2, terminated=False, rewards=[4.0, 5.0]),
+        cut_short,
     ]
     minari.create_dataset_from_buffers(
         "test/returns-v0", episodes, observation_space=HAND_OBS_SPACE, action_space=HAND_ACT_SPACE
     )
-    rows = stream_of("test/returns-v0", [Columns.VALUE_TARGETS], gamma=0.5).rows(0, 5)
-    # 1 + .5*2 + .25*3, 2 + .5*3, 3 | truncated: no bootstrap, 4 + .5*5, 5
-    assert rows[Columns.VALUE_TARGETS].tolist() == [2.75, 3.5, 3.0, 6.5, 5.0]
+    columns = [Columns.VALUE_TARGETS, Columns.BOOTSTRAP_OBS, Columns.BOOTSTRAP_DISCOUNT]
+    rows = stream_of("test/returns-v0", columns, gamma=0.5).rows(0, 6)
+    # 1 + .5*2 + .25*3, 2 + .5*3, 3 | truncated: 4 + .5*5, 5 | cut short: 7
+    assert rows[Columns.VALUE_TARGETS].tolist() == [2.75, 3.5, 3.0, 6.5, 5.0, 7.0]
+    # The value of the final observation completes them where the episode did not terminate.
+    assert rows[Columns.BOOTSTRAP_DISCOUNT].tolist() == [0.0, 0.0, 0.0, 0.25, 0.5, 0.5]
+    assert row_ids(rows[Columns.BOOTSTRAP_OBS]) == [(0, 3)] * 3 + [(1, 2)] * 2 + [(2, 1)]
 
 
 def test_shuffling_is_a_function_of_the_seed_and_differs_across_passes():
@@ -239,11 +247,14 @@ def test_streaming_reads_windows_of_episodes_and_yields_every_row_once_per_pass(
     assert row_ids(unshuffled.rows(0, num_rows)[Columns.OBS]) == expected
 
     # Windows hold whole episodes, so returns-to-go are those of the whole episode, as in memory.
-    columns = [Columns.OBS, Columns.VALUE_TARGETS]
+    # and so are their final observations and discounts.
+    columns = [Columns.OBS, Columns.VALUE_TARGETS, Columns.BOOTSTRAP_OBS, Columns.BOOTSTRAP_DISCOUNT]
     windows = stream_of("test/stream-v0", columns, seed=1, shuffle=True, window_rows=10, gamma=0.9).rows(0, num_rows)
     whole = stream_of("test/stream-v0", columns, gamma=0.9).rows(0, num_rows)
-    by_row = dict(zip(row_ids(whole[Columns.OBS]), whole[Columns.VALUE_TARGETS].tolist()))
-    assert [by_row[row] for row in row_ids(windows[Columns.OBS])] == windows[Columns.VALUE_TARGETS].tolist()
+    for column in columns[1:]:
+        values = whole[column].tolist()
+        by_row = dict(zip(row_ids(whole[Columns.OBS]), values))
+        assert [by_row[row] for row in row_ids(windows[Columns.OBS])] == windows[column].tolist(), column
 
 
 def test_in_memory_is_chosen_by_size_unless_set(monkeypatch):

@@ -2,14 +2,21 @@
 
 Behaviour cloning whose log-likelihood terms are weighted by how much better than expected
 each recorded action turned out. Per batch of dataset rows ``(s, a, R)``, with ``R`` the
-discounted return-to-go within the recorded episode (``value_targets``):
+discounted return of the rest of the recorded episode (``value_targets``), completed by the
+value of its final observation ``s_T`` if the episode did not terminate (it was truncated):
 
+    R            = value_targets + bootstrap_discount * V(s_T)     (gamma^(T - t), or 0; detached)
     A            = R - V(s)
     ma          <- ma + rate * (mean(A^2) - ma)                  (a moving average, per module)
     w            = exp(beta * A / (1e-8 + sqrt(ma)))              (detached)
     policy loss  = -mean(w * log pi(a|s))
     value loss   = 0.5 * mean(A^2)
     loss         = policy loss + vf_coeff * value loss
+
+This is RLlib's target (GAE with ``lambda = 1`` over the episode plus one step), computed per
+minibatch with the value network of the moment. A recurrent module's targets are the
+return-to-go alone: its value of ``s_T`` needs the state at the episode's end, which a
+sequence cut from the middle of an episode does not reach.
 
 With ``beta == 0`` it is behaviour cloning, as in RLlib: no advantages, no value loss (the
 value network gets no gradient) and weights of one, so the policy takes exactly
@@ -33,7 +40,7 @@ from lightning_rl.core.batch import masked_mean
 from lightning_rl.core.columns import Columns
 from lightning_rl.core.encoders import build_observation_encoder
 from lightning_rl.core.mlp import build_mlp_from_config
-from lightning_rl.core.recurrent import RecurrentCore, encode_steps
+from lightning_rl.core.recurrent import RecurrentCore, encode_steps, is_recurrent_config
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.learner_config import LearnerConfig
 from lightning_rl.learner.learner import Learner, algorithm_module_spec
@@ -189,10 +196,17 @@ class MARWILLearner(Learner):
         super().__init__(algorithm_module_spec(module_spec, model_config, MARWILModule, kwargs.get("module")), **kwargs)
 
     def required_batch_columns(self, module_id: str) -> list[str]:
-        """``obs`` and ``actions``; with ``beta > 0`` also ``value_targets`` (BC needs no returns)."""
+        """``obs`` and ``actions``; with ``beta > 0`` also ``value_targets`` (BC needs no returns).
+
+        A feed-forward module's batch also holds ``bootstrap_obs`` and ``bootstrap_discount``,
+        which complete the targets of episodes that did not terminate (a batch whose targets
+        need no completing has ``bootstrap_discount`` 0).
+        """
         if self.config_for_module(module_id).beta == 0:
             return [Columns.OBS, Columns.ACTIONS]
-        return [Columns.OBS, Columns.ACTIONS, Columns.VALUE_TARGETS]
+        if self._is_stateful(module_id):
+            return [Columns.OBS, Columns.ACTIONS, Columns.VALUE_TARGETS]
+        return [Columns.OBS, Columns.ACTIONS, Columns.VALUE_TARGETS, Columns.BOOTSTRAP_OBS, Columns.BOOTSTRAP_DISCOUNT]
 
     def configure_optimizers_for_module(self, module_id: str, config: LearnerConfig) -> None:
         """Set the module's moving average to ``moving_average_sqd_adv_norm_start``; register one Adam.
@@ -233,7 +247,8 @@ class MARWILLearner(Learner):
             return policy_loss
 
         values = fwd_out[Columns.VF_PREDS]
-        advantages = batch[Columns.VALUE_TARGETS].float() - values
+        targets = self._value_targets(module, batch)
+        advantages = targets - values
         squared_advantages_mean = masked_mean(advantages.pow(2), mask)
         value_loss = 0.5 * squared_advantages_mean
 
@@ -253,10 +268,27 @@ class MARWILLearner(Learner):
         log((module_id, MOVING_AVG_SQD_ADV_NORM_KEY), moving_avg.clone(), window=1, clear_on_reduce=True)
         with torch.no_grad():
             # Over the real steps, by masked means rather than indexing by the mask (no device sync).
-            targets = batch[Columns.VALUE_TARGETS].float()
             errors = targets - values
             error_var = masked_mean((errors - masked_mean(errors, mask)).pow(2), mask)
             target_var = masked_mean((targets - masked_mean(targets, mask)).pow(2), mask)
             explained = 1 - error_var / target_var.clamp(min=1e-8)
         log((module_id, VF_EXPLAINED_VAR_KEY), explained, window=math.inf, clear_on_reduce=True)
         return policy_loss + config.vf_coeff * value_loss
+
+    def _is_stateful(self, module_id: str) -> bool:
+        """Whether ``module_id`` is recurrent: the built module's answer, else its spec's (the data
+        contract asks before the modules are built)."""
+        if self.module is not None and module_id in self.module:
+            return self.module[module_id].is_stateful()
+        spec = self.module_spec.rl_module_specs.get(module_id)
+        return spec is not None and is_recurrent_config(spec.model_config or {})
+
+    @staticmethod
+    def _value_targets(module: MARWILModule, batch: dict[str, Tensor]) -> Tensor:
+        """``value_targets + bootstrap_discount * V(bootstrap_obs)`` (detached); ``value_targets`` if recurrent."""
+        targets = batch[Columns.VALUE_TARGETS].float()
+        if module.is_stateful():
+            return targets
+        with torch.no_grad():
+            final_values = module.compute_values({Columns.OBS: batch[Columns.BOOTSTRAP_OBS]})
+        return targets + batch[Columns.BOOTSTRAP_DISCOUNT].float() * final_values

@@ -27,6 +27,13 @@ class Columns:
     VF_PREDS = "vf_preds"
     ADVANTAGES = "advantages"
     VALUE_TARGETS = "value_targets"
+    BOOTSTRAP_OBS = "bootstrap_obs"
+    """The observation whose value completes a dataset row's ``value_targets``: the final
+    observation of the row's episode (see :data:`BOOTSTRAP_DISCOUNT`)."""
+    BOOTSTRAP_DISCOUNT = "bootstrap_discount"
+    """``gamma^(T - t)`` for row ``t`` of an episode of ``T`` steps that did not terminate (it was
+    truncated, or its recording stopped), 0 for one that terminated: the discounted return of the
+    whole episode, had it gone on, is ``value_targets + bootstrap_discount * V(bootstrap_obs)``."""
     LOSS_MASK = "loss_mask"
     ACTION_MASK = "action_mask"
     """Which actions are legal, ``[B, n]`` (see :mod:`lightning_rl.core.action_masks`)."""

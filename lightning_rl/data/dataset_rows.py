@@ -5,10 +5,11 @@ A Minari episode of ``T`` steps stores ``T + 1`` observations (the last is the f
 ``obs = observations[t]``, ``new_obs = observations[t + 1]`` (so the last row's ``new_obs``
 is the episode's final observation), ``actions``, ``rewards``, ``terminateds``,
 ``truncateds`` and, on request, ``value_targets``: the discounted return-to-go within the
-episode, with no bootstrap at a truncation. (RLlib's MARWIL adds the value function's
-estimate of a truncated episode's final observation; rows hold no value function, so a
-truncated episode's last steps here have targets below the true return, by
-``gamma^(T - t)`` times the value of its final observation.)
+episode. Rows hold no value function, so the value of what comes after an episode that did
+not terminate (a truncated one) is left to the Learner: on request a row also has
+``bootstrap_obs``, its episode's final observation, and ``bootstrap_discount``,
+``gamma^(T - t)`` (0 if the episode terminated), and ``value_targets + bootstrap_discount *
+V(bootstrap_obs)`` is RLlib's MARWIL target.
 
 ``RowStream`` is an endless, deterministic stream of rows: pass after pass over the
 dataset, each pass in its own order (a generator seeded with ``(seed, pass)``). Any stretch
@@ -42,7 +43,7 @@ from lightning_rl.core.observation_layout import ARRAY_SPACES
 from lightning_rl.core.sequences import sequence_layout
 from lightning_rl.data.minari_io import datasets_root, recover_interrupted_writes, require_minari
 
-#: The columns a dataset row can have (``value_targets`` only when a discount is given).
+#: The columns a dataset row can have (the discounted ones only when a discount is given).
 DATASET_COLUMNS = (
     Columns.OBS,
     Columns.ACTIONS,
@@ -51,7 +52,11 @@ DATASET_COLUMNS = (
     Columns.TERMINATEDS,
     Columns.TRUNCATEDS,
     Columns.VALUE_TARGETS,
+    Columns.BOOTSTRAP_OBS,
+    Columns.BOOTSTRAP_DISCOUNT,
 )
+#: The columns computed with a discount ``gamma``.
+DISCOUNTED_COLUMNS = frozenset({Columns.VALUE_TARGETS, Columns.BOOTSTRAP_DISCOUNT})
 # How to make a dataset, for the error about a missing one.
 RECORD_HINT = (
     "record one with `lightning-rl record --config <config.yaml> --ckpt_path <checkpoint> --num_episodes N "
@@ -184,7 +189,8 @@ class EpisodeRows:
     """Rows of some episodes, as tensors, with observations stored once per step.
 
     ``observations`` holds each episode's ``T + 1`` observations back to back; row ``i``'s
-    ``obs`` is ``observations[obs_index[i]]`` and its ``new_obs`` the next one. Rows are in
+    ``obs`` is ``observations[obs_index[i]]``, its ``new_obs`` the next one and its
+    ``bootstrap_obs`` ``observations[final_obs_index[i]]``, its episode's last. Rows are in
     episode order, episode after episode. Their values were checked when the dataset was
     screened (``dataset_screen.screen_episodes``, which also chose the episodes).
 
@@ -192,7 +198,7 @@ class EpisodeRows:
         dataset: The Minari dataset.
         dataset_id: Its id, for errors.
         episode_indices: Which episodes (Minari episode ids), in this order.
-        gamma: The discount of ``value_targets``; ``None`` computes none.
+        gamma: The discount of ``value_targets`` and ``bootstrap_discount``; ``None`` computes neither.
     """
 
     def __init__(self, dataset: Any, dataset_id: str, episode_indices: Sequence[int], *, gamma: float | None) -> None:
@@ -215,6 +221,7 @@ class EpisodeRows:
         self.obs_index = torch.from_numpy(
             np.concatenate([first + np.arange(steps) for first, steps in zip(first_obs, steps_per_episode)])
         )
+        self.final_obs_index = torch.from_numpy(np.repeat(first_obs + steps_per_episode, steps_per_episode))
         self.observations = _as_tensor(np.concatenate(observations), observation_space)
         self.columns: dict[str, torch.Tensor] = {
             Columns.ACTIONS: _as_tensor(np.concatenate(actions), action_space),
@@ -227,6 +234,11 @@ class EpisodeRows:
                 self.columns[Columns.REWARDS].double(), torch.from_numpy(steps_per_episode), gamma
             )
             self.columns[Columns.VALUE_TARGETS] = returns.float()
+            # Steps from each row to its episode's end, T - t; no bootstrap after a termination.
+            steps_left = (self.final_obs_index - self.obs_index).double()
+            terminated = torch.from_numpy(np.repeat([bool(t[-1:].any()) for t in terminateds], steps_per_episode))
+            discount = torch.where(terminated, 0.0, torch.pow(gamma, steps_left))
+            self.columns[Columns.BOOTSTRAP_DISCOUNT] = discount.float()
 
     def __len__(self) -> int:
         return len(self.obs_index)
@@ -246,6 +258,9 @@ class EpisodeRows:
                 out[column] = torch.index_select(self.observations, 0, index)
             elif column == Columns.NEXT_OBS:
                 out[column] = torch.index_select(self.observations, 0, index + 1)
+            elif column == Columns.BOOTSTRAP_OBS:
+                final = torch.index_select(self.final_obs_index, 0, rows)
+                out[column] = torch.index_select(self.observations, 0, final)
             else:
                 out[column] = torch.index_select(self.columns[column], 0, rows)
         return out
@@ -270,7 +285,8 @@ class RowStream:
             use); otherwise read windows of consecutive episodes (in the pass's episode order)
             of about this many rows each, shuffling (or, with ``replacement``, drawing) rows
             within a window.
-        gamma: The discount of ``value_targets`` (needed only when ``columns`` holds it).
+        gamma: The discount of ``value_targets`` and ``bootstrap_discount`` (needed only when
+            ``columns`` holds them).
     """
 
     def __init__(
@@ -295,7 +311,7 @@ class RowStream:
         self.shuffle = shuffle
         self.replacement = replacement
         self.window_rows = window_rows
-        self.gamma = gamma if Columns.VALUE_TARGETS in self.columns else None
+        self.gamma = gamma if DISCOUNTED_COLUMNS & set(self.columns) else None
         self.num_rows = int(self.lengths.sum())
         self._resident: EpisodeRows | None = None  # the whole dataset, when held in memory
         self._layouts: collections.OrderedDict[int, tuple[list[np.ndarray], np.ndarray]] = collections.OrderedDict()
@@ -408,7 +424,8 @@ class SequenceStream:
         replacement: Draw each pass's sequences uniformly at random with replacement instead of
             visiting every sequence once (``visit_order``); needs ``shuffle``.
         max_seq_len: ``T``, the steps of a sequence.
-        gamma: The discount of ``value_targets`` (needed only when ``columns`` holds it).
+        gamma: The discount of ``value_targets`` and ``bootstrap_discount`` (needed only when
+            ``columns`` holds them).
     """
 
     def __init__(
@@ -433,7 +450,7 @@ class SequenceStream:
         self.shuffle = shuffle
         self.replacement = replacement
         self.max_seq_len = max_seq_len
-        self.gamma = gamma if Columns.VALUE_TARGETS in self.columns else None
+        self.gamma = gamma if DISCOUNTED_COLUMNS & set(self.columns) else None
         layout = sequence_layout(torch.from_numpy(np.asarray(lengths, dtype=np.int64)), max_seq_len)
         self.num_sequences = layout.num_sequences
         self._first_row = layout.first_row

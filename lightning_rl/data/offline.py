@@ -56,6 +56,7 @@ from lightning_rl.core.train_item import TrainingData, TrainItem
 from lightning_rl.data.acting_module import check_learner_has_module, learner_acting_module
 from lightning_rl.data.dataset_rows import (
     DATASET_COLUMNS,
+    DISCOUNTED_COLUMNS,
     RowStream,
     SequenceStream,
     check_row_space,
@@ -450,9 +451,9 @@ class OfflineDataModule(RankedDataModule):
             ValueError: If the Learner is not built or has no module ``module_id``; if that
                 module's observation or action space does not fit the dataset's (naming both);
                 if the Learner handed no requirements over; if it requires a column no dataset
-                row has, or ``n_step`` returns; if it requires ``value_targets`` without a
-                ``gamma`` in [0, 1]; or if the module is stateful and the dataset is streamed
-                (``in_memory``).
+                row has, or ``n_step`` returns; if it requires ``value_targets`` or
+                ``bootstrap_discount`` without a ``gamma`` in [0, 1]; or if the module is
+                stateful and the dataset is streamed (``in_memory``).
         """
         learner = self.trainer.lightning_module
         module_id = self.hparams.module_id
@@ -484,12 +485,13 @@ class OfflineDataModule(RankedDataModule):
                 f"offline dataset cannot provide; its rows have {list(DATASET_COLUMNS)}"
             )
         gamma = None
-        if Columns.VALUE_TARGETS in required:
+        discounted = [column for column in required if column in DISCOUNTED_COLUMNS]
+        if discounted:
             gamma = requirements.gamma
             if not isinstance(gamma, (int, float)) or isinstance(gamma, bool) or not 0 <= gamma <= 1:
                 raise ValueError(
-                    f"{requirements.learner} requires value_targets, the discounted return-to-go, but has no "
-                    f"hyperparameter gamma in [0, 1] to discount with (got {gamma!r})"
+                    f"{requirements.learner} requires {' and '.join(discounted)}, computed with a discount, but has "
+                    f"no hyperparameter gamma in [0, 1] to discount with (got {gamma!r})"
                 )
         max_seq_len = requirements.max_seq_lens.get(module_id)
         if max_seq_len is not None and not self.in_memory:
