@@ -15,20 +15,21 @@ its final observation, so these datasets show what that completion is worth.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
-import gymnasium as gym
-import numpy as np
 import torch
-from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch import seed_everything
 
 from lightning_rl.algorithms.marwil import MARWILLearner
-from lightning_rl.cli.evaluate_command import PolicyActor, episode_stats, run_episodes
 from lightning_rl.data import OfflineDataModule
 from lightning_rl.policy import Policy
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from offline_cartpole import fit_one_pass, greedy_and_sampled_returns  # noqa: E402
+
 DATASETS = ("pendulum/sac-medium-replay-v0", "pendulum/sac-medium-v0")
-EVALUATION_SEED = 7_000_000
 
 
 def main() -> None:
@@ -64,25 +65,8 @@ def train_and_evaluate(dataset_id: str, seed: int, args: argparse.Namespace) -> 
         moving_average_sqd_adv_norm_update_rate=args.rate,
     )
     data = OfflineDataModule(dataset_id, batch_size=256, updates_per_epoch=args.steps, seed=seed, evaluation_env=None)
-    trainer = Trainer(
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
-        accelerator="cpu",
-        devices=1,
-    )
-    trainer.fit(learner, datamodule=data)
-    policy = Policy.from_learner(learner)
-    returns = []
-    for deterministic in (True, False):
-        envs = [gym.make("Pendulum-v1") for _ in range(min(10, args.episodes))]
-        actor = PolicyActor(policy, deterministic=deterministic, num_envs=len(envs))
-        returns.append(float(np.mean(episode_stats(run_episodes(envs, actor, EVALUATION_SEED, args.episodes)).returns)))
-    return returns[0], returns[1]
+    fit_one_pass(learner, data)
+    return greedy_and_sampled_returns(Policy.from_learner(learner), "Pendulum-v1", args.episodes, num_envs=10)
 
 
 if __name__ == "__main__":

@@ -95,6 +95,12 @@ def train_and_evaluate(
     data_args = {**content["data"]["init_args"], "dataset_id": dataset_id, "updates_per_epoch": steps, "seed": seed}
     seed_everything(seed, verbose=False)
     learner = learner_class(**{**content["model"]["init_args"], **overrides})
+    fit_one_pass(learner, OfflineDataModule(**data_args))
+    return greedy_and_sampled_returns(Policy.from_learner(learner), "CartPole-v1", episodes)
+
+
+def fit_one_pass(learner: Any, data: OfflineDataModule) -> None:
+    """Train ``learner`` for one epoch of ``data`` (its ``updates_per_epoch``), with no logging or validation."""
     trainer = Trainer(
         max_epochs=1,
         logger=False,
@@ -106,16 +112,19 @@ def train_and_evaluate(
         accelerator="cpu",
         devices=1,
     )
-    trainer.fit(learner, datamodule=OfflineDataModule(**data_args))
-    policy = Policy.from_learner(learner)
+    trainer.fit(learner, datamodule=data)
+
+
+def greedy_and_sampled_returns(policy: Policy, env_id: str, episodes: int, num_envs: int = 8) -> tuple[float, float]:
+    """The mean return of ``episodes`` episodes on seeds ``EVALUATION_SEED + i``, ``num_envs`` at a time:
+    greedy, then sampling (whose draws depend on ``num_envs``: the policy acts on every env at once)."""
     returns = []
     for deterministic in (True, False):
-        envs = [gym.make("CartPole-v1") for _ in range(min(8, episodes))]
+        envs = [gym.make(env_id) for _ in range(min(num_envs, episodes))]
         actor = PolicyActor(policy, deterministic=deterministic, num_envs=len(envs))
         played = run_episodes(envs, actor, EVALUATION_SEED, episodes)
         returns.append(float(np.mean(episode_stats(played).returns)))
     return returns[0], returns[1]
-
 
 if __name__ == "__main__":
     main()
