@@ -7,6 +7,7 @@ observations ``[episode, step]`` so that every row says where it came from.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -645,3 +646,17 @@ def test_evaluation_acts_greedily_unless_evaluation_explore_samples(tmp_path, ex
     )
     # A fresh policy's two actions are about equally likely: sampling departs from the greedy one.
     assert (played != greedy_actions).any() == explore
+
+
+def test_the_offline_benchmark_scripts_train_and_evaluate_on_tiny_datasets(import_benchmark):
+    # The scripts run nowhere else in the suite: this catches an API they use changing under them.
+    make_cartpole_dataset("test/bench-cartpole-v0", num_episodes=2)
+    cartpole = import_benchmark("offline_cartpole")
+    config = cartpole.EXAMPLES / "marwil_cartpole.yaml"
+    greedy, sampled = cartpole.train_and_evaluate(config, "test/bench-cartpole-v0", {}, 3, 0, 2)
+    assert 1 <= greedy <= 500 and 1 <= sampled <= 500
+    make_pendulum_dataset("test/bench-pendulum-v0")
+    pendulum = import_benchmark("marwil_pendulum")
+    settings = argparse.Namespace(rate=0.1, steps=3, episodes=2)
+    greedy, sampled = pendulum.train_and_evaluate("test/bench-pendulum-v0", 0, settings)
+    assert -3000 < greedy < 0 and -3000 < sampled < 0
