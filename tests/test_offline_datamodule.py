@@ -247,14 +247,13 @@ def test_streaming_reads_windows_of_episodes_and_yields_every_row_once_per_pass(
     unshuffled = stream_of("test/stream-v0", [Columns.OBS], shuffle=False, window_rows=10)
     assert row_ids(unshuffled.rows(0, num_rows)[Columns.OBS]) == expected
 
-    # Windows hold whole episodes, so returns-to-go are those of the whole episode, as in memory.
-    # and so are their final observations and discounts.
+    # Windows hold whole episodes, so returns-to-go, final observations and their discounts are
+    # those of the whole episode, as in memory.
     columns = [Columns.OBS, Columns.VALUE_TARGETS, Columns.BOOTSTRAP_OBS, Columns.BOOTSTRAP_DISCOUNT]
     windows = stream_of("test/stream-v0", columns, seed=1, shuffle=True, window_rows=10, gamma=0.9).rows(0, num_rows)
     whole = stream_of("test/stream-v0", columns, gamma=0.9).rows(0, num_rows)
     for column in columns[1:]:
-        values = whole[column].tolist()
-        by_row = dict(zip(row_ids(whole[Columns.OBS]), values))
+        by_row = dict(zip(row_ids(whole[Columns.OBS]), whole[column].tolist()))
         assert [by_row[row] for row in row_ids(windows[Columns.OBS])] == windows[column].tolist(), column
 
 
