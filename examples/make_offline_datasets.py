@@ -197,11 +197,20 @@ def _restart_with_reproducible_kernels() -> None:
     """Start this script again with ``REPRODUCIBLE_KERNELS`` in its environment, unless it has them.
 
     A new process, because glibc reads ``GLIBC_TUNABLES`` as the program loads, and MKL and numpy
-    theirs as they load. A variable already set is kept (set one yourself to choose otherwise).
+    theirs as they load. A variable already set is kept (set one yourself to choose otherwise), and
+    the process that runs says so on stderr, since its datasets may then differ.
     """
     missing = {name: value for name, value in REPRODUCIBLE_KERNELS.items() if name not in os.environ}
     if missing:
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **missing})
+    kept = [f"{name}={os.environ[name]!r}" for name, value in REPRODUCIBLE_KERNELS.items() if os.environ[name] != value]
+    if kept:
+        print(
+            f"make_offline_datasets: keeping your {', '.join(kept)}; the datasets may differ from the fingerprints "
+            "in docs/tutorials/offline.md",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _last_checkpoint(run_dir: Path) -> Path:

@@ -442,26 +442,37 @@ def test_make_offline_datasets_quick_makes_the_four_datasets(tmp_path, datasets_
     assert minari.load_dataset("cartpole/mixed-v0").total_episodes == 48
 
 
-def test_make_offline_datasets_starts_again_under_the_reproducible_kernels_once(monkeypatch):
+def test_make_offline_datasets_starts_again_under_the_reproducible_kernels_once(monkeypatch, capsys):
     script = load_example("make_offline_datasets")
     started = []
-    monkeypatch.setattr(script.os, "execve", lambda path, argv, env: started.append((argv, env)))
+
+    def execve(path: str, argv: list[str], env: dict[str, str]) -> None:
+        started.append((argv, env))
+        raise SystemExit  # execve does not return: this process would end here
+
+    monkeypatch.setattr(script.os, "execve", execve)
     monkeypatch.setattr(sys, "argv", ["make_offline_datasets.py", "--quick"])
     for name in script.REPRODUCIBLE_KERNELS:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("MKL_CBWR", "AUTO")  # the user's own choice stays
 
-    script._restart_with_reproducible_kernels()
+    with pytest.raises(SystemExit):
+        script._restart_with_reproducible_kernels()
     [(argv, env)] = started
     assert argv == [sys.executable, "make_offline_datasets.py", "--quick"]
     assert env["MKL_CBWR"] == "AUTO"
     assert env["ATEN_CPU_CAPABILITY"] == "default"
     assert env["GLIBC_TUNABLES"] == script.REPRODUCIBLE_KERNELS["GLIBC_TUNABLES"]
 
-    for name in script.REPRODUCIBLE_KERNELS:  # the new process has them all: it runs on
+    assert capsys.readouterr().err == ""
+    for name in script.REPRODUCIBLE_KERNELS:  # the new process has them all: it runs on, naming the one kept
         monkeypatch.setenv(name, env[name])
     script._restart_with_reproducible_kernels()
     assert len(started) == 1
+    assert capsys.readouterr().err == (
+        "make_offline_datasets: keeping your MKL_CBWR='AUTO'; the datasets may differ from the fingerprints in "
+        "docs/tutorials/offline.md\n"
+    )
 
 
 def test_make_offline_datasets_stops_at_a_failing_command_with_its_status(tmp_path, capsys, monkeypatch):
