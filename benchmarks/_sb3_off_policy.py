@@ -13,7 +13,8 @@ vector steps and ``learning_starts`` / DQN's ``target_update_interval`` in env s
          decides per train item), but takes its first update only once it holds *more*
          than ``learning_starts`` steps (ours: at least): a ``NOTE`` says when that moves
          the first update.
-  DQN    ``learning_rate=lr``, ``max_grad_norm=grad_clip`` (inf for none), epsilon
+  DQN    ``learning_rate=lr`` (a schedule ``[[timestep, lr], ...]`` as a function of SB3's
+         progress, ``sb3_schedule``), ``max_grad_norm=grad_clip`` (inf for none), epsilon
          ``[[0, e0], [T, e1]]`` as ``exploration_initial_eps=e0``, ``exploration_final_eps=e1``,
          ``exploration_fraction=T / total_timesteps`` (SB3 moves epsilon per vector step,
          ours per train item, and flips one coin per vector step where ours flips one per
@@ -51,6 +52,7 @@ import time
 
 START_TIME = time.time()  # before the heavy imports: the run's clock starts with the script
 
+import bisect
 import json
 import math
 from collections import Counter
@@ -72,9 +74,7 @@ from off_policy import ChildClock, GreedyEvaluation, child_parser, evaluation_du
 
 def unsupported(algo: str, model: dict[str, Any], data: dict[str, Any]) -> str | None:
     """What of the config has no SB3 equivalent here (the run is then left out), or None."""
-    lrs = [model["lr"]] if algo == "dqn" else list(per_optimizer(model, "lr").values())
     checks = [
-        (all(isinstance(lr, (int, float)) for lr in lrs), f"learning-rate schedules {lrs!r}"),
         (not data["prioritized_replay"], "prioritized_replay"),
         (
             isinstance(data["env"], str) and not (data["wrappers"] or data["evaluation_wrappers"]),
@@ -96,6 +96,22 @@ def unsupported(algo: str, model: dict[str, Any], data: dict[str, Any]) -> str |
         ]  # fmt: skip
     missing = [what for ok, what in checks if not ok]
     return ", ".join(missing) if missing else None
+
+
+def sb3_schedule(setting: float | list[list[float]], total_timesteps: int) -> float | Callable[[float], float]:
+    """Our schedule setting as SB3 takes it: a number, or a function of SB3's ``progress_remaining``.
+
+    Our piecewise-linear ``[[timestep, value], ...]`` (held constant outside its timesteps)
+    is read at ``(1 - progress_remaining) * total_timesteps`` env steps.
+    """
+    if isinstance(setting, (int, float)):
+        return float(setting)
+    timesteps, values = zip(*setting)
+
+    def schedule(progress_remaining: float) -> float:
+        return float(np.interp((1.0 - progress_remaining) * total_timesteps, timesteps, values))
+
+    return schedule
 
 
 def per_optimizer(model: dict[str, Any], name: str) -> dict[str, Any]:
@@ -134,7 +150,7 @@ def dqn_sync_note(model: dict[str, Any], data: dict[str, Any], interval: int, bu
     per_vector_step = max(interval // n, 1)
     for c in range(per_vector_step, items * (tf // n) + 1, per_vector_step):
         item = math.ceil(c / (tf // n))
-        sb3[sum(1 for k in sb3_updates if k < item)] += 1
+        sb3[bisect.bisect_left(sb3_updates, item)] += 1  # the updates before this item (sorted)
     common = min(len(ours_updates), len(sb3_updates))
     ours_j = sorted((j, c) for j, c in ours.items() if 0 < j < common)
     sb3_j = sorted((j, c) for j, c in sb3.items() if 0 < j < common)
@@ -167,7 +183,7 @@ def dqn(
     agent = DQN(
         "MlpPolicy",
         env,
-        learning_rate=model["lr"],
+        learning_rate=sb3_schedule(model["lr"], budget),
         buffer_size=data["replay_buffer_capacity"],
         learning_starts=data["learning_starts"],
         batch_size=model["minibatch_size"],
@@ -188,11 +204,13 @@ def dqn(
     return agent, notes
 
 
-def sac(model: dict[str, Any], data: dict[str, Any], env: Any, seed: int, device: str = "cpu") -> tuple[SAC, list[str]]:
+def sac(
+    model: dict[str, Any], data: dict[str, Any], env: Any, budget: int, seed: int, device: str = "cpu"
+) -> tuple[SAC, list[str]]:
     notes = []
     net = model["model_config"]
     lrs = per_optimizer(model, "lr")
-    if len(set(lrs.values())) > 1:
+    if any(lr != lrs["critic"] for lr in lrs.values()):
         notes.append(f"SB3's SAC has one learning rate; ours are {lrs}: SB3 uses the critics' for all three")
     clips = per_optimizer(model, "grad_clip")
     if any(clip is not None for clip in clips.values()):
@@ -205,7 +223,7 @@ def sac(model: dict[str, Any], data: dict[str, Any], env: Any, seed: int, device
     agent = SAC(
         "MlpPolicy",
         env,
-        learning_rate=lrs["critic"],
+        learning_rate=sb3_schedule(lrs["critic"], budget),
         buffer_size=data["replay_buffer_capacity"],
         learning_starts=data["learning_starts"],
         batch_size=model["minibatch_size"],
@@ -285,7 +303,7 @@ def main() -> None:
     if algo == "dqn":
         agent, notes = dqn(model, data, env, args.max_env_steps, args.seed, args.device)
     else:
-        agent, notes = sac(model, data, env, args.seed, args.device)
+        agent, notes = sac(model, data, env, args.max_env_steps, args.seed, args.device)
     tf, ls = data["train_freq"], data["learning_starts"]
     ours_first, sb3_first = first_update(tf, ls, strictly_more=False), first_update(tf, ls, strictly_more=True)
     if ours_first != sb3_first:

@@ -36,7 +36,7 @@ wrappers (the env must be a registered id).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -53,7 +53,7 @@ from lightning_rl.core.recurrent import RECURRENT_KEYS
 
 # Siblings: this directory is on sys.path when a benchmark runs as a script.
 from _handwritten_common import ACTIVATIONS
-from _sb3_off_policy import EvaluateAndTime, dqn, first_update, sac
+from _sb3_off_policy import EvaluateAndTime, dqn, first_update, sac, sb3_schedule
 from _sb3_off_policy import unsupported as unsupported_off_policy
 from off_policy import ChildClock, GreedyEvaluation
 
@@ -95,22 +95,6 @@ def unsupported_ppo(model: dict[str, Any], data: dict[str, Any]) -> str | None:
     ]  # fmt: skip
     missing = [what for ok, what in checks if not ok]
     return ", ".join(missing) if missing else None
-
-
-def sb3_schedule(setting: float | list[list[float]], total_timesteps: int) -> float | Callable[[float], float]:
-    """Our schedule setting as SB3 takes it: a number, or a function of SB3's ``progress_remaining``.
-
-    Our piecewise-linear ``[[timestep, value], ...]`` (held constant outside its timesteps)
-    is read at ``(1 - progress_remaining) * total_timesteps`` env steps.
-    """
-    if isinstance(setting, (int, float)):
-        return float(setting)
-    timesteps, values = zip(*setting)
-
-    def schedule(progress_remaining: float) -> float:
-        return float(np.interp((1.0 - progress_remaining) * total_timesteps, timesteps, values))
-
-    return schedule
 
 
 def sb3_policy_kwargs(model_config: dict[str, Any]) -> dict[str, Any]:
@@ -185,7 +169,7 @@ def run_sb3(record: dict[str, Any], clock: ChildClock, callbacks: Sequence[BaseC
     elif algo == "dqn":
         agent, notes = dqn(model, data, env, budget, seed)
     else:
-        agent, notes = sac(model, data, env, seed)
+        agent, notes = sac(model, data, env, budget, seed)
     if algo != "ppo":
         ours_first = first_update(data["train_freq"], data["learning_starts"], strictly_more=False)
         sb3_first = first_update(data["train_freq"], data["learning_starts"], strictly_more=True)

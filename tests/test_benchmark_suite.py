@@ -124,3 +124,32 @@ def test_sb3_refuses_policy_and_value_networks_of_different_activations(import_b
     assert sb3_suite.unsupported_ppo({**model, "model_config": different}, data) == (
         "policy and value activations 'relu' and 'tanh'"
     )
+
+
+def test_sb3s_dqn_and_sac_follow_our_learning_rate_schedule_over_the_run(import_benchmark):
+    pytest.importorskip("stable_baselines3")
+    import gymnasium as gym
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    off_policy = import_benchmark("_sb3_off_policy")
+    schedule = [[0, 6.3e-4], [3000, 0.0]]  # linear to 0 over the run, in env steps
+    net = {"fcnet_hiddens": [8], "fcnet_activation": "relu"}
+    common = {"lr": schedule, "minibatch_size": 4, "tau": 1.0, "gamma": 0.99, "gradient_steps": 1, "n_step": 1,
+              "target_network_update_freq": 1, "model_config": net}  # fmt: skip
+    data = {"replay_buffer_capacity": 100, "learning_starts": 0, "train_freq": 1, "num_envs": 1,
+            "prioritized_replay": False, "env": "CartPole-v1", "wrappers": None, "evaluation_wrappers": None,
+            "random_actions_before_learning_starts": True}  # fmt: skip
+    dqn_model = {**common, "double_q": False, "td_error_loss_fn": "huber", "epsilon": [[0, 1.0], [1000, 0.1]],
+                 "grad_clip": None, "grad_clip_by": "global_norm"}  # fmt: skip
+    assert off_policy.unsupported("dqn", dqn_model, data) is None  # a schedule is no longer refused
+    agent, _ = off_policy.dqn(dqn_model, data, DummyVecEnv([lambda: gym.make("CartPole-v1")]), 3000, seed=0)
+    # SB3 reads the rate at its progress_remaining = 1 - env steps / budget, as ours reads it at env steps.
+    assert agent.lr_schedule(1.0) == pytest.approx(6.3e-4)
+    assert agent.lr_schedule(0.5) == pytest.approx(3.15e-4)  # 1,500 env steps
+    assert agent.lr_schedule(0.0) == 0.0
+
+    sac_model = {**common, "initial_alpha": 1.0, "target_entropy": "auto", "grad_clip": None,
+                 **{f"{w}_{k}": None for w in ("actor", "critic", "alpha") for k in ("lr", "grad_clip")}}  # fmt: skip
+    box = DummyVecEnv([lambda: gym.make("Pendulum-v1")])
+    agent, notes = off_policy.sac(sac_model, {**data, "env": "Pendulum-v1"}, box, 3000, seed=0)
+    assert agent.lr_schedule(0.25) == pytest.approx(1.575e-4) and notes == []
