@@ -2,7 +2,7 @@
 
 Runs under a Python that has d3rlpy (its own virtual environment; see ``benchmarks/offline.py``),
 so it imports neither lightning_rl nor Minari. It builds d3rlpy's ``CQL`` with the settings of
-``examples/cql_pendulum.yaml`` on Pendulum's shapes (3 observation numbers, 1 action),
+``examples/cql_pendulum.yaml`` but its own penalty weight 5 on Pendulum's shapes (3 observation numbers, 1 action),
 nudges the target critics away from the online ones (as training does), makes a batch of
 Pendulum-like transitions, and saves (``torch.save``, tensors only) the weights in
 lightning_rl's ``CQLModule`` parameter names, the batch (actions in env space, ``[-2, 2]``),

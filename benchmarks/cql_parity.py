@@ -3,10 +3,10 @@
     python benchmarks/cql_parity.py --d3rlpy-python /path/to/d3rlpy-venv/bin/python
 
 ``benchmarks/_d3rlpy_cql_parity.py`` (under ``--d3rlpy-python``) builds d3rlpy's ``CQL`` with the
-settings of ``examples/cql_pendulum.yaml`` on Pendulum's shapes and saves its weights, a batch,
-and what d3rlpy's own methods compute from them. This script loads the weights into a
-``CQLModule`` (d3rlpy's mean and log-std heads stacked into our actor's last layer) and
-compares, on the same batch:
+settings of ``examples/cql_pendulum.yaml`` but d3rlpy's penalty weight 5 on Pendulum's shapes and
+saves its weights, a batch, and what d3rlpy's own methods compute from them. This script loads
+the weights into a ``CQLModule`` (d3rlpy's mean and log-std heads stacked into our actor's last
+layer) and compares, on the same batch:
 
   target        the Bellman target's next-state value, ``min_i Q'_i(s', tanh(mu(s')))``: exact;
   TD loss       the critics' squared TD errors summed over the critics: exact;

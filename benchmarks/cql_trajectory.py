@@ -6,7 +6,7 @@
 over many steps, where a difference in the order of a step's updates, in an optimizer or in the
 target networks' averaging would add up. ``benchmarks/_d3rlpy_cql_trajectory.py`` (under
 ``--d3rlpy-python``) takes ``--steps`` of d3rlpy's own CQL updates (the settings of
-``examples/cql_pendulum.yaml``: lr 1e-4 / 3e-4, penalty weight 5 fixed, 10 sampled actions
+``examples/cql_pendulum.yaml`` but d3rlpy's weight: lr 1e-4 / 3e-4, penalty weight 5 fixed, 10 sampled actions
 of each kind, tau 0.005, the deterministic backup) on Pendulum-like batches, with every random
 draw replaced by noise it saves. This script loads d3rlpy's initial weights into a
 ``CQLLearner`` with ``update_order="critics_first"`` (d3rlpy's order: the critics step, then the

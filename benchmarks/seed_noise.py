@@ -123,7 +123,7 @@ def final_returns(path: Path) -> list[tuple[str, str, int, float]]:
 
 
 def offline_flags(args: dict, algo: str, options: dict[str, Any] = OURS_OPTIONS) -> str:
-    """The ``offline.py`` flags, as written, by which a run differs from the example in ``options``
+    """The ``offline.py`` flags, as written, by which a run differs from the defaults in ``options``
     (``""`` for none): ``OURS_OPTIONS`` for ours' variant, ``SHARED_OPTIONS`` for the task.
 
     ``cql_`` options apply to CQL runs only; an option a file predates counts as its default.
