@@ -12,7 +12,9 @@ A multi-agent checkpoint (a ``MultiAgentDataModule`` run) is played in its Petti
 The env is, in this order: ``--env`` (a registered gymnasium id, or ``module:Id``); the data
 section of ``--config`` (its ``env``, ``env_kwargs`` and evaluation wrappers); or the
 checkpoint's own data-module settings when they name a registered id with no wrappers (a
-checkpoint never makes this command import anything). On an ``AgainstOpponentEnv``,
+checkpoint never makes this command import anything). An offline run's data section (an
+``OfflineDataModule``'s ``dataset_id``) names its env as the data module evaluates in: its
+``evaluation_env``, else the registered env its local Minari dataset was recorded in. On an ``AgainstOpponentEnv``,
 ``--opponent random|heuristic`` replaces the ``opponent`` of its ``env_kwargs``. The policy
 acts through ``Policy.act`` (the saved observation normalization, the greedy action, Box
 clipping; a recurrent policy keeps its state per env, reset where each episode starts).
@@ -50,6 +52,7 @@ from lightning_rl.cli.threads import apply_threads
 from lightning_rl.core.checkpoint import atomic_write, checkpoint_file, read_checkpoint_file
 from lightning_rl.core.observation_layout import ObservationLayout
 from lightning_rl.core.spaces import space_to_dict
+from lightning_rl.data.dataset_rows import open_dataset, recorded_env
 from lightning_rl.data.evaluation_video import encode_gif
 from lightning_rl.env.env_factory import make_env, resolve_env, resolve_wrappers
 from lightning_rl.env.episode import SingleAgentEpisode
@@ -234,10 +237,15 @@ def env_source(
     elif config is not None:
         source = _env_from_config(config, saved_seed)
     else:
+        origin = "the checkpoint"
+        offline = _offline_env(saved, ckpt_path)
+        if offline is not None:
+            (saved["env"], saved["env_kwargs"]), named_by = offline
+            origin = f"the checkpoint's {named_by}"
         problem = _why_not_rebuildable(saved)
         if problem is not None:
             raise CommandError(f"{ckpt_path}: {problem}; pass --env ID or --config your_config.yaml")
-        source = EnvSource(saved["env"], dict(saved.get("env_kwargs") or {}), [], "the checkpoint", saved_seed)
+        source = EnvSource(saved["env"], dict(saved.get("env_kwargs") or {}), [], origin, saved_seed)
     return source if opponent is None else _with_opponent(source, opponent)
 
 
@@ -276,19 +284,53 @@ def _why_not_rebuildable(saved: Mapping[str, Any]) -> str | None:
 
 def _env_from_config(config: Path, saved_seed: int | None) -> EnvSource:
     section = read_data_section(config)
-    env = section.init_args.get("env")
+    env, env_kwargs, origin = section.init_args.get("env"), section.init_args.get("env_kwargs"), "--config"
+    offline = _offline_env(section.init_args, f"--config {config}")
+    if offline is not None:
+        (env, env_kwargs), named_by = offline
+        origin = f"--config's {named_by}"
     if not isinstance(env, str):
         raise CommandError(f"--config {config}: its data section names no env id (env: {env!r})")
     resolve_env(env)
     wrappers = section.init_args.get("evaluation_wrappers")
     wrappers = section.init_args.get("wrappers") if wrappers is None else wrappers
     return EnvSource(
-        env,
-        dict(section.init_args.get("env_kwargs") or {}),
-        list(wrappers or []),
-        "--config",
-        saved_seed if section.seed is None else section.seed,
+        env, dict(env_kwargs or {}), list(wrappers or []), origin, saved_seed if section.seed is None else section.seed
     )
+
+
+def _offline_env(settings: Mapping[str, Any], where: str) -> tuple[tuple[str, dict[str, Any]], str] | None:
+    """An offline data module's evaluation env, as it evaluates: its ``evaluation_env``, else its dataset's env.
+
+    Args:
+        settings: A data module's init arguments (a checkpoint's or a config's).
+        where: The checkpoint's path or ``--config <path>``, for the error.
+
+    Returns:
+        ``((env id, env kwargs), what named it)``: ``"evaluation_env"`` or ``"dataset <id>"``;
+        ``None`` when ``settings`` name no ``dataset_id``, or name an ``env`` (not an
+        ``OfflineDataModule``'s).
+
+    Raises:
+        CommandError: If the dataset is not stored locally (or Minari is missing), or was
+            recorded in an env gymnasium does not have registered; saying to pass ``--env``.
+    """
+    dataset_id = settings.get("dataset_id")
+    if not isinstance(dataset_id, str) or settings.get("env") is not None:
+        return None
+    env_kwargs = dict(settings.get("evaluation_env_kwargs") or {})
+    if settings.get("evaluation_env") is not None:
+        return (settings["evaluation_env"], env_kwargs), "evaluation_env"
+    try:
+        recorded = recorded_env(open_dataset(dataset_id))
+    except (ImportError, ValueError) as error:
+        raise CommandError(f"{where}: pass --env ID; without it the env is the one dataset {dataset_id!r} was "
+                           f"recorded in, and {error}") from None  # fmt: skip
+    if recorded is None:
+        raise CommandError(f"{where}: dataset {dataset_id!r} was recorded in an env gymnasium has not registered; "
+                           "pass --env ID")  # fmt: skip
+    env, spec_kwargs = recorded
+    return (env, {**spec_kwargs, **env_kwargs}), f"dataset {dataset_id}"
 
 
 def play_episodes(

@@ -91,6 +91,26 @@ def open_dataset(dataset_id: str) -> Any:
         raise unreadable_dataset(dataset_id, error) from error
 
 
+def recorded_env(dataset: Any) -> tuple[str, dict[str, Any]] | None:
+    """The id and keyword arguments of the env ``dataset`` was recorded in; ``None`` if gymnasium lacks it.
+
+    The dataset's env spec is data: only its id, when gymnasium has it registered, and its
+    keyword arguments are used (``render_mode`` dropped, a ``max_episode_steps`` other than the
+    registered one kept); its entry point is never imported.
+
+    Args:
+        dataset: An open Minari dataset (``open_dataset``).
+    """
+    spec = dataset.env_spec
+    if spec is None or ":" in spec.id or spec.id not in gym.registry:
+        return None
+    kwargs = {key: value for key, value in (spec.kwargs or {}).items() if key != "render_mode"}
+    registered = gym.registry[spec.id]
+    if spec.max_episode_steps is not None and spec.max_episode_steps != registered.max_episode_steps:
+        kwargs["max_episode_steps"] = spec.max_episode_steps
+    return spec.id, kwargs
+
+
 def _check_spaces_are_stored(dataset_id: str) -> None:
     """Refuse a dataset whose metadata lacks its observation or action space, before Minari opens it.
 

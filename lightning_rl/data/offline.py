@@ -62,6 +62,7 @@ from lightning_rl.data.dataset_rows import (
     check_row_space,
     episode_lengths,
     open_dataset,
+    recorded_env,
 )
 from lightning_rl.data.dataset_screen import Screening, screen_episodes
 from lightning_rl.data.env_sampling import EnvSampling
@@ -221,7 +222,7 @@ class OfflineDataModule(RankedDataModule):
         self._lengths = episode_lengths(self._dataset, dataset_id)
         check_row_space(self._dataset.observation_space, "observation", dataset_id)
         check_row_space(self._dataset.action_space, "action", dataset_id)
-        recorded_in = self._recorded_env()
+        recorded_in = recorded_env(self._dataset)
         if evaluation_env is None and recorded_in is not None:
             env, spec_kwargs = recorded_in
             env_kwargs = {**spec_kwargs, **(evaluation_env_kwargs or {})}
@@ -598,21 +599,6 @@ class OfflineDataModule(RankedDataModule):
             episode_stats_window=self.hparams.evaluation_num_episodes,
             sample_timeout_s=self.hparams.sample_timeout_s,
         )
-
-    def _recorded_env(self) -> tuple[str, dict[str, Any]] | None:
-        """The id and keyword arguments of the env the dataset was recorded in; ``None`` if gymnasium lacks it.
-
-        The dataset's spec is data: only its id, when gymnasium has it registered, and its
-        keyword arguments are used; its entry point is never imported.
-        """
-        spec = self._dataset.env_spec
-        if spec is None or ":" in spec.id or spec.id not in gym.registry:
-            return None
-        kwargs = {key: value for key, value in (spec.kwargs or {}).items() if key != "render_mode"}
-        registered = gym.registry[spec.id]
-        if spec.max_episode_steps is not None and spec.max_episode_steps != registered.max_episode_steps:
-            kwargs["max_episode_steps"] = spec.max_episode_steps
-        return spec.id, kwargs
 
     # ------------------------------------------------------------------------------------
     # The data contract (``lightning_rl.core.data_contract``: this class is a ``DataSource``)
