@@ -434,7 +434,9 @@ def test_bc_on_a_balancing_dataset_balances(tmp_path):
 def test_a_dataset_that_is_not_local_names_the_local_ones_and_how_to_record_one():
     make_hand_dataset("test/present-v0", [2])
     with pytest.raises(
-        ValueError, match=r"'test/absent-v0' is not a local Minari dataset.*test/present-v0.*lightning-rl record"
+        ValueError,
+        match=r"'test/absent-v0' is not a local Minari dataset.*test/present-v0.*lightning-rl record.*"
+        r"examples/make_offline_datasets.py",
     ):
         OfflineDataModule("test/absent-v0")
 

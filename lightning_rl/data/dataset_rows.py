@@ -60,7 +60,8 @@ DISCOUNTED_COLUMNS = frozenset({Columns.VALUE_TARGETS, Columns.BOOTSTRAP_DISCOUN
 # How to make a dataset, for the error about a missing one.
 RECORD_HINT = (
     "record one with `lightning-rl record --config <config.yaml> --ckpt_path <checkpoint> --num_episodes N "
-    "--dataset_id <id>` (or a recording callback during a fit), or put a Minari dataset under $MINARI_DATASETS_PATH"
+    "--dataset_id <id>` (or a recording callback during a fit), or put a Minari dataset under $MINARI_DATASETS_PATH "
+    "(the offline example configs' datasets: `python examples/make_offline_datasets.py` in the repository)"
 )
 # Window caches hold the window being read and the one before it (a minibatch may straddle both).
 _CACHED_WINDOWS = 2
