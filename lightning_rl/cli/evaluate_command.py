@@ -14,10 +14,11 @@ section of ``--config`` (its ``env``, ``env_kwargs`` and evaluation wrappers); o
 checkpoint's own data-module settings when they name a registered id with no wrappers (a
 checkpoint never makes this command import anything). An offline run's data section (an
 ``OfflineDataModule``'s ``dataset_id``) names its env as the data module evaluates in: its
-``evaluation_env``, else the registered env its local Minari dataset was recorded in. On an ``AgainstOpponentEnv``,
-``--opponent random|heuristic`` replaces the ``opponent`` of its ``env_kwargs``. The policy
-acts through ``Policy.act`` (the saved observation normalization, the greedy action, Box
-clipping; a recurrent policy keeps its state per env, reset where each episode starts).
+``evaluation_env``, else the registered env its local Minari dataset was recorded in. On an
+``AgainstOpponentEnv``, ``--opponent random|heuristic`` replaces the ``opponent`` of its
+``env_kwargs``. The policy acts through ``Policy.act`` (the saved observation normalization,
+the greedy action, Box clipping; a recurrent policy keeps its state per env, reset where each
+episode starts).
 Episode ``i`` resets with seed ``S + i``; by default ``S`` is the run's base seed plus ``HELD_OUT_SEED_OFFSET``
 (5,000,000), seeds that the data module reaches only after millions of episodes: its training
 envs reset with ``seed + i + k * num_envs`` and its evaluation envs from ``seed + 1,000,003``,
