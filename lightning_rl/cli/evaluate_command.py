@@ -241,7 +241,7 @@ def env_source(
         origin = "the checkpoint"
         offline = _offline_env(saved, ckpt_path)
         if offline is not None:
-            (saved["env"], saved["env_kwargs"]), named_by = offline
+            saved["env"], saved["env_kwargs"], named_by = offline
             origin = f"the checkpoint's {named_by}"
         problem = _why_not_rebuildable(saved)
         if problem is not None:
@@ -288,7 +288,7 @@ def _env_from_config(config: Path, saved_seed: int | None) -> EnvSource:
     env, env_kwargs, origin = section.init_args.get("env"), section.init_args.get("env_kwargs"), "--config"
     offline = _offline_env(section.init_args, f"--config {config}")
     if offline is not None:
-        (env, env_kwargs), named_by = offline
+        env, env_kwargs, named_by = offline
         origin = f"--config's {named_by}"
     if not isinstance(env, str):
         raise CommandError(f"--config {config}: its data section names no env id (env: {env!r})")
@@ -300,7 +300,7 @@ def _env_from_config(config: Path, saved_seed: int | None) -> EnvSource:
     )
 
 
-def _offline_env(settings: Mapping[str, Any], where: str) -> tuple[tuple[str, dict[str, Any]], str] | None:
+def _offline_env(settings: Mapping[str, Any], where: str) -> tuple[str, dict[str, Any], str] | None:
     """An offline data module's evaluation env, as it evaluates: its ``evaluation_env``, else its dataset's env.
 
     Args:
@@ -308,7 +308,7 @@ def _offline_env(settings: Mapping[str, Any], where: str) -> tuple[tuple[str, di
         where: The checkpoint's path or ``--config <path>``, for the error.
 
     Returns:
-        ``((env id, env kwargs), what named it)``: ``"evaluation_env"`` or ``"dataset <id>"``;
+        ``(env id, env kwargs, what named it)``: ``"evaluation_env"`` or ``"dataset <id>"``;
         ``None`` when ``settings`` name no ``dataset_id``, or name an ``env`` (not an
         ``OfflineDataModule``'s).
 
@@ -321,17 +321,16 @@ def _offline_env(settings: Mapping[str, Any], where: str) -> tuple[tuple[str, di
         return None
     env_kwargs = dict(settings.get("evaluation_env_kwargs") or {})
     if settings.get("evaluation_env") is not None:
-        return (settings["evaluation_env"], env_kwargs), "evaluation_env"
+        return settings["evaluation_env"], env_kwargs, "evaluation_env"
     try:
-        recorded = recorded_env(open_dataset(dataset_id))
+        recorded = recorded_env(open_dataset(dataset_id), env_kwargs)
     except (ImportError, ValueError) as error:
         raise CommandError(f"{where}: pass --env ID; without it the env is the one dataset {dataset_id!r} was "
                            f"recorded in, and {error}") from None  # fmt: skip
     if recorded is None:
         raise CommandError(f"{where}: dataset {dataset_id!r} was recorded in an env gymnasium has not registered; "
                            "pass --env ID")  # fmt: skip
-    env, spec_kwargs = recorded
-    return (env, {**spec_kwargs, **env_kwargs}), f"dataset {dataset_id}"
+    return *recorded, f"dataset {dataset_id}"
 
 
 def play_episodes(

@@ -30,7 +30,7 @@ import collections
 import dataclasses
 import json
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -92,7 +92,7 @@ def open_dataset(dataset_id: str) -> Any:
         raise unreadable_dataset(dataset_id, error) from error
 
 
-def recorded_env(dataset: Any) -> tuple[str, dict[str, Any]] | None:
+def recorded_env(dataset: Any, env_kwargs: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]] | None:
     """The id and keyword arguments of the env ``dataset`` was recorded in; ``None`` if gymnasium lacks it.
 
     The dataset's env spec is data: only its id, when gymnasium has it registered, and its
@@ -101,6 +101,8 @@ def recorded_env(dataset: Any) -> tuple[str, dict[str, Any]] | None:
 
     Args:
         dataset: An open Minari dataset (``open_dataset``).
+        env_kwargs: Keyword arguments over the spec's (``OfflineDataModule``'s
+            ``evaluation_env_kwargs``).
     """
     spec = dataset.env_spec
     if spec is None or ":" in spec.id or spec.id not in gym.registry:
@@ -109,7 +111,7 @@ def recorded_env(dataset: Any) -> tuple[str, dict[str, Any]] | None:
     registered = gym.registry[spec.id]
     if spec.max_episode_steps is not None and spec.max_episode_steps != registered.max_episode_steps:
         kwargs["max_episode_steps"] = spec.max_episode_steps
-    return spec.id, kwargs
+    return spec.id, {**kwargs, **(env_kwargs or {})}
 
 
 def _check_spaces_are_stored(dataset_id: str) -> None:

@@ -222,11 +222,9 @@ class OfflineDataModule(RankedDataModule):
         self._lengths = episode_lengths(self._dataset, dataset_id)
         check_row_space(self._dataset.observation_space, "observation", dataset_id)
         check_row_space(self._dataset.action_space, "action", dataset_id)
-        recorded_in = recorded_env(self._dataset)
-        if evaluation_env is None and recorded_in is not None:
-            env, spec_kwargs = recorded_in
-            env_kwargs = {**spec_kwargs, **(evaluation_env_kwargs or {})}
-            self._evaluation_settings = self._evaluation_env_settings(env, env_kwargs)
+        recorded_in = None if evaluation_env is not None else recorded_env(self._dataset, evaluation_env_kwargs)
+        if recorded_in is not None:
+            self._evaluation_settings = self._evaluation_env_settings(*recorded_in)
         self._rows_drawn = 0  # env steps drawn, over all ranks (the row stream's position)
         self._sequences_drawn = 0  # the sequence stream's position, over all ranks (stateful modules)
         self._max_seq_len: int | None = None  # the module's, when it is stateful
