@@ -126,5 +126,6 @@ def greedy_and_sampled_returns(policy: Policy, env_id: str, episodes: int, num_e
         returns.append(float(np.mean(episode_stats(played).returns)))
     return returns[0], returns[1]
 
+
 if __name__ == "__main__":
     main()
