@@ -105,11 +105,9 @@ def test_beta_zero_needs_no_value_targets_but_beta_above_zero_does():
     with pytest.raises(ValueError, match=r"lacks column\(s\) \['value_targets', 'bootstrap_discount'\]"):
         learner.update_from_batch(rows)
     built(beta=0.0).update_from_batch(rows)  # BC trains on (obs, actions) alone
-    # A recurrent module completes no targets (its value of the final observation needs the episode's state).
+    # A recurrent module completes its targets too (from chunks: tests/test_recurrent_offline.py).
     recurrent = MARWILLearner(spec(use_lstm=True, max_seq_len=4), beta=1.0)
-    assert recurrent.required_batch_columns(MODULE_ID)[-1] == Columns.VALUE_TARGETS  # asked before the build
-    recurrent.build()
-    assert recurrent.required_batch_columns(MODULE_ID) == [Columns.OBS, Columns.ACTIONS, Columns.VALUE_TARGETS]
+    assert recurrent.required_batch_columns(MODULE_ID) == learner.required_batch_columns(MODULE_ID)
 
 
 # ---- The loss by hand ------------------------------------------------------------------

@@ -17,6 +17,7 @@ from lightning_rl.algorithms.dqn import DQNModule
 from lightning_rl.algorithms.marwil import MARWILLearner, MARWILModule
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
 from lightning_rl.core.recurrent import batched_initial_state
+from lightning_rl.core.sequences import from_sequences, sequence_layout, to_sequences
 from lightning_rl.core.rl_module_specs import RLModuleSpec
 from lightning_rl.data import OfflineDataModule
 
@@ -25,7 +26,7 @@ from minari.data_collector import EpisodeBuffer
 from ranks import run_on_ranks
 
 # minari_root: the autouse fixture that gives every test its own dataset folder.
-from test_offline_datamodule import make_hand_dataset, minari_root, offline_trainer  # noqa: F401
+from test_offline_datamodule import hand_episode, make_hand_dataset, minari_root, offline_trainer  # noqa: F401
 
 MODULE_ID = "default_policy"
 OBS = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
@@ -59,6 +60,17 @@ def make_cue_dataset(dataset_id: str, num_episodes: int, steps: int) -> None:
             )
         )
     minari.create_dataset_from_buffers(dataset_id, episodes, observation_space=OBS, action_space=ACTIONS)
+
+
+def terminated_chunks(num_sequences: int, max_seq_len: int) -> dict[str, torch.Tensor]:
+    """Bootstrap columns of sequences from terminated episodes: a discount of 0, so nothing is added."""
+    return {
+        Columns.BOOTSTRAP_OBS: torch.zeros(num_sequences, max_seq_len, 2),
+        Columns.BOOTSTRAP_STEPS: torch.ones(num_sequences, dtype=torch.long),
+        Columns.BOOTSTRAP_PREV_ACTIONS: torch.zeros(num_sequences, max_seq_len, dtype=torch.long),
+        Columns.BOOTSTRAP_PREV_REWARDS: torch.zeros(num_sequences, max_seq_len),
+        Columns.BOOTSTRAP_DISCOUNT: torch.zeros(num_sequences, max_seq_len),
+    }
 
 
 class RecordMinibatches(Callback):
@@ -247,6 +259,106 @@ def test_recurrent_marwil_trains_on_sequences_with_its_value_core(tmp_path):
     assert float(module.moving_avg_sqd_adv_norm) < 100.0
 
 
+def test_a_sequences_bootstrap_chunk_is_its_episodes_last_chunk_ending_in_the_final_observation(tmp_path):
+    # Episodes of 5 (terminates), 3 (truncated) and 4 (terminates) steps, max_seq_len 4: sequences
+    # [0:4] and [4] of episode 0, [0:3] of episode 1, [0:4] of episode 2, in one minibatch.
+    make_hand_dataset("test/seq-bootstrap-v0", [5, 3, 4])
+    config = recurrent_config(4, lstm_use_prev_action=True, lstm_use_prev_reward=True)
+    learner = MARWILLearner(model_config=config, gamma=0.5)
+    data = OfflineDataModule("test/seq-bootstrap-v0", batch_size=16, updates_per_epoch=1, shuffle=False, seed=0)
+    record = RecordMinibatches()
+    offline_trainer(tmp_path, callbacks=[record], limit_val_batches=0).fit(learner, datamodule=data)
+
+    (minibatch,) = record.minibatches
+    # Observation t of episode e is [e, t], the final one t = T; its action t % 3, reward t + 100 e.
+    # Episode 0 (T = 5): steps 4 and 5. Episode 1 (T = 3 < 4): the whole episode and its final
+    # observation. Episode 2 (T = 4, a multiple of 4): the final observation alone.
+    chunk_0 = [[0, 4], [0, 5], [0, 0], [0, 0]]
+    expected = [chunk_0, chunk_0, [[1, 0], [1, 1], [1, 2], [1, 3]], [[2, 4], [0, 0], [0, 0], [0, 0]]]
+    np.testing.assert_array_equal(minibatch[Columns.BOOTSTRAP_OBS].numpy(), expected)
+    assert minibatch[Columns.BOOTSTRAP_STEPS].tolist() == [2, 2, 4, 1]
+    # Each chunk step's previous action and reward: across the cut at step 4, zeros before step 0.
+    assert minibatch[Columns.BOOTSTRAP_PREV_ACTIONS].tolist() == [[0, 1, 0, 0]] * 2 + [[0, 0, 1, 2], [0, 0, 0, 0]]
+    assert minibatch[Columns.BOOTSTRAP_PREV_REWARDS].tolist() == [[3, 4, 0, 0]] * 2 + [[0, 100, 101, 102], [203, 0, 0, 0]]
+    # Only the truncated episode's steps are completed: by gamma^(T - t), none on padding.
+    assert minibatch[Columns.BOOTSTRAP_DISCOUNT].tolist() == [[0] * 4, [0] * 4, [0.125, 0.25, 0.5, 0], [0] * 4]
+
+
+def test_recurrent_marwil_values_the_final_observation_as_the_episode_with_one_more_step(tmp_path):
+    # RLlib's MARWIL adds one time step (the final observation) to each episode and values the
+    # episode cut every max_seq_len steps from zero states; the targets here must equal that.
+    lengths = [5, 7, 3, 8]  # episodes 1 (7 steps) and 3 (8, a multiple of max_seq_len) are truncated
+    make_hand_dataset("test/seq-final-value-v0", lengths)
+    config = recurrent_config(4, lstm_use_prev_action=True, lstm_use_prev_reward=True)
+    torch.manual_seed(0)
+    learner = MARWILLearner(model_config=config, gamma=0.9, lr=0.0)
+    data = OfflineDataModule("test/seq-final-value-v0", batch_size=32, updates_per_epoch=1, shuffle=False, seed=0)
+    record = RecordMinibatches()
+    offline_trainer(tmp_path, callbacks=[record], limit_val_batches=0).fit(learner, datamodule=data)
+    (minibatch,) = record.minibatches
+    module = learner.module[MODULE_ID]
+
+    with torch.no_grad():
+        targets = learner._value_targets(module, minibatch)
+    for episode, steps in enumerate(lengths):
+        # The episode with its final observation as one more step, cut every 4 steps from zero states.
+        layout = sequence_layout(torch.tensor([steps + 1]), 4)
+        step_index = torch.arange(steps + 1, dtype=torch.float32)
+        actions = torch.arange(steps) % 3
+        rewards = torch.arange(steps, dtype=torch.float32) + 100 * episode
+        columns = {
+            Columns.OBS: torch.stack([torch.full((steps + 1,), float(episode)), step_index], dim=1),
+            Columns.PREV_ACTIONS: torch.cat([torch.zeros(1, dtype=torch.long), actions]),
+            Columns.PREV_REWARDS: torch.cat([torch.zeros(1), rewards]),
+        }
+        sequences = {name: to_sequences(values, layout) for name, values in columns.items()}
+        sequences[Columns.STATE_IN] = batched_initial_state(module, layout.num_sequences)
+        with torch.no_grad():
+            final_value = from_sequences(module.compute_values(sequences), layout)[-1]
+        returns = torch.tensor([sum(0.9**k * float(r) for k, r in enumerate(rewards[t:])) for t in range(steps)])
+        discount = 0.9 ** torch.arange(steps, 0, -1, dtype=torch.float32) if episode % 2 else torch.zeros(steps)
+        first_sequence = sum((length + 3) // 4 for length in lengths[:episode])
+        ours = targets[first_sequence : first_sequence + (steps + 3) // 4].reshape(-1)[:steps]
+        torch.testing.assert_close(ours, returns + discount * final_value, rtol=1e-5, atol=1e-3)
+
+
+@pytest.mark.slow
+def test_recurrent_marwil_learns_the_value_of_a_truncated_task_beyond_its_recorded_steps(tmp_path):
+    # Reward 1 at every step of episodes truncated after 6 steps: with gamma 0.5 every state is
+    # worth 1 / (1 - 0.5) = 2. The return-to-go alone would teach 1 at the last step (1.97 at
+    # the first); completed by the value of the final observation, the targets reach 2 everywhere.
+    episodes = [hand_episode(i, 6, terminated=False, rewards=[1.0] * 6) for i in range(4)]
+    minari.create_dataset_from_buffers("test/seq-truncated-v0", episodes, observation_space=OBS, action_space=ACTIONS)
+    torch.manual_seed(0)
+    learner = MARWILLearner(model_config=recurrent_config(4), gamma=0.5, lr=1e-2)
+    data = OfflineDataModule("test/seq-truncated-v0", batch_size=32, updates_per_epoch=400, seed=0)
+    record = RecordMinibatches()
+    offline_trainer(tmp_path, callbacks=[record], limit_val_batches=0).fit(learner, datamodule=data)
+
+    minibatch = record.minibatches[-1]
+    with torch.no_grad():
+        values = learner.module[MODULE_ID].compute_values(minibatch)
+    real = values[minibatch[Columns.LOSS_MASK]]
+    assert torch.allclose(real, torch.full_like(real, 2.0), atol=0.1), real
+
+
+def test_a_recurrent_marwil_batch_without_its_bootstrap_chunks_is_refused_naming_them():
+    learner = MARWILLearner(RLModuleSpec(MARWILModule, OBS, ACTIONS, recurrent_config(3)))
+    learner.build()
+    module = learner.module[MODULE_ID]
+    batch = {
+        Columns.OBS: torch.zeros(1, 3, 2),
+        Columns.ACTIONS: torch.zeros(1, 3, dtype=torch.long),
+        Columns.VALUE_TARGETS: torch.zeros(1, 3),
+        Columns.BOOTSTRAP_OBS: torch.zeros(1, 3, 2),
+        Columns.BOOTSTRAP_DISCOUNT: torch.zeros(1, 3),
+        Columns.LOSS_MASK: torch.ones(1, 3, dtype=torch.bool),
+        Columns.STATE_IN: batched_initial_state(module, 1),
+    }
+    with pytest.raises(ValueError, match=r"the batch lacks \['bootstrap_steps', 'bootstrap_prev_actions', "):
+        learner.update_from_batch({MODULE_ID: batch})
+
+
 def test_the_moving_average_takes_the_squared_advantages_of_real_steps_only():
     learner = MARWILLearner(
         RLModuleSpec(MARWILModule, OBS, ACTIONS, recurrent_config(3)), moving_average_sqd_adv_norm_update_rate=1.0
@@ -260,6 +372,7 @@ def test_the_moving_average_takes_the_squared_advantages_of_real_steps_only():
         Columns.VALUE_TARGETS: torch.tensor([[1.0, 2.0, 1e6]]),  # the padded step's target must not count
         Columns.LOSS_MASK: mask,
         Columns.STATE_IN: batched_initial_state(module, 1),
+        **terminated_chunks(1, 3),
     }
     fwd_out = module.forward_train(batch)
     learner.metrics.reduce()  # nothing logged yet; the loss logs into a fresh window

@@ -14,9 +14,10 @@ value of its final observation ``s_T`` if the episode did not terminate (it was 
     loss         = policy loss + vf_coeff * value loss
 
 This is RLlib's target (GAE with ``lambda = 1`` over the episode plus one step), computed per
-minibatch with the value network of the moment. A recurrent module's targets are the
-return-to-go alone: its value of ``s_T`` needs the state at the episode's end, which a
-sequence cut from the middle of an episode does not reach.
+minibatch with the value network of the moment. A recurrent module values ``s_T`` as RLlib
+does once it has added that step to the episode: its value core runs from the initial state
+over the episode's last chunk of ``max_seq_len`` steps, which ends in ``s_T``
+(``Columns.BOOTSTRAP_STEPS``), as every training sequence starts from it.
 
 With ``beta == 0`` it is behaviour cloning, as in RLlib: no advantages, no value loss (the
 value network gets no gradient) and weights of one, so the policy takes exactly
@@ -40,7 +41,7 @@ from lightning_rl.core.batch import masked_mean
 from lightning_rl.core.columns import Columns
 from lightning_rl.core.encoders import build_observation_encoder
 from lightning_rl.core.mlp import build_mlp_from_config
-from lightning_rl.core.recurrent import RecurrentCore, encode_steps, is_recurrent_config
+from lightning_rl.core.recurrent import RecurrentCore, batched_initial_state, check_has_time_axis, encode_steps
 from lightning_rl.core.rl_module_specs import MultiRLModuleSpec, RLModuleSpec
 from lightning_rl.core.learner_config import LearnerConfig
 from lightning_rl.learner.learner import Learner, algorithm_module_spec
@@ -97,9 +98,12 @@ class MARWILModule(BCModule):
     def compute_values(self, batch: dict[str, Any]) -> Tensor:
         """State values ``V(s)`` of ``batch["obs"]``: shape ``[B]``, or ``[B, T]`` for a recurrent module.
 
+        A recurrent module runs its value core alone (the policy's is not needed).
+
         Args:
             batch: ``{"obs": Tensor[B, ...]}``; a recurrent module's ``{"obs": Tensor[B, T, ...],
-                "state_in": {...}}`` (and ``prev_actions``/``prev_rewards`` when it reads them).
+                "state_in": {...}}`` (the value core's names at least; and ``prev_actions`` /
+                ``prev_rewards`` when it reads them).
 
         Raises:
             ValueError: For an ``inference_only`` module, which has no value network.
@@ -107,7 +111,8 @@ class MARWILModule(BCModule):
         if self.inference_only:
             raise ValueError("this MARWILModule was built with inference_only=True and has no value network")
         if self.recurrent:
-            return self._recurrent_forward(batch, with_values=True)[Columns.VF_PREDS]
+            check_has_time_axis(batch[Columns.OBS], self.observation_space, type(self).__name__)
+            return self._recurrent_values(batch)[0]
         return self.vf(self.vf_obs_encoder(batch[Columns.OBS])).squeeze(-1)
 
     def _forward_train(self, batch: dict[str, Any]) -> dict[str, Any]:
@@ -137,11 +142,16 @@ class MARWILModule(BCModule):
             if with_values:
                 raise ValueError("this MARWILModule was built with inference_only=True and has no value network")
             return out
-        vf_out, vf_state_out = self.vf_core(encode_steps(self.vf_obs_encoder, batch[Columns.OBS]), batch)
+        values, vf_state_out = self._recurrent_values(batch)
         out[Columns.STATE_OUT] = {**out[Columns.STATE_OUT], **vf_state_out}
         if with_values:
-            out[Columns.VF_PREDS] = self.vf(vf_out).squeeze(-1)
+            out[Columns.VF_PREDS] = values
         return out
+
+    def _recurrent_values(self, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
+        """The value network's pass over time: values ``[B, T]`` and the value core's ``state_out``."""
+        vf_out, vf_state_out = self.vf_core(encode_steps(self.vf_obs_encoder, batch[Columns.OBS]), batch)
+        return self.vf(vf_out).squeeze(-1), vf_state_out
 
 
 class MARWILLearner(Learner):
@@ -198,14 +208,14 @@ class MARWILLearner(Learner):
     def required_batch_columns(self, module_id: str) -> list[str]:
         """``obs`` and ``actions``; with ``beta > 0`` also ``value_targets`` (BC needs no returns).
 
-        A feed-forward module's batch also holds ``bootstrap_obs`` and ``bootstrap_discount``,
-        which complete the targets of episodes that did not terminate (a batch whose targets
-        need no completing has ``bootstrap_discount`` 0).
+        The batch also holds ``bootstrap_obs`` and ``bootstrap_discount``, which complete the
+        targets of episodes that did not terminate (a batch whose targets need no completing
+        has ``bootstrap_discount`` 0). A stateful module's sequences carry ``bootstrap_obs`` as
+        chunks, with ``bootstrap_steps`` and the chunks' previous actions and rewards beside
+        them (``Columns.BOOTSTRAP_STEPS``; ``OfflineDataModule`` adds them).
         """
         if self.config_for_module(module_id).beta == 0:
             return [Columns.OBS, Columns.ACTIONS]
-        if self._is_stateful(module_id):
-            return [Columns.OBS, Columns.ACTIONS, Columns.VALUE_TARGETS]
         return [Columns.OBS, Columns.ACTIONS, Columns.VALUE_TARGETS, Columns.BOOTSTRAP_OBS, Columns.BOOTSTRAP_DISCOUNT]
 
     def configure_optimizers_for_module(self, module_id: str, config: LearnerConfig) -> None:
@@ -275,20 +285,50 @@ class MARWILLearner(Learner):
         log((module_id, VF_EXPLAINED_VAR_KEY), explained, window=math.inf, clear_on_reduce=True)
         return policy_loss + config.vf_coeff * value_loss
 
-    def _is_stateful(self, module_id: str) -> bool:
-        """Whether ``module_id`` is recurrent: the built module's answer, else its spec's (the data
-        contract asks before the modules are built)."""
-        if self.module is not None and module_id in self.module:
-            return self.module[module_id].is_stateful()
-        spec = self.module_spec.rl_module_specs.get(module_id)
-        return spec is not None and is_recurrent_config(spec.model_config or {})
-
     @staticmethod
     def _value_targets(module: MARWILModule, batch: dict[str, Tensor]) -> Tensor:
-        """``value_targets + bootstrap_discount * V(bootstrap_obs)`` (detached); ``value_targets`` if recurrent."""
+        """``value_targets + bootstrap_discount * V(s_T)``, detached.
+
+        ``V(s_T)`` is the value of ``bootstrap_obs``; a recurrent module's, the last real
+        output of its value core run from the initial state over each sequence's bootstrap
+        chunk (``_final_values``).
+        """
         targets = batch[Columns.VALUE_TARGETS].float()
-        if module.is_stateful():
-            return targets
         with torch.no_grad():
-            final_values = module.compute_values({Columns.OBS: batch[Columns.BOOTSTRAP_OBS]})
+            if module.is_stateful():
+                final_values = _final_values(module, batch).unsqueeze(1)  # one per sequence, for all its steps
+            else:
+                final_values = module.compute_values({Columns.OBS: batch[Columns.BOOTSTRAP_OBS]})
         return targets + batch[Columns.BOOTSTRAP_DISCOUNT].float() * final_values
+
+
+# A stateful module's bootstrap chunk: the columns beside bootstrap_obs, and the names the value pass reads them by.
+_CHUNK_COLUMNS = {
+    Columns.BOOTSTRAP_PREV_ACTIONS: Columns.PREV_ACTIONS,
+    Columns.BOOTSTRAP_PREV_REWARDS: Columns.PREV_REWARDS,
+}
+
+
+def _final_values(module: MARWILModule, batch: dict[str, Tensor]) -> Tensor:
+    """``V(s_T)`` per sequence ``[S]``: the value core over each bootstrap chunk, from the initial state.
+
+    Raises:
+        ValueError: If the batch lacks ``bootstrap_steps`` or the chunks' previous actions and
+            rewards (a sequence batch made elsewhere than ``OfflineDataModule``), naming them.
+    """
+    missing = [column for column in (Columns.BOOTSTRAP_STEPS, *_CHUNK_COLUMNS) if column not in batch]
+    if missing:
+        raise ValueError(
+            f"a stateful MARWIL module's sequences need {Columns.BOOTSTRAP_OBS!r} as chunks [S, T, ...] with "
+            f"{Columns.BOOTSTRAP_STEPS!r} [S] and each chunk's previous actions and rewards beside it "
+            f"(Columns.BOOTSTRAP_STEPS says which steps; OfflineDataModule adds them); the batch lacks {missing}"
+        )
+    chunks = batch[Columns.BOOTSTRAP_OBS]
+    chunk_batch = {
+        Columns.OBS: chunks,
+        Columns.STATE_IN: batched_initial_state(module, len(chunks)),
+        **{name: batch[column] for column, name in _CHUNK_COLUMNS.items()},
+    }
+    values = module.compute_values(chunk_batch)
+    last = (batch[Columns.BOOTSTRAP_STEPS].long() - 1).unsqueeze(1)
+    return values.gather(1, last).squeeze(1)

@@ -29,7 +29,20 @@ class Columns:
     VALUE_TARGETS = "value_targets"
     BOOTSTRAP_OBS = "bootstrap_obs"
     """The observation whose value completes a dataset row's ``value_targets``: the final
-    observation of the row's episode (see :data:`BOOTSTRAP_DISCOUNT`)."""
+    observation of the row's episode (see :data:`BOOTSTRAP_DISCOUNT`). In a stateful module's
+    sequences, ``[S, T, ...]``: the last chunk of the sequence's episode, ending in that final
+    observation, which a recurrent value network runs over from its initial state (see
+    :data:`BOOTSTRAP_STEPS`)."""
+    BOOTSTRAP_STEPS = "bootstrap_steps"
+    """``[S]``, the real steps of each sequence's ``bootstrap_obs`` chunk; the final observation is
+    its last, at ``bootstrap_steps - 1``. An episode of ``T`` steps cut every ``max_seq_len = L``
+    steps, with its final observation as one step more, has that observation in the chunk
+    starting at step ``L * floor(T / L)``: ``T % L + 1`` steps (RLlib's grid, which values an
+    episode with one time step added at its end)."""
+    BOOTSTRAP_PREV_ACTIONS = "bootstrap_prev_actions"
+    """``[S, T, ...]``: :data:`PREV_ACTIONS` of the ``bootstrap_obs`` chunk's steps."""
+    BOOTSTRAP_PREV_REWARDS = "bootstrap_prev_rewards"
+    """``[S, T]``: :data:`PREV_REWARDS` of the ``bootstrap_obs`` chunk's steps."""
     BOOTSTRAP_DISCOUNT = "bootstrap_discount"
     """``gamma^(T - t)`` for row ``t`` of an episode of ``T`` steps that did not terminate (it was
     truncated, or its recording stopped), 0 for one that terminated: the discounted return of the

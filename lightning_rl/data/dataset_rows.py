@@ -21,7 +21,9 @@ so memory holds at most two windows.
 
 ``SequenceStream`` is the same for a stateful (recurrent) module, in units of sequences:
 each episode cut into sequences of ``max_seq_len`` steps (``core.sequences``), every pass
-visiting all sequences in its own order; it holds the dataset in memory.
+visiting all sequences in its own order; it holds the dataset in memory. A recurrent value
+network values the final observation from a state, so a sequence's ``bootstrap_obs`` is the
+last chunk of its episode, ending in the final observation (``Columns.BOOTSTRAP_STEPS``).
 """
 
 from __future__ import annotations
@@ -483,6 +485,16 @@ class SequenceStream:
         episode_starts = torch.from_numpy(np.cumsum(lengths) - lengths)
         self._starts_episode = torch.zeros(layout.num_rows, dtype=torch.bool)
         self._starts_episode[episode_starts] = True
+        # Each sequence's episode, for its bootstrap chunk: the episode's first row and the chunk's
+        # (steps of the episode, its final observation one step more, cut every max_seq_len steps).
+        episode_steps = torch.from_numpy(np.asarray(lengths, dtype=np.int64))
+        self._episode_of_sequence = torch.repeat_interleave(torch.arange(len(episode_steps)), episode_steps)[
+            layout.first_row
+        ]
+        steps = episode_steps[self._episode_of_sequence]
+        self._episode_first_row = episode_starts[self._episode_of_sequence]
+        self._bootstrap_steps = steps % max_seq_len + 1
+        self._bootstrap_first_row = self._episode_first_row + steps - steps % max_seq_len
         self._rows: EpisodeRows | None = None
         self._orders: collections.OrderedDict[int, torch.Tensor] = collections.OrderedDict()
 
@@ -502,6 +514,9 @@ class SequenceStream:
             ``{column: Tensor[k, T, ...]}`` for ``columns``, plus ``loss_mask [k, T]`` (true on
             real steps), ``prev_actions [k, T, ...]`` and ``prev_rewards [k, T]`` (the action and
             reward of the episode's previous step; zeros at its first step), ``k = stop - start``.
+            With ``bootstrap_obs`` among ``columns``, that column is each sequence's bootstrap
+            chunk (``_bootstrap_chunks``), beside ``bootstrap_steps [k]``,
+            ``bootstrap_prev_actions`` and ``bootstrap_prev_rewards``.
         """
         ids = self._sequence_ids(start, stop)
         count, steps = len(ids), self.max_seq_len
@@ -510,7 +525,7 @@ class SequenceStream:
         # Padding reads row 0 and is zeroed after: one gather per column, no Python loop per step.
         rows = torch.where(real, self._first_row[ids, None] + offsets, 0).reshape(-1)
         episode_rows = self._episode_rows()
-        taken = episode_rows.take(rows, self.columns)
+        taken = episode_rows.take(rows, [column for column in self.columns if column != Columns.BOOTSTRAP_OBS])
         out = {
             column: _zero_where_not(values.reshape(count, steps, *values.shape[1:]), real)
             for column, values in taken.items()
@@ -521,6 +536,45 @@ class SequenceStream:
             values = previous[source]
             out[column] = _zero_where_not(values.reshape(count, steps, *values.shape[1:]), has_previous)
         out[Columns.LOSS_MASK] = real
+        if Columns.BOOTSTRAP_OBS in self.columns:
+            out.update(self._bootstrap_chunks(ids))
+        return out
+
+    def _bootstrap_chunks(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The chunk of each sequence's episode that holds its final observation, zero-padded.
+
+        The episode's ``T`` steps with the final observation as step ``T``, cut every
+        ``max_seq_len = L`` steps as the training sequences are: the chunk of steps
+        ``[L * floor(T / L), T]``. Run from the initial state, as every sequence is, its last
+        output is the value of the final observation that RLlib's MARWIL computes when it adds
+        one time step to each episode.
+
+        Returns:
+            ``bootstrap_obs [k, L, ...]``, ``bootstrap_steps [k]`` (real steps, 1 to ``L``) and
+            ``bootstrap_prev_actions`` / ``bootstrap_prev_rewards`` (the previous step's; zeros
+            at the episode's first step).
+        """
+        episode_rows = self._episode_rows()
+        count, offsets = len(ids), torch.arange(self.max_seq_len)
+        real = offsets < self._bootstrap_steps[ids, None]
+        # Step t of episode e is row (e's first row + t), and observation (that row + e): each
+        # episode stores one observation more than it has rows.
+        chunk_rows = self._bootstrap_first_row[ids, None] + offsets
+        observations = torch.where(real, chunk_rows + self._episode_of_sequence[ids, None], 0).reshape(-1)
+        obs = torch.index_select(episode_rows.observations, 0, observations)
+        out = {
+            Columns.BOOTSTRAP_OBS: _zero_where_not(obs.reshape(count, self.max_seq_len, *obs.shape[1:]), real),
+            Columns.BOOTSTRAP_STEPS: self._bootstrap_steps[ids].clone(),
+        }
+        has_previous = real & (chunk_rows > self._episode_first_row[ids, None])
+        previous_rows = torch.where(has_previous, chunk_rows - 1, 0).reshape(-1)
+        previous = episode_rows.take(previous_rows, [Columns.ACTIONS, Columns.REWARDS])
+        for column, source in (
+            (Columns.BOOTSTRAP_PREV_ACTIONS, Columns.ACTIONS),
+            (Columns.BOOTSTRAP_PREV_REWARDS, Columns.REWARDS),
+        ):
+            values = previous[source]
+            out[column] = _zero_where_not(values.reshape(count, self.max_seq_len, *values.shape[1:]), has_previous)
         return out
 
     def steps(self, start: int, stop: int) -> int:
