@@ -279,7 +279,8 @@ def test_a_sequences_bootstrap_chunk_is_its_episodes_last_chunk_ending_in_the_fi
     assert minibatch[Columns.BOOTSTRAP_STEPS].tolist() == [2, 2, 4, 1]
     # Each chunk step's previous action and reward: across the cut at step 4, zeros before step 0.
     assert minibatch[Columns.BOOTSTRAP_PREV_ACTIONS].tolist() == [[0, 1, 0, 0]] * 2 + [[0, 0, 1, 2], [0, 0, 0, 0]]
-    assert minibatch[Columns.BOOTSTRAP_PREV_REWARDS].tolist() == [[3, 4, 0, 0]] * 2 + [[0, 100, 101, 102], [203, 0, 0, 0]]
+    prev_rewards = [[3, 4, 0, 0]] * 2 + [[0, 100, 101, 102], [203, 0, 0, 0]]
+    assert minibatch[Columns.BOOTSTRAP_PREV_REWARDS].tolist() == prev_rewards
     # Only the truncated episode's steps are completed: by gamma^(T - t), none on padding.
     assert minibatch[Columns.BOOTSTRAP_DISCOUNT].tolist() == [[0] * 4, [0] * 4, [0.125, 0.25, 0.5, 0], [0] * 4]
 
