@@ -658,6 +658,10 @@ def test_the_offline_benchmark_scripts_train_and_evaluate_on_tiny_datasets(impor
     assert 1 <= greedy <= 500 and 1 <= sampled <= 500
     make_pendulum_dataset("test/bench-pendulum-v0")
     pendulum = import_benchmark("marwil_pendulum")
-    settings = argparse.Namespace(rate=0.1, steps=3, episodes=2)
-    greedy, sampled = pendulum.train_and_evaluate("test/bench-pendulum-v0", 0, settings)
+    settings = dict(rate=0.1, steps=3, episodes=2, lstm=None, max_seq_len=20, returns_to_go_only=False)
+    greedy, sampled = pendulum.train_and_evaluate("test/bench-pendulum-v0", 0, argparse.Namespace(**settings))
+    assert -3000 < greedy < 0 and -3000 < sampled < 0
+    # Recurrent modules, and the baseline whose targets are the returns-to-go alone.
+    settings |= dict(lstm=8, max_seq_len=4, returns_to_go_only=True)
+    greedy, sampled = pendulum.train_and_evaluate("test/bench-pendulum-v0", 0, argparse.Namespace(**settings))
     assert -3000 < greedy < 0 and -3000 < sampled < 0

@@ -20,6 +20,8 @@ from lightning_rl.core.recurrent import batched_initial_state
 from lightning_rl.core.sequences import from_sequences, sequence_layout, to_sequences
 from lightning_rl.core.rl_module_specs import RLModuleSpec
 from lightning_rl.data import OfflineDataModule
+from lightning_rl.data.dataset_rows import DATASET_COLUMNS, SequenceStream, episode_lengths, open_dataset
+from lightning_rl.data.dataset_screen import screen_episodes
 
 minari = pytest.importorskip("minari")
 from minari.data_collector import EpisodeBuffer
@@ -205,7 +207,9 @@ def test_padded_steps_get_exactly_zero_gradient():
         assert torch.equal(ours, theirs)
 
 
-def _fit(root: Path, *, max_epochs: int, ckpt_path: str | None = None, every: int | None = None) -> tuple:
+def _fit(
+    root: Path, *, max_epochs: int, ckpt_path: str | None = None, every: int | None = None, in_memory: bool = True
+) -> tuple:
     record = RecordMinibatches()
     callbacks: list[Callback] = [record]
     if every is not None:
@@ -213,7 +217,9 @@ def _fit(root: Path, *, max_epochs: int, ckpt_path: str | None = None, every: in
     torch.manual_seed(0)
     learner = BCLearner(model_config=recurrent_config(3), lr=[[0, 3e-2], [40, 1e-3]])
     # 2 sequences per minibatch of the 2 + 2 + 1 + 2 = 7 per pass: items straddle passes.
-    data = OfflineDataModule("test/resume-seq-v0", batch_size=6, updates_per_epoch=3, seed=3)
+    data = OfflineDataModule(
+        "test/resume-seq-v0", batch_size=6, updates_per_epoch=3, seed=3, in_memory=in_memory, stream_window_rows=6
+    )
     trainer = offline_trainer(
         root, max_epochs=max_epochs, callbacks=callbacks, enable_checkpointing=every is not None, limit_val_batches=0
     )
@@ -385,12 +391,58 @@ def test_the_moving_average_takes_the_squared_advantages_of_real_steps_only():
     assert torch.allclose(module.moving_avg_sqd_adv_norm, expected)
 
 
-def test_a_stateful_module_on_a_streamed_dataset_is_refused_before_training(tmp_path):
-    make_hand_dataset("test/streamed-v0", [4, 4])
-    learner = BCLearner(model_config=recurrent_config(2))
-    data = OfflineDataModule("test/streamed-v0", batch_size=4, updates_per_epoch=1, in_memory=False, seed=0)
-    with pytest.raises(ValueError, match=r"stateful \(recurrent\).*in_memory=True"):
-        offline_trainer(tmp_path, limit_val_batches=0).fit(learner, datamodule=data)
+def sequence_stream_of(dataset_id: str, **kwargs: Any) -> SequenceStream:
+    """A sequence stream of every dataset column (discounted with gamma 0.5), sequences of 4 steps."""
+    dataset = open_dataset(dataset_id)
+    screening = screen_episodes(dataset, dataset_id, episode_lengths(dataset, dataset_id), on_nonfinite="raise")
+    options = dict(seed=1, shuffle=True, replacement=False, max_seq_len=4, window_rows=None, gamma=0.5) | kwargs
+    return SequenceStream(dataset, dataset_id, screening.episodes, columns=list(DATASET_COLUMNS), **options)
+
+
+def by_first_step(sequences: dict[str, torch.Tensor]) -> dict[tuple[int, int], dict[str, torch.Tensor]]:
+    """Each sequence of a hand-made dataset under its first step's ``(episode, step)``."""
+    keys = [(int(e), int(t)) for e, t in sequences[Columns.OBS][:, 0].tolist()]
+    return {key: {column: values[i] for column, values in sequences.items()} for i, key in enumerate(keys)}
+
+
+def test_a_streamed_dataset_yields_every_sequence_once_per_pass_a_window_of_episodes_at_a_time():
+    lengths = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9]  # 27 sequences of up to 4 steps
+    make_hand_dataset("test/stream-seq-v0", lengths)
+    streamed = sequence_stream_of("test/stream-seq-v0", window_rows=12)  # windows of about 3 sequences
+    in_memory = sequence_stream_of("test/stream-seq-v0")
+    count = in_memory.num_sequences
+    assert streamed.num_sequences == count == 27
+
+    resident = by_first_step(in_memory.sequences(0, count))
+    passes = []
+    for p in range(2):
+        pieces = [streamed.sequences(s, min(s + 2, (p + 1) * count)) for s in range(p * count, (p + 1) * count, 2)]
+        drawn = {column: torch.cat([piece[column] for piece in pieces]) for column in pieces[0]}
+        passes.append([(int(e), int(t)) for e, t in drawn[Columns.OBS][:, 0].tolist()])
+        # Every sequence once, each the same as held in memory: its steps, previous steps, targets and chunk.
+        assert sorted(passes[-1]) == sorted(resident)
+        for key, sequence in by_first_step(drawn).items():
+            for column, values in sequence.items():
+                assert torch.equal(values, resident[key][column]), (key, column)
+        assert streamed.steps(p * count, (p + 1) * count) == sum(lengths)
+    assert passes[0] != passes[1]
+    # Whole episodes per window: many windows read, never more than two held.
+    assert streamed.num_windows_read >= 5 and len(streamed._window_rows) <= 2
+    assert passes[0] != [(int(e), int(t)) for e, t in in_memory.sequences(0, count)[Columns.OBS][:, 0].tolist()]
+
+
+def test_a_streamed_recurrent_fit_resumes_with_the_very_sequences_and_weights(tmp_path):
+    make_hand_dataset("test/resume-seq-v0", [4, 5, 3, 6])
+    whole, whole_items, _ = _fit(tmp_path / "whole", max_epochs=3, in_memory=False)
+    _fit(tmp_path / "first", max_epochs=3, every=4, in_memory=False)
+    checkpoint = min((tmp_path / "first" / "ckpt").glob("*.ckpt"), key=lambda path: path.stat().st_mtime_ns)
+    resumed, resumed_items, _ = _fit(tmp_path / "resumed", max_epochs=3, ckpt_path=str(checkpoint), in_memory=False)
+
+    assert resumed_items.timesteps == whole_items.timesteps[4:]
+    for ours, theirs in zip(resumed_items.minibatches, whole_items.minibatches[4:], strict=True):
+        assert torch.equal(ours[Columns.OBS], theirs[Columns.OBS])
+    for name, value in whole.module[MODULE_ID].state_dict().items():
+        assert torch.equal(value, resumed.module[MODULE_ID].state_dict()[name]), name
 
 
 def test_feed_forward_modules_keep_their_layers_and_train_on_rows(tmp_path):

@@ -24,7 +24,8 @@ et al., 2019), which RLlib also uses when episodes carry no ``STATE_OUT``. A seq
 starts mid-episode thus begins without the memory of the steps before it; a ``max_seq_len``
 covering the memory the task needs (or whole episodes) keeps that cost small. The stream
 position is then counted in sequences (``sequences_drawn`` in the checkpoint state), and
-``num_env_steps_sampled_lifetime`` in the real (unpadded) steps of the sequences drawn.
+``num_env_steps_sampled_lifetime`` in the real (unpadded) steps of the sequences drawn. A
+streamed dataset is cut into sequences a window of whole episodes at a time, as rows are.
 
 Before training, the dataset is read through once and every value checked
 (``dataset_screen.screen_episodes``): an action outside a discrete action space is an error;
@@ -128,11 +129,10 @@ class OfflineDataModule(RankedDataModule):
             instead of acting greedily (``forward_inference``), as RLlib evaluates by default.
         in_memory: Hold the whole dataset in memory (``True``) or stream it a window of
             episodes at a time (``False``); ``None`` holds it when its rows take at most
-            ``IN_MEMORY_LIMIT_BYTES`` (2 GiB). A stateful module's sequences are cut from a
-            dataset held in memory.
+            ``IN_MEMORY_LIMIT_BYTES`` (2 GiB).
         stream_window_rows: When streaming, about how many rows each window holds (whole
-            episodes; at most two windows are in memory). Rows are shuffled within a window,
-            windows are whole episodes in a per-pass random order.
+            episodes; at most two windows are in memory). Rows (a stateful module's sequences)
+            are shuffled within a window, windows are whole episodes in a per-pass random order.
         sample_timeout_s: The most seconds one evaluation chunk may take (see ``EnvRunner``).
         on_nonfinite: A NaN or infinite reward, observation or Box action in the dataset, or
             an observation far outside its space's bounds (past them by more than their
@@ -298,10 +298,10 @@ class OfflineDataModule(RankedDataModule):
                 replacement=self.hparams.sample_with_replacement,
                 gamma=self._gamma,
             )
+            window_rows = None if self.in_memory else self.hparams.stream_window_rows
             if self._max_seq_len is not None:
-                self._stream = SequenceStream(*source, max_seq_len=self._max_seq_len, **common)
+                self._stream = SequenceStream(*source, max_seq_len=self._max_seq_len, window_rows=window_rows, **common)
             else:
-                window_rows = None if self.in_memory else self.hparams.stream_window_rows
                 self._stream = RowStream(*source, window_rows=window_rows, **common)
         return self._stream
 
@@ -451,8 +451,7 @@ class OfflineDataModule(RankedDataModule):
                 module's observation or action space does not fit the dataset's (naming both);
                 if the Learner handed no requirements over; if it requires a column no dataset
                 row has, or ``n_step`` returns; if it requires ``value_targets`` or
-                ``bootstrap_discount`` without a ``gamma`` in [0, 1]; or if the module is
-                stateful and the dataset is streamed (``in_memory``).
+                ``bootstrap_discount`` without a ``gamma`` in [0, 1].
         """
         learner = self.trainer.lightning_module
         module_id = self.hparams.module_id
@@ -493,12 +492,6 @@ class OfflineDataModule(RankedDataModule):
                     f"no hyperparameter gamma in [0, 1] to discount with (got {gamma!r})"
                 )
         max_seq_len = requirements.max_seq_lens.get(module_id)
-        if max_seq_len is not None and not self.in_memory:
-            raise ValueError(
-                f"{requirements.learner}'s module {module_id!r} is stateful (recurrent): it trains on sequences cut "
-                f"from the dataset held in memory, but {self.hparams.dataset_id!r} is streamed (in_memory="
-                f"{self.hparams.in_memory!r}, {self.num_rows} rows): set OfflineDataModule(in_memory=True)"
-            )
         if self._columns != required or self._gamma != gamma or self._max_seq_len != max_seq_len:
             self._stream = None
         self._columns, self._gamma, self._max_seq_len = required, gamma, max_seq_len
