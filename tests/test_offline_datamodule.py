@@ -27,7 +27,8 @@ from lightning_rl.algorithms.sac import SACLearner, SACModule
 from lightning_rl.core.columns import NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
 from lightning_rl.core.rl_module_specs import RLModuleSpec
 from lightning_rl.data import OfflineDataModule
-from lightning_rl.data.dataset_rows import RowStream, episode_lengths, open_dataset
+from lightning_rl.data.dataset_rows import episode_lengths, open_dataset
+from lightning_rl.data.dataset_streams import RowStream
 from lightning_rl.data.dataset_screen import screen_episodes
 
 minari = pytest.importorskip("minari")

@@ -20,7 +20,8 @@ from lightning_rl.core.recurrent import batched_initial_state
 from lightning_rl.core.sequences import from_sequences, sequence_layout, to_sequences
 from lightning_rl.core.rl_module_specs import RLModuleSpec
 from lightning_rl.data import OfflineDataModule
-from lightning_rl.data.dataset_rows import DATASET_COLUMNS, SequenceStream, episode_lengths, open_dataset
+from lightning_rl.data.dataset_rows import DATASET_COLUMNS, episode_lengths, open_dataset
+from lightning_rl.data.dataset_streams import SequenceStream
 from lightning_rl.data.dataset_screen import screen_episodes
 
 minari = pytest.importorskip("minari")

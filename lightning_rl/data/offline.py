@@ -4,7 +4,7 @@ Each train item is an iterator of ``iterations_per_update`` minibatches (one by 
 ``batch_size`` rows per rank, which the Learner trains on with ``update_from_iterator``, one
 gradient step per minibatch, as RLlib's offline path does:
 ``TrainItem(TrainingData(data_iterators=[...]), timesteps={...}, update_settings={"minibatch_size": None})``.
-The rows come from one deterministic stream (``dataset_rows.RowStream``): pass after pass
+The rows come from one deterministic stream (``dataset_streams.RowStream``): pass after pass
 over the dataset, each pass shuffled by a generator seeded with ``(seed, pass)``. Under N
 data-parallel ranks, each minibatch is the stretch ``[g, g + N * batch_size)`` of the stream
 (``g`` the rows drawn before it) and rank ``r`` takes its ``r``-th ``batch_size`` rows: the
@@ -14,7 +14,7 @@ interrupted one would have drawn next (on any number of ranks), and it is the
 ``num_env_steps_sampled_lifetime`` that drives the Learner's schedules.
 
 A stateful (recurrent) module (``use_lstm``; the Learner's ``DataRequirements.max_seq_lens``
-names it) trains on sequences instead of rows (``dataset_rows.SequenceStream``): each episode
+names it) trains on sequences instead of rows (``dataset_streams.SequenceStream``): each episode
 cut into sequences of ``max_seq_len`` steps, zero-padded, shuffled per pass, and a minibatch
 of ``max(1, batch_size // max_seq_len)`` sequences per rank: every column ``[S, T, ...]``,
 ``loss_mask [S, T]``, ``prev_actions``/``prev_rewards`` (the episode's previous step; zeros at
@@ -58,14 +58,13 @@ from lightning_rl.data.acting_module import check_learner_has_module, learner_ac
 from lightning_rl.data.dataset_rows import (
     DATASET_COLUMNS,
     DISCOUNTED_COLUMNS,
-    RowStream,
-    SequenceStream,
     check_row_space,
     episode_lengths,
     open_dataset,
     recorded_env,
 )
 from lightning_rl.data.dataset_screen import Screening, screen_episodes
+from lightning_rl.data.dataset_streams import RowStream, SequenceStream
 from lightning_rl.data.env_sampling import EnvSampling
 from lightning_rl.data.ranked_datamodule import RankedDataModule, draw_base_seed
 from lightning_rl.env.env_settings import EnvSettings
