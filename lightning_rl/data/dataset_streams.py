@@ -70,9 +70,7 @@ class EpisodeWindows:
         if pass_index not in self._layouts:
             num_episodes = len(self.items_per_episode)
             episodes = (
-                np.random.default_rng([self.seed, pass_index]).permutation(num_episodes)
-                if self.shuffle
-                else np.arange(num_episodes)
+                _generator(self.seed, pass_index).permutation(num_episodes) if self.shuffle else np.arange(num_episodes)
             )
             ends = np.cumsum(self.items_per_episode[episodes])
             _, window_of_episode = np.unique((ends - 1) // self.window_items, return_inverse=True)
