@@ -83,7 +83,67 @@ class EpisodeWindows:
         return self._layouts[pass_index]
 
 
-class RowStream:
+class _EpisodeStream:
+    """What both streams share: the dataset's episodes, the settings, and how a pass reads them.
+
+    Args:
+        dataset, dataset_id, episodes, columns, seed, shuffle, replacement, window_rows, gamma:
+            As ``RowStream`` takes them.
+        items_per_episode: ``[E]``, the stream's items (rows, or sequences) in each episode.
+        window_items: ``None`` to hold the dataset in memory; else about how many items a
+            streamed window holds (``EpisodeWindows``).
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        dataset_id: str,
+        episodes: DatasetEpisodes,
+        *,
+        columns: Sequence[str],
+        seed: int,
+        shuffle: bool,
+        replacement: bool,
+        window_rows: int | None,
+        gamma: float | None,
+        items_per_episode: np.ndarray,
+        window_items: int | None,
+    ) -> None:
+        self.dataset = dataset
+        self.dataset_id = dataset_id
+        self.episode_indices = episodes.indices
+        self.lengths = episodes.lengths
+        self.columns = list(columns)
+        self.seed = seed
+        self.shuffle = shuffle
+        self.replacement = replacement
+        self.window_rows = window_rows
+        self.gamma = gamma if DISCOUNTED_COLUMNS & set(self.columns) else None
+        self._plan = None
+        if window_items is not None:
+            self._plan = EpisodeWindows(items_per_episode, window_items, seed=seed, shuffle=shuffle)
+        #: Windows read from disk so far (streaming only); tests and logs read it.
+        self.num_windows_read = 0
+
+    @property
+    def in_memory(self) -> bool:
+        """Whether the whole dataset is held in memory."""
+        return self._plan is None
+
+    def _locate(self, pass_index: int, offset: int) -> tuple[int, int]:
+        """(window index, the window's first item within the pass) of the pass's item ``offset``."""
+        return (0, 0) if self._plan is None else self._plan.locate(pass_index, offset)
+
+    def _read(self, pass_index: int, window_index: int) -> EpisodeRows:
+        """The rows of a pass's window (counted in ``num_windows_read``); of every episode in memory."""
+        if self._plan is None:
+            return EpisodeRows(self.dataset, self.dataset_id, self.episode_indices, gamma=self.gamma)
+        episodes = self.episode_indices[self._plan.episodes(pass_index, window_index)]
+        self.num_windows_read += 1
+        return EpisodeRows(self.dataset, self.dataset_id, episodes, gamma=self.gamma)
+
+
+class RowStream(_EpisodeStream):
     """An endless, deterministic stream of dataset rows: pass after pass, each shuffled anew.
 
     Stream position ``g`` is row ``g % R`` of pass ``g // R`` (``R`` rows per pass), so the
@@ -119,31 +179,15 @@ class RowStream:
         window_rows: int | None,
         gamma: float | None,
     ) -> None:
-        self.dataset = dataset
-        self.dataset_id = dataset_id
-        self.episode_indices = episodes.indices
-        self.lengths = episodes.lengths
-        self.columns = list(columns)
-        self.seed = seed
-        self.shuffle = shuffle
-        self.replacement = replacement
-        self.window_rows = window_rows
-        self.gamma = gamma if DISCOUNTED_COLUMNS & set(self.columns) else None
+        super().__init__(
+            dataset, dataset_id, episodes, columns=columns, seed=seed, shuffle=shuffle, replacement=replacement,
+            window_rows=window_rows, gamma=gamma, items_per_episode=episodes.lengths, window_items=window_rows,
+        )  # fmt: skip
         self.num_rows = int(self.lengths.sum())
-        self._plan = None
-        if window_rows is not None:
-            self._plan = EpisodeWindows(self.lengths, window_rows, seed=seed, shuffle=shuffle)
         self._resident: EpisodeRows | None = None  # the whole dataset, when held in memory
         self._windows: collections.OrderedDict[tuple[int, int], tuple[EpisodeRows, torch.Tensor]] = (
             collections.OrderedDict()
         )
-        #: Windows read from disk so far (streaming only); tests and logs read it.
-        self.num_windows_read = 0
-
-    @property
-    def in_memory(self) -> bool:
-        """Whether the whole dataset is held in memory."""
-        return self.window_rows is None
 
     def preload(self, position: int) -> None:
         """Read the window that holds stream position ``position`` now (the whole dataset, in memory).
@@ -170,23 +214,16 @@ class RowStream:
             position += take
         return _joined(pieces)
 
-    def _locate(self, pass_index: int, offset: int) -> tuple[int, int]:
-        """(window index, the window's first row within the pass) of the pass's row ``offset``."""
-        return (0, 0) if self._plan is None else self._plan.locate(pass_index, offset)
-
     def _window(self, pass_index: int, window_index: int) -> tuple[EpisodeRows, torch.Tensor]:
         """A window's rows and the order the pass visits them in (cached: the current and previous ones)."""
         key = (pass_index, window_index)
         if key not in self._windows:
             if self._plan is None:
                 if self._resident is None:
-                    self._resident = EpisodeRows(self.dataset, self.dataset_id, self.episode_indices, gamma=self.gamma)
+                    self._resident = self._read(pass_index, window_index)
                 rows, generator = self._resident, _generator(self.seed, pass_index)
             else:
-                episodes = self.episode_indices[self._plan.episodes(pass_index, window_index)]
-                rows = EpisodeRows(self.dataset, self.dataset_id, episodes, gamma=self.gamma)
-                self.num_windows_read += 1
-                generator = _generator(self.seed, pass_index, window_index)
+                rows, generator = self._read(pass_index, window_index), _generator(self.seed, pass_index, window_index)
             order = visit_order(generator, len(rows), shuffle=self.shuffle, replacement=self.replacement)
             self._windows[key] = (rows, torch.from_numpy(order))
             while len(self._windows) > _CACHED_WINDOWS:
@@ -298,7 +335,7 @@ class SequenceIndex:
         return out
 
 
-class SequenceStream:
+class SequenceStream(_EpisodeStream):
     """An endless, deterministic stream of episode sequences for a stateful module: pass after pass, each shuffled anew.
 
     Each episode is cut into sequences of ``max_seq_len`` steps (``SequenceIndex``). Stream
@@ -339,35 +376,19 @@ class SequenceStream:
         window_rows: int | None,
         gamma: float | None,
     ) -> None:
-        self.dataset = dataset
-        self.dataset_id = dataset_id
-        self.episode_indices = episodes.indices
-        self.lengths = episodes.lengths
-        self.columns = list(columns)
-        self.seed = seed
-        self.shuffle = shuffle
-        self.replacement = replacement
+        sequences_per_episode = -(-np.asarray(episodes.lengths, dtype=np.int64) // max_seq_len)
+        super().__init__(
+            dataset, dataset_id, episodes, columns=columns, seed=seed, shuffle=shuffle, replacement=replacement,
+            window_rows=window_rows, gamma=gamma, items_per_episode=sequences_per_episode,
+            window_items=None if window_rows is None else max(1, window_rows // max_seq_len),
+        )  # fmt: skip
         self.max_seq_len = max_seq_len
-        self.window_rows = window_rows
-        self.gamma = gamma if DISCOUNTED_COLUMNS & set(self.columns) else None
-        sequences_per_episode = -(-np.asarray(self.lengths, dtype=np.int64) // max_seq_len)
         self.num_sequences = int(sequences_per_episode.sum())
-        self._plan = None
-        if window_rows is not None:
-            window_sequences = max(1, window_rows // max_seq_len)
-            self._plan = EpisodeWindows(sequences_per_episode, window_sequences, seed=seed, shuffle=shuffle)
         self._resident: tuple[EpisodeRows, SequenceIndex] | None = None  # the whole dataset, when held in memory
         self._orders: collections.OrderedDict[tuple[int, int], tuple[SequenceIndex, torch.Tensor]] = (
             collections.OrderedDict()
         )
         self._window_rows: collections.OrderedDict[tuple[int, int], EpisodeRows] = collections.OrderedDict()
-        #: Windows read from disk so far (streaming only); tests and logs read it.
-        self.num_windows_read = 0
-
-    @property
-    def in_memory(self) -> bool:
-        """Whether the whole dataset is held in memory."""
-        return self.window_rows is None
 
     def preload(self, position: int) -> None:
         """Read the dataset (or the window holding stream position ``position``) now.
@@ -412,10 +433,6 @@ class SequenceStream:
             position += take
         return pieces
 
-    def _locate(self, pass_index: int, offset: int) -> tuple[int, int]:
-        """(window index, the window's first sequence within the pass) of the pass's sequence ``offset``."""
-        return (0, 0) if self._plan is None else self._plan.locate(pass_index, offset)
-
     def _order(self, pass_index: int, window_index: int) -> tuple[SequenceIndex, torch.Tensor]:
         """A window's sequence index and the order the pass visits its sequences in (cached: two windows).
 
@@ -438,8 +455,7 @@ class SequenceStream:
 
     def _resident_index(self) -> SequenceIndex:
         if self._resident is None:
-            rows = EpisodeRows(self.dataset, self.dataset_id, self.episode_indices, gamma=self.gamma)
-            self._resident = (rows, SequenceIndex(self.lengths, self.max_seq_len))
+            self._resident = (self._read(0, 0), SequenceIndex(self.lengths, self.max_seq_len))
         return self._resident[1]
 
     def _rows(self, pass_index: int, window_index: int) -> EpisodeRows:
@@ -449,9 +465,7 @@ class SequenceStream:
             return self._resident[0]
         key = (pass_index, window_index)
         if key not in self._window_rows:
-            episodes = self.episode_indices[self._plan.episodes(pass_index, window_index)]
-            self._window_rows[key] = EpisodeRows(self.dataset, self.dataset_id, episodes, gamma=self.gamma)
-            self.num_windows_read += 1
+            self._window_rows[key] = self._read(pass_index, window_index)
             while len(self._window_rows) > _CACHED_WINDOWS:
                 self._window_rows.popitem(last=False)
         self._window_rows.move_to_end(key)
