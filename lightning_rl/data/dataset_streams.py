@@ -384,7 +384,8 @@ class SequenceStream(_EpisodeStream):
         )  # fmt: skip
         self.max_seq_len = max_seq_len
         self.num_sequences = int(sequences_per_episode.sum())
-        self._resident: tuple[EpisodeRows, SequenceIndex] | None = None  # the whole dataset, when held in memory
+        self._resident: EpisodeRows | None = None  # the whole dataset, when held in memory
+        self._resident_index: SequenceIndex | None = None  # its sequences (from the lengths alone)
         self._orders: collections.OrderedDict[tuple[int, int], tuple[SequenceIndex, torch.Tensor]] = (
             collections.OrderedDict()
         )
@@ -441,7 +442,9 @@ class SequenceStream(_EpisodeStream):
         key = (pass_index, window_index)
         if key not in self._orders:
             if self._plan is None:
-                index, generator = self._resident_index(), _generator(self.seed, pass_index)
+                if self._resident_index is None:
+                    self._resident_index = SequenceIndex(self.lengths, self.max_seq_len)
+                index, generator = self._resident_index, _generator(self.seed, pass_index)
             else:
                 episodes = self._plan.episodes(pass_index, window_index)
                 index = SequenceIndex(self.lengths[episodes], self.max_seq_len)
@@ -453,16 +456,12 @@ class SequenceStream(_EpisodeStream):
         self._orders.move_to_end(key)
         return self._orders[key]
 
-    def _resident_index(self) -> SequenceIndex:
-        if self._resident is None:
-            self._resident = (self._read(0, 0), SequenceIndex(self.lengths, self.max_seq_len))
-        return self._resident[1]
-
     def _rows(self, pass_index: int, window_index: int) -> EpisodeRows:
         """A window's rows, read on first use (cached: two windows); the whole dataset in memory."""
         if self._plan is None:
-            self._resident_index()
-            return self._resident[0]
+            if self._resident is None:
+                self._resident = self._read(pass_index, window_index)
+            return self._resident
         key = (pass_index, window_index)
         if key not in self._window_rows:
             self._window_rows[key] = self._read(pass_index, window_index)
