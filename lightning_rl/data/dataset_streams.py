@@ -253,11 +253,8 @@ class SequenceIndex:
         self._first_row = layout.first_row
         #: The real (unpadded) steps of each sequence, ``[S]``.
         self.steps_per_sequence = torch.bincount(layout.sequence_of_row, minlength=layout.num_sequences)
-        # Rows that start an episode: their previous action and reward are zeros.
         episode_starts = torch.cumsum(episode_steps, 0) - episode_steps
-        self._starts_episode = torch.zeros(layout.num_rows, dtype=torch.bool)
-        self._starts_episode[episode_starts] = True
-        # Each sequence's episode, for its bootstrap chunk: the episode's first row and the chunk's
+        # Each sequence's episode: its first row (no step before it) and the bootstrap chunk's
         # (steps of the episode, its final observation one step more, cut every max_seq_len steps).
         self._episode_of_sequence = torch.repeat_interleave(torch.arange(len(episode_steps)), episode_steps)[
             layout.first_row
@@ -288,11 +285,9 @@ class SequenceIndex:
             column: _zero_where_not(values.reshape(count, steps, *values.shape[1:]), real)
             for column, values in taken.items()
         }
-        has_previous = real & ~self._starts_episode[row_ids].reshape(count, steps)
-        previous = rows.take((row_ids - 1).clamp(min=0), [Columns.ACTIONS, Columns.REWARDS])
-        for column, source in ((Columns.PREV_ACTIONS, Columns.ACTIONS), (Columns.PREV_REWARDS, Columns.REWARDS)):
-            values = previous[source]
-            out[column] = _zero_where_not(values.reshape(count, steps, *values.shape[1:]), has_previous)
+        out[Columns.PREV_ACTIONS], out[Columns.PREV_REWARDS] = self._previous_steps(
+            rows, ids, row_ids.reshape(count, steps), real
+        )
         out[Columns.LOSS_MASK] = real
         if Columns.BOOTSTRAP_OBS in columns:
             out.update(self._bootstrap_chunks(rows, ids))
@@ -323,16 +318,30 @@ class SequenceIndex:
             Columns.BOOTSTRAP_OBS: _zero_where_not(obs.reshape(count, self.max_seq_len, *obs.shape[1:]), real),
             Columns.BOOTSTRAP_STEPS: self._bootstrap_steps[ids].clone(),
         }
-        has_previous = real & (chunk_rows > self._episode_first_row[ids, None])
-        previous_rows = torch.where(has_previous, chunk_rows - 1, 0).reshape(-1)
-        previous = rows.take(previous_rows, [Columns.ACTIONS, Columns.REWARDS])
-        for column, source in (
-            (Columns.BOOTSTRAP_PREV_ACTIONS, Columns.ACTIONS),
-            (Columns.BOOTSTRAP_PREV_REWARDS, Columns.REWARDS),
-        ):
-            values = previous[source]
-            out[column] = _zero_where_not(values.reshape(count, self.max_seq_len, *values.shape[1:]), has_previous)
+        out[Columns.BOOTSTRAP_PREV_ACTIONS], out[Columns.BOOTSTRAP_PREV_REWARDS] = self._previous_steps(
+            rows, ids, chunk_rows, real
+        )
         return out
+
+    def _previous_steps(
+        self, rows: EpisodeRows, ids: torch.Tensor, step_rows: torch.Tensor, real: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The action and reward of the step before each step of sequences ``ids``, ``[k, T, ...]`` and ``[k, T]``.
+
+        Args:
+            rows: The rows the sequences are cut from.
+            ids: The sequences.
+            step_rows: ``[k, T]``, each step's row (a final observation's: one past its episode's last).
+            real: ``[k, T]``, which steps are real; padding and an episode's first step get zeros.
+        """
+        has_previous = real & (step_rows > self._episode_first_row[ids, None])
+        previous_rows = torch.where(has_previous, step_rows - 1, 0).reshape(-1)
+        previous = rows.take(previous_rows, [Columns.ACTIONS, Columns.REWARDS])
+        actions, rewards = (
+            _zero_where_not(values.reshape(*step_rows.shape, *values.shape[1:]), has_previous)
+            for values in (previous[Columns.ACTIONS], previous[Columns.REWARDS])
+        )
+        return actions, rewards
 
 
 class SequenceStream(_EpisodeStream):
