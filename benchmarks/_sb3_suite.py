@@ -36,7 +36,8 @@ wrappers (the env must be a registered id).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -137,7 +138,9 @@ def ppo(model: dict[str, Any], data: dict[str, Any], env: VecEnv, budget: int, s
     )
 
 
-def run_sb3(record: dict[str, Any], clock: ChildClock, callbacks: Sequence[BaseCallback] = ()) -> None:
+def run_sb3(
+    record: dict[str, Any], clock: ChildClock, callbacks: Sequence[BaseCallback] = (), save_to: Path | None = None
+) -> Callable[[np.ndarray], np.ndarray]:
     """Train SB3 on the run ``record`` describes, evaluating as ours does.
 
     Args:
@@ -146,6 +149,12 @@ def run_sb3(record: dict[str, Any], clock: ChildClock, callbacks: Sequence[BaseC
             suite's ``RunRecorder``, which writes ``record`` each time).
         callbacks: More SB3 callbacks for ``learn``, after the evaluation's (e.g.
             ``dqn_q_stats.py``'s recorder).
+        save_to: Where to save the trained model (``agent.save``, a ``.zip``; with
+            ``VecNormalize``'s statistics beside it, ``.vecnormalize.pkl``), if anywhere.
+
+    Returns:
+        The trained agent's greedy action for a batch of raw observations (normalized as in
+        training when the config normalizes them).
 
     Raises:
         SystemExit: If the config has no SB3 equivalent here (naming what).
@@ -192,5 +201,10 @@ def run_sb3(record: dict[str, Any], clock: ChildClock, callbacks: Sequence[BaseC
     agent.learn(total_timesteps=budget, callback=[callback, *callbacks])
     callback.evaluate()  # after the last update (its rollout's evaluation would come at the next rollout's start)
     clock.training_end(agent.num_timesteps, torch.get_num_threads())
+    if save_to is not None:
+        agent.save(save_to)
+        if normalize:
+            env.save(str(save_to.with_suffix(".vecnormalize.pkl")))
     env.close()
     evaluation.close()
+    return act

@@ -228,9 +228,11 @@ class GreedyEvaluation:
         data: The data module's hyperparameters (``env``, ``env_kwargs``, ``num_envs``,
             ``evaluation_num_episodes``, ``evaluation_num_envs``).
         seed: The run's seed.
+        first_seed: The first evaluation's first env seed, instead of ``seed + 1_000_003``
+            (``suite.py --final-episodes`` plays on seeds no other run uses).
     """
 
-    def __init__(self, data: dict[str, Any], seed: int) -> None:
+    def __init__(self, data: dict[str, Any], seed: int, first_seed: int | None = None) -> None:
         self.num_episodes = int(data["evaluation_num_episodes"])
         self.num_envs = int(data["evaluation_num_envs"] or min(data["num_envs"], self.num_episodes))
         env_id, env_kwargs = data["env"], dict(data["env_kwargs"] or {})
@@ -239,7 +241,7 @@ class GreedyEvaluation:
         )
         space = self.envs.single_action_space
         self.bounds = (space.low, space.high) if isinstance(space, gym.spaces.Box) else None
-        self.seed = seed + EVALUATION_SEED_OFFSET
+        self.seed = seed + EVALUATION_SEED_OFFSET if first_seed is None else first_seed
         self.num_resets = 0
 
     def run(self, act: Callable[[np.ndarray], np.ndarray]) -> list[float]:

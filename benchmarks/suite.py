@@ -35,11 +35,18 @@ Per run the file holds:
   train_s   the training loop's wall time without evaluation; ``env_steps / train_s`` is
             the report's env steps/s, ``setup_s + train_s`` its wall time;
   eval_s, wall_s (everything), env_steps, status (``started``/``running``/``done``/``error``),
-  hparams, notes, versions, peak_rss_mb.
+  hparams, notes, versions, peak_rss_mb;
+  final_evaluation  with ``--final-episodes N`` only: ``{num_episodes, first_seed, returns,
+            return_mean, return_std, eval_s}``, the final policy's N greedy episodes, one per
+            env, on env seeds ``FINAL_EVALUATION_SEED + seed * N + i`` that no other run plays
+            (the periodic evaluations of seeds s and s + 1 share 9 of 10 starts). The model is
+            saved beside the file first (ours ``.ckpt``, read back with
+            ``Policy.from_checkpoint``; SB3 ``.zip``), so it can be played again later.
 
 ``report`` reads every run file in ``--out`` and writes ``<out>/suite.md`` (one table per
 task: final evaluation return median [min, max] over seeds, median env steps/s and wall time,
-ours/SB3 ratios, and issue 17's targets met or not) and ``<out>/<task>.png`` (evaluation
+ours/SB3 ratios, the final policies' own evaluation when the runs played one, and issue 17's
+targets met or not) and ``<out>/<task>.png`` (evaluation
 return vs env steps, mean and min-max band over seeds, ours beside SB3).
 
 Run::
@@ -47,6 +54,7 @@ Run::
     python benchmarks/suite.py list                                       # tasks, budgets, targets
     python benchmarks/suite.py run ppo_hopper                             # the task's seeds, both libraries
     python benchmarks/suite.py run ppo_hopper --library ours --seeds 1    # one run (launch others in parallel)
+    python benchmarks/suite.py run dqn_lunarlander --final-episodes 100   # and 100 episodes of each final policy
     python benchmarks/suite.py run ppo_lunarlander --max-env-steps 40000 --out /tmp/suite \\
         -- --data.init_args.rollout_fragment_length 256                    # extra flags for both libraries
     python benchmarks/suite.py report                                     # tables and plots of --out
@@ -67,7 +75,7 @@ import statistics
 import subprocess
 import sys
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +83,7 @@ import numpy as np
 
 # Siblings: this directory is on sys.path when a benchmark runs as a script.
 from _children import available_variants, finite_or_none, fmt, rotated, versions
-from off_policy import ChildClock, build_cli, effective_hparams, make_timing_callback
+from off_policy import ChildClock, GreedyEvaluation, build_cli, effective_hparams, make_timing_callback
 from seed_noise import exactness, median_gap_p_value
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -83,6 +91,12 @@ REPO_ROOT = BENCH_DIR.parent
 DEFAULT_OUT = BENCH_DIR / "results" / "suite"
 LIBRARIES = ("ours", "sb3")
 LIBRARY_LABELS = {"ours": "ours", "sb3": "SB3"}
+# ``--final-episodes N``: run seed s plays its final policy on the env seeds
+# FINAL_EVALUATION_SEED + s * N + i, i < N, one episode per env. Runs of different seeds never
+# share an episode that way, where the periodic evaluations of seeds s and s + 1 start 9 of
+# their 10 episodes alike (env i of one is env i + 1 of the other), as both libraries'
+# training envs do. Far above every seed the runs' other envs reach.
+FINAL_EVALUATION_SEED = 500_000_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,23 +200,56 @@ def run_child(path: Path) -> None:
     record = json.loads(path.read_text())
     torch.set_num_threads(record["threads"])
     recorder = RunRecorder(path, record)
+    final_episodes = record.get("final_episodes", 0)
     if record["library"] == "sb3":
         from _sb3_suite import run_sb3
 
-        run_sb3(record, recorder)
-        return
-    run_ours(record, recorder)
+        act = run_sb3(record, recorder, save_to=path.with_suffix(".zip") if final_episodes else None)
+    else:
+        trainer = run_ours(record, recorder)
+        if final_episodes:
+            # The checkpoint a user would evaluate, read back as `lightning-rl evaluate` reads it
+            # (observation normalization included).
+            from lightning_rl.policy import Policy
+
+            trainer.save_checkpoint(path.with_suffix(".ckpt"))
+            policy = Policy.from_checkpoint(path.with_suffix(".ckpt"))
+
+            def act(obs: np.ndarray) -> np.ndarray:
+                return policy.act(obs, deterministic=True)
+
+    if final_episodes:
+        record["final_evaluation"] = final_evaluation(record, act)
+        write_record(path, record)
 
 
-def run_ours(record: dict[str, Any], recorder: RunRecorder, callbacks: Sequence[Any] = ()) -> None:
+def run_ours(record: dict[str, Any], recorder: RunRecorder, callbacks: Sequence[Any] = ()) -> Any:
     """Fit our config on the run ``record`` describes, timed by ``recorder``, with more Lightning ``callbacks``
-    after the timing one (e.g. ``dqn_q_stats.py``'s recorder)."""
+    after the timing one (e.g. ``dqn_q_stats.py``'s recorder); the Trainer, after ``fit``."""
     import torch
 
     cli = build_cli(REPO_ROOT / record["config"], record["seed"], record["max_env_steps"], record["extra_args"])
     cli.trainer.callbacks.append(make_timing_callback(recorder, torch.get_num_threads()))
     cli.trainer.callbacks.extend(callbacks)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    return cli.trainer
+
+
+def final_evaluation(record: dict[str, Any], act: Callable[[np.ndarray], np.ndarray]) -> dict[str, Any]:
+    """The final policy's ``record["final_episodes"]`` greedy episodes, one per env, on seeds of this run's own.
+
+    ``off_policy.GreedyEvaluation``'s protocol (the periodic evaluations'), with as many envs
+    as episodes so that every env's first episode counts (none is favoured for ending sooner).
+    """
+    num_episodes, seed = record["final_episodes"], record["seed"]
+    first_seed = FINAL_EVALUATION_SEED + seed * num_episodes
+    data = {**record["hparams"]["data"], "evaluation_num_episodes": num_episodes, "evaluation_num_envs": num_episodes}
+    evaluation = GreedyEvaluation(data, seed, first_seed=first_seed)
+    started = time.time()
+    returns = evaluation.run(act)
+    evaluation.close()
+    return {"num_episodes": num_episodes, "first_seed": first_seed, "return_mean": float(np.mean(returns)),
+            "return_std": float(np.std(returns)), "returns": returns, "eval_s": time.time() - started}  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------
@@ -214,8 +261,9 @@ def run_file(out: Path, task: str, library: str, seed: int) -> Path:
     return out / f"{task}-{library}-seed{seed}.json"
 
 
-def finished_run(path: Path, budget: int, extra_args: list[str]) -> bool:
-    """Whether ``path`` holds a finished run of this budget and these flags.
+def finished_run(path: Path, budget: int, extra_args: list[str], final_episodes: int = 0) -> bool:
+    """Whether ``path`` holds a finished run of this budget and these flags (and a final evaluation of
+    ``final_episodes`` episodes, if any are asked for: a run without is run again).
 
     Raises:
         SystemExit: If it holds a finished run of another budget or other flags (it would
@@ -231,7 +279,7 @@ def finished_run(path: Path, budget: int, extra_args: list[str]) -> bool:
             f"{path} is a finished run of {record['max_env_steps']} env steps with flags {record['extra_args']}, "
             f"not {budget} with {extra_args}: delete it or choose another --out"
         )
-    return True
+    return not final_episodes or record.get("final_evaluation", {}).get("num_episodes") == final_episodes
 
 
 def run_task(args: argparse.Namespace) -> None:
@@ -247,7 +295,10 @@ def run_task(args: argparse.Namespace) -> None:
     out.mkdir(parents=True, exist_ok=True)
     extra_args = list(args.extra_args)
     runs = [(seed, library) for index, seed in enumerate(seeds) for library in rotated(libraries, index)]
-    finished = {run for run in runs if finished_run(run_file(out, args.task, run[1], run[0]), budget, extra_args)}
+    finished = {
+        run for run in runs
+        if finished_run(run_file(out, args.task, run[1], run[0]), budget, extra_args, args.final_episodes)
+    }  # fmt: skip
     print(f"{args.task}: {task.config}, {budget} env steps per run, seeds {seeds}, {libraries}, "
           f"{args.threads} thread(s) per run; files in {out}")  # fmt: skip
     if len(finished) == len(runs):
@@ -263,7 +314,8 @@ def run_task(args: argparse.Namespace) -> None:
         run_hparams = {**hparams, "data": {**hparams["data"], "seed": seed}}
         record = {
             "task": args.task, "library": library, "seed": seed, "config": task.config, "algo": task.algo,
-            "max_env_steps": budget, "extra_args": extra_args, "threads": args.threads, "status": "started",
+            "max_env_steps": budget, "extra_args": extra_args, "final_episodes": args.final_episodes,
+            "threads": args.threads, "status": "started",
             "evals": [], "hparams": run_hparams, "notes": [], "versions": info,
         }  # fmt: skip
         write_record(path, record)
@@ -274,8 +326,10 @@ def run_task(args: argparse.Namespace) -> None:
             record.update(status="error", returncode=returncode)
             write_record(path, record)
         final = record["evals"][-1]["return_mean"] if record["evals"] else None
+        played = record.get("final_evaluation")
+        also = f", its {played['num_episodes']} final episodes {played['return_mean']:.1f}" if played else ""
         print(f"  {path.name}: {record['status']} in {time.time() - launched:.0f} s, "
-              f"final eval return {fmt(final, '.1f')} (log: {path.with_suffix('.log').name})")  # fmt: skip
+              f"final eval return {fmt(final, '.1f')}{also} (log: {path.with_suffix('.log').name})")  # fmt: skip
 
 
 def launch(path: Path, threads: int, timeout: float | None) -> int:
@@ -297,6 +351,12 @@ def launch(path: Path, threads: int, timeout: float | None) -> int:
 
 def final_return(record: dict[str, Any]) -> float | None:
     return record["evals"][-1]["return_mean"] if record["status"] == "done" and record["evals"] else None
+
+
+def played_return(record: dict[str, Any]) -> float | None:
+    """The mean return of the final policy's ``--final-episodes`` episodes, if the run played them."""
+    played = record.get("final_evaluation")
+    return played["return_mean"] if record["status"] == "done" and played else None
 
 
 def steps_per_second(record: dict[str, Any]) -> float | None:
@@ -361,12 +421,36 @@ def task_report(name: str, records: list[dict[str, Any]]) -> str:
                   f"{p_value:.0%} of the ways to split the {len(finals['ours']) + len(finals['sb3'])} runs into "
                   "groups of these sizes (a one-sided permutation test, "
                   f"{exactness(len(finals['ours']), len(finals['sb3']))})."]  # fmt: skip
+    lines += final_policy_lines(done)
     lines += ["", "Final eval return: the mean over the last evaluation's episodes, after the last update. Env steps/s: "
               "env steps over the training loop's time, evaluation left out; wall: set-up plus that loop. A ratio "
               "above 1 is faster for env steps/s and slower for wall time.", "",
               "Targets (issue 17): " + targets(task, ours, sb3), "",
               f"![{name}: evaluation return vs env steps]({name}.png)", ""]  # fmt: skip
     return "\n".join(lines)
+
+
+def final_policy_lines(done: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """The report's lines on the runs' ``--final-episodes`` evaluations (none if no run played them)."""
+    played = {library: [r for r in rs if played_return(r) is not None] for library, rs in done.items()}
+    played = {library: sorted(rs, key=lambda r: r["seed"]) for library, rs in played.items() if rs}
+    if not played:
+        return []
+    parts = []
+    for library, rs in played.items():
+        values = [played_return(r) for r in rs]
+        episodes = sorted({r["final_evaluation"]["num_episodes"] for r in rs})
+        parts.append(f"{LIBRARY_LABELS[library]} {statistics.median(values):,.1f} [{min(values):,.1f}, "
+                     f"{max(values):,.1f}] (seeds {', '.join(str(r['seed']) for r in rs)}; "
+                     f"{'/'.join(map(str, episodes))} episodes each)")  # fmt: skip
+    lines = ["", "The final policy played on env seeds of its own run's (`--final-episodes`), mean return, median "
+             "[min, max] over seeds: " + "; ".join(parts) + "."]  # fmt: skip
+    if len(played.get("ours", [])) >= 2 and len(played.get("sb3", [])) >= 2:
+        ours, sb3 = ([played_return(r) for r in played[library]] for library in ("ours", "sb3"))
+        gap, p_value = median_gap_p_value(ours, sb3)
+        lines[-1] += (f" Ours' median minus SB3's: {gap:,.1f} (one-sided permutation p {p_value:.2f}, "
+                      f"{exactness(len(ours), len(sb3))}).")  # fmt: skip
+    return lines
 
 
 def ratio(numerator: float | None, denominator: float | None) -> str:
@@ -469,6 +553,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     run.add_argument("--max-env-steps", type=int, help="env steps per run (default: the task's)")
     run.add_argument("--threads", type=int, default=1, help="OMP/MKL threads and torch.set_num_threads per run")
     run.add_argument("--timeout", type=float, help="seconds before a run is killed (default: none)")
+    run.add_argument("--final-episodes", type=int, default=0, metavar="N",
+                     help="after training, save the model beside the run file and play N greedy episodes with it, "
+                          "on env seeds no other run uses (default: 0, none)")  # fmt: skip
     run.add_argument("--out", default=str(DEFAULT_OUT), help="directory of the run files (default: %(default)s)")
     run.epilog = "Flags after -- go to our CLI on top of the config, and SB3 copies what they change."
     rep = commands.add_parser("report", help="tables (suite.md) and plots (<task>.png) of the run files in --out")

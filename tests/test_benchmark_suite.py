@@ -55,6 +55,30 @@ def test_a_finished_run_is_skipped_and_one_of_another_budget_is_refused(suite, t
     assert suite.finished_run(path, 100_000, [])
     with pytest.raises(SystemExit, match="finished run of 100000 env steps"):
         suite.finished_run(path, 200_000, [])
+    # Asked for a final evaluation the run did not play (or one of another size): run again.
+    assert not suite.finished_run(path, 100_000, [], final_episodes=100)
+    played = {"num_episodes": 100, "return_mean": 1.0}
+    path.write_text(json.dumps({**_record("ours", 0, 1.0, 1.0), "final_episodes": 100, "final_evaluation": played}))
+    assert suite.finished_run(path, 100_000, [], final_episodes=100) and suite.finished_run(path, 100_000, [])
+    assert not suite.finished_run(path, 100_000, [], final_episodes=50)
+
+
+def test_the_report_gives_the_final_policys_own_evaluation_beside_the_periodic_one(suite, tmp_path: Path):
+    pytest.importorskip("matplotlib")
+    runs = []
+    for library, played in (("ours", (200.0, 240.0, 230.0)), ("sb3", (250.0, 220.0, 210.0))):
+        for seed, value in enumerate(played):
+            evaluation = {"num_episodes": 100, "first_seed": 500_000_000 + 100 * seed, "return_mean": value}
+            runs.append({**_record(library, seed, 100.0, 1.0), "final_evaluation": evaluation})
+    runs.append(_record("sb3", 3, 100.0, 1.0))  # played no final episodes: left out of that line
+    for record in runs:
+        suite.run_file(tmp_path, record["task"], record["library"], record["seed"]).write_text(json.dumps(record))
+
+    suite.report(suite.parse_args(["report", "--out", str(tmp_path)]))
+
+    text = (tmp_path / "suite.md").read_text()
+    assert ("ours 230.0 [200.0, 240.0] (seeds 0, 1, 2; 100 episodes each); SB3 220.0 [210.0, 250.0] "
+            "(seeds 0, 1, 2; 100 episodes each). Ours' median minus SB3's: 10.0") in text  # fmt: skip
 
 
 @pytest.mark.slow  # two runs, each a fresh process that imports torch and Lightning (10-20 s)
@@ -63,7 +87,8 @@ def test_a_tiny_run_of_ours_and_sb3_writes_both_files_with_the_same_evaluation_s
     pytest.importorskip("Box2D")
     # The parent in this process (what `suite.py run` calls); each run in a fresh subprocess, as always.
     suite.run_task(suite.parse_args(
-        ["run", "ppo_lunarlander", "--seeds", "3", "--max-env-steps", "512", "--out", str(tmp_path), "--",
+        ["run", "ppo_lunarlander", "--seeds", "3", "--max-env-steps", "512", "--out", str(tmp_path),
+         "--final-episodes", "3", "--",
          "--data.init_args.num_envs", "2", "--data.init_args.rollout_fragment_length", "128",
          "--data.init_args.rollouts_per_epoch", "1", "--model.init_args.num_epochs", "1",
          "--data.init_args.evaluation_num_episodes", "2", "--data.init_args.evaluation_num_envs", "2"]
@@ -75,6 +100,27 @@ def test_a_tiny_run_of_ours_and_sb3_writes_both_files_with_the_same_evaluation_s
         assert all(point["num_episodes"] == 2 for point in record["evals"])
     # SB3 copied the flags: 2 envs x 128 steps, seeded with the run's seed.
     assert records["sb3"]["hparams"]["data"]["num_envs"] == 2 and records["sb3"]["hparams"]["data"]["seed"] == 3
+
+    # --final-episodes: each library saved its final model and played it 3 times on seeds of this run's own ...
+    for record in records.values():
+        played = record["final_evaluation"]
+        assert played["num_episodes"] == 3 and len(played["returns"]) == 3 and played["first_seed"] == 500_000_009
+        assert played["return_mean"] == pytest.approx(sum(played["returns"]) / 3)
+    # ... and the saved models are the final ones: they replay the last periodic evaluation's episodes.
+    from off_policy import GreedyEvaluation
+    from stable_baselines3 import PPO
+
+    from lightning_rl.policy import Policy
+
+    policy = Policy.from_checkpoint(tmp_path / "ppo_lunarlander-ours-seed3.ckpt")
+    agent = PPO.load(tmp_path / "ppo_lunarlander-sb3-seed3.zip", device="cpu")
+    acts = {"ours": lambda obs: policy.act(obs, deterministic=True),
+            "sb3": lambda obs: agent.predict(obs, deterministic=True)[0]}  # fmt: skip
+    for library, record in records.items():
+        evaluation = GreedyEvaluation(record["hparams"]["data"], 3)
+        evaluation.num_resets = len(record["evals"]) - 1  # the last evaluation's seeds
+        returns = evaluation.run(acts[library])
+        assert sum(returns) / len(returns) == pytest.approx(record["evals"][-1]["return_mean"], rel=1e-5)
 
 
 def _resolved(**model_config) -> dict:
