@@ -236,10 +236,12 @@ def unpack_state(packed: Tensor, template: Mapping[str, Tensor]) -> dict[str, Te
 
 def batched_initial_state(module: RLModule, batch_size: int) -> dict[str, Tensor]:
     """``module.get_initial_state()`` repeated for ``batch_size`` rows, ``{name: [batch_size, ...]}``."""
-    return {
-        name: value.unsqueeze(0).expand(batch_size, *value.shape).clone()
-        for name, value in module.get_initial_state().items()
-    }
+    return repeat_state(module.get_initial_state(), batch_size)
+
+
+def repeat_state(state: dict[str, Tensor], batch_size: int) -> dict[str, Tensor]:
+    """One row's state ``{name: [...]}`` repeated for ``batch_size`` rows, ``{name: [batch_size, ...]}`` (copies)."""
+    return {name: value.unsqueeze(0).expand(batch_size, *value.shape).clone() for name, value in state.items()}
 
 
 def encode_steps(encoder: nn.Module, obs: Tensor) -> Tensor:

@@ -53,6 +53,7 @@ import torch
 from lightning_rl.core.arguments import check_int
 from lightning_rl.core.columns import DEFAULT_MODULE_ID, NUM_ENV_STEPS_SAMPLED_LIFETIME, Columns
 from lightning_rl.core.data_contract import DATASET_ROWS, DataOffer, DataRequirements, SpacePair
+from lightning_rl.core.recurrent import repeat_state
 from lightning_rl.core.train_item import TrainingData, TrainItem
 from lightning_rl.data.acting_module import check_learner_has_module, learner_acting_module
 from lightning_rl.data.dataset_rows import (
@@ -544,9 +545,7 @@ class OfflineDataModule(RankedDataModule):
         start = self._sequences_drawn + rank * count
         stream = self.stream
         batch = stream.sequences(start, start + count)
-        batch[Columns.STATE_IN] = {
-            name: value.unsqueeze(0).expand(count, *value.shape).clone() for name, value in self._initial_state.items()
-        }
+        batch[Columns.STATE_IN] = repeat_state(self._initial_state, count)
         self._rows_drawn += stream.steps(self._sequences_drawn, self._sequences_drawn + world_size * count)
         self._sequences_drawn += world_size * count
         return batch
