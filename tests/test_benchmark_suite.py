@@ -121,6 +121,10 @@ def test_a_tiny_run_of_ours_and_sb3_writes_both_files_with_the_same_evaluation_s
         evaluation.num_resets = len(record["evals"]) - 1  # the last evaluation's seeds
         returns = evaluation.run(acts[library])
         assert sum(returns) / len(returns) == pytest.approx(record["evals"][-1]["return_mean"], rel=1e-5)
+        # The final episodes were played on the seeds the record names, one episode per env.
+        data = {**record["hparams"]["data"], "evaluation_num_episodes": 3, "evaluation_num_envs": 3}
+        replayed = GreedyEvaluation(data, 3, first_seed=record["final_evaluation"]["first_seed"]).run(acts[library])
+        assert replayed == pytest.approx(record["final_evaluation"]["returns"], rel=1e-5)
 
 
 def _resolved(**model_config) -> dict:
