@@ -134,6 +134,35 @@ def test_drop_episode_still_raises_for_an_action_outside_a_discrete_space():
         OfflineDataModule("test/bad-action-v0", on_nonfinite="drop_episode").num_rows
 
 
+@pytest.mark.parametrize(
+    ("space", "bad_step", "value", "message"),
+    [
+        (gym.spaces.Discrete(5), 2, 7, r"step 2: the observation 7 is outside the observation space \(the observation "
+         r"space is Discrete\(5\)\)"),
+        (gym.spaces.Discrete(5, start=1), 6, 0, r"step 6: its final observation 0 is outside the observation space"),
+        (gym.spaces.MultiDiscrete([3, 4]), 3, [1, 4], r"step 3: the observation \[1, 4\] is outside the observation"),
+        (gym.spaces.MultiBinary(2), 0, [0, 2], r"step 0: the observation \[0, 2\] is outside the observation space"),
+    ],
+)  # fmt: skip
+def test_an_observation_outside_a_discrete_observation_space_is_an_error(space, bad_step, value, message):
+    good, bad = (hand_episode(index, steps, terminated=True) for index, steps in ((0, 5), (1, 6)))
+    inside = np.zeros_like(space.sample()) + getattr(space, "start", 0)  # the space's lowest value
+
+    def observations(episode: EpisodeBuffer) -> np.ndarray:
+        return np.stack([inside] * len(episode.observations))
+
+    spoilt = observations(bad)
+    spoilt[bad_step] = value
+    episodes = [dataclasses.replace(good, observations=observations(good)), dataclasses.replace(bad, observations=spoilt)]
+    make_dataset("test/discrete-obs-v0", episodes, observation_space=space)
+    with pytest.raises(ValueError, match=r"'test/discrete-obs-v0', episode 1, " + message):
+        OfflineDataModule("test/discrete-obs-v0").num_rows
+    with pytest.raises(ValueError, match=message):  # not the non-finite case: never dropped
+        OfflineDataModule("test/discrete-obs-v0", on_nonfinite="drop_episode").num_rows
+    make_dataset("test/discrete-obs-good-v0", episodes[:1], observation_space=space)
+    assert OfflineDataModule("test/discrete-obs-good-v0").num_rows == 5
+
+
 def test_on_nonfinite_must_be_raise_or_drop_episode():
     make_dataset("test/fine-v0", [hand_episode(0, 5, terminated=True)])
     with pytest.raises(ValueError, match=r"on_nonfinite must be one of \['raise', 'drop_episode'\], got 'skip'"):

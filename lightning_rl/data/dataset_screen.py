@@ -5,8 +5,9 @@ an index error, one NaN reward made every MARWIL step NaN, an inf observation tr
 ``screen_episodes`` reads the dataset through once, an episode at a time (numpy over each
 episode's arrays), and finds in each episode the first step that holds:
 
-- an action outside a Discrete, MultiDiscrete or MultiBinary action space (always an error:
-  the data does not belong to its space);
+- an action outside a Discrete, MultiDiscrete or MultiBinary action space, or an observation
+  outside such an observation space (always an error: the data does not belong to its space;
+  an encoder would fail on it steps later, or read it as another value);
 - a reward that is NaN or infinite;
 - a Box action that is NaN or infinite (values past the bounds are kept: training episodes
   store the actions the policy chose, before they were clipped to the bounds for the env);
@@ -38,6 +39,9 @@ from lightning_rl.env.nonfinite import OnNonFinite
 
 #: Observation values of larger magnitude are corrupt, whatever the observation space's bounds.
 OBSERVATION_MAGNITUDE_LIMIT = 1e10
+
+# Spaces of integer values in a range: a value outside is not of the space at all.
+_DISCRETE_SPACES = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +95,7 @@ def screen_episodes(dataset: Any, dataset_id: str, lengths: np.ndarray, *, on_no
     dropped: list[BadValue] = []
     for position, episode in enumerate(_read_episodes(dataset, dataset_id, indices)):
         check_episode_shape(episode, dataset_id)
-        bad = first_bad_value(episode, dataset.action_space, limits)
+        bad = first_bad_value(episode, dataset.action_space, dataset.observation_space, limits)
         if bad is None:
             continue
         if not bad.nonfinite or on_nonfinite == "raise":
@@ -116,24 +120,43 @@ def screen_episodes(dataset: Any, dataset_id: str, lengths: np.ndarray, *, on_no
 
 
 def first_bad_value(
-    episode: Any, action_space: gym.Space, limits: tuple[np.ndarray, np.ndarray] | None
+    episode: Any,
+    action_space: gym.Space,
+    observation_space: gym.Space,
+    limits: tuple[np.ndarray, np.ndarray] | None,
 ) -> BadValue | None:
-    """The first bad value of ``episode`` (its actions first, then rewards, then observations); ``None`` if none.
+    """The first bad value of ``episode``; ``None`` if none.
+
+    The errors come first (discrete actions, then discrete observations), then the non-finite
+    case (rewards, Box actions, Box observations), so that ``on_nonfinite="drop_episode"`` never
+    leaves out an episode that holds an error.
 
     Args:
         episode: A Minari episode, of a checked shape (``check_episode_shape``).
         action_space: The dataset's action space.
-        limits: ``_observation_limits`` of the observation space; ``None`` checks no observations.
+        observation_space: The dataset's observation space (a Discrete, MultiDiscrete or
+            MultiBinary one is range-checked; others through ``limits``).
+        limits: ``_observation_limits`` of the observation space; ``None`` checks no Box observations.
     """
     actions = np.asarray(episode.actions)
-    if not isinstance(action_space, gym.spaces.Box):
+    rewards = np.asarray(episode.rewards, dtype=np.float64)
+    if isinstance(action_space, _DISCRETE_SPACES):
         step = _first_step_where(_outside_discrete(actions, action_space))
         if step is not None:
             problem = (
                 f"action {actions[step].tolist()} is outside the action space (the action space is {action_space})"
             )
             return BadValue(int(episode.id), step, problem, nonfinite=False)
-    rewards = np.asarray(episode.rewards, dtype=np.float64)
+    if isinstance(observation_space, _DISCRETE_SPACES):
+        observations = np.asarray(episode.observations)
+        step = _first_step_where(_outside_discrete(observations, observation_space))
+        if step is not None:
+            which = "its final observation" if step == len(rewards) else "the observation"
+            problem = (
+                f"{which} {observations[step].tolist()} is outside the observation space (the observation space is "
+                f"{observation_space})"
+            )
+            return BadValue(int(episode.id), step, problem, nonfinite=False)
     step = _first_step_where(~np.isfinite(rewards))
     if step is not None:
         return BadValue(int(episode.id), step, f"the reward is {rewards[step]}; rewards must be finite", nonfinite=True)
