@@ -153,7 +153,10 @@ def test_an_observation_outside_a_discrete_observation_space_is_an_error(space, 
 
     spoilt = observations(bad)
     spoilt[bad_step] = value
-    episodes = [dataclasses.replace(good, observations=observations(good)), dataclasses.replace(bad, observations=spoilt)]
+    episodes = [
+        dataclasses.replace(good, observations=observations(good)),
+        dataclasses.replace(bad, observations=spoilt),
+    ]
     make_dataset("test/discrete-obs-v0", episodes, observation_space=space)
     with pytest.raises(ValueError, match=r"'test/discrete-obs-v0', episode 1, " + message):
         OfflineDataModule("test/discrete-obs-v0").num_rows
