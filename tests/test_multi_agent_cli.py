@@ -149,6 +149,76 @@ def test_evaluate_takes_a_pettingzoo_env_from_env_or_config(spread_checkpoint, t
     assert stats["first_seed"] == 5_000_000  # the config's seed_everything 0, held out
 
 
+def test_evaluate_video_writes_the_first_game_of_the_first_env_copy(
+    self_play_checkpoint, spread_checkpoint, tmp_path, capsys
+):
+    from PIL import Image
+
+    pytest.importorskip("pygame")  # both envs render with it
+    for checkpoint, extra, least_frames in (
+        (self_play_checkpoint, ["--module_id", "main", "--opponent", "random"], 8),  # a win takes 7 moves or more
+        # The reset, then 10 steps (max_cycles 10); mpe2 draws the reset's picture again after the first
+        # step, and the GIF shows a picture repeated in a row as one frame.
+        (spread_checkpoint, [], 10),
+    ):
+        video_dir = tmp_path / checkpoint.parent.parent.name
+        args = ["--ckpt_path", str(checkpoint), *extra, "--num_episodes", "4", "--num_envs", "2", "--seed", "3"]
+        stats, out = evaluated([*args, "--video", "--video_dir", str(video_dir)], tmp_path, capsys)
+        gif = video_dir / "evaluation-episode-0.gif"
+        assert f"video: {gif} (the first game of env copy 0, seed 3)" in out
+        with Image.open(gif) as image:
+            assert image.n_frames >= least_frames
+        # Recording changes nothing about the games.
+        assert evaluated(args, tmp_path, capsys)[0] == stats
+
+
+def test_the_frame_recorder_renders_the_first_episode_alone_in_either_pettingzoo_api():
+    import mpe2.simple_spread_v3
+
+    from lightning_rl.env.frame_recorder import RecordedFrames
+    from lightning_rl.env.pettingzoo_frames import record_first_episode
+    from lightning_rl.env.pettingzoo_stepper import PettingZooStepper
+
+    for make in (
+        lambda: mpe2.simple_spread_v3.parallel_env(max_cycles=5, render_mode="rgb_array"),
+        lambda: connect_four_v3.env(render_mode="rgb_array"),
+    ):
+        recorded = RecordedFrames()
+        stepper = PettingZooStepper(record_first_episode(make(), recorded))
+        rng = np.random.default_rng(0)
+        steps = []
+        for episode in range(2):
+            observations, done, count = stepper.reset(seed=episode), False, 0
+            while not done:
+                actions = {}
+                for agent, observation in observations.items():
+                    space = stepper.env.action_space(agent)
+                    mask = observation.get("action_mask") if isinstance(observation, dict) else None
+                    actions[agent] = int(rng.choice(np.flatnonzero(mask))) if mask is not None else space.sample()
+                result = stepper.step(actions)
+                observations, done, count = result.observations, result.done, count + 1
+            steps.append(count)
+            if episode == 0:
+                first = len(recorded.frames)
+        stepper.close()
+        # A frame after the reset and one after every step of the first episode (for an AEC env also
+        # the steps that retire the done agents), none of the second; each [H, W, 3] uint8.
+        assert first == len(recorded.frames) >= steps[0] + 1
+        assert all(frame.dtype == np.uint8 and frame.ndim == 3 and frame.shape[-1] == 3 for frame in recorded.frames)
+    assert recorded.fps == 2  # connect four's render_fps
+
+
+def test_a_video_needs_an_rgb_array_render_mode():
+    from lightning_rl.cli._command_line import CommandError
+    from lightning_rl.cli.multi_agent_matches import PettingZooSource
+    from lightning_rl.env.frame_recorder import RecordedFrames
+
+    source = PettingZooSource("mpe2.simple_spread_v3", {"render_mode": "human"}, "--env", 0, "shared")
+    with pytest.raises(CommandError, match="--video records rgb_array frames, but the env's env_kwargs set "
+                       "render_mode='human'"):  # fmt: skip
+        source.make_runner(1, 0, RecordedFrames())
+
+
 def _single_agent_looking(self_play_checkpoint: Path, tmp_path: Path) -> Path:
     """The self-play checkpoint with the data-module settings of a single-agent run."""
     checkpoint = torch.load(self_play_checkpoint, weights_only=True)
@@ -170,7 +240,6 @@ def test_evaluate_bad_input_is_one_line(self_play_checkpoint, spread_checkpoint,
             "module 'default_policy' has the observation space Box",
         ),
         (play, "maps pettingzoo.classic.connect_four_v3's agents to ['default_policy'], but it holds"),
-        ([*play, "--module_id", "main", "--opponent", "self", "--video"], "--video records single-agent episodes"),
         (
             ["--ckpt_path", str(spread_checkpoint), "--opponent", "heuristic"],
             "--opponent heuristic plays connect four only, not simple_spread_v3",

@@ -54,7 +54,7 @@ from lightning_rl.core.checkpoint import atomic_write, checkpoint_file, read_che
 from lightning_rl.core.observation_layout import ObservationLayout
 from lightning_rl.core.spaces import space_to_dict
 from lightning_rl.data.dataset_rows import open_dataset, recorded_env
-from lightning_rl.data.evaluation_video import encode_gif
+from lightning_rl.data.evaluation_video import write_gif_file
 from lightning_rl.env.env_factory import make_env, resolve_env, resolve_wrappers
 from lightning_rl.env.episode import SingleAgentEpisode
 from lightning_rl.env.episode_quota import EpisodeQuota
@@ -184,16 +184,14 @@ def _evaluate(args: argparse.Namespace) -> None:
     apply_threads(args.threads)
     file = checkpoint_file(args.ckpt_path)
     content = read_checkpoint_file(file)
+    video_dir = (args.video_dir or _default_video_dir(args.ckpt_path)) if args.video else None
     if is_multi_agent_checkpoint(content, args.config, args.opponent):
-        evaluate_multi_agent(args, content)
+        evaluate_multi_agent(args, content, None if video_dir is None else video_dir / VIDEO_FILE_NAME)
         return
     module, normalization = policy_module(content, args.module_id, file)
     policy = Policy(module, observation_normalization=normalization)
     source = env_source(args.env, args.config, content, args.ckpt_path, opponent=args.opponent)
     first_seed = args.seed if args.seed is not None else (source.base_seed or 0) + HELD_OUT_SEED_OFFSET
-    video_dir = None
-    if args.video:
-        video_dir = args.video_dir or _default_video_dir(args.ckpt_path)
     stats = play_episodes(policy, source, args.num_episodes, first_seed, video_dir, args.num_envs)
     summary = stats.summary()
     last_seed = first_seed + args.num_episodes - 1
@@ -481,11 +479,7 @@ def _make_env(source: EnvSource, video_dir: Path | None) -> gym.Env:
 
 
 def _write_video(recorder: EpisodeFrameRecorder, path: Path) -> None:
-    frames = recorder.take_frames()
-    fps = int(recorder.metadata.get("render_fps") or 30)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    gif = encode_gif(frames, fps)
-    atomic_write(path, lambda file: file.write(gif))
+    write_gif_file(path, recorder.take_frames(), int(recorder.metadata.get("render_fps") or 30))
 
 
 def check_env_fits(env: gym.Env, policy: Policy, name: str) -> None:

@@ -14,14 +14,18 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
 from lightning_rl.cli._command_line import CommandError, tell
 from lightning_rl.cli.command_parsers import HELD_OUT_SEED_OFFSET
 from lightning_rl.cli.multi_agent_matches import Match, load_match, pettingzoo_source
 from lightning_rl.core.checkpoint import atomic_write
+from lightning_rl.data.evaluation_video import write_gif_file
+from lightning_rl.env.frame_recorder import RecordedFrames
 from lightning_rl.env.matches import match_result
 from lightning_rl.env.multi_agent_episode import AgentID, MultiAgentEpisode
 
@@ -29,21 +33,30 @@ from lightning_rl.env.multi_agent_episode import AgentID, MultiAgentEpisode
 OUTCOMES = ("win", "draw", "loss")
 
 
-def evaluate_multi_agent(args: argparse.Namespace, checkpoint: dict[str, Any]) -> None:
+def evaluate_multi_agent(args: argparse.Namespace, checkpoint: dict[str, Any], video_path: Path | None) -> None:
     """Play ``args.num_episodes`` greedy games with the checkpoint's modules; print (and write) the statistics.
 
     Args:
         args: ``evaluate``'s arguments.
         checkpoint: The checkpoint's content.
+        video_path: Where to write the first game of the first env copy as an animated GIF
+            (``--video``); ``None`` for no video.
 
     Raises:
-        CommandError: For ``--video`` (single-agent only), and as ``pettingzoo_source`` and ``load_match``.
+        CommandError: As ``pettingzoo_source`` and ``load_match``; with a video, for an env that
+            cannot render rgb frames.
     """
-    if args.video:
-        raise CommandError("--video records single-agent episodes only; this checkpoint is multi-agent")
     source = pettingzoo_source(args.env, args.config, checkpoint, args.ckpt_path)
     first_seed = args.seed if args.seed is not None else (source.base_seed or 0) + HELD_OUT_SEED_OFFSET
-    runner = source.make_runner(min(args.num_envs, args.num_episodes), first_seed)
+    recorded = None if video_path is None else RecordedFrames()
+    try:
+        runner = source.make_runner(min(args.num_envs, args.num_episodes), first_seed, recorded)
+    except gym.error.DependencyNotInstalled as error:  # pygame, for the envs that render with it
+        raise CommandError(f'--video: {error}; install it with pip install "lightning-rl[video]"') from error
+    except ValueError as error:
+        if recorded is None:
+            raise
+        raise CommandError(f"--video: {error}") from error
     try:
         match = load_match(args.ckpt_path, checkpoint, args.module_id, args.opponent, runner, source, first_seed)
         episodes = match.play(runner, args.num_episodes, explore=False)
@@ -59,6 +72,9 @@ def evaluate_multi_agent(args: argparse.Namespace, checkpoint: dict[str, Any]) -
         tell("the run's seed is unknown: these seeds may have been trained on")
     for line in report_lines(stats, match.module_id):
         tell(line)
+    if video_path is not None:
+        write_gif_file(video_path, np.stack(recorded.frames), recorded.fps)
+        tell(f"video: {video_path} (the first game of env copy 0, seed {first_seed})")
     if args.json is not None:
         record = {
             "ckpt_path": str(args.ckpt_path),

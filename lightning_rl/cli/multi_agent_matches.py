@@ -50,7 +50,9 @@ from lightning_rl.env.matches import seat_mapping
 from lightning_rl.env.multi_agent_episode import AgentID, ModuleID, MultiAgentEpisode
 from lightning_rl.env.multi_agent_runner import MultiAgentEnvRunner
 from lightning_rl.env.opponents import OPPONENTS
-from lightning_rl.env.pettingzoo_env import check_pettingzoo_env_name
+from lightning_rl.env.frame_recorder import RGB_ARRAY, RecordedFrames
+from lightning_rl.env.pettingzoo_env import check_pettingzoo_env_name, make_pettingzoo_env
+from lightning_rl.env.pettingzoo_frames import record_first_episode
 from lightning_rl.env.policy_mapping import BUILT_IN_MAPPINGS, PolicyMappingFn, module_spaces
 from lightning_rl.policy.loading import checkpoint_module_ids, choose_module_id, policy_module
 
@@ -88,17 +90,53 @@ class PettingZooSource:
     base_seed: int | None
     policy_mapping_fn: str | None
 
-    def make_runner(self, num_envs: int, seed: int) -> MultiAgentEnvRunner:
-        """``num_envs`` copies of the env; copy ``i`` first resets with ``seed + i``; no time limit on a call."""
+    def make_runner(self, num_envs: int, seed: int, recorded: RecordedFrames | None = None) -> MultiAgentEnvRunner:
+        """``num_envs`` copies of the env; copy ``i`` first resets with ``seed + i``; no time limit on a call.
+
+        Args:
+            num_envs: The copies.
+            seed: Copy 0's first seed.
+            recorded: If given, copy 0 is made with ``render_mode="rgb_array"`` and its first
+                episode's frames are appended to ``recorded.frames`` (``--video``).
+
+        Raises:
+            CommandError: With ``recorded``, for ``env_kwargs`` that set another render mode.
+        """
+        env: str | Callable[..., Any] = self.env
+        env_kwargs = self.env_kwargs
+        if recorded is not None:
+            given = env_kwargs.get("render_mode", RGB_ARRAY)
+            if given != RGB_ARRAY:
+                raise CommandError(f"--video records rgb_array frames, but the env's env_kwargs set render_mode={given!r}")
+            env, env_kwargs = _FirstCopyRecorded(self.env, recorded), {**env_kwargs, "render_mode": RGB_ARRAY}
         # "per_agent" maps any env's agents (each to a module of its own); the games get their own mapping.
         return MultiAgentEnvRunner(
-            self.env,
-            env_kwargs=self.env_kwargs,
+            env,
+            env_kwargs=env_kwargs,
             num_envs=num_envs,
             policy_mapping_fn="per_agent",
             seed=seed,
             sample_timeout_s=None,
         )
+
+
+class _FirstCopyRecorded:
+    """An env factory for a runner (``sync`` mode: copies are made in order, here) whose first env records frames.
+
+    Args:
+        env: The PettingZoo env's import path.
+        recorded: Where copy 0's first episode's frames go (``pettingzoo_frames.record_first_episode``).
+    """
+
+    def __init__(self, env: str, recorded: RecordedFrames) -> None:
+        self.env = env
+        self.recorded = recorded
+        self.made = 0
+
+    def __call__(self, **env_kwargs: Any) -> Any:
+        built = make_pettingzoo_env(self.env, env_kwargs)
+        self.made += 1
+        return record_first_episode(built, self.recorded) if self.made == 1 else built
 
 
 @dataclasses.dataclass

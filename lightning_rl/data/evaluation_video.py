@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from gymnasium.error import DependencyNotInstalled
 from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
+
+from lightning_rl.core.checkpoint import atomic_write
 
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
@@ -126,6 +129,16 @@ def encode_gif(frames: np.ndarray, fps: int) -> bytes:
     buffer = io.BytesIO()
     images[0].save(buffer, format="GIF", save_all=True, append_images=images[1:], duration=round(1000 / fps), loop=0)
     return buffer.getvalue()
+
+
+def write_gif_file(path: Path, frames: np.ndarray, fps: int) -> None:
+    """Write ``frames`` (``[T, H, W, 3]`` uint8) to ``path`` as :func:`encode_gif`'s GIF, creating its folder.
+
+    The file appears whole or not at all (written beside it, then renamed).
+    """
+    gif = encode_gif(frames, fps)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda file: file.write(gif))
 
 
 def _write_gif(writer: SummaryWriter, tag: str, frames: np.ndarray, fps: int, step: int) -> None:

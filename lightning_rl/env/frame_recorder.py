@@ -12,6 +12,7 @@ the env's worker in ``"async"`` mode); the runner reaches it through the vector 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from typing import Any, SupportsFloat
@@ -22,6 +23,19 @@ import numpy as np
 from lightning_rl.env.env_factory import WrapperSpec, make_env, resolve_env, resolve_wrappers
 
 RGB_ARRAY = "rgb_array"
+
+
+@dataclasses.dataclass
+class RecordedFrames:
+    """Where a recorder puts an episode's frames, and the rate they play at.
+
+    Attributes:
+        frames: ``[H, W, 3]`` uint8 frames, in order.
+        fps: The env's ``metadata["render_fps"]`` (30 when it declares none), set by the recorder.
+    """
+
+    frames: list[np.ndarray] = dataclasses.field(default_factory=list)
+    fps: int = 30
 
 
 class EpisodeFrameRecorder(gym.Wrapper):
