@@ -107,7 +107,9 @@ class PettingZooSource:
         if recorded is not None:
             given = env_kwargs.get("render_mode", RGB_ARRAY)
             if given != RGB_ARRAY:
-                raise CommandError(f"--video records rgb_array frames, but the env's env_kwargs set render_mode={given!r}")
+                raise CommandError(
+                    f"--video records rgb_array frames, but the env's env_kwargs set render_mode={given!r}"
+                )
             env, env_kwargs = _FirstCopyRecorded(self.env, recorded), {**env_kwargs, "render_mode": RGB_ARRAY}
         # "per_agent" maps any env's agents (each to a module of its own); the games get their own mapping.
         return MultiAgentEnvRunner(
