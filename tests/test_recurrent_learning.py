@@ -139,7 +139,7 @@ def test_chunks_are_cut_into_zero_padded_sequences_that_start_from_their_stored_
         torch.testing.assert_close(batch[Columns.STATE_IN][name], expected, rtol=0, atol=0)
 
 
-def test_feed_forward_rows_pass_untouched_and_a_mix_of_module_kinds_is_refused():
+def test_feed_forward_rows_pass_untouched():
     ff = MultiRLModuleSpec(rl_module_specs={"p": ff_spec()}).build()
     episode = hand_episode(3, 0)
     columns = AddColumnsFromEpisodes()(rl_module=ff, batch={}, episodes=[episode], shared_data={}, metrics=MetricsLogger())
@@ -147,12 +147,90 @@ def test_feed_forward_rows_pass_untouched_and_a_mix_of_module_kinds_is_refused()
     out = AddTimeDimToBatchAndZeroPad()(rl_module=ff, batch=columns, episodes=[episode], shared_data={}, metrics=MetricsLogger())
     assert out["p"].keys() == kept.keys() and all(out["p"][key] is kept[key] for key in kept)
 
-    mixed = built(MultiRLModuleSpec(rl_module_specs={"lstm": lstm_spec(), "ff": ff_spec()}))
-    with pytest.raises(ValueError, match=r"stateful .*\['lstm'\].* feed-forward .*\['ff'\].*not supported yet"):
-        mixed.step_runner.check_minibatch_size(64)
-    batch = {"lstm": dict(kept), "ff": dict(kept)}
-    with pytest.raises(ValueError, match="not supported yet"):
-        AddTimeDimToBatchAndZeroPad()(rl_module=mixed.module, batch=batch, episodes=[], shared_data={}, metrics=MetricsLogger())
+
+class LayoutRecordingPPO(PPOLearner):
+    """Records each loss call's module and its minibatch's layout: (module, obs dims, real steps)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.layouts: list[tuple[str, int, int]] = []
+
+    def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
+        steps = int(batch[Columns.LOSS_MASK].sum()) if Columns.LOSS_MASK in batch else len(batch[Columns.OBS])
+        self.layouts.append((module_id, batch[Columns.OBS].dim(), steps))
+        return super().compute_loss_for_module(module_id=module_id, config=config, batch=batch, fwd_out=fwd_out)
+
+
+def mixed_modules_on_simple_spread(**settings: Any) -> tuple[dict[str, LayoutRecordingPPO], list[Any], list[str]]:
+    """Learners of an LSTM module (agent_0) beside two feed-forward ones, from the same weights: ``all`` trains
+    every module, ``lstm`` agent_0 alone, ``ff`` the other two; and simple_spread episodes they acted in."""
+    pytest.importorskip("mpe2")
+    from lightning_rl.env.multi_agent_runner import MultiAgentEnvRunner
+
+    runner = MultiAgentEnvRunner("mpe2.simple_spread_v3", env_kwargs={"max_cycles": 9}, num_envs=2,
+                                 policy_mapping_fn="per_agent", seed=0)  # fmt: skip
+    spaces = {"observation_space": runner.observation_space("agent_0"), "action_space": runner.action_space("agent_0")}
+    lstm = {"fcnet_hiddens": [8], "use_lstm": True, "lstm_cell_size": 8, "max_seq_len": 4}
+    specs = {
+        agent: RLModuleSpec(module_class=PPOModule, model_config=lstm if agent == "agent_0" else {"fcnet_hiddens": [8]},
+                            **spaces)
+        for agent in runner.possible_agents
+    }  # fmt: skip
+    torch.manual_seed(0)
+    learners = {}
+    for trained, modules in (("all", None), ("lstm", ["agent_0"]), ("ff", ["agent_1", "agent_2"])):
+        learners[trained] = LayoutRecordingPPO(MultiRLModuleSpec(rl_module_specs=specs), policies_to_train=modules,
+                                               **settings)  # fmt: skip
+        learners[trained].build()
+        learners[trained].module.load_state_dict(learners["all"].module.state_dict())
+    episodes = runner.sample(learners["all"].module, num_env_steps=13)  # episodes cut mid-way: chunks continue
+    runner.close()
+    return learners, episodes, list(runner.possible_agents)
+
+
+def test_stateful_and_feed_forward_modules_train_together_as_each_kind_trains_alone():
+    """One Learner, an LSTM module beside feed-forward ones (as RLlib allows): on the whole batch, each module's
+    update is exactly the one a Learner training it alone makes, each in its own layout (sequences, rows)."""
+    # A small clip, so clipping acts: it clips each module's gradients by their own norm.
+    learners, episodes, agents = mixed_modules_on_simple_spread(grad_clip=0.01)
+    start = {name: value.clone() for name, value in learners["all"].module.state_dict().items()}
+    for learner in learners.values():
+        learner.update(episodes=episodes, num_epochs=2)
+    mixed = learners["all"].module.state_dict()
+    module_of = {name: name.split(".")[1] for name in mixed}  # "_rl_modules.<module id>.<parameter>"
+    assert set(module_of.values()) == {"agent_0", "agent_1", "agent_2"}
+    for trained, alone in (("lstm", ["agent_0"]), ("ff", ["agent_1", "agent_2"])):
+        for name, value in learners[trained].module.state_dict().items():
+            if module_of[name] in alone:
+                torch.testing.assert_close(mixed[name], value, rtol=0, atol=0, msg=name)
+    # Every module trained (and each learner alone left the others as they were).
+    for agent in agents:
+        assert any(not torch.equal(start[name], mixed[name]) for name in start if module_of[name] == agent)
+    untouched = learners["lstm"].module.state_dict()
+    assert all(torch.equal(start[name], untouched[name]) for name in start if module_of[name] != "agent_0")
+    # The LSTM module's loss saw sequences [S, T, obs], the others rows [B, obs]; every step of each, per epoch.
+    steps = {
+        agent: sum(len(episode.agent_episodes[agent]) for episode in episodes if agent in episode.agent_episodes)
+        for agent in agents
+    }
+    for agent, dims in (("agent_0", 3), ("agent_1", 2), ("agent_2", 2)):
+        assert [(d, n) for module, d, n in learners["all"].layouts if module == agent] == [(dims, steps[agent])] * 2
+
+
+def test_minibatches_of_mixed_modules_hold_sequences_and_rows_each_pass_covering_every_step():
+    learners, episodes, agents = mixed_modules_on_simple_spread()
+    learner = learners["all"]
+    learner.update(episodes=episodes, num_epochs=2, minibatch_size=8, shuffle_batch_per_epoch=True)
+    calls = {agent: [(d, n) for module, d, n in learner.layouts if module == agent] for agent in agents}
+    # Sequences of max_seq_len 4 for the LSTM module, rows for the others; a minibatch holds about 8 steps of
+    # each module (whole sequences: those starting in its stretch of 8 real steps), and as many steps per pass.
+    assert {d for d, _ in calls["agent_0"]} == {3}
+    assert {d for agent in ("agent_1", "agent_2") for d, _ in calls[agent]} == {2}
+    assert len({len(found) for found in calls.values()}) == 1  # every module trains at every step
+    per_pass = len(calls["agent_0"]) // 2
+    total = sum(len(e.agent_episodes["agent_0"]) for e in episodes if "agent_0" in e.agent_episodes)
+    assert sum(n for _, n in calls["agent_0"][:per_pass]) >= total
+    assert all(n <= 8 + 3 for _, n in calls["agent_0"]) and all(n <= 8 for _, n in calls["agent_1"])
 
 
 def test_a_stateful_module_needs_stored_states_and_a_sequence_batch():

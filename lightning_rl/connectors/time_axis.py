@@ -27,7 +27,8 @@ class AddTimeDimToBatchAndZeroPad(ConnectorPiece):
     one zero-padded: every column becomes ``[S, T, ...]``, ``loss_mask [S, T]`` (true on real
     steps) is added, and ``state_in`` (stored packed per step by the actor) becomes the
     module's state dict at each sequence's first step, ``{name: Tensor[S, ...]}``. A sequence
-    never spans two chunks. Feed-forward modules' rows pass untouched.
+    never spans two chunks. Feed-forward modules' rows pass untouched, so one batch may hold
+    both (``core.batch.iterate_minibatches`` cuts each module's minibatches in its own layout).
 
     The Learner appends this piece last (after user pieces), so every piece before it sees
     rows, as for a feed-forward module (GAE, ``log_vf_explained_var``).
@@ -45,14 +46,12 @@ class AddTimeDimToBatchAndZeroPad(ConnectorPiece):
         """Replace every stateful module's rows in ``batch`` by its sequences.
 
         Raises:
-            ValueError: If the batch holds both stateful and feed-forward modules (not yet
-                supported), no piece before recorded the module episodes, or a stateful
+            ValueError: If no piece before recorded the module episodes, or a stateful
                 module's rows lack the ``state_in`` its episodes should carry.
         """
         stateful = [module_id for module_id in batch if rl_module[module_id].is_stateful()]
         if not stateful:
             return batch
-        check_all_stateful_or_none(rl_module, list(batch))
         episodes_by_module = module_episodes(shared_data, type(self).__name__)
         for module_id in stateful:
             lengths = [len(episode) for episode in episodes_by_module[module_id]]
@@ -90,20 +89,3 @@ def rows_to_sequences(
     sequences[Columns.STATE_IN] = unpack_state(columns[Columns.STATE_IN][layout.first_row], module.get_initial_state())
     sequences[Columns.LOSS_MASK] = layout.loss_mask()
     return sequences
-
-
-def check_all_stateful_or_none(rl_module: MultiRLModule, module_ids: Sequence[str]) -> None:
-    """Raise if ``module_ids`` mix stateful and feed-forward modules (minibatches of sequences and of rows: not yet supported).
-
-    Args:
-        rl_module: The Learner's modules.
-        module_ids: The modules trained together.
-    """
-    stateful = sorted(m for m in module_ids if rl_module[m].is_stateful())
-    feed_forward = sorted(m for m in module_ids if not rl_module[m].is_stateful())
-    if stateful and feed_forward:
-        raise ValueError(
-            f"this Learner trains stateful (recurrent) modules {stateful} and feed-forward modules {feed_forward} "
-            "together; one Learner whose minibatches hold both sequences and rows is not supported yet: train them "
-            "in separate Learners, or give all of them use_lstm"
-        )

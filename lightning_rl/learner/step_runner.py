@@ -43,7 +43,6 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 
-from lightning_rl.connectors.time_axis import check_all_stateful_or_none
 from lightning_rl.core.batch import (
     MultiModuleBatch,
     iterate_minibatches,
@@ -355,16 +354,14 @@ class StepRunner:
             minibatch_size: Env steps per minibatch, as users set it; ``None`` for the whole batch.
 
         Raises:
-            ValueError: For stateful and feed-forward modules in one Learner, or stateful
-                modules with different ``max_seq_len`` (not supported yet); for a
-                ``minibatch_size`` below the stateful modules' ``max_seq_len`` (a minibatch
-                holds whole sequences).
+            ValueError: For stateful modules with different ``max_seq_len`` (not supported
+                yet); for a ``minibatch_size`` below the stateful modules' ``max_seq_len`` (a
+                minibatch holds whole sequences).
         """
         module = self._learner.module
         stateful = [module_id for module_id in module if module[module_id].is_stateful()]
         if not stateful:
             return
-        check_all_stateful_or_none(module, list(module))
         lengths = {module_id: max_seq_len_of(module[module_id]) for module_id in stateful}
         if len(set(lengths.values())) > 1:
             raise ValueError(
