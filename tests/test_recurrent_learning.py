@@ -149,88 +149,99 @@ def test_feed_forward_rows_pass_untouched():
 
 
 class LayoutRecordingPPO(PPOLearner):
-    """Records each loss call's module and its minibatch's layout: (module, obs dims, real steps)."""
+    """Records each loss call's module and minibatch layout: (module, sequence length or 0 for rows, real steps)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.layouts: list[tuple[str, int, int]] = []
 
     def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
-        steps = int(batch[Columns.LOSS_MASK].sum()) if Columns.LOSS_MASK in batch else len(batch[Columns.OBS])
-        self.layouts.append((module_id, batch[Columns.OBS].dim(), steps))
+        mask = batch.get(Columns.LOSS_MASK)
+        layout = (0, len(batch[Columns.OBS])) if mask is None else (mask.shape[1], int(mask.sum()))
+        assert batch[Columns.OBS].dim() == (2 if mask is None else 3)
+        self.layouts.append((module_id, *layout))
         return super().compute_loss_for_module(module_id=module_id, config=config, batch=batch, fwd_out=fwd_out)
 
 
-def mixed_modules_on_simple_spread(**settings: Any) -> tuple[dict[str, LayoutRecordingPPO], list[Any], list[str]]:
-    """Learners of an LSTM module (agent_0) beside two feed-forward ones, from the same weights: ``all`` trains
-    every module, ``lstm`` agent_0 alone, ``ff`` the other two; and simple_spread episodes they acted in."""
+# simple_spread's agents on modules of three kinds: an LSTM (sequences of 4), a GRU (sequences of 6), an MLP.
+MIXED_MODULES = {
+    "agent_0": {"fcnet_hiddens": [8], "use_lstm": True, "lstm_cell_size": 8, "max_seq_len": 4},
+    "agent_1": {"fcnet_hiddens": [8], "use_lstm": True, "recurrent_cell": "gru", "lstm_cell_size": 8, "max_seq_len": 6},
+    "agent_2": {"fcnet_hiddens": [8]},
+}
+
+
+def mixed_modules_on_simple_spread(**settings: Any) -> tuple[dict[str | None, LayoutRecordingPPO], list[Any]]:
+    """Learners of ``MIXED_MODULES`` from the same weights, keyed by the one module each trains (``None``: all of
+    them), and simple_spread episodes of 2 env copies the modules acted in, cut mid-episode (chunks continue)."""
     pytest.importorskip("mpe2")
     from lightning_rl.env.multi_agent_runner import MultiAgentEnvRunner
 
     runner = MultiAgentEnvRunner("mpe2.simple_spread_v3", env_kwargs={"max_cycles": 9}, num_envs=2,
                                  policy_mapping_fn="per_agent", seed=0)  # fmt: skip
     spaces = {"observation_space": runner.observation_space("agent_0"), "action_space": runner.action_space("agent_0")}
-    lstm = {"fcnet_hiddens": [8], "use_lstm": True, "lstm_cell_size": 8, "max_seq_len": 4}
     specs = {
-        agent: RLModuleSpec(module_class=PPOModule, model_config=lstm if agent == "agent_0" else {"fcnet_hiddens": [8]},
-                            **spaces)
-        for agent in runner.possible_agents
-    }  # fmt: skip
+        agent: RLModuleSpec(module_class=PPOModule, model_config=config, **spaces)
+        for agent, config in MIXED_MODULES.items()
+    }
     torch.manual_seed(0)
-    learners = {}
-    for trained, modules in (("all", None), ("lstm", ["agent_0"]), ("ff", ["agent_1", "agent_2"])):
-        learners[trained] = LayoutRecordingPPO(MultiRLModuleSpec(rl_module_specs=specs), policies_to_train=modules,
-                                               **settings)  # fmt: skip
+    learners: dict[str | None, LayoutRecordingPPO] = {}
+    for trained in (None, *MIXED_MODULES):
+        rule = None if trained is None else [trained]
+        spec = MultiRLModuleSpec(rl_module_specs=specs)
+        learners[trained] = LayoutRecordingPPO(spec, policies_to_train=rule, **settings)
         learners[trained].build()
-        learners[trained].module.load_state_dict(learners["all"].module.state_dict())
-    episodes = runner.sample(learners["all"].module, num_env_steps=13)  # episodes cut mid-way: chunks continue
+        learners[trained].module.load_state_dict(learners[None].module.state_dict())
+    episodes = runner.sample(learners[None].module, num_env_steps=13)
     runner.close()
-    return learners, episodes, list(runner.possible_agents)
+    return learners, episodes
 
 
-def test_stateful_and_feed_forward_modules_train_together_as_each_kind_trains_alone():
-    """One Learner, an LSTM module beside feed-forward ones (as RLlib allows): on the whole batch, each module's
-    update is exactly the one a Learner training it alone makes, each in its own layout (sequences, rows)."""
+def steps_of(episodes: list[Any], agent: str) -> int:
+    return sum(len(episode.agent_episodes[agent]) for episode in episodes if agent in episode.agent_episodes)
+
+
+def test_stateful_and_feed_forward_modules_train_together_as_each_trains_alone():
+    """One Learner, LSTM, GRU and MLP modules of different sequence lengths together (as RLlib allows): on the
+    whole batch each module's update is exactly the one a Learner training it alone makes, in its own layout."""
     # A small clip, so clipping acts: it clips each module's gradients by their own norm.
-    learners, episodes, agents = mixed_modules_on_simple_spread(grad_clip=0.01)
-    start = {name: value.clone() for name, value in learners["all"].module.state_dict().items()}
+    learners, episodes = mixed_modules_on_simple_spread(grad_clip=0.01)
+    start = {name: value.clone() for name, value in learners[None].module.state_dict().items()}
     for learner in learners.values():
         learner.update(episodes=episodes, num_epochs=2)
-    mixed = learners["all"].module.state_dict()
-    module_of = {name: name.split(".")[1] for name in mixed}  # "_rl_modules.<module id>.<parameter>"
-    assert set(module_of.values()) == {"agent_0", "agent_1", "agent_2"}
-    for trained, alone in (("lstm", ["agent_0"]), ("ff", ["agent_1", "agent_2"])):
-        for name, value in learners[trained].module.state_dict().items():
-            if module_of[name] in alone:
-                torch.testing.assert_close(mixed[name], value, rtol=0, atol=0, msg=name)
-    # Every module trained (and each learner alone left the others as they were).
-    for agent in agents:
-        assert any(not torch.equal(start[name], mixed[name]) for name in start if module_of[name] == agent)
-    untouched = learners["lstm"].module.state_dict()
-    assert all(torch.equal(start[name], untouched[name]) for name in start if module_of[name] != "agent_0")
-    # The LSTM module's loss saw sequences [S, T, obs], the others rows [B, obs]; every step of each, per epoch.
-    steps = {
-        agent: sum(len(episode.agent_episodes[agent]) for episode in episodes if agent in episode.agent_episodes)
-        for agent in agents
-    }
-    for agent, dims in (("agent_0", 3), ("agent_1", 2), ("agent_2", 2)):
-        assert [(d, n) for module, d, n in learners["all"].layouts if module == agent] == [(dims, steps[agent])] * 2
+    together = learners[None].module.state_dict()
+    module_of = {name: name.split(".")[1] for name in together}  # "_rl_modules.<module id>.<parameter>"
+    assert set(module_of.values()) == set(MIXED_MODULES)
+    for agent in MIXED_MODULES:
+        alone = learners[agent].module.state_dict()
+        for name in together:
+            if module_of[name] == agent:
+                torch.testing.assert_close(together[name], alone[name], rtol=0, atol=0, msg=name)
+            else:  # a Learner training one module leaves the others as they were
+                assert torch.equal(alone[name], start[name]), name
+        assert any(not torch.equal(start[name], together[name]) for name in start if module_of[name] == agent)
+        # Sequences [S, T, obs] of the module's own T, or rows [B, obs]; every step, once per epoch.
+        length = MIXED_MODULES[agent].get("max_seq_len", 0)
+        layouts = [(t, n) for module, t, n in learners[None].layouts if module == agent]
+        assert layouts == [(length, steps_of(episodes, agent))] * 2
 
 
-def test_minibatches_of_mixed_modules_hold_sequences_and_rows_each_pass_covering_every_step():
-    learners, episodes, agents = mixed_modules_on_simple_spread()
-    learner = learners["all"]
+def test_minibatches_of_mixed_modules_hold_each_modules_layout_and_a_pass_covers_every_step():
+    learners, episodes = mixed_modules_on_simple_spread()
+    learner = learners[None]
     learner.update(episodes=episodes, num_epochs=2, minibatch_size=8, shuffle_batch_per_epoch=True)
-    calls = {agent: [(d, n) for module, d, n in learner.layouts if module == agent] for agent in agents}
-    # Sequences of max_seq_len 4 for the LSTM module, rows for the others; a minibatch holds about 8 steps of
-    # each module (whole sequences: those starting in its stretch of 8 real steps), and as many steps per pass.
-    assert {d for d, _ in calls["agent_0"]} == {3}
-    assert {d for agent in ("agent_1", "agent_2") for d, _ in calls[agent]} == {2}
+    calls = {agent: [(t, n) for module, t, n in learner.layouts if module == agent] for agent in MIXED_MODULES}
     assert len({len(found) for found in calls.values()}) == 1  # every module trains at every step
-    per_pass = len(calls["agent_0"]) // 2
-    total = sum(len(e.agent_episodes["agent_0"]) for e in episodes if "agent_0" in e.agent_episodes)
-    assert sum(n for _, n in calls["agent_0"][:per_pass]) >= total
-    assert all(n <= 8 + 3 for _, n in calls["agent_0"]) and all(n <= 8 for _, n in calls["agent_1"])
+    per_pass = len(calls["agent_2"]) // 2
+    for agent, config in MIXED_MODULES.items():
+        length = config.get("max_seq_len", 0)
+        assert {t for t, _ in calls[agent]} == {length}
+        # About 8 real steps a minibatch (whole sequences: those that start in its stretch of 8), every step a pass.
+        assert all(n <= 8 + max(length - 1, 0) for _, n in calls[agent])
+        assert sum(n for _, n in calls[agent][:per_pass]) >= steps_of(episodes, agent)
+    # A minibatch must hold a whole sequence of every stateful module: the GRU's 6 steps name it.
+    with pytest.raises(ValueError, match="minibatch_size=5 is below module 'agent_1'.s max_seq_len=6"):
+        learner.update(episodes=episodes, minibatch_size=5)
 
 
 def test_a_stateful_module_needs_stored_states_and_a_sequence_batch():

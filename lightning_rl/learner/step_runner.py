@@ -313,8 +313,8 @@ class StepRunner:
         Raises:
             ValueError: With sharded modules outside their Trainer (the ranks would not agree
                 on their steps, and could wait on each other forever); on several ranks asked
-                for different ``num_epochs`` or ``minibatch_size``; for stateful modules
-                together with feed-forward ones, or with different ``max_seq_len``.
+                for different ``num_epochs`` or ``minibatch_size``; for a ``minibatch_size``
+                below a stateful module's ``max_seq_len``.
         """
         if self.sharding_mesh is not None and self.running_trainer() is None:
             raise ValueError(
@@ -354,26 +354,18 @@ class StepRunner:
             minibatch_size: Env steps per minibatch, as users set it; ``None`` for the whole batch.
 
         Raises:
-            ValueError: For stateful modules with different ``max_seq_len`` (not supported
-                yet); for a ``minibatch_size`` below the stateful modules' ``max_seq_len`` (a
-                minibatch holds whole sequences).
+            ValueError: For a ``minibatch_size`` below a stateful module's ``max_seq_len`` (a
+                minibatch holds whole sequences), naming the module.
         """
-        module = self._learner.module
-        stateful = [module_id for module_id in module if module[module_id].is_stateful()]
-        if not stateful:
+        if minibatch_size is None:
             return
-        lengths = {module_id: max_seq_len_of(module[module_id]) for module_id in stateful}
-        if len(set(lengths.values())) > 1:
-            raise ValueError(
-                f"this Learner's stateful modules have different max_seq_len {lengths}; minibatches of sequences "
-                "of different lengths are not supported yet: give them one max_seq_len"
-            )
-        max_seq_len = next(iter(lengths.values()))
-        if minibatch_size is not None and minibatch_size < max_seq_len:
-            raise ValueError(
-                f"minibatch_size={minibatch_size} is below max_seq_len={max_seq_len}: a stateful module's minibatch "
-                "holds whole sequences, so make minibatch_size at least max_seq_len (or max_seq_len smaller)"
-            )
+        for module_id, module in self._learner.module.items():
+            if module.is_stateful() and minibatch_size < max_seq_len_of(module):
+                raise ValueError(
+                    f"minibatch_size={minibatch_size} is below module {module_id!r}'s max_seq_len="
+                    f"{max_seq_len_of(module)}: a stateful module's minibatch holds whole sequences, so make "
+                    "minibatch_size at least max_seq_len (or max_seq_len smaller)"
+                )
 
     def _minibatch_steps(
         self,
