@@ -46,11 +46,11 @@ from lightning_rl.cli.run_settings import read_data_section, run_base_seed
 from lightning_rl.core.checkpoint import checkpoint_file, read_checkpoint_file
 from lightning_rl.core.rl_modules import MultiRLModule, RLModule
 from lightning_rl.core.spaces import space_to_dict
+from lightning_rl.env.frame_recorder import RGB_ARRAY, RecordedFrames
 from lightning_rl.env.matches import seat_mapping
 from lightning_rl.env.multi_agent_episode import AgentID, ModuleID, MultiAgentEpisode
 from lightning_rl.env.multi_agent_runner import MultiAgentEnvRunner
 from lightning_rl.env.opponents import OPPONENTS
-from lightning_rl.env.frame_recorder import RGB_ARRAY, RecordedFrames
 from lightning_rl.env.pettingzoo_env import check_pettingzoo_env_name, make_pettingzoo_env
 from lightning_rl.env.pettingzoo_frames import record_first_episode
 from lightning_rl.env.policy_mapping import BUILT_IN_MAPPINGS, PolicyMappingFn, module_spaces
@@ -96,8 +96,9 @@ class PettingZooSource:
         Args:
             num_envs: The copies.
             seed: Copy 0's first seed.
-            recorded: If given, copy 0 is made with ``render_mode="rgb_array"`` and its first
-                episode's frames are appended to ``recorded.frames`` (``--video``).
+            recorded: If given, the copies are made with ``render_mode="rgb_array"`` and copy 0's
+                first episode's frames are appended to ``recorded.frames`` (``--video``; the
+                other copies never render).
 
         Raises:
             CommandError: With ``recorded``, for ``env_kwargs`` that set another render mode.
