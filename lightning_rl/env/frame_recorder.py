@@ -88,14 +88,22 @@ class EpisodeFrameRecorder(gym.Wrapper):
         return np.stack(frames) if frames else None
 
     def _frame(self) -> np.ndarray:
-        frame = self.env.render()
-        if not (isinstance(frame, np.ndarray) and frame.ndim == 3 and frame.shape[-1] == 3):
-            shape = getattr(frame, "shape", type(frame).__name__)
-            raise ValueError(
-                f"env {_env_name(self.env)} rendered {shape} in render_mode='rgb_array'; "
-                "an evaluation video needs [height, width, 3] frames"
-            )
-        return np.asarray(frame, dtype=np.uint8)
+        return rgb_frame(self.env, f"env {_env_name(self.env)}")
+
+
+def rgb_frame(env: Any, name: str) -> np.ndarray:
+    """``env.render()`` (an env in ``render_mode="rgb_array"``), checked to be one ``[H, W, 3]`` frame, as uint8.
+
+    Raises:
+        ValueError: Naming the env (``name``) and what it rendered instead.
+    """
+    frame = env.render()
+    if not (isinstance(frame, np.ndarray) and frame.ndim == 3 and frame.shape[-1] == 3):
+        shape = getattr(frame, "shape", type(frame).__name__)
+        raise ValueError(
+            f"{name} rendered {shape} in render_mode='rgb_array'; an evaluation video needs [height, width, 3] frames"
+        )
+    return np.asarray(frame, dtype=np.uint8)
 
 
 def env_kwargs_for_video(env: str | Callable[..., gym.Env], env_kwargs: dict[str, Any]) -> dict[str, Any]:

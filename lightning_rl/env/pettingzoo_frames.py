@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from lightning_rl.env.frame_recorder import RGB_ARRAY, RecordedFrames, quiet_headless_rendering
+from lightning_rl.env.frame_recorder import RGB_ARRAY, RecordedFrames, quiet_headless_rendering, rgb_frame
 from lightning_rl.env.pettingzoo_env import is_parallel_env
 
 
@@ -68,14 +68,7 @@ class _FirstEpisodeFrames:
             self.recording = bool(self.env.unwrapped.agents)  # no agent left: the episode is over
 
     def _frame(self) -> np.ndarray:
-        frame = self.env.render()
-        if not (isinstance(frame, np.ndarray) and frame.ndim == 3 and frame.shape[-1] == 3):
-            shape = getattr(frame, "shape", type(frame).__name__)
-            raise ValueError(
-                f"PettingZoo env {_name(self.env)} rendered {shape} in render_mode='rgb_array'; a video needs "
-                "[height, width, 3] frames"
-            )
-        return np.asarray(frame, dtype=np.uint8)
+        return rgb_frame(self.env, f"PettingZoo env {_name(self.env)}")
 
 
 @functools.cache
