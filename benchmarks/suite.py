@@ -421,7 +421,7 @@ def task_report(name: str, records: list[dict[str, Any]]) -> str:
                   f"{p_value:.0%} of the ways to split the {len(finals['ours']) + len(finals['sb3'])} runs into "
                   "groups of these sizes (a one-sided permutation test, "
                   f"{exactness(len(finals['ours']), len(finals['sb3']))})."]  # fmt: skip
-    lines += final_policy_lines(done)
+    lines += final_policy_lines(task, done)
     lines += ["", "Final eval return: the mean over the last evaluation's episodes, after the last update. Env steps/s: "
               "env steps over the training loop's time, evaluation left out; wall: set-up plus that loop. A ratio "
               "above 1 is faster for env steps/s and slower for wall time.", "",
@@ -430,8 +430,9 @@ def task_report(name: str, records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def final_policy_lines(done: dict[str, list[dict[str, Any]]]) -> list[str]:
-    """The report's lines on the runs' ``--final-episodes`` evaluations (none if no run played them)."""
+def final_policy_lines(task: Task, done: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """The report's lines on the runs' ``--final-episodes`` evaluations (none if no run played them), with the
+    task's target on SB3's median return judged on that reading too."""
     played = {library: [r for r in rs if played_return(r) is not None] for library, rs in done.items()}
     played = {library: sorted(rs, key=lambda r: r["seed"]) for library, rs in played.items() if rs}
     if not played:
@@ -450,6 +451,8 @@ def final_policy_lines(done: dict[str, list[dict[str, Any]]]) -> list[str]:
         gap, p_value = median_gap_p_value(ours, sb3)
         lines[-1] += (f" Ours' median minus SB3's: {gap:,.1f} (one-sided permutation p {p_value:.2f}, "
                       f"{exactness(len(ours), len(sb3))}).")  # fmt: skip
+        if "return" in task.vs_sb3:
+            lines[-1] += f" On this reading, ours' median >= SB3's: {'met' if gap >= 0 else 'NOT met'}."
     return lines
 
 
