@@ -94,7 +94,8 @@ def test_a_tiny_run_of_ours_and_sb3_writes_both_files_with_the_same_evaluation_s
          "--final-episodes", "3", "--",
          "--data.init_args.num_envs", "2", "--data.init_args.rollout_fragment_length", "128",
          "--data.init_args.rollouts_per_epoch", "1", "--model.init_args.num_epochs", "1",
-         "--data.init_args.evaluation_num_episodes", "2", "--data.init_args.evaluation_num_envs", "2"]
+         "--data.init_args.evaluation_num_episodes", "2", "--data.init_args.evaluation_num_envs", "2",
+         "--data.init_args.normalize_observations", "true"]  # so the saved models must carry their statistics
     ))  # fmt: skip
     records = {lib: json.loads((tmp_path / f"ppo_lunarlander-{lib}-seed3.json").read_text()) for lib in ("ours", "sb3")}
     for record in records.values():
@@ -110,15 +111,19 @@ def test_a_tiny_run_of_ours_and_sb3_writes_both_files_with_the_same_evaluation_s
         assert played["num_episodes"] == 3 and len(played["returns"]) == 3 and played["first_seed"] == 500_000_009
         assert played["return_mean"] == pytest.approx(sum(played["returns"]) / 3)
     # ... and the saved models are the final ones: they replay the last periodic evaluation's episodes.
+    import gymnasium as gym
     from off_policy import GreedyEvaluation
     from stable_baselines3 import PPO
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
     from lightning_rl.policy import Policy
 
     policy = Policy.from_checkpoint(tmp_path / "ppo_lunarlander-ours-seed3.ckpt")
     agent = PPO.load(tmp_path / "ppo_lunarlander-sb3-seed3.zip", device="cpu")
+    statistics = VecNormalize.load(str(tmp_path / "ppo_lunarlander-sb3-seed3.vecnormalize.pkl"),
+                                   DummyVecEnv([lambda: gym.make("LunarLander-v3")]))  # fmt: skip
     acts = {"ours": lambda obs: policy.act(obs, deterministic=True),
-            "sb3": lambda obs: agent.predict(obs, deterministic=True)[0]}  # fmt: skip
+            "sb3": lambda obs: agent.predict(statistics.normalize_obs(obs), deterministic=True)[0]}  # fmt: skip
     for library, record in records.items():
         evaluation = GreedyEvaluation(record["hparams"]["data"], 3)
         evaluation.num_resets = len(record["evals"]) - 1  # the last evaluation's seeds
