@@ -9,7 +9,8 @@ two groups of these sizes whose median gap is at or below the observed one, i.e.
 chance alone would put ours this far behind (or further) were both from one distribution.
 
 Reads:
-- ``suite.py``'s run records (``<task>-<library>-seed<S>.json``): the last evaluation's return;
+- ``suite.py``'s run records (``<task>-<library>-seed<S>.json``): the last evaluation's return,
+  and (a task of its own) the final policy's ``--final-episodes`` mean return where it was played;
 - ``multi_agent.py --json`` files: each run's ``return_mean_per_agent`` (simple_spread);
 - ``offline.py --json`` files: each run's ``eval_return_mean``, per algorithm and dataset (told
   apart by the dataset's mean return: the same id recorded on another machine is another dataset),
@@ -91,7 +92,12 @@ def final_returns(path: Path) -> list[tuple[str, str, int, float]]:
             return []
         task = f"{content['task']}, {content['max_env_steps']:,} env steps"
         variant = " ".join([content["library"], *content.get("extra_args", [])])
-        return [(task, variant, content["seed"], content["evals"][-1]["return_mean"])]
+        found = [(task, variant, content["seed"], content["evals"][-1]["return_mean"])]
+        played = content.get("final_evaluation")
+        if played:
+            reading = f"{task}, the final policy's {played['num_episodes']} episodes on seeds of its own"
+            found.append((reading, variant, content["seed"], played["return_mean"]))
+        return found
     runs = content.get("runs")
     if not isinstance(runs, list):
         raise SystemExit(f"{path}: not a result file this script reads (no 'runs' list and no 'library')")

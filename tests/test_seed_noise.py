@@ -50,6 +50,13 @@ def test_the_report_pools_every_kind_of_result_file_once_per_seed(seed_noise, tm
         "dqn-ours-seed2.json": _suite_record("ours", 2, 999.0, status="running"),  # unfinished: left out
         "dqn-sb3-seed0.json": _suite_record("sb3", 0, 200.0),
         "dqn-sb3-seed1.json": _suite_record("sb3", 1, 220.0),
+        # Runs that also played their final policy (suite.py --final-episodes): that reading is a task of its own.
+        "played-ours-seed0.json": {**_suite_record("ours", 0, 50.0), "max_env_steps": 300,
+                                   "final_evaluation": {"num_episodes": 100, "return_mean": 240.0}},
+        "played-ours-seed1.json": {**_suite_record("ours", 1, 60.0), "max_env_steps": 300,
+                                   "final_evaluation": {"num_episodes": 100, "return_mean": 250.0}},
+        "played-sb3-seed0.json": {**_suite_record("sb3", 0, 70.0), "max_env_steps": 300,
+                                  "final_evaluation": {"num_episodes": 100, "return_mean": 230.0}},
         "spread.json": {"config": {"game": "simple_spread"}, "runs": [
             {"variant": variant, "seed": seed, "status": "OK", "return_mean_per_agent": value, "env_steps": steps}
             for variant, seed, value, steps in [("ours", 0, -19.0, 1000), ("ours", 1, -20.0, 1000),
@@ -109,6 +116,10 @@ def test_the_report_pools_every_kind_of_result_file_once_per_seed(seed_noise, tm
     elsewhere = out.split("cql pendulum/sac-medium-v0 (data -436.2), 4,000 gradient steps:\n")[1]
     assert "ours - d3rlpy: median gap +30.00" in elsewhere.split(":\n")[0]
     assert "dqn_lunarlander, 200 env steps:" in out and "simple_spread, 800 env steps:" in out  # random's own budget
+    played = out.split("dqn_lunarlander, 300 env steps, the final policy's 100 episodes on seeds of its own:\n")[1]
+    assert "ours         n=2   median     245.00" in played.split(":\n")[0]
+    periodic = out.split("dqn_lunarlander, 300 env steps:\n")[1]
+    assert "ours         n=2   median      55.00" in periodic.split(":\n")[0]
 
 
 def test_a_seed_read_twice_with_two_values_is_refused_naming_both_files(seed_noise, tmp_path: Path):
