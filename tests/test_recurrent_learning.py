@@ -244,6 +244,21 @@ def test_minibatches_of_mixed_modules_hold_each_modules_layout_and_a_pass_covers
         learner.update(episodes=episodes, minibatch_size=5)
 
 
+@pytest.mark.slow  # two learner processes (10-20 s)
+def test_a_learner_group_trains_mixed_modules_on_two_processes():
+    from lightning_rl.learner.group.learner_group import LearnerGroup
+
+    learners, episodes = mixed_modules_on_simple_spread()
+    before = {module_id: {name: value.detach().clone() for name, value in module.state_dict().items()}
+              for module_id, module in learners[None].module.items()}  # fmt: skip
+    with LearnerGroup(learners[None], num_learners=2, num_threads_per_learner=1) as group:
+        results = group.update(episodes=episodes, num_epochs=2, minibatch_size=8)  # the ranks split the episodes
+        after = group.get_weights()
+    assert set(results) >= set(MIXED_MODULES)
+    for module_id in MIXED_MODULES:
+        assert any(not np.array_equal(before[module_id][name].numpy(), value) for name, value in after[module_id].items())
+
+
 def test_a_stateful_module_needs_stored_states_and_a_sequence_batch():
     learner = built(lstm_spec())
     episode = hand_episode(3, 0)
