@@ -444,7 +444,7 @@ def final_policy_lines(task: Task, done: dict[str, list[dict[str, Any]]]) -> lis
         parts.append(f"{LIBRARY_LABELS[library]} {statistics.median(values):,.1f} [{min(values):,.1f}, "
                      f"{max(values):,.1f}] (seeds {', '.join(str(r['seed']) for r in rs)}; "
                      f"{'/'.join(map(str, episodes))} episodes each)")  # fmt: skip
-    lines = ["", "The final policy played on env seeds of its own run's (`--final-episodes`), mean return, median "
+    lines = ["", "Each run's final policy played on env seeds of its own (`--final-episodes`), mean return, median "
              "[min, max] over seeds: " + "; ".join(parts) + "."]  # fmt: skip
     if len(played.get("ours", [])) >= 2 and len(played.get("sb3", [])) >= 2:
         ours, sb3 = ([played_return(r) for r in played[library]] for library in ("ours", "sb3"))
