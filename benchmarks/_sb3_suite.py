@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from stable_baselines3 import PPO
+from stable_baselines3 import DQN, PPO, SAC
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
@@ -208,3 +208,19 @@ def run_sb3(
     env.close()
     evaluation.close()
     return act
+
+
+def saved_act(record: dict[str, Any], path: Path) -> Callable[[np.ndarray], np.ndarray]:
+    """The greedy policy ``run_sb3(record, ..., save_to=path)`` saved, read back: what its final evaluation played.
+
+    Observations are normalized by the saved ``VecNormalize`` statistics when the run
+    normalized them, as the run's own evaluation did.
+    """
+    agent = {"ppo": PPO, "dqn": DQN, "sac": SAC}[record["algo"]].load(path, device="cpu")
+    data = record["hparams"]["data"]
+    if not data.get("normalize_observations"):
+        return lambda obs: agent.predict(obs, deterministic=True)[0]
+    # VecNormalize.load needs an env of the right spaces to wrap; only its statistics are used.
+    env = make_vec_env(data["env"], n_envs=1, env_kwargs=data["env_kwargs"], vec_env_cls=DummyVecEnv)
+    statistics = VecNormalize.load(str(path.with_suffix(".vecnormalize.pkl")), env)
+    return lambda obs: agent.predict(statistics.normalize_obs(obs), deterministic=True)[0]

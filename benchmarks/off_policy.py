@@ -220,9 +220,11 @@ class GreedyEvaluation:
 
     ``evaluation_num_episodes`` episodes on ``evaluation_num_envs`` (default ``min(num_envs,
     episodes)``) envs of their own in SAME_STEP autoreset, reset at the start of every
-    evaluation with seeds ``seed + 1_000_003 + k * envs`` for the k-th evaluation; the first
-    episodes to end count (several ending at the same step: in env order), the others are
-    dropped. Actions of a ``Box`` space are clipped to its bounds, as the env runner does.
+    evaluation with seeds ``seed + 1_000_003 + k * envs`` for the k-th evaluation. The first
+    ``evaluation_num_episodes`` episodes to *start* count, each played to its end (the
+    ``EpisodeQuota`` rule of ``EnvRunner.sample_episodes``); keeping the first ones to end
+    would favour short episodes. Actions of a ``Box`` space are clipped to its bounds, as the
+    env runner does.
 
     Args:
         data: The data module's hyperparameters (``env``, ``env_kwargs``, ``num_envs``,
@@ -245,21 +247,33 @@ class GreedyEvaluation:
         self.num_resets = 0
 
     def run(self, act: Callable[[np.ndarray], np.ndarray]) -> list[float]:
-        """Play the episodes with ``act`` (observations ``[envs, ...]`` -> greedy actions); their returns."""
+        """Play the episodes with ``act`` (observations ``[envs, ...]`` -> greedy actions).
+
+        Returns:
+            The counted episodes' returns, in the order they ended (episodes ending in the
+            same step: in env order), as ``EnvRunner.sample_episodes`` returns its episodes.
+        """
+        # Imported here, not at the top: the hand-written loops' children would otherwise pay for
+        # importing Lightning in their set-up time (this lands in the evaluation's, timed apart).
+        from lightning_rl.env.episode_quota import EpisodeQuota
+
         obs, _ = self.envs.reset(seed=self.seed + self.num_resets * self.num_envs)
         self.num_resets += 1
+        quota = EpisodeQuota(self.num_episodes, self.num_envs)
         running = np.zeros(self.num_envs)
         finished: list[float] = []
-        while len(finished) < self.num_episodes:
+        while not quota.done:
             actions = act(obs)
             if self.bounds is not None:
                 actions = np.clip(actions, *self.bounds)
             obs, rewards, terminated, truncated, _ = self.envs.step(actions)
             running += rewards
             for i in np.flatnonzero(terminated | truncated):
-                finished.append(float(running[i]))
+                if quota.counts(i):
+                    finished.append(float(running[i]))
+                    quota.end(i)
                 running[i] = 0.0
-        return finished[: self.num_episodes]
+        return finished
 
     def close(self) -> None:
         self.envs.close()

@@ -208,19 +208,27 @@ def run_child(path: Path) -> None:
     else:
         trainer = run_ours(record, recorder)
         if final_episodes:
-            # The checkpoint a user would evaluate, read back as `lightning-rl evaluate` reads it
-            # (observation normalization included).
-            from lightning_rl.policy import Policy
-
             trainer.save_checkpoint(path.with_suffix(".ckpt"))
-            policy = Policy.from_checkpoint(path.with_suffix(".ckpt"))
-
-            def act(obs: np.ndarray) -> np.ndarray:
-                return policy.act(obs, deterministic=True)
-
+            act = saved_act(record, path)
     if final_episodes:
         record["final_evaluation"] = final_evaluation(record, act)
         write_record(path, record)
+
+
+def saved_act(record: dict[str, Any], path: Path) -> Callable[[np.ndarray], np.ndarray]:
+    """The final model the run of ``path`` saved beside its file, read back: observations -> greedy actions.
+
+    Ours: the checkpoint a user would evaluate, read back as ``lightning-rl evaluate`` reads it
+    (observation normalization included). SB3: ``_sb3_suite.saved_act``.
+    """
+    if record["library"] == "sb3":
+        from _sb3_suite import saved_act as sb3_saved_act
+
+        return sb3_saved_act(record, path.with_suffix(".zip"))
+    from lightning_rl.policy import Policy
+
+    policy = Policy.from_checkpoint(path.with_suffix(".ckpt"))
+    return lambda obs: policy.act(obs, deterministic=True)
 
 
 def run_ours(record: dict[str, Any], recorder: RunRecorder, callbacks: Sequence[Any] = ()) -> Any:
@@ -330,6 +338,40 @@ def run_task(args: argparse.Namespace) -> None:
         also = f", its {played['num_episodes']} final episodes {played['return_mean']:.1f}" if played else ""
         print(f"  {path.name}: {record['status']} in {time.time() - launched:.0f} s, "
               f"final eval return {fmt(final, '.1f')}{also} (log: {path.with_suffix('.log').name})")  # fmt: skip
+
+
+def replay(args: argparse.Namespace) -> None:
+    """``replay``: play every saved final model in ``--out`` again on its record's final-evaluation seeds.
+
+    For when the evaluation itself changed (2026-11-30: ``GreedyEvaluation`` kept the first
+    episodes to end, not to start): the record's ``final_evaluation`` becomes the new reading
+    and the one it replaces is kept, with ``--reason``, in ``superseded_final_evaluations``.
+    """
+    import torch
+
+    out = Path(args.out)
+    paths = [path for path in sorted(out.glob("*.json")) if json.loads(path.read_text()).get("task") in args.tasks]
+    replayed = 0
+    for path in paths:
+        record = json.loads(path.read_text())
+        saved = path.with_suffix(".zip" if record["library"] == "sb3" else ".ckpt")
+        if record.get("status") != "done" or "final_evaluation" not in record:
+            continue
+        if not saved.is_file():
+            print(f"  {path.name}: its saved model {saved.name} is missing, left as it is")
+            continue
+        torch.set_num_threads(record["threads"])
+        before = record["final_evaluation"]
+        after = final_evaluation(record, saved_act(record, path))
+        superseded = {key: value for key, value in before.items() if key != "eval_s"}
+        record.setdefault("superseded_final_evaluations", []).append({**superseded, "reason": args.reason})
+        record["final_evaluation"] = after
+        write_record(path, record)
+        replayed += 1
+        print(f"  {path.name}: {before['num_episodes']} final episodes {before['return_mean']:.1f} -> "
+              f"{after['return_mean']:.1f}")  # fmt: skip
+    if not replayed:
+        raise SystemExit(f"no finished run in {out} has a final evaluation and its saved model")
 
 
 def launch(path: Path, threads: int, timeout: float | None) -> int:
@@ -564,13 +606,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     rep = commands.add_parser("report", help="tables (suite.md) and plots (<task>.png) of the run files in --out")
     rep.add_argument("--tasks", nargs="+", choices=list(TASKS), help="default: every task with run files")
     rep.add_argument("--out", default=str(DEFAULT_OUT), help="directory of the run files (default: %(default)s)")
+    rerun = commands.add_parser("replay", help="play the saved final models in --out again, rewriting their "
+                                "final evaluations (the earlier ones are kept in the run files)")  # fmt: skip
+    rerun.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS),
+                       help="default: every task")  # fmt: skip
+    rerun.add_argument("--reason", required=True, help="why, kept with each superseded reading")
+    rerun.add_argument("--out", default=str(DEFAULT_OUT), help="directory of the run files (default: %(default)s)")
     argv = sys.argv[1:] if argv is None else argv
     # After "--": flags on top of the config, for both libraries (argparse's "--" does not reach a subcommand).
     cut = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:cut])
     args.extra_args = argv[cut + 1 :]
     if args.child is None and args.command is None:
-        parser.error("choose a command: list, run or report")
+        parser.error("choose a command: list, run, report or replay")
     if args.extra_args and args.command != "run":
         parser.error("flags after -- are for the run command")
     return args
@@ -584,6 +632,8 @@ def main() -> None:
         list_tasks()
     elif args.command == "run":
         run_task(args)
+    elif args.command == "replay":
+        replay(args)
     else:
         report(args)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 
@@ -110,29 +111,71 @@ def test_a_tiny_run_of_ours_and_sb3_writes_both_files_with_the_same_evaluation_s
         played = record["final_evaluation"]
         assert played["num_episodes"] == 3 and len(played["returns"]) == 3 and played["first_seed"] == 500_000_009
         assert played["return_mean"] == pytest.approx(sum(played["returns"]) / 3)
-    # ... and the saved models are the final ones: they replay the last periodic evaluation's episodes.
-    import gymnasium as gym
+    # ... and the saved models, read back, are the final ones: they replay the last periodic evaluation's episodes.
     from off_policy import GreedyEvaluation
-    from stable_baselines3 import PPO
-    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
-    from lightning_rl.policy import Policy
-
-    policy = Policy.from_checkpoint(tmp_path / "ppo_lunarlander-ours-seed3.ckpt")
-    agent = PPO.load(tmp_path / "ppo_lunarlander-sb3-seed3.zip", device="cpu")
-    statistics = VecNormalize.load(str(tmp_path / "ppo_lunarlander-sb3-seed3.vecnormalize.pkl"),
-                                   DummyVecEnv([lambda: gym.make("LunarLander-v3")]))  # fmt: skip
-    acts = {"ours": lambda obs: policy.act(obs, deterministic=True),
-            "sb3": lambda obs: agent.predict(statistics.normalize_obs(obs), deterministic=True)[0]}  # fmt: skip
     for library, record in records.items():
+        path = tmp_path / f"ppo_lunarlander-{library}-seed3.json"
+        act = suite.saved_act(record, path)  # ours' checkpoint; SB3's zip with its VecNormalize statistics
         evaluation = GreedyEvaluation(record["hparams"]["data"], 3)
         evaluation.num_resets = len(record["evals"]) - 1  # the last evaluation's seeds
-        returns = evaluation.run(acts[library])
+        returns = evaluation.run(act)
         assert sum(returns) / len(returns) == pytest.approx(record["evals"][-1]["return_mean"], rel=1e-5)
         # The final episodes were played on the seeds the record names, one episode per env.
         data = {**record["hparams"]["data"], "evaluation_num_episodes": 3, "evaluation_num_envs": 3}
-        replayed = GreedyEvaluation(data, 3, first_seed=record["final_evaluation"]["first_seed"]).run(acts[library])
+        replayed = GreedyEvaluation(data, 3, first_seed=record["final_evaluation"]["first_seed"]).run(act)
         assert replayed == pytest.approx(record["final_evaluation"]["returns"], rel=1e-5)
+
+    # `replay` plays the saved models again and rewrites the final evaluations, keeping the ones it replaces.
+    for library in records:
+        path = tmp_path / f"ppo_lunarlander-{library}-seed3.json"
+        stale = json.loads(path.read_text())
+        stale["final_evaluation"].update(returns=[0.0, 0.0, 0.0], return_mean=0.0)
+        path.write_text(json.dumps(stale))
+    suite.replay(suite.parse_args(["replay", "--out", str(tmp_path), "--reason", "a test"]))
+    for library, record in records.items():
+        after = json.loads((tmp_path / f"ppo_lunarlander-{library}-seed3.json").read_text())
+        assert after["final_evaluation"]["returns"] == pytest.approx(record["final_evaluation"]["returns"], rel=1e-5)
+        assert [(old["return_mean"], old["reason"]) for old in after["superseded_final_evaluations"]] == [(0.0, "a test")]
+        assert after["evals"] == record["evals"]
+
+
+def test_greedy_evaluation_keeps_the_episodes_our_data_modules_evaluation_keeps(import_benchmark):
+    # SB3's and the hand-written loops' evaluations are GreedyEvaluation's, ours' the data module's:
+    # the same seeds must give the same episodes. Both keep the first episodes to *start*, each
+    # played to its end; GreedyEvaluation kept the first ones to *end* until 2026-11-30, which
+    # favours short episodes (here ~10 steps against the 20.5 of sequential play).
+    from _helpers import CoinLengthEnv
+
+    from lightning_rl import RLModuleSpec
+    from lightning_rl.algorithms.bc import BCModule
+    from lightning_rl.data import OnPolicyDataModule
+
+    off_policy = import_benchmark("off_policy")
+    env_id = "LightningRLTest/CoinLength-v0"
+    import gymnasium as gym
+
+    if env_id not in gym.registry:
+        gym.register(env_id, entry_point=CoinLengthEnv)
+    envs, episodes, evaluations = 32, 32, 6
+    greedy = off_policy.GreedyEvaluation(
+        {"env": env_id, "env_kwargs": None, "num_envs": 1, "evaluation_num_episodes": episodes,
+         "evaluation_num_envs": envs}, seed=3)  # fmt: skip
+    theirs = [greedy.run(lambda obs: np.zeros(len(obs), np.int64)) for _ in range(evaluations)]
+    greedy.close()
+
+    data = OnPolicyDataModule(env_id, num_envs=1, evaluation_num_episodes=episodes, evaluation_num_envs=envs, seed=3)
+    try:
+        runner = data.sampling.eval_runner
+        module = RLModuleSpec(module_class=BCModule, observation_space=runner.observation_space,
+                              action_space=runner.action_space, model_config={"fcnet_hiddens": [8]}).build()  # fmt: skip
+        ours = [[float(len(episode)) for episode in data.sampling.evaluate(module)] for _ in range(evaluations)]
+    finally:
+        data.teardown("fit")
+    assert ours == theirs  # episode for episode, in the order they ended
+    lengths = np.concatenate(theirs)
+    assert len(lengths) == envs * evaluations and set(lengths) == {1.0, 40.0}
+    assert abs(lengths.mean() - 20.5) < 4, lengths.mean()  # sd of the mean ~1.6
 
 
 def _resolved(**model_config) -> dict:

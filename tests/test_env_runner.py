@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 import torch
 
+from _helpers import CoinLengthEnv
+
 from lightning_rl import RLModuleSpec
 from lightning_rl.algorithms.bc import BCModule
 from lightning_rl.core.columns import Columns
@@ -419,24 +421,6 @@ def test_env_kwargs_and_string_wrappers() -> None:
         episodes = runner.sample(module_for(runner))
     assert all(len(episode) <= 5 for episode in episodes)
     assert any(episode.is_truncated for episode in episodes)
-
-
-class CoinLengthEnv(gym.Env):
-    """Episodes of 1 or 40 steps, a fair coin of the env's seeded RNG at each reset; reward 1 a step."""
-
-    def __init__(self) -> None:
-        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
-        self.action_space = gym.spaces.Discrete(2)
-        self.length = self.t = 0
-
-    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
-        super().reset(seed=seed)
-        self.length, self.t = (1, 40)[int(self.np_random.integers(2))], 0
-        return np.array([self.length, 0], np.float32), {}
-
-    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
-        self.t += 1
-        return np.array([self.length, self.t], np.float32), 1.0, self.t >= self.length, False, {}
 
 
 @pytest.mark.parametrize("num_envs", [1, 4, 32])
