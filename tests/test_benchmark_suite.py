@@ -136,7 +136,8 @@ def test_a_tiny_run_of_ours_and_sb3_writes_both_files_with_the_same_evaluation_s
     for library, record in records.items():
         after = json.loads((tmp_path / f"ppo_lunarlander-{library}-seed3.json").read_text())
         assert after["final_evaluation"]["returns"] == pytest.approx(record["final_evaluation"]["returns"], rel=1e-5)
-        assert [(old["return_mean"], old["reason"]) for old in after["superseded_final_evaluations"]] == [(0.0, "a test")]
+        superseded = after["superseded_final_evaluations"]
+        assert [(old["return_mean"], old["reason"]) for old in superseded] == [(0.0, "a test")]
         assert after["evals"] == record["evals"]
 
 
@@ -167,8 +168,9 @@ def test_greedy_evaluation_keeps_the_episodes_our_data_modules_evaluation_keeps(
     data = OnPolicyDataModule(env_id, num_envs=1, evaluation_num_episodes=episodes, evaluation_num_envs=envs, seed=3)
     try:
         runner = data.sampling.eval_runner
-        module = RLModuleSpec(module_class=BCModule, observation_space=runner.observation_space,
-                              action_space=runner.action_space, model_config={"fcnet_hiddens": [8]}).build()  # fmt: skip
+        spec = RLModuleSpec(module_class=BCModule, observation_space=runner.observation_space,
+                            action_space=runner.action_space, model_config={"fcnet_hiddens": [8]})  # fmt: skip
+        module = spec.build()
         ours = [[float(len(episode)) for episode in data.sampling.evaluate(module)] for _ in range(evaluations)]
     finally:
         data.teardown("fit")
