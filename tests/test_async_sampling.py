@@ -15,6 +15,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -179,6 +180,22 @@ def slow_cartpole() -> gym.Env:
     return _SlowStep(gym.make("CartPole-v1"))
 
 
+def offset_cartpole() -> Callable[[], gym.Env]:
+    """A factory of CartPole with 100 added to every observation: normalized, they are near 0; raw (or by stale
+    statistics), 10 (clipped).
+
+    Made inside a function, so that cloudpickle sends it by value: a Ray worker cannot import this test file.
+    """
+
+    def make() -> gym.Env:
+        env = gym.make("CartPole-v1")
+        low, high = env.observation_space.low + 100, env.observation_space.high + 100
+        space = gym.spaces.Box(low, high, dtype=np.float32)
+        return gym.wrappers.TransformObservation(env, lambda obs: (obs + 100).astype(np.float32), space)
+
+    return make
+
+
 class SlowPPO(PPOLearner):
     """Sleeps before every update: a Learner slower than its samplers."""
 
@@ -267,7 +284,7 @@ def _fit_on_rank(rank: int, world_size: int) -> dict[str, Any]:
     # run_on_ranks starts its ranks as daemonic processes, which multiprocessing forbids to
     # start processes of their own; ranks that torchrun or Lightning start are not daemonic.
     multiprocessing.current_process()._config["daemon"] = False
-    data = async_data(num_env_runners=1, rollouts_per_epoch=3)
+    data = async_data(num_env_runners=1, rollouts_per_epoch=3, normalize_observations=True, normalize_rewards=True)
     recorder = Record()
     trainer = Trainer(
         accelerator="cpu", strategy="ddp", devices=world_size, max_epochs=1, logger=False,
@@ -278,8 +295,10 @@ def _fit_on_rank(rank: int, world_size: int) -> dict[str, Any]:
     return {
         "lifetime": data.num_env_steps_sampled_lifetime,
         "steps": [item["num_env_steps_sampled_lifetime"] for item in recorder.items],
-        "first_obs": np.asarray(recorder.rollouts[0][0].observations[0]),
+        # Normalized: its first observation is 0 on every rank (the statistics of that one row).
+        "first_chunk": np.asarray(recorder.rollouts[0][0].observations),
         "pids": sorted(recorder.pids),
+        "statistics": {key: data.state_dict()[key] for key in ("observation_normalization", "reward_normalization")},
     }
 
 
@@ -287,8 +306,84 @@ def test_two_ddp_ranks_each_sample_their_own_seeds_and_count_env_steps_together(
     rank0, rank1 = run_on_ranks(_fit_on_rank, world_size=2, timeout=120)
     assert rank0["steps"] == rank1["steps"] == [32.0, 64.0, 96.0]
     assert rank0["lifetime"] == rank1["lifetime"] == 96
-    assert not np.array_equal(rank0["first_obs"], rank1["first_obs"])
+    # Both ranks merged both ranks' samplers' statistics, in the same order: equal to the bit.
+    for key in ("observation_normalization", "reward_normalization"):
+        a, b = rank0["statistics"][key], rank1["statistics"][key]
+        assert a["count"] == b["count"] and torch.equal(a["mean"], b["mean"]) and torch.equal(a["var"], b["var"])
+    assert rank0["statistics"]["reward_normalization"]["count"] == 96
+    assert not np.array_equal(rank0["first_chunk"], rank1["first_chunk"])
     assert not wait_until_gone(set(rank0["pids"] + rank1["pids"]))
+
+
+# ----------------------------------------------------------------------------------------
+# Normalization
+# ----------------------------------------------------------------------------------------
+
+NORMALIZE = {"normalize_observations": True, "normalize_rewards": True}
+
+
+def _observations(episodes: list[Any]) -> np.ndarray:
+    return np.concatenate([np.asarray(episode.observations) for episode in episodes])
+
+
+def test_the_samplers_statistics_are_merged_evaluated_with_and_checkpointed(tmp_path: Path):
+    class EvaluatedWith(Callback):
+        def on_validation_end(self, trainer: Trainer, pl_module: Any) -> None:
+            self.statistics = trainer.datamodule.eval_runner.normalization.state_dict()["observation_normalization"]
+
+    data = async_data(env=offset_cartpole(), rollouts_per_epoch=6, **NORMALIZE)
+    recorder, evaluated = Record(), EvaluatedWith()
+    trainer = make_trainer(tmp_path, limit_val_batches=1, callbacks=[recorder, evaluated])
+    trainer.fit(learner(), datamodule=data)
+    state = data.state_dict()
+    observations, returns = state["observation_normalization"], state["reward_normalization"]
+    # Every new rollout's report merged once: one running return per env step, and the observations
+    # acted on (one per step, plus each sampler's first reset when its first rollout was taken).
+    assert data.num_env_steps_sampled_lifetime == 96 and returns["count"] == 96
+    assert 96 < observations["count"] <= 96 + 2
+    assert np.allclose(np.asarray(observations["mean"]), 100, atol=3)
+    # The samplers acted on normalized observations (raw ones, 100 and up, would read 10 clipped).
+    assert np.abs(_observations(recorder.rollouts[-1])).mean() < 3
+    # The evaluation after the last item normalized with the merged statistics; no training envs were built here.
+    assert evaluated.statistics["count"] == observations["count"]
+    assert data.sampling._train_runner is None
+    # A checkpoint holds them where Policy.from_checkpoint looks.
+    from lightning_rl.core.normalization import find_observation_normalization
+
+    trainer.save_checkpoint(tmp_path / "normalized.ckpt")
+    checkpoint = torch.load(tmp_path / "normalized.ckpt", weights_only=True)
+    saved = find_observation_normalization(checkpoint)
+    torch.testing.assert_close(saved.mean, torch.as_tensor(observations["mean"], dtype=torch.float32))
+
+
+def _stale_statistics(data: AsyncSamplingDataModule) -> dict[str, Any]:
+    """Statistics of mean 0 and variance 1 over 10^9 rows: by them the offset observations read 10 (clipped)."""
+    entry = {"count": 1e9, "mean": torch.zeros(4, dtype=torch.float64), "var": torch.ones(4, dtype=torch.float64)}
+    return {**data.state_dict(), "observation_normalization": entry}
+
+
+@pytest.mark.parametrize("backend", ["process", "ray"])
+def test_the_samplers_start_from_restored_statistics_and_take_each_broadcast(backend: str, request: Any):
+    if backend == "ray":
+        request.getfixturevalue("ray_cluster")
+    # Restored statistics reach the samplers as they start.
+    resumed = async_data(env=offset_cartpole(), sampler_backend=backend, rollouts_per_epoch=2, **NORMALIZE)
+    resumed.load_state_dict(_stale_statistics(resumed))
+    record = fit(resumed)
+    assert all((_observations(rollout) == 10).all() for rollout in record.rollouts)
+
+    # Statistics changed mid-fit reach the samplers with the next weights.
+    def replace_statistics(data: AsyncSamplingDataModule) -> None:
+        data._statistics().load_state_dict(_stale_statistics(data))
+
+    # One sampler, one rollout queued: rollout k is asked for as item k - 1 is handed out, after that
+    # item's weights went out, and sampled after them. The statistics are replaced before item 2 or 3
+    # is sampled (Lightning may fetch one item ahead), so they go out with item 3's weights at the latest.
+    data = async_data(env=offset_cartpole(), sampler_backend=backend, num_env_runners=1, max_queued_rollouts=1,
+                      rollouts_per_epoch=8, **NORMALIZE)  # fmt: skip
+    record = fit(data, at_step={1: replace_statistics})
+    assert np.abs(_observations(record.rollouts[0])).mean() < 3  # the sampler's own statistics
+    assert all((_observations(rollout) == 10).all() for rollout in record.rollouts[4:])
 
 
 # ----------------------------------------------------------------------------------------
@@ -418,7 +513,6 @@ def _unpicklable_env() -> Any:
         ({"num_env_runners": 100}, "^num_env_runners must be at most 99"),
         ({"max_queued_rollouts": 0}, "^max_queued_rollouts must be an int >= 1"),
         ({"sampler_backend": "threads"}, "^sampler_backend must be 'process' or 'ray', got 'threads'$"),
-        ({"normalize_observations": True}, "^AsyncSamplingDataModule does not support normalize_observations yet"),
         ({"vectorize_mode": "async"}, '^AsyncSamplingDataModule does not support vectorize_mode="async".*num_env_runners'),
         ({"replay_buffer_capacity": 10}, "^replay_buffer_capacity is an OffPolicyDataModule argument"),
         ({"env": _unpicklable_env()}, "^AsyncSamplingDataModule sends the env .* cannot be pickled .*module-level env factory"),

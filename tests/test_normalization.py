@@ -253,6 +253,48 @@ def test_a_rank_that_fails_after_a_merge_still_stops_every_rank_with_normalizati
 # ---- Evaluation -----------------------------------------------------------------------------
 
 
+def test_samplers_reports_merged_and_sent_back_cover_every_row_once():
+    # AsyncSamplingDataModule's exchange: each sampler reports its new rows with a rollout, the data
+    # module merges the reports, and a sampler normalizes with the merged statistics plus its rows
+    # not reported yet.
+    logs, runners = [], []
+    for seed in (0, 100):
+        log, wrapper = recorder()
+        logs.append(log)
+        runners.append(EnvRunner("CartPole-v1", num_envs=2, rollout_fragment_length=32, seed=seed,
+                                 wrappers=[wrapper], **NORMALIZE))  # fmt: skip
+    merged = EnvNormalization(runners[0].observation_space, 1, **NORMALIZE)
+    try:
+        module = ppo_module(runners[0].observation_space, runners[0].action_space)
+        for runner in runners:
+            runner.sample(module)
+        merged.merge_ranks(np.stack([runner.normalization.report_new_statistics() for runner in runners]))
+        reported_by_0 = len(logs[0]["observations"])  # sampler 0's observations so far
+        runners[0].sample(module)  # rows it has not reported yet
+        runners[0].normalization.load_statistics_vector(merged.statistics_vector())
+
+        def rows(key: str, upto: list[int | None]) -> np.ndarray:
+            return np.stack([np.asarray(row) for log, end in zip(logs, upto) for row in log[key][:end]])
+
+        # Sampler 0 now normalizes with every row of both samplers, its unreported ones included ...
+        state = runners[0].normalization.state_dict()
+        assert_statistics_of(state[OBSERVATION_NORMALIZATION_KEY], rows("observations", [None, None]))
+        assert_statistics_of(state[REWARD_NORMALIZATION_KEY], rows("returns", [None, None]))
+        # ... the merged statistics hold only the reported ones ...
+        reported = merged.state_dict()[OBSERVATION_NORMALIZATION_KEY]
+        assert_statistics_of(reported, rows("observations", [reported_by_0, None]))
+        # ... and its next report holds only the unreported rows: merged, every row counts once.
+        merged.merge_ranks(runners[0].normalization.report_new_statistics()[None])
+        assert_statistics_of(merged.state_dict()[OBSERVATION_NORMALIZATION_KEY], rows("observations", [None, None]))
+        assert_statistics_of(merged.state_dict()[REWARD_NORMALIZATION_KEY], rows("returns", [None, None]))
+        assert runners[0].normalization.report_new_statistics()[0] == 0  # nothing new since
+        with pytest.raises(ValueError, match="^normalization statistics of 12 numbers expected, got \\(4,\\)$"):
+            runners[0].normalization.load_statistics_vector(np.zeros(4))
+    finally:
+        for runner in runners:
+            runner.close()
+
+
 def test_evaluation_uses_the_training_statistics_and_never_changes_them():
     log, wrapper = recorder()
     data = OnPolicyDataModule(

@@ -21,6 +21,14 @@ with the weights last sent to them, into a bounded queue (``lightning_rl.env.sam
    statistics as ``EnvSampling`` does (``rank_stats``, one ``all_gather`` per item). Rollouts
    still queued or in flight when the fit ends, or when a checkpoint is resumed, are dropped.
 
+Normalization (``normalize_observations``, ``normalize_rewards``): each sampler normalizes with
+its runner's statistics and sends what it saw since its last rollout with each rollout. The
+data module merges every rank's new rollouts' reports into its own statistics (in the same
+exchange as the counters, so they are equal on every rank), evaluates and checkpoints with
+them, and sends them to the samplers with the weights; a sampler then normalizes with them
+plus what it saw since its last report (RLlib's ``MeanStdFilter`` sync). A sampler's statistics
+lag the data module's by the rollouts in flight, as its weights lag the Learner's.
+
 Seeds: sampler ``i`` of rank ``r`` seeds its envs with ``seed + r * 10_000_000 + i * 100_003``
 (``rank_seed(0) + i * SAMPLER_SEED_STRIDE``): sampler 0 is seeded as ``OnPolicyDataModule``'s
 training envs. Env ``j`` of that sampler first resets with that seed ``+ j``; each (re)start of
@@ -61,7 +69,9 @@ from lightning_rl.data.rank_stats import (
     rank_stats_of,
     saved_global_counts,
 )
+from lightning_rl.data.env_sampling import NORMALIZATION_KEYS
 from lightning_rl.env.env_runner import EnvRunner
+from lightning_rl.env.normalization import EnvNormalization, check_saved_statistics_fit
 from lightning_rl.env.sampler import MAX_SAMPLERS, SAMPLER_SEED_STRIDE, Rollout
 from lightning_rl.env.sampler_pool import ProcessSamplerPool, SamplerPool
 
@@ -106,9 +116,9 @@ class AsyncSamplingDataModule(EnvDataModule):
             before it is killed and restarted.
 
     Raises:
-        ValueError: Naming the argument, for invalid values; for what the samplers cannot do
-            yet (``normalize_observations``, ``normalize_rewards``, ``vectorize_mode="async"``),
-            an env or wrapper that does not pickle, and the arguments of ``OffPolicyDataModule``.
+        ValueError: Naming the argument, for invalid values; for ``vectorize_mode="async"``
+            (the samplers are processes already), an env or wrapper that does not pickle, and
+            the arguments of ``OffPolicyDataModule``.
         ImportError: For ``sampler_backend="ray"`` without Ray installed.
     """
 
@@ -155,6 +165,11 @@ class AsyncSamplingDataModule(EnvDataModule):
         # Restarts of the pools closed before this one (and of a restored run), and each sampler's next start.
         self._restarts_before = 0
         self._sampler_starts = [0] * num_env_runners
+        # The normalization statistics over every sampler of every rank (built on first use), and
+        # restored ones waiting for it.
+        self._normalization: EnvNormalization | None = None
+        self._restored_statistics: dict[str, Any] | None = None
+        self.sampling.training_statistics = self._statistics
 
     # ------------------------------------------------------------------------------------
     # Sizes, spaces and the data contract
@@ -198,6 +213,19 @@ class AsyncSamplingDataModule(EnvDataModule):
     def pool(self) -> SamplerPool | None:
         """This rank's samplers while a fit runs (started by the first train item); ``None`` otherwise."""
         return self._pool
+
+    def _statistics(self) -> EnvNormalization | None:
+        """The normalization statistics merged from every sampler's reports (built on first use); ``None`` when off."""
+        if self._normalization is None and self.env_settings.normalizes:
+            settings = self.env_settings
+            self._normalization = EnvNormalization(
+                self.observation_space, 1, normalize_observations=settings.normalize_observations,
+                normalize_rewards=settings.normalize_rewards, clip=settings.normalization_clip,
+                gamma=settings.normalization_gamma,
+            )  # fmt: skip
+            if self._restored_statistics is not None:
+                self._normalization.load_state_dict(self._restored_statistics)
+        return self._normalization
 
     def data_offer(self) -> DataOffer:
         """Episodes of ``train_batch_size`` env steps per item, and the env's spaces; it counts env steps."""
@@ -243,16 +271,19 @@ class AsyncSamplingDataModule(EnvDataModule):
                 ``max_num_env_runner_restarts``.
             SamplingFailedOnAnotherRank: If that happened on another rank.
         """
+        normalization = self._statistics()
+        statistics_size = 0 if normalization is None else normalization.exchange_size
         try:
             pool = self._pool if self._pool is not None else self._start_pool()
             if self._items_since_broadcast >= self._reuse.broadcast_interval:
+                statistics = None if normalization is None else normalization.statistics_vector()
                 with self.acting_module() as module:
-                    pool.broadcast(module.state_dict(), self.trainer.lightning_module.weights_seq_no)
+                    pool.broadcast(module.state_dict(), self.trainer.lightning_module.weights_seq_no, statistics)
                 self._items_since_broadcast = 0
             rollout, uses = self._next_rollout(pool)
         except Exception:
             # Tell the other ranks before raising: they are about to wait for this rank in the gather.
-            self._gather(np.concatenate([failed_rank_stats(), np.zeros(_NUM_EXTRA_STATS)]))
+            self._gather(np.concatenate([failed_rank_stats(), np.zeros(_NUM_EXTRA_STATS + statistics_size)]))
             raise
         self._items_since_broadcast += 1
         lag = self.trainer.lightning_module.weights_seq_no - rollout.weights_seq_no
@@ -275,10 +306,14 @@ class AsyncSamplingDataModule(EnvDataModule):
             },
         )
         restarts = self._restarts_before + pool.num_restarts
-        gathered = self._gather(np.concatenate([local, [lag, restarts, pool.num_queued]]))
+        # A reused rollout's statistics were merged when it was new: it reports nothing (a count of 0).
+        report = rollout.new_statistics if new and rollout.new_statistics is not None else np.zeros(statistics_size)
+        gathered = self._gather(np.concatenate([local, [lag, restarts, pool.num_queued], report]))
         raise_if_a_rank_failed(gathered)
         metrics = combine_rank_stats(gathered[:, :NUM_RANK_STATS])
-        extra = gathered[:, NUM_RANK_STATS:]
+        extra = gathered[:, NUM_RANK_STATS : NUM_RANK_STATS + _NUM_EXTRA_STATS]
+        if normalization is not None:
+            normalization.merge_ranks(gathered[:, NUM_RANK_STATS + _NUM_EXTRA_STATS :])
         self._global_env_steps = int(metrics[NUM_ENV_STEPS_SAMPLED_LIFETIME])
         self._global_episodes = int(metrics[NUM_EPISODES_LIFETIME])
         metrics.update({
@@ -315,7 +350,9 @@ class AsyncSamplingDataModule(EnvDataModule):
         ]
         with self.acting_module() as module:
             copied = copy.deepcopy(module).to("cpu")
+        normalization = self._statistics()
         options = dict(
+            statistics=None if normalization is None else normalization.statistics_vector(),
             weights_seq_no=self.trainer.lightning_module.weights_seq_no,
             max_queued=self.max_queued_rollouts,
             sample_timeout_s=self.hparams.sample_timeout_s,
@@ -364,10 +401,14 @@ class AsyncSamplingDataModule(EnvDataModule):
             ``{"train_runner": {"num_env_steps_sampled_lifetime", "num_episodes_lifetime" (this
             rank's), "num_resets": 0, "episode_returns", "episode_lens"}, "rank",
             "num_env_steps_sampled_lifetime", "num_episodes_lifetime" (sums over ranks),
-            "sampler_starts", "num_env_runner_restarts"}`` (and the evaluation-video count). The
-            rollouts queued or in flight are not saved: a resumed run starts new samplers.
+            "sampler_starts", "num_env_runner_restarts", "observation_normalization",
+            "reward_normalization"}`` (and the evaluation-video count); the normalization
+            statistics are the merged ones, equal on every rank (``None`` when off; see
+            ``EnvNormalization.state_dict``). The rollouts queued or in flight are not saved: a
+            resumed run starts new samplers.
         """
         starts = self._pool.starts if self._pool is not None else self._sampler_starts
+        normalization = self._statistics()
         state: dict[str, Any] = {
             "train_runner": {
                 NUM_ENV_STEPS_SAMPLED_LIFETIME: self._local_env_steps, NUM_EPISODES_LIFETIME: self._local_episodes,
@@ -378,6 +419,7 @@ class AsyncSamplingDataModule(EnvDataModule):
             NUM_EPISODES_LIFETIME: self._global_episodes,
             SAMPLER_STARTS_KEY: list(starts),
             NUM_ENV_RUNNER_RESTARTS: self._restarts_before + (self._pool.num_restarts if self._pool else 0),
+            **(dict.fromkeys(NORMALIZATION_KEYS) if normalization is None else normalization.state_dict()),
         }  # fmt: skip
         if self._evaluation_video is not None:
             state[EVALUATION_VIDEO_KEY] = self._evaluation_video.state_dict()
@@ -388,8 +430,16 @@ class AsyncSamplingDataModule(EnvDataModule):
 
         Rank 0 continues the saved sums (the other ranks count from 0, so the sum over ranks is
         right); the rank that saved the state restores the episode-statistics window; every
-        sampler starts one start further on (new seeds).
+        sampler starts one start further on (new seeds); every rank restores the normalization
+        statistics, and its samplers start from them.
+
+        Raises:
+            ValueError: As ``check_saved_statistics_fit`` (observation statistics saved, normalization off).
         """
+        check_saved_statistics_fit(state_dict, self.env_settings.normalize_observations)
+        self._restored_statistics = {key: state_dict.get(key) for key in NORMALIZATION_KEYS}
+        if self._normalization is not None:
+            self._normalization.load_state_dict(self._restored_statistics)
         rank = self.placement()[0]
         self._global_env_steps, self._global_episodes = saved_global_counts(state_dict)
         self._local_env_steps = self._global_env_steps if rank == 0 else 0
@@ -412,13 +462,7 @@ class AsyncSamplingDataModule(EnvDataModule):
 
 
 def _refuse_unsupported(kwargs: dict[str, Any]) -> None:
-    """Raise for the ``EnvDataModule`` settings the samplers do not support yet, naming each and what to do."""
-    for name in ("normalize_observations", "normalize_rewards"):
-        if kwargs.get(name):
-            raise ValueError(
-                f"AsyncSamplingDataModule does not support {name} yet (each sampler would keep statistics of its own); "
-                "use OnPolicyDataModule, or a normalizing gymnasium wrapper in wrappers"
-            )
+    """Raise for the ``EnvDataModule`` settings the samplers do not support, naming each and what to do."""
     if kwargs.get("vectorize_mode") == "async":
         raise ValueError(
             'AsyncSamplingDataModule does not support vectorize_mode="async" (its samplers are processes already): '

@@ -34,7 +34,7 @@ from lightning_rl.data.ranked_datamodule import EVALUATION_SEED_OFFSET, RankedDa
 from lightning_rl.env.env_runner import EnvRunner
 from lightning_rl.env.env_settings import EnvSettings
 from lightning_rl.env.episode import SingleAgentEpisode
-from lightning_rl.env.normalization import REWARD_NORMALIZATION_KEY, check_saved_statistics_fit
+from lightning_rl.env.normalization import REWARD_NORMALIZATION_KEY, EnvNormalization, check_saved_statistics_fit
 
 # The keys of ``EnvSampling.state_dict``; a data module adds its own beside them.
 STATE_KEYS = (
@@ -54,8 +54,8 @@ class EnvSampling:
         settings: The training runner's settings; its ``seed`` is replaced by this rank's.
         evaluation: The evaluation runner's settings (its own wrappers; ``record_video`` for
             ``evaluate(..., record_video=True)``, kept on rank 0 only); its ``num_envs`` and
-            ``seed`` are replaced by this rank's. It takes the training runner's normalization
-            statistics before each evaluation and never updates them.
+            ``seed`` are replaced by this rank's. It takes the training normalization statistics
+            before each evaluation (``training_statistics``) and never updates them.
         evaluation_num_envs: Evaluation envs, at most this rank's episodes; ``None`` for ``min(num_envs, this rank's episodes)``.
         evaluation_explore: Whether evaluation samples actions instead of acting greedily.
         ranks: The data module: its placement (asked whenever a runner is built, since the
@@ -86,6 +86,10 @@ class EnvSampling:
         # Counters summed over all ranks, as of the last rollout (or the restored state).
         self._global_env_steps = 0
         self._global_episodes = 0
+        #: Where evaluation takes its normalization statistics from when the training envs run
+        #: elsewhere (``AsyncSamplingDataModule``: its own, merged from its samplers' reports);
+        #: ``None``: the training runner's.
+        self.training_statistics: Callable[[], EnvNormalization | None] | None = None
         #: Called with this rank's episodes after every training rollout that every rank completed
         #: (what ``sample`` returns: the ended episodes, then each env's running chunk, whose later
         #: chunks share its ``id_``). They may read the episodes and copy what they keep, never
@@ -199,7 +203,8 @@ class EnvSampling:
     def evaluate(self, module: RLModule, *, record_video: bool = False) -> list[SingleAgentEpisode]:
         """Play this rank's share of the evaluation episodes, complete, with ``module``.
 
-        Observations are normalized with the training runner's statistics as they stand.
+        Observations are normalized with the training statistics as they stand (the training
+        runner's, or ``training_statistics``'s).
 
         Args:
             module: Acts in the envs.
@@ -208,8 +213,13 @@ class EnvSampling:
         """
         # Without normalization there is nothing to copy, and no training envs need building
         # (an offline data module evaluates without ever sampling training envs).
-        if self.settings.normalizes and self.train_runner.normalization is not None:
-            self.eval_runner.normalization.load_state_dict(self.train_runner.normalization.state_dict())
+        if self.settings.normalizes:
+            if self.training_statistics is not None:
+                statistics = self.training_statistics()
+            else:
+                statistics = self.train_runner.normalization
+            if statistics is not None:
+                self.eval_runner.normalization.load_state_dict(statistics.state_dict())
         num_episodes = self.ranks.evaluation_episodes_per_rank
         return self.eval_runner.sample_episodes(
             module, num_episodes, explore=self.evaluation_explore, record_first_episode=record_video

@@ -17,6 +17,13 @@ data-parallel rank) and can be saved with the run:
 
 Evaluation (``training=False`` in the hooks) normalizes observations with the statistics as
 they stand and never updates them; its rewards stay the env's own.
+
+Samplers apart from the Learner (``AsyncSamplingDataModule``) keep their runners' statistics
+alike with the data module's, RLlib's ``MeanStdFilter`` way: each sampler sends what it saw
+since its last report with every rollout (:meth:`EnvNormalization.report_new_statistics`), the
+data module merges the reports of every rank into its own statistics (:meth:`merge_ranks`) and
+sends them back with the weights (:meth:`statistics_vector`), and the sampler takes them plus
+what it saw since its last report (:meth:`load_statistics_vector`).
 """
 
 from __future__ import annotations
@@ -132,6 +139,28 @@ class _RankStatistics:
             var = vector[1 + size :].reshape(self.shape)
             self.merged.merge(float(vector[0]), mean, var)
         self._restart_from(self.merged)
+
+    def report_new_rows(self) -> np.ndarray:
+        """:meth:`new_rows_vector`, after which those rows count as reported: ``new`` restarts, ``current`` stays."""
+        vector = self.new_rows_vector()
+        self.new = RunningMeanStd(self.shape)
+        return vector
+
+    def current_vector(self) -> np.ndarray:
+        """``[count, *mean, *var]`` of ``current`` (float64)."""
+        current = self.current
+        return np.concatenate([[current.count], current.mean.ravel(), current.var.ravel()])
+
+    def load_vector(self, vector: np.ndarray) -> None:
+        """``merged`` becomes ``vector``'s statistics (``current_vector``'s layout); ``current``, those and ``new``."""
+        size = (self.exchange_size - 1) // 2
+        mean, var = vector[1 : 1 + size].reshape(self.shape), vector[1 + size :].reshape(self.shape)
+        self.merged = RunningMeanStd(self.shape)
+        self.merged.merge(float(vector[0]), mean, var)
+        self._fold()
+        self.current = RunningMeanStd(self.shape)
+        for statistics in (self.merged, self.new):
+            self.current.merge(statistics.count, statistics.mean, statistics.var)
 
     def state(self) -> dict[str, Any]:
         return self.current.state_dict()
@@ -276,6 +305,43 @@ class EnvNormalization:
         start = 0
         for part in self._parts():
             part.merge_ranks(gathered[:, start : start + part.exchange_size])
+            start += part.exchange_size
+        self._obs_shift, self._obs_scale = self._observation_transform()
+
+    # ------------------------------------------------------------------------------------
+    # Statistics over samplers apart from the Learner (AsyncSamplingDataModule)
+    # ------------------------------------------------------------------------------------
+
+    def report_new_statistics(self) -> np.ndarray:
+        """A sampler's side: its statistics since its last report, as :meth:`new_statistics`'s vector.
+
+        The rows are reported once: the next report holds only the rows seen after this one.
+        The statistics this runner normalizes with do not change.
+        """
+        vectors = [part.report_new_rows() for part in self._parts()]
+        return np.concatenate(vectors) if vectors else np.zeros(0, dtype=np.float64)
+
+    def statistics_vector(self) -> np.ndarray:
+        """The statistics this runner normalizes with, as one float64 vector (:attr:`exchange_size` long).
+
+        What the data module sends its samplers with the weights (:meth:`load_statistics_vector`).
+        """
+        vectors = [part.current_vector() for part in self._parts()]
+        return np.concatenate(vectors) if vectors else np.zeros(0, dtype=np.float64)
+
+    def load_statistics_vector(self, vector: np.ndarray) -> None:
+        """A sampler's side: normalize with ``vector``'s statistics (:meth:`statistics_vector` of the data module's)
+        plus the rows this runner saw since its last :meth:`report_new_statistics`, which ``vector`` does not hold yet.
+
+        Raises:
+            ValueError: If ``vector`` is not :attr:`exchange_size` long (statistics of other settings).
+        """
+        vector = np.asarray(vector, dtype=np.float64)
+        if vector.shape != (self.exchange_size,):
+            raise ValueError(f"normalization statistics of {self.exchange_size} numbers expected, got {vector.shape}")
+        start = 0
+        for part in self._parts():
+            part.load_vector(vector[start : start + part.exchange_size])
             start += part.exchange_size
         self._obs_shift, self._obs_scale = self._observation_transform()
 

@@ -3,8 +3,8 @@
 The same ``Sampler`` class, made an actor with ``ray.remote``. Each request is one
 ``sample.remote()`` call (Ray runs an actor's calls in order, one at a time), so the pool's
 bound on requests is the bound on rollouts in flight. The weights go to the object store once
-per broadcast (``ray.put``) and every actor is told to load them (``set_weights.remote``),
-before its next rollout.
+per broadcast (``ray.put``) and every actor is told to load them (``set_weights.remote``, with
+the data module's normalization statistics when it normalizes), before its next rollout.
 
 Where the actors run: if Ray is not initialized, ``ray.init(address=...)`` is called with the
 data module's ``ray_address`` (``None``: a Ray instance of this machine, or the cluster that
@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from lightning_rl.core.rl_modules import RLModule
@@ -81,17 +82,21 @@ class RaySamplerPool(SamplerPool):
     def pids(self) -> list[int | None]:
         return list(self._pids)
 
-    def broadcast(self, state: Mapping[str, torch.Tensor], weights_seq_no: int) -> None:
+    def broadcast(
+        self, state: Mapping[str, torch.Tensor], weights_seq_no: int, statistics: np.ndarray | None = None
+    ) -> None:
         self._weights_ref = self._ray.put({name: tensor.detach().cpu() for name, tensor in state.items()})
         self._weights_seq_no = weights_seq_no
+        if statistics is not None:
+            self.statistics = statistics
         for actor in self._actors:
             if actor is not None:
-                actor.set_weights.remote(self._weights_ref, weights_seq_no)
+                actor.set_weights.remote(self._weights_ref, weights_seq_no, statistics)
 
     def _start(self, index: int) -> None:
         actor = self._actor_class.remote(
             self.settings[index], self._module_ref, index=index, start=self.starts[index],
-            weights_seq_no=self._weights_seq_no,
+            weights_seq_no=self._weights_seq_no, statistics=self.statistics,
         )  # fmt: skip
         if self._weights_ref is not None:
             actor.set_weights.remote(self._weights_ref, self._weights_seq_no)

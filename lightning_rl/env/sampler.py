@@ -57,6 +57,8 @@ class Rollout:
         weights_seq_no: The Learner's ``weights_seq_no`` of the weights the sampler acted with.
         env_steps: Env steps in the rollout.
         sampler_index: Which sampler of the rank sampled it.
+        new_statistics: With normalization, the sampler's normalization statistics since its
+            last rollout (``EnvNormalization.report_new_statistics``); ``None`` without.
     """
 
     episodes: list[SingleAgentEpisode]
@@ -66,6 +68,7 @@ class Rollout:
     weights_seq_no: int
     env_steps: int
     sampler_index: int
+    new_statistics: np.ndarray | None = None
 
 
 class Sampler:
@@ -77,10 +80,19 @@ class Sampler:
         index: The sampler's index on its rank.
         start: How many times this sampler was started before (its seeds move on by that many full resets).
         weights_seq_no: The ``weights_seq_no`` of the weights ``module`` holds.
+        statistics: With normalization, the data module's statistics to start from
+            (``EnvNormalization.statistics_vector``); ``None``: the runner's own, fresh.
     """
 
     def __init__(
-        self, settings: EnvSettings, module: RLModule, *, index: int, start: int = 0, weights_seq_no: int = 0
+        self,
+        settings: EnvSettings,
+        module: RLModule,
+        *,
+        index: int,
+        start: int = 0,
+        weights_seq_no: int = 0,
+        statistics: np.ndarray | None = None,
     ) -> None:
         # One intra-op thread: several samplers share the cores with the Learner.
         torch.set_num_threads(1)
@@ -94,15 +106,28 @@ class Sampler:
             state = self.runner.get_state()
             state["num_resets"] = start
             self.runner.set_state(state)
+        self.load_statistics(statistics)
 
     def ready(self) -> int:
         """This process's id (a Ray actor's first answer, which also says it started)."""
         return os.getpid()
 
-    def set_weights(self, state: dict[str, torch.Tensor], weights_seq_no: int) -> None:
-        """Act with ``state`` from now on (Ray: the weights ``ray.put`` once per broadcast)."""
+    def set_weights(
+        self, state: dict[str, torch.Tensor], weights_seq_no: int, statistics: np.ndarray | None = None
+    ) -> None:
+        """Act with ``state`` (and normalize with ``statistics``, if given) from now on (Ray: the weights ``ray.put``
+        once per broadcast)."""
         self.module.load_state_dict(state)
         self.weights_seq_no = int(weights_seq_no)
+        self.load_statistics(statistics)
+
+    def load_statistics(self, statistics: np.ndarray | None) -> None:
+        """Normalize with the data module's ``statistics`` plus what this sampler saw since its last rollout.
+
+        ``None`` changes nothing. See ``EnvNormalization.load_statistics_vector``.
+        """
+        if statistics is not None and self.runner.normalization is not None:
+            self.runner.normalization.load_statistics_vector(statistics)
 
     def sample(self) -> Rollout:
         """Sample one rollout (``rollout_fragment_length`` steps of every env) with the current weights.
@@ -114,6 +139,7 @@ class Sampler:
         metrics = self.runner.get_metrics()
         returns, lens = self.runner.episode_stats_window_values
         ended = min(int(metrics["num_episodes"]), len(returns))
+        normalization = self.runner.normalization
         return Rollout(
             episodes=episodes,
             metrics=metrics,
@@ -122,6 +148,7 @@ class Sampler:
             weights_seq_no=self.weights_seq_no,
             env_steps=int(metrics["num_env_steps_sampled"]),
             sampler_index=self.index,
+            new_statistics=None if normalization is None else normalization.report_new_statistics(),
         )
 
     def close(self) -> None:
@@ -134,8 +161,8 @@ def sampler_process_main(index: int, start: int, payload: bytes, weights: Shared
 
     The process dies with the driver (``die_with_parent``, ``release_fork_server``; also when ``connection`` closes) and
     leaves Ctrl-C to it (the driver kills its samplers as it stops). Before each rollout it takes
-    the weights the driver last wrote to ``weights``. An error is sent back as text, then the
-    process exits (the driver restarts it).
+    the weights (and normalization statistics) the driver last wrote to ``weights``. An error is
+    sent back as text, then the process exits (the driver restarts it).
 
     Args:
         index: The sampler's index on its rank.
@@ -156,7 +183,8 @@ def sampler_process_main(index: int, start: int, payload: bytes, weights: Shared
             connection.recv()  # a request: sample one rollout
             update = weights.read_into(sampler.module, version)
             if update is not None:
-                version, sampler.weights_seq_no = update
+                version, sampler.weights_seq_no, statistics = update
+                sampler.load_statistics(statistics)
             connection.send((ROLLOUT, sampler.sample()))
     except (EOFError, BrokenPipeError, ConnectionResetError):
         return  # the driver closed the pipe or is gone

@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import cloudpickle
+import numpy as np
 import torch
 
 from lightning_rl.core.processes import main_script_not_rerun
@@ -78,6 +79,8 @@ class SamplerPool(abc.ABC):
         starts: How many times each sampler was started before (a resumed run); ``None`` for none.
         check_interrupt: Called at every poll while ``take`` waits for a rollout; what it raises
             ends the wait. ``None`` for nothing to check.
+        statistics: The normalization statistics the samplers start with
+            (``EnvNormalization.statistics_vector``); ``None`` when the data module does not normalize.
     """
 
     def __init__(
@@ -91,6 +94,7 @@ class SamplerPool(abc.ABC):
         max_restarts: int,
         starts: Sequence[int] | None = None,
         check_interrupt: Callable[[], None] | None = None,
+        statistics: np.ndarray | None = None,
     ) -> None:
         self.settings = list(settings)
         self.module = module
@@ -99,6 +103,8 @@ class SamplerPool(abc.ABC):
         self.sample_timeout_s = sample_timeout_s
         self.max_restarts = max_restarts
         self.check_interrupt = check_interrupt
+        #: The normalization statistics last sent (``None`` without): a restarted sampler starts from them.
+        self.statistics = statistics
         self._per_sampler = math.ceil(max_queued / self.num_samplers)
         self._ready: deque[Rollout] = deque()
         #: How many times each sampler was started (its next start's ``start``).
@@ -139,8 +145,11 @@ class SamplerPool(abc.ABC):
         """Stop sampler ``index`` now, whatever it is doing, and forget its requests."""
 
     @abc.abstractmethod
-    def broadcast(self, state: Mapping[str, torch.Tensor], weights_seq_no: int) -> None:
-        """Send the Learner's weights: every sampler acts with them from its next rollout on."""
+    def broadcast(
+        self, state: Mapping[str, torch.Tensor], weights_seq_no: int, statistics: np.ndarray | None = None
+    ) -> None:
+        """Send the Learner's weights (and the data module's normalization statistics, when it normalizes): every
+        sampler acts with them from its next rollout on."""
 
     #: Appended to the cause of a sampler that did not start in time (a backend's likely reason).
     _start_hint = ""
@@ -303,7 +312,7 @@ class ProcessSamplerPool(SamplerPool):
         # server starts, with the first pool): this module and the acting module's class.
         preload = ["lightning_rl.env.sampler", type(module).__module__]
         self._context.set_forkserver_preload([name for name in preload if name != "__main__"])
-        self._weights = SharedWeights(module.state_dict(), kwargs["weights_seq_no"])
+        self._weights = SharedWeights(module.state_dict(), kwargs["weights_seq_no"], self.statistics)
         self._processes: list[Any] = [None] * self.num_samplers
         self._connections: list[Any] = [None] * self.num_samplers
         self._payloads = [cloudpickle.dumps((one, module)) for one in self.settings]
@@ -312,8 +321,12 @@ class ProcessSamplerPool(SamplerPool):
     def pids(self) -> list[int | None]:
         return [None if process is None else process.pid for process in self._processes]
 
-    def broadcast(self, state: Mapping[str, torch.Tensor], weights_seq_no: int) -> None:
-        self._weights.write(state, weights_seq_no)
+    def broadcast(
+        self, state: Mapping[str, torch.Tensor], weights_seq_no: int, statistics: np.ndarray | None = None
+    ) -> None:
+        self._weights.write(state, weights_seq_no, statistics)
+        if statistics is not None:
+            self.statistics = statistics
 
     def _start(self, index: int) -> None:
         driver_end, sampler_end = self._context.Pipe(duplex=True)
