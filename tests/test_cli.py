@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 from lightning.pytorch.loggers import CSVLogger
@@ -39,6 +40,28 @@ def test_fit_from_the_example_config_trains_logs_and_checkpoints(tmp_path):
     assert list(version.glob("events.out.tfevents.*")), "no TensorBoard event file"
     assert (version / "checkpoints" / "last.ckpt").exists()
     assert (version / "config.yaml").exists()
+
+
+def test_last_ckpt_is_the_latest_state_whatever_the_best_checkpoints_monitor(tmp_path, capsys):
+    # From Lightning 2.6 on, a monitored ModelCheckpoint(save_last=True) writes last.ckpt only when its metric
+    # improves: the examples' last.ckpt was their best evaluation's state, and a fit resumed from it lost the
+    # training after it. Here the monitored metric improves only once (the first epoch).
+    callback = {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                "init_args": {"monitor": "epoch", "mode": "min", "save_last": True}}  # fmt: skip
+    config = tmp_path / "best_is_first.yaml"
+    config.write_text(yaml.safe_dump({"trainer": {"callbacks": [callback]}}))
+    cli = LightningRLCLI(args=["fit", "--config", CARTPOLE, "--config", str(config), *quick(tmp_path)])
+    checkpoints = tmp_path / "lightning_logs" / "version_0" / "checkpoints"
+    assert sorted(path.name for path in checkpoints.iterdir()) == ["epoch=0-env_steps=256.ckpt", "last.ckpt"]
+    last = torch.load(checkpoints / "last.ckpt", weights_only=True)
+    assert last["epoch"] == 1 and last["global_step"] == cli.trainer.global_step > 0
+    assert "last.ckpt, the latest state to resume from, is written at every epoch end" in capsys.readouterr().err
+
+    # The examples keep their best evaluation and need no save_last: fit writes last.ckpt all the same, silently.
+    cli = LightningRLCLI(args=["fit", "--config", CARTPOLE, *quick(tmp_path / "example")])
+    last = torch.load(tmp_path / "example/lightning_logs/version_0/checkpoints/last.ckpt", weights_only=True)
+    assert last["epoch"] == 1 and last["global_step"] == cli.trainer.global_step
+    assert "last.ckpt" not in capsys.readouterr().err
 
 
 def test_validate_evaluates_a_saved_checkpoint(tmp_path):

@@ -39,9 +39,14 @@ def test_every_example_config_writes_last_ckpt(path):
     checkpoints = [
         callback for callback in trainer.get("callbacks") or [] if callback["class_path"].endswith("ModelCheckpoint")
     ]
-    # None: the CLI adds ModelCheckpoint(save_last=True) itself.
+    # None: the CLI adds ModelCheckpoint(save_last=True) itself. Monitored ones keep the best evaluation and
+    # the CLI adds one for last.ckpt (test_cli): their own save_last would make last.ckpt the best state.
     for callback in checkpoints:
-        assert (callback.get("init_args") or {}).get("save_last") is True, f"{path.name}: a ModelCheckpoint without save_last"
+        init_args = callback.get("init_args") or {}
+        if init_args.get("monitor") is None:
+            assert init_args.get("save_last") is True, f"{path.name}: a ModelCheckpoint without save_last"
+        else:
+            assert not init_args.get("save_last"), f"{path.name}: a monitored ModelCheckpoint with save_last"
 
 
 def test_fit_of_sac_pendulum_writes_last_ckpt_through_the_cli_default_model_checkpoint(tmp_path):

@@ -271,8 +271,13 @@ class LightningRLCLI(LightningCLI):
         A config that adds no ``ModelCheckpoint`` gets one with ``save_last=True``: Lightning
         adds ``ModelCheckpoint()`` itself when no callback is one, which keeps only the latest
         epoch's file under a name with the epoch and step, while the commands that read a
-        run's checkpoint (``validate``, ``evaluate``, ``export``, ``record``) are shown with
-        ``last.ckpt``. ``enable_checkpointing: false`` still turns checkpoints off.
+        run's checkpoint (``validate``, ``evaluate``, ``export``, ``record``, and ``fit
+        --ckpt_path`` to resume) are shown with ``last.ckpt``. ``enable_checkpointing: false``
+        still turns checkpoints off. A config whose ``ModelCheckpoint``\ s all monitor a metric
+        (the examples keep their best evaluation) gets one more that writes ``last.ckpt``, the
+        latest state, at every epoch end (``_latest_state_checkpoint``): since Lightning 2.6 a
+        monitored ``ModelCheckpoint(save_last=True)`` writes ``last.ckpt`` only when it saves a
+        best checkpoint, so its ``last.ckpt`` was the best state, not the latest.
 
         A run without a logger (``--trainer.logger false``) has no log directory: it writes
         checkpoints under ``default_root_dir`` only if the user set one, and otherwise only
@@ -309,6 +314,8 @@ class LightningRLCLI(LightningCLI):
                 kwargs["enable_checkpointing"] = checkpointing = False
         if checkpointing and not has(ModelCheckpoint):
             callbacks.append(ModelCheckpoint(save_last=True))
+        elif checkpointing and not any(_keeps_the_latest_state(c) for c in [*callbacks, *others]):
+            callbacks.append(_latest_state_checkpoint([*callbacks, *others], self.subcommand == "fit"))
         progress_bar = trainer_config.get("enable_progress_bar") is not False and not trainer_config.get("barebones")
         if progress_bar and not has(ProgressBar):
             callbacks.append(EnvStepProgressBar())
@@ -344,6 +351,32 @@ class LightningRLCLI(LightningCLI):
                     # meet the temporary file a killed save left in an earlier one.
                     for directory in claimed.parent.glob("version_*/checkpoints"):
                         remove_stale_temporary_files(directory)
+
+
+def _keeps_the_latest_state(callback: Any) -> bool:
+    """Whether ``callback`` is a ``ModelCheckpoint`` that saves every epoch's state: one that monitors no metric."""
+    return isinstance(callback, ModelCheckpoint) and callback.monitor is None and callback.save_top_k != 0
+
+
+def _latest_state_checkpoint(callbacks: list[Any], fitting: bool) -> ModelCheckpoint:
+    """A ``ModelCheckpoint`` whose one file, ``last.ckpt``, is the latest state, written at every epoch end.
+
+    It writes beside the config's first ``ModelCheckpoint`` (its ``dirpath``; ``None``: the run's
+    ``checkpoints`` directory). The config's monitored ``ModelCheckpoint``\ s keep their best
+    checkpoints; their own ``save_last`` is turned off, since from Lightning 2.6 on it writes
+    ``last.ckpt`` only beside a best checkpoint (and two callbacks would write one file). Told on ``fit``.
+    """
+    checkpoints = [c for c in callbacks if isinstance(c, ModelCheckpoint)]
+    monitored = [c for c in checkpoints if c.save_last]
+    for callback in monitored:
+        callback.save_last = False
+    if monitored and fitting:
+        _tell(
+            f"ModelCheckpoint(monitor={monitored[0].monitor!r}) keeps the best checkpoints; last.ckpt, the latest "
+            "state to resume from, is written at every epoch end by a ModelCheckpoint of its own (Lightning >= 2.6 "
+            "writes a monitored ModelCheckpoint's last.ckpt only when its metric improves)"
+        )
+    return ModelCheckpoint(dirpath=checkpoints[0].dirpath, filename=ModelCheckpoint.CHECKPOINT_NAME_LAST, save_top_k=1)
 
 
 def _has_checkpoint_directory(trainer_config: dict[str, Any]) -> bool:
