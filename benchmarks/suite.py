@@ -18,9 +18,10 @@ LunarLander-v3, PPO on MinAtar Breakout. A task is run for each seed and library
 Evaluation is the same in both: after every ``rollouts_per_epoch`` train items (ours at each
 Lightning epoch end) and after the last one, ``evaluation_num_episodes`` complete greedy
 episodes on ``evaluation_num_envs`` envs of their own, seeded ``seed + 1_000_003`` and
-moving on per evaluation (``off_policy.GreedyEvaluation`` for SB3, with observations
-normalized by ``VecNormalize``'s statistics when the config normalizes them). Episode
-returns are in the env's own units.
+moving on per evaluation, the first episodes to start each played to its end
+(``off_policy.GreedyEvaluation`` for SB3, with observations normalized by ``VecNormalize``'s
+statistics when the config normalizes them; it kept the first episodes to end until
+2026-11-30). Episode returns are in the env's own units.
 
 Each run is a fresh subprocess with one thread (``OMP_NUM_THREADS=MKL_NUM_THREADS=1``,
 ``torch.set_num_threads(1)``; ``--threads`` to change) and writes its own JSON file in
@@ -43,6 +44,10 @@ Per run the file holds:
             saved beside the file first (ours ``.ckpt``, read back with
             ``Policy.from_checkpoint``; SB3 ``.zip``), so it can be played again later.
 
+``replay`` plays every saved final model in ``--out`` again on its record's final-evaluation
+seeds and rewrites ``final_evaluation`` (for when the evaluation itself changed); the reading it
+replaces stays in the run file, under ``superseded_final_evaluations`` with ``--reason``.
+
 ``report`` reads every run file in ``--out`` and writes ``<out>/suite.md`` (one table per
 task: final evaluation return median [min, max] over seeds, median env steps/s and wall time,
 ours/SB3 ratios, the final policies' own evaluation when the runs played one, and issue 17's
@@ -58,6 +63,7 @@ Run::
     python benchmarks/suite.py run ppo_lunarlander --max-env-steps 40000 --out /tmp/suite \\
         -- --data.init_args.rollout_fragment_length 256                    # extra flags for both libraries
     python benchmarks/suite.py report                                     # tables and plots of --out
+    python benchmarks/suite.py replay --reason "..." --out DIR             # the saved final models, played again
 """
 
 from __future__ import annotations

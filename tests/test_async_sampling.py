@@ -377,8 +377,9 @@ def test_the_samplers_start_from_restored_statistics_and_take_each_broadcast(bac
         data._statistics().load_state_dict(_stale_statistics(data))
 
     # One sampler, one rollout queued: rollout k is asked for as item k - 1 is handed out, after that
-    # item's weights went out, and sampled after them. The statistics are replaced before item 2 or 3
-    # is sampled (Lightning may fetch one item ahead), so they go out with item 3's weights at the latest.
+    # item's weights went out, and sampled after them. Replaced after item 1, the statistics go out with
+    # item 2's weights: rollout 3 is normalized by them but for its first observation (its running
+    # episode's, normalized in rollout 2); every observation from rollout 4 on.
     data = async_data(env=offset_cartpole(), sampler_backend=backend, num_env_runners=1, max_queued_rollouts=1,
                       rollouts_per_epoch=8, **NORMALIZE)  # fmt: skip
     record = fit(data, at_step={1: replace_statistics})
