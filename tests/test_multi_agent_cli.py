@@ -41,6 +41,7 @@ from lightning_rl.data.multi_agent_dataset import (  # noqa: E402
 )
 from lightning_rl.env.multi_agent_runner import MultiAgentEnvRunner  # noqa: E402
 from lightning_rl.env.opponents import RandomLegalModule  # noqa: E402
+from lightning_rl.policy import Policy  # noqa: E402
 
 CODE_MODULE = "_code_from_checkpoint"
 
@@ -299,12 +300,33 @@ def test_record_writes_games_that_load_back_with_seats_masks_and_returns(self_pl
     assert len(load_multi_agent_dataset(output).episodes) == 2
 
 
+def test_record_random_fraction_plays_that_share_of_the_games_first_with_random_players(
+    self_play_checkpoint, tmp_path, capsys
+):
+    output = tmp_path / "mixed"
+    args = ["--ckpt_path", str(self_play_checkpoint), "--module_id", "main", "--opponent", "heuristic"]
+    args += ["--num_episodes", "6", "--random_fraction", "0.5", "--seed", "5", "--output", str(output)]
+    record_command.main(args)
+    assert "6 games of pettingzoo.classic.connect_four_v3: 3 with random actions, then greedy" in capsys.readouterr().out
+    dataset = load_multi_agent_dataset(output)
+    assert dataset.metadata["num_random_episodes"] == 3 and len(dataset.episodes) == 6
+    # The main player's moves: legal in every game; in the first three, not all its greedy policy's.
+    policy = Policy.from_checkpoint(self_play_checkpoint, module_id="main")
+    agrees = []
+    for episode in dataset.episodes:
+        main = next(trajectory for trajectory in episode.agents.values() if trajectory.module_id == "main")
+        steps = len(main.actions)
+        assert main.action_masks[np.arange(steps), main.actions].all()
+        observations = {"observation": main.observations[:steps], "action_mask": main.action_masks}
+        agrees.append(bool((policy.act(observations, deterministic=True) == main.actions).all()))
+    assert agrees[3:] == [True, True, True] and not all(agrees[:3])
+
+
 def test_record_bad_input_is_one_line(self_play_checkpoint, tmp_path, capsys):
     play = ["--ckpt_path", str(self_play_checkpoint), "--module_id", "main", "--opponent", "random"]
     cases = [
         ([*play, "--dataset_id", "c4/x-v0"], "Minari has no multi-agent format: pass --output DIR"),
         (play, "--output DIR is required"),
-        ([*play, "--output", str(tmp_path / "g"), "--random_fraction", "0.5"], "--random_fraction is single-agent"),
         (
             ["--ckpt_path", str(_single_agent_looking(self_play_checkpoint, tmp_path)), "--output", str(tmp_path)],
             "--output records multi-agent checkpoints",

@@ -280,6 +280,29 @@ def load_match(
     return Match(modules, mapping, main_id, opponent, opponent_id, f"{main_id} against {opponent}")
 
 
+def random_players(match: Match, seed: int) -> Match:
+    """``match`` with its recorded players acting uniformly at random (legal moves where the env masks them).
+
+    Against an opponent the evaluated module plays randomly and the opponent as it was; without
+    one, every module does. ``record --random_fraction`` plays its random games with it.
+
+    Args:
+        match: A match :func:`load_match` returned, not played yet (its seat mapping is its own).
+        seed: Seeds the random players' generator.
+    """
+    replaced = [match.module_id] if match.module_id is not None else list(match.modules.keys())
+    modules = {
+        module_id: OPPONENTS["random"](
+            observation_space=module.observation_space, action_space=module.action_space, model_config={"seed": seed}
+        ).eval()
+        if module_id in replaced
+        else module
+        for module_id, module in match.modules.items()
+    }
+    name = f"random actions for {', '.join(replaced)} ({match.mapping_name})"
+    return dataclasses.replace(match, modules=MultiRLModule(modules), mapping_name=name)
+
+
 def agent_spaces(runner: MultiAgentEnvRunner) -> tuple[dict[str, gym.Space], dict[str, gym.Space]]:
     """``({agent: observation space}, {agent: action space})`` of every possible agent, in the env's order."""
     agents = runner.possible_agents
