@@ -62,12 +62,11 @@ def record_multi_agent(args: argparse.Namespace, checkpoint: dict[str, Any]) -> 
     runner = source.make_runner(min(args.num_envs, args.num_episodes), first_seed)
     num_random = round(args.random_fraction * args.num_episodes)
     try:
-
-        def new_match() -> Match:  # each match seats its own games
-            return load_match(ckpt_path, checkpoint, args.module_id, args.opponent, runner, source, first_seed)
-
-        match = new_match()
-        games = [(random_players(new_match(), first_seed + 1), num_random), (match, args.num_episodes - num_random)]
+        match = load_match(ckpt_path, checkpoint, args.module_id, args.opponent, runner, source, first_seed)
+        games = [(match, args.num_episodes - num_random)]
+        if num_random:  # first, and in a match of their own: a match seats the games it plays
+            players = load_match(ckpt_path, checkpoint, args.module_id, args.opponent, runner, source, first_seed)
+            games.insert(0, (random_players(players, first_seed + 1), num_random))
         games = [(game, count) for game, count in games if count]
         observation_spaces, action_spaces = agent_spaces(runner)
         played, stopped_by = _play(games, runner, args)
