@@ -351,13 +351,14 @@ def replay(args: argparse.Namespace) -> None:
 
     For when the evaluation itself changed (2026-11-30: ``GreedyEvaluation`` kept the first
     episodes to end, not to start): the record's ``final_evaluation`` becomes the new reading
-    and the one it replaces is kept, with ``--reason``, in ``superseded_final_evaluations``.
+    and the one it replaces is kept, with ``--reason``, in ``superseded_final_evaluations``. A
+    record whose episodes replay as recorded is left as it is.
     """
     import torch
 
     out = Path(args.out)
     paths = [path for path in sorted(out.glob("*.json")) if json.loads(path.read_text()).get("task") in args.tasks]
-    replayed = 0
+    found = 0
     for path in paths:
         record = json.loads(path.read_text())
         saved = path.with_suffix(".zip" if record["library"] == "sb3" else ".ckpt")
@@ -366,17 +367,20 @@ def replay(args: argparse.Namespace) -> None:
         if not saved.is_file():
             print(f"  {path.name}: its saved model {saved.name} is missing, left as it is")
             continue
+        found += 1
         torch.set_num_threads(record["threads"])
         before = record["final_evaluation"]
         after = final_evaluation(record, saved_act(record, path))
+        if after["returns"] == before["returns"]:
+            print(f"  {path.name}: its {before['num_episodes']} final episodes replay as recorded, left as they are")
+            continue
         superseded = {key: value for key, value in before.items() if key != "eval_s"}
         record.setdefault("superseded_final_evaluations", []).append({**superseded, "reason": args.reason})
         record["final_evaluation"] = after
         write_record(path, record)
-        replayed += 1
         print(f"  {path.name}: {before['num_episodes']} final episodes {before['return_mean']:.1f} -> "
               f"{after['return_mean']:.1f}")  # fmt: skip
-    if not replayed:
+    if not found:
         raise SystemExit(f"no finished run in {out} has a final evaluation and its saved model")
 
 

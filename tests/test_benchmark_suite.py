@@ -139,6 +139,10 @@ def test_a_tiny_run_of_ours_and_sb3_writes_both_files_with_the_same_evaluation_s
         superseded = after["superseded_final_evaluations"]
         assert [(old["return_mean"], old["reason"]) for old in superseded] == [(0.0, "a test")]
         assert after["evals"] == record["evals"]
+    # Replayed again, the readings are as recorded: nothing changes.
+    before = {library: (tmp_path / f"ppo_lunarlander-{library}-seed3.json").read_text() for library in records}
+    suite.replay(suite.parse_args(["replay", "--out", str(tmp_path), "--reason", "again"]))
+    assert before == {library: (tmp_path / f"ppo_lunarlander-{library}-seed3.json").read_text() for library in records}
 
 
 def test_greedy_evaluation_keeps_the_episodes_our_data_modules_evaluation_keeps(import_benchmark):
