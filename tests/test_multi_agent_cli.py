@@ -307,7 +307,8 @@ def test_record_random_fraction_plays_that_share_of_the_games_first_with_random_
     args = ["--ckpt_path", str(self_play_checkpoint), "--module_id", "main", "--opponent", "heuristic"]
     args += ["--num_episodes", "6", "--random_fraction", "0.5", "--seed", "5", "--output", str(output)]
     record_command.main(args)
-    assert "6 games of pettingzoo.classic.connect_four_v3: 3 with random actions, then greedy" in capsys.readouterr().out
+    told = capsys.readouterr().out
+    assert "6 games of pettingzoo.classic.connect_four_v3: 3 with random actions, then greedy" in told
     dataset = load_multi_agent_dataset(output)
     assert dataset.metadata["num_random_episodes"] == 3 and len(dataset.episodes) == 6
     # The main player's moves: legal in every game; in the first three, not all its greedy policy's.
