@@ -210,15 +210,20 @@ def run_child(path: Path) -> None:
     if record["library"] == "sb3":
         from _sb3_suite import run_sb3
 
-        act = run_sb3(record, recorder, save_to=path.with_suffix(".zip") if final_episodes else None)
+        act = run_sb3(record, recorder, save_to=saved_model(path, "sb3") if final_episodes else None)
     else:
         trainer = run_ours(record, recorder)
         if final_episodes:
-            trainer.save_checkpoint(path.with_suffix(".ckpt"))
+            trainer.save_checkpoint(saved_model(path, "ours"))
             act = saved_act(record, path)
     if final_episodes:
         record["final_evaluation"] = final_evaluation(record, act)
         write_record(path, record)
+
+
+def saved_model(path: Path, library: str) -> Path:
+    """Where the run of ``path`` saves its final model: ours a ``.ckpt``, SB3 a ``.zip`` beside the run file."""
+    return path.with_suffix(".zip" if library == "sb3" else ".ckpt")
 
 
 def saved_act(record: dict[str, Any], path: Path) -> Callable[[np.ndarray], np.ndarray]:
@@ -230,10 +235,10 @@ def saved_act(record: dict[str, Any], path: Path) -> Callable[[np.ndarray], np.n
     if record["library"] == "sb3":
         from _sb3_suite import saved_act as sb3_saved_act
 
-        return sb3_saved_act(record, path.with_suffix(".zip"))
+        return sb3_saved_act(record, saved_model(path, "sb3"))
     from lightning_rl.policy import Policy
 
-    policy = Policy.from_checkpoint(path.with_suffix(".ckpt"))
+    policy = Policy.from_checkpoint(saved_model(path, "ours"))
     return lambda obs: policy.act(obs, deterministic=True)
 
 
@@ -357,13 +362,12 @@ def replay(args: argparse.Namespace) -> None:
     import torch
 
     out = Path(args.out)
-    paths = [path for path in sorted(out.glob("*.json")) if json.loads(path.read_text()).get("task") in args.tasks]
     found = 0
-    for path in paths:
+    for path in sorted(out.glob("*.json")):
         record = json.loads(path.read_text())
-        saved = path.with_suffix(".zip" if record["library"] == "sb3" else ".ckpt")
-        if record.get("status") != "done" or "final_evaluation" not in record:
+        if record.get("task") not in args.tasks or record.get("status") != "done" or "final_evaluation" not in record:
             continue
+        saved = saved_model(path, record["library"])
         if not saved.is_file():
             print(f"  {path.name}: its saved model {saved.name} is missing, left as it is")
             continue

@@ -88,6 +88,18 @@ def check_normalization_arguments(
         raise ValueError(f"normalization_gamma must be a number in [0, 1], got {gamma!r}")
 
 
+def _to_vector(statistics: RunningMeanStd) -> np.ndarray:
+    """``[count, *mean, *var]`` (float64): the layout in which ranks and samplers exchange statistics."""
+    return np.concatenate([[statistics.count], statistics.mean.ravel(), statistics.var.ravel()])
+
+
+def _merge_vector(statistics: RunningMeanStd, vector: np.ndarray) -> None:
+    """Merge the statistics a :func:`_to_vector` vector holds into ``statistics``."""
+    size = (len(vector) - 1) // 2
+    shape = statistics.shape
+    statistics.merge(float(vector[0]), vector[1 : 1 + size].reshape(shape), vector[1 + size :].reshape(shape))
+
+
 class _RankStatistics:
     """A ``RunningMeanStd`` kept equal over data-parallel ranks, and what this rank saw since.
 
@@ -126,18 +138,15 @@ class _RankStatistics:
     def new_rows_vector(self) -> np.ndarray:
         """``[count, *mean, *var]`` of this rank's rows since the last merge (float64)."""
         self._fold()
-        return np.concatenate([[self.new.count], self.new.mean.ravel(), self.new.var.ravel()])
+        return _to_vector(self.new)
 
     def merge_ranks(self, vectors: np.ndarray) -> None:
         """Fold every rank's :meth:`new_rows_vector` (rows in rank order) into ``merged``; restart ``new``.
 
         Every rank merges the same numbers in the same order, so every rank ends with the same statistics.
         """
-        size = (self.exchange_size - 1) // 2
         for vector in vectors:
-            mean = vector[1 : 1 + size].reshape(self.shape)
-            var = vector[1 + size :].reshape(self.shape)
-            self.merged.merge(float(vector[0]), mean, var)
+            _merge_vector(self.merged, vector)
         self._restart_from(self.merged)
 
     def report_new_rows(self) -> np.ndarray:
@@ -148,15 +157,12 @@ class _RankStatistics:
 
     def current_vector(self) -> np.ndarray:
         """``[count, *mean, *var]`` of ``current`` (float64)."""
-        current = self.current
-        return np.concatenate([[current.count], current.mean.ravel(), current.var.ravel()])
+        return _to_vector(self.current)
 
     def load_vector(self, vector: np.ndarray) -> None:
         """``merged`` becomes ``vector``'s statistics (``current_vector``'s layout); ``current``, those and ``new``."""
-        size = (self.exchange_size - 1) // 2
-        mean, var = vector[1 : 1 + size].reshape(self.shape), vector[1 + size :].reshape(self.shape)
         self.merged = RunningMeanStd(self.shape)
-        self.merged.merge(float(vector[0]), mean, var)
+        _merge_vector(self.merged, vector)
         self._fold()
         self.current = RunningMeanStd(self.shape)
         for statistics in (self.merged, self.new):
